@@ -1,0 +1,36 @@
+# Arbor build and set-up. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+STATE_DIR ?= /var/lib/arbor
+GOTEST_FLAGS ?= -race -count=1 -timeout 18m
+
+.PHONY: help deps build run test generate bench lint
+
+help: ## list targets
+	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+deps: ## install system packages and the private CRIU 4.x (idempotent)
+	@bash scripts/deps.sh
+
+build: ## build bin/arbor and bin/arbor-init
+	$(GO) build -o $(BIN)/arbor ./cmd/arbor
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/arbor-init ./cmd/arbor-init
+
+run: deps build ## install what is missing, build, start the server on embedded defaults
+	$(BIN)/arbor doctor
+	$(BIN)/arbor sandbox exec --image busybox -- 'echo hello from $$(hostname)' 'pwd'
+
+test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs, eBPF)
+	$(GO) vet ./...
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test $(GOTEST_FLAGS) ./...
+
+generate: ## regenerate committed generated code
+	$(GO) generate ./...
+
+bench: build ## run the benchmarks
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -run '^$$' -bench . -benchtime 20x ./...
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
