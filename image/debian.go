@@ -1,0 +1,115 @@
+package image
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// debianSuite is the Debian release the debian image is made of.
+const debianSuite = "bookworm"
+
+// debianPackages are installed on top of debootstrap's minbase variant.
+var debianPackages = []string{"bash", "coreutils", "procps", "python3", "git", "iproute2"}
+
+// etcApt is where the host's apt configuration lives.
+const etcApt = "/etc/apt"
+
+// debianCacheBase names the cached rootfs tarball, without its extension.
+const debianCacheBase = "debian-" + debianSuite + ".tar"
+
+// DebianCache returns the path of the cached debian rootfs tarball and
+// whether it exists; when it does not, the path is where a build stores it.
+func (s *Store) DebianCache() (string, bool) {
+	for _, ext := range []string{".zst", ".gz"} {
+		p := filepath.Join(s.cacheDir(), debianCacheBase+ext)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return p, true
+		}
+	}
+	ext := ".gz"
+	if _, err := exec.LookPath("zstd"); err == nil {
+		ext = ".zst"
+	}
+	return filepath.Join(s.cacheDir(), debianCacheBase+ext), false
+}
+
+// fillDebian unpacks the cached rootfs when there is one; otherwise it runs
+// debootstrap against the host's own apt source and caches the result.
+func (s *Store) fillDebian(ctx context.Context, root string, progress io.Writer) (string, error) {
+	source := "debootstrap " + debianSuite + " minbase +" + strings.Join(debianPackages, ",")
+	cache, ok := s.DebianCache()
+	if ok {
+		fmt.Fprintf(progress, "debian: unpacking cached rootfs %s\n", cache)
+		start := time.Now()
+		if err := extractTarball(ctx, cache, root); err != nil {
+			return "", fmt.Errorf("unpack cached rootfs (delete %s to rebuild it): %w", cache, err)
+		}
+		fmt.Fprintf(progress, "debian: unpacked in %s\n", time.Since(start).Round(time.Millisecond))
+		return source + " (cached)", nil
+	}
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return "", fmt.Errorf("%w: debootstrap", ErrMissingTool)
+	}
+	mirror, keyring, err := hostAptSource(etcApt, debianSuite, "main")
+	if err != nil {
+		return "", err
+	}
+	debs := filepath.Join(s.cacheDir(), "debs-"+debianSuite)
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return "", fmt.Errorf("make deb cache: %w", err)
+	}
+	args := []string{
+		"--variant=minbase",
+		"--include=" + strings.Join(debianPackages, ","),
+		"--cache-dir=" + debs,
+	}
+	if keyring != "" {
+		if _, err := os.Stat(keyring); err == nil {
+			args = append(args, "--keyring="+keyring)
+		}
+	}
+	args = append(args, debianSuite, root, mirror)
+	fmt.Fprintf(progress, "debian: debootstrap %s from %s (a few minutes; cached afterwards)\n", debianSuite, mirror)
+	start := time.Now()
+	if err := run(ctx, progress, "debootstrap", args...); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(progress, "debian: debootstrap done in %s\n", time.Since(start).Round(time.Second))
+	if err := tidyDebian(root); err != nil {
+		return "", err
+	}
+	start = time.Now()
+	if err := createTarball(ctx, root, cache); err != nil {
+		// The image itself is fine; only the next build will be slow.
+		s.logger().Warn("cache debian rootfs", slog.String("path", cache), slog.Any("err", err))
+	} else {
+		fmt.Fprintf(progress, "debian: cached rootfs at %s (%s)\n", cache, time.Since(start).Round(time.Millisecond))
+	}
+	return source, nil
+}
+
+// tidyDebian drops what a fresh debootstrap root carries that a sandbox
+// does not need (downloaded package lists and .debs) and names the host.
+func tidyDebian(root string) error {
+	for _, pat := range []string{
+		"var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*_*",
+	} {
+		files, _ := filepath.Glob(filepath.Join(root, pat))
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				return fmt.Errorf("tidy debian root: %w", err)
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("arbor\n"), 0o644); err != nil {
+		return fmt.Errorf("tidy debian root: %w", err)
+	}
+	return nil
+}

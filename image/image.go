@@ -1,0 +1,300 @@
+package image
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+)
+
+// Prefix is the snapshot-name prefix under which images live.
+const Prefix = "images/"
+
+// MetadataPath is where an image's Info is stored inside its root.
+const MetadataPath = "/.arbor-image.json"
+
+// DefaultCacheDir holds build caches (finished root tarballs, downloaded
+// .debs). It is a system path outside any state dir so that fresh clones and
+// test pools on the same machine reuse it.
+const DefaultCacheDir = "/var/cache/arbor/images"
+
+// buildPrefix names the temporary volumes that builds fill before
+// snapshotting. It lies outside Prefix so an unfinished build is never
+// mistaken for an image, and it avoids dot names, which backends reserve.
+const buildPrefix = "image-builds/"
+
+// Info describes one image.
+type Info struct {
+	// Name is the image's name, e.g. "busybox".
+	Name string `json:"name"`
+	// Created is when the image was made.
+	Created time.Time `json:"created"`
+	// Source says what the image was made from.
+	Source string `json:"source"`
+	// Size is the disk space its files take, in bytes (before sharing).
+	Size int64 `json:"size"`
+	// Shell is the absolute in-image path of the shell sandboxes run:
+	// /bin/bash where the image has it, else /bin/sh.
+	Shell string `json:"shell"`
+	// Snapshot is the read-only snapshot to clone, e.g. "images/busybox".
+	Snapshot string `json:"snapshot"`
+	// Path is where the image's files are visible on the host.
+	Path string `json:"path"`
+}
+
+// Store builds, imports, lists and removes images in a snapshotter.
+type Store struct {
+	// Snap holds the images.
+	Snap cr.Snapshotter
+	// CacheDir holds build caches; DefaultCacheDir when empty.
+	CacheDir string
+	// Logger receives structured logs; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// SnapshotName returns the snapshot name of image name.
+func SnapshotName(name string) string { return Prefix + name }
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidName reports an error wrapping ErrInvalidName unless name can name
+// an image.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%w: %q", ErrInvalidName, name)
+	}
+	return nil
+}
+
+func (s *Store) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.Default()
+}
+
+func (s *Store) cacheDir() string {
+	if s.CacheDir != "" {
+		return s.CacheDir
+	}
+	return DefaultCacheDir
+}
+
+// Get returns the image called name, or an error wrapping ErrNotFound.
+func (s *Store) Get(ctx context.Context, name string) (Info, error) {
+	if err := ValidName(name); err != nil {
+		return Info{}, err
+	}
+	vols, err := s.Snap.List(ctx, SnapshotName(name))
+	if err != nil {
+		return Info{}, fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, v := range vols {
+		if v.Name == SnapshotName(name) && v.ReadOnly {
+			return s.info(name), nil
+		}
+	}
+	return Info{}, fmt.Errorf("get image %s: %w", name, ErrNotFound)
+}
+
+// List returns every image, sorted by name.
+func (s *Store) List(ctx context.Context) ([]Info, error) {
+	vols, err := s.Snap.List(ctx, Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	var out []Info
+	for _, v := range vols {
+		name, ok := strings.CutPrefix(v.Name, Prefix)
+		if !ok || !v.ReadOnly || ValidName(name) != nil {
+			continue
+		}
+		out = append(out, s.info(name))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// info reads an image's metadata; an image made by hand without it still
+// gets its name, snapshot, path and a shell found by looking.
+func (s *Store) info(name string) Info {
+	snap := SnapshotName(name)
+	root := s.Snap.Path(snap)
+	var in Info
+	if b, err := os.ReadFile(filepath.Join(root, MetadataPath)); err == nil {
+		if err := json.Unmarshal(b, &in); err != nil {
+			s.logger().Warn("image metadata unreadable", slog.String("image", name), slog.Any("err", err))
+		}
+	}
+	in.Name, in.Snapshot, in.Path = name, snap, root
+	if in.Shell == "" {
+		in.Shell = detectShell(root)
+	}
+	return in
+}
+
+// Remove deletes the image called name. Sandboxes already cloned from it
+// keep their files where the backend allows that (btrfs does; a zfs
+// snapshot with clones refuses, and Remove returns that error).
+func (s *Store) Remove(ctx context.Context, name string) error {
+	if _, err := s.Get(ctx, name); err != nil {
+		return err
+	}
+	if err := s.Snap.Destroy(ctx, SnapshotName(name)); err != nil {
+		if errors.Is(err, cr.ErrNotFound) {
+			return fmt.Errorf("remove image %s: %w", name, ErrNotFound)
+		}
+		return fmt.Errorf("remove image %s: %w", name, err)
+	}
+	return nil
+}
+
+// Import makes image name from a directory tree or a tarball (tar, tar.gz,
+// tar.xz, or tar.zst when zstd is installed), copying owners, modes,
+// links, device nodes and extended attributes.
+func (s *Store) Import(ctx context.Context, name, dirOrTarball string) error {
+	src, err := filepath.Abs(dirOrTarball)
+	if err != nil {
+		return fmt.Errorf("import %s: %w", dirOrTarball, err)
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return fmt.Errorf("import %s: %w", dirOrTarball, err)
+	}
+	fill := func(ctx context.Context, root string, _ io.Writer) (string, error) {
+		if st.IsDir() {
+			return src, copyTree(ctx, src, root)
+		}
+		return src, extractTarball(ctx, src, root)
+	}
+	return s.create(ctx, name, fill, io.Discard)
+}
+
+// fillFunc populates an empty root directory and returns the image's Source.
+type fillFunc func(ctx context.Context, root string, progress io.Writer) (source string, err error)
+
+// create makes image name atomically: it fills a temporary volume, writes
+// the metadata, snapshots it read-only to images/<name> and destroys the
+// temporary volume; on failure nothing is left behind.
+func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress io.Writer) (err error) {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	if _, err := s.Get(ctx, name); err == nil {
+		return fmt.Errorf("create image %s: %w", name, ErrExists)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	log := s.logger().With(slog.String("image", name))
+	start := time.Now()
+	tmp := buildPrefix + name + "-" + randSuffix()
+	if err := s.Snap.CreateVolume(ctx, tmp); err != nil {
+		return fmt.Errorf("create build volume %s: %w", tmp, err)
+	}
+	defer func() {
+		// The temporary volume goes either way; only a failure to remove
+		// it after a successful snapshot is merely logged.
+		if derr := s.destroyBuild(tmp); derr != nil {
+			log.Warn("remove build volume", slog.String("volume", tmp), slog.Any("err", derr))
+		}
+	}()
+	root := s.Snap.Path(tmp)
+	source, err := fill(ctx, root, progress)
+	if err != nil {
+		return fmt.Errorf("fill image %s: %w", name, err)
+	}
+	if err := ensureSkeleton(root); err != nil {
+		return fmt.Errorf("fill image %s: %w", name, err)
+	}
+	// A stale metadata file from an imported image must not survive.
+	_ = os.Remove(filepath.Join(root, MetadataPath))
+	size, err := diskUsage(root)
+	if err != nil {
+		return fmt.Errorf("measure image %s: %w", name, err)
+	}
+	in := Info{Name: name, Created: time.Now().UTC().Truncate(time.Second), Source: source, Size: size, Shell: detectShell(root)}
+	b, err := json.MarshalIndent(in, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode metadata: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, MetadataPath), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write metadata: %w", err)
+	}
+	if err := s.Snap.Snapshot(ctx, tmp, SnapshotName(name)); err != nil {
+		if errors.Is(err, cr.ErrExists) {
+			return fmt.Errorf("snapshot image %s: %w", name, errors.Join(ErrExists, err))
+		}
+		return fmt.Errorf("snapshot image %s: %w", name, err)
+	}
+	log.Info("image created", slog.String("source", source), slog.Int64("size", size),
+		slog.Duration("took", time.Since(start)))
+	return nil
+}
+
+// destroyBuild removes a temporary build volume, first detaching anything a
+// failed build left mounted inside it. It does not use the caller's context:
+// cleanup must run even after a cancellation.
+func (s *Store) destroyBuild(name string) error {
+	if err := unmountUnder(s.Snap.Path(name)); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return s.Snap.Destroy(ctx, name)
+}
+
+func randSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ensureSkeleton creates the mount points and directories every sandbox
+// root needs, when an imported tree lacks them.
+func ensureSkeleton(root string) error {
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{
+		{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"run", 0o755},
+		{"tmp", 0o777 | os.ModeSticky}, {"work", 0o755}, {"root", 0o700},
+	} {
+		p, err := resolveIn(root, d.path)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Lstat(p); err == nil {
+			continue
+		}
+		if err := os.Mkdir(p, d.mode.Perm()); err != nil {
+			return fmt.Errorf("make /%s: %w", d.path, err)
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return fmt.Errorf("chmod /%s: %w", d.path, err)
+		}
+	}
+	return nil
+}
+
+// detectShell returns /bin/bash when the tree at root has it, else /bin/sh.
+func detectShell(root string) string {
+	p, err := resolveIn(root, "/bin/bash")
+	if err == nil {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return "/bin/bash"
+		}
+	}
+	return "/bin/sh"
+}
