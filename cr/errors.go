@@ -11,3 +11,11 @@ var ErrNotFound = errors.New("not found")
 
 // ErrExists is wrapped when a volume or snapshot of that name already exists.
 var ErrExists = errors.New("already exists")
+
+// ErrInvalidName is wrapped when a name is not a clean relative path, uses
+// a reserved component, or would place a volume inside another volume.
+var ErrInvalidName = errors.New("invalid name")
+
+// ErrNotEmpty is wrapped when Destroy refuses a volume that still contains
+// nested volumes (made behind the backend's back, e.g. inside a sandbox).
+var ErrNotEmpty = errors.New("contains nested volumes")
