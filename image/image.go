@@ -54,6 +54,15 @@ type Info struct {
 	Path string `json:"path"`
 }
 
+// metadata is what an image's /.arbor-image.json holds.
+type metadata struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Source  string    `json:"source"`
+	Size    int64     `json:"size"`
+	Shell   string    `json:"shell"`
+}
+
 // Store builds, imports, lists and removes images in a snapshotter.
 type Store struct {
 	// Snap holds the images.
@@ -102,7 +111,7 @@ func (s *Store) Get(ctx context.Context, name string) (Info, error) {
 		return Info{}, fmt.Errorf("list snapshots: %w", err)
 	}
 	for _, v := range vols {
-		if v.Name == SnapshotName(name) && v.ReadOnly {
+		if v.Name == SnapshotName(name) {
 			return s.info(name), nil
 		}
 	}
@@ -118,7 +127,10 @@ func (s *Store) List(ctx context.Context) ([]Info, error) {
 	var out []Info
 	for _, v := range vols {
 		name, ok := strings.CutPrefix(v.Name, Prefix)
-		if !ok || !v.ReadOnly || ValidName(name) != nil {
+		// Everything directly under Prefix is an image (builds happen
+		// elsewhere), so this does not rely on the backend reporting
+		// ReadOnly.
+		if !ok || ValidName(name) != nil {
 			continue
 		}
 		out = append(out, s.info(name))
@@ -132,13 +144,13 @@ func (s *Store) List(ctx context.Context) ([]Info, error) {
 func (s *Store) info(name string) Info {
 	snap := SnapshotName(name)
 	root := s.Snap.Path(snap)
-	var in Info
+	var md metadata
 	if b, err := os.ReadFile(filepath.Join(root, MetadataPath)); err == nil {
-		if err := json.Unmarshal(b, &in); err != nil {
+		if err := json.Unmarshal(b, &md); err != nil {
 			s.logger().Warn("image metadata unreadable", slog.String("image", name), slog.Any("err", err))
 		}
 	}
-	in.Name, in.Snapshot, in.Path = name, snap, root
+	in := Info{Name: name, Created: md.Created, Source: md.Source, Size: md.Size, Shell: md.Shell, Snapshot: snap, Path: root}
 	if in.Shell == "" {
 		in.Shell = detectShell(root)
 	}
@@ -224,8 +236,8 @@ func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress
 	if err != nil {
 		return fmt.Errorf("measure image %s: %w", name, err)
 	}
-	in := Info{Name: name, Created: time.Now().UTC().Truncate(time.Second), Source: source, Size: size, Shell: detectShell(root)}
-	b, err := json.MarshalIndent(in, "", "  ")
+	md := metadata{Name: name, Created: time.Now().UTC().Truncate(time.Second), Source: source, Size: size, Shell: detectShell(root)}
+	b, err := json.MarshalIndent(md, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode metadata: %w", err)
 	}
