@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+)
+
+// openSnapshotter opens the filesystem snapshot backend that the global
+// flags select (--backend, --state-dir, --pool-size).
+func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, error) {
+	switch g.backend {
+	case "btrfs", "":
+		size, err := parseSize(g.poolSize)
+		if err != nil {
+			return nil, fmt.Errorf("parse --pool-size: %w", err)
+		}
+		s, err := btrfs.Open(ctx, btrfs.Options{StateDir: g.stateDir, PoolSize: size, Logger: slog.Default()})
+		if err != nil {
+			return nil, fmt.Errorf("open btrfs backend: %w", err)
+		}
+		return s, nil
+	case "zfs":
+		return nil, fmt.Errorf("open zfs backend: not wired into the CLI yet: %w", cr.ErrUnavailable)
+	default:
+		return nil, fmt.Errorf("unknown --backend %q (want btrfs or zfs)", g.backend)
+	}
+}
+
+// parseSize reads a byte count with an optional binary suffix: "512M",
+// "20G", "1T", "20GiB", or plain bytes.
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := int64(1)
+	if t != "" {
+		if i := strings.IndexByte("KMGTP", t[len(t)-1]); i >= 0 {
+			mult = int64(1) << (10 * (i + 1))
+			t = t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseFloat(t, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("invalid size %q", s)
+	}
+	return int64(n * float64(mult)), nil
+}

@@ -1,0 +1,48 @@
+package main
+
+import "testing"
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{"bytes", "4096", 4096, false},
+		{"gigabytes", "20G", 20 << 30, false},
+		{"gib", "20GiB", 20 << 30, false},
+		{"lower", "512m", 512 << 20, false},
+		{"fraction", "1.5K", 1536, false},
+		{"garbage", "lots", 0, true},
+		{"negative", "-1G", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseSize(tt.in)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("parseSize(%q) = %d, %v; want %d, err=%v", tt.in, got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestHumanSize(t *testing.T) {
+	tests := []struct {
+		name string
+		in   int64
+		want string
+	}{
+		{"bytes", 512, "512 B"},
+		{"kib", 1536, "1.5 KiB"},
+		{"mib", 3 << 20, "3.0 MiB"},
+		{"gib", 5 << 30, "5.0 GiB"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := humanSize(tt.in); got != tt.want {
+				t.Fatalf("humanSize(%d) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
