@@ -1,0 +1,260 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupRoot is where the cgroup file systems are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// cgroup is one sandbox's control groups: on a hybrid host (this one) a
+// directory in each v1 controller Arbor limits plus a node of the v2 tree
+// (for freezing, killing and the cgroup id eBPF filters on); on a pure v2
+// host just the v2 node, which then also carries the limits.
+type cgroup struct {
+	v1 map[string]string // controller -> directory
+	v2 string
+}
+
+// v1Controllers are the v1 hierarchies a sandbox joins on a hybrid host.
+var v1Controllers = []string{"memory", "pids", "cpu"}
+
+func unifiedRoot() (dir string, pure bool) {
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
+		return cgroupRoot, true
+	}
+	return filepath.Join(cgroupRoot, "unified"), false
+}
+
+// newCgroup creates the groups for name (e.g. "arbor/abc") and applies
+// limits. On failure it removes what it made.
+func newCgroup(name string, l Limits) (cg *cgroup, err error) {
+	v2root, pure := unifiedRoot()
+	if _, err := os.Stat(filepath.Join(v2root, "cgroup.procs")); err != nil {
+		return nil, fmt.Errorf("%w: cgroup v2 tree not found at %s", ErrUnsupported, v2root)
+	}
+	cg = &cgroup{v1: map[string]string{}, v2: filepath.Join(v2root, name)}
+	defer func() {
+		if err != nil {
+			cg.remove()
+		}
+	}()
+	if pure {
+		enableControllers(v2root, name)
+	}
+	if err := os.MkdirAll(cg.v2, 0o755); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", cg.v2, err)
+	}
+	if pure {
+		sets := map[string]string{"memory.max": strconv.FormatInt(l.MemoryBytes, 10), "memory.swap.max": "0", "pids.max": strconv.FormatInt(l.Pids, 10),
+			"cpu.max": fmt.Sprintf("%d 100000", int64(l.CPUs*100000))}
+		for f, v := range sets {
+			if err := writeFile(filepath.Join(cg.v2, f), v); err != nil && f != "memory.swap.max" {
+				return nil, err
+			}
+		}
+		return cg, nil
+	}
+	for _, c := range v1Controllers {
+		dir := filepath.Join(cgroupRoot, c, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		cg.v1[c] = dir
+	}
+	m := cg.v1["memory"]
+	if err := writeFile(filepath.Join(m, "memory.limit_in_bytes"), strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(m, "memory.memsw.limit_in_bytes")); err == nil {
+		if err := writeFile(filepath.Join(m, "memory.memsw.limit_in_bytes"), strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeFile(filepath.Join(cg.v1["pids"], "pids.max"), strconv.FormatInt(l.Pids, 10)); err != nil {
+		return nil, err
+	}
+	if l.CPUs > 0 {
+		if err := writeFile(filepath.Join(cg.v1["cpu"], "cpu.cfs_period_us"), "100000"); err != nil {
+			return nil, err
+		}
+		if err := writeFile(filepath.Join(cg.v1["cpu"], "cpu.cfs_quota_us"), strconv.FormatInt(int64(l.CPUs*100000), 10)); err != nil {
+			return nil, err
+		}
+	}
+	return cg, nil
+}
+
+func enableControllers(root, name string) {
+	dir := root
+	for _, part := range strings.Split(filepath.Dir(name), "/") {
+		writeFile(filepath.Join(dir, "cgroup.subtree_control"), "+memory +pids +cpu")
+		dir = filepath.Join(dir, part)
+		os.MkdirAll(dir, 0o755)
+	}
+	writeFile(filepath.Join(dir, "cgroup.subtree_control"), "+memory +pids +cpu")
+}
+
+func writeFile(path, v string) error {
+	if err := os.WriteFile(path, []byte(v), 0); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// dirs lists every directory of the group.
+func (cg *cgroup) dirs() []string {
+	d := []string{cg.v2}
+	for _, c := range v1Controllers {
+		if p, ok := cg.v1[c]; ok {
+			d = append(d, p)
+		}
+	}
+	return d
+}
+
+// add moves pid into every directory of the group.
+func (cg *cgroup) add(pid int) error {
+	for _, d := range cg.dirs() {
+		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// procs lists the host pids in the group.
+func (cg *cgroup) procs() ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(cg.v2, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("read cgroup.procs: %w", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if p, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+// ID is the v2 cgroup id (the directory's inode number), what
+// bpf_get_current_cgroup_id returns for tasks in the group.
+func (cg *cgroup) ID() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(cg.v2, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", cg.v2, err)
+	}
+	return st.Ino, nil
+}
+
+// freeze stops (or resumes) every task of the group and waits until the
+// kernel says the group is frozen.
+func (cg *cgroup) freeze(on bool) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	if err := writeFile(filepath.Join(cg.v2, "cgroup.freeze"), v); err != nil {
+		return err
+	}
+	want := "frozen " + v
+	for i := 0; i < 2000; i++ {
+		b, err := os.ReadFile(filepath.Join(cg.v2, "cgroup.events"))
+		if err != nil {
+			return fmt.Errorf("read cgroup.events: %w", err)
+		}
+		if bytes.Contains(b, []byte(want)) {
+			return nil
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	return fmt.Errorf("cgroup %s: %w waiting for %q", cg.v2, ErrTimeout, want)
+}
+
+// kill sends SIGKILL to every task of the group.
+func (cg *cgroup) kill() {
+	if err := writeFile(filepath.Join(cg.v2, "cgroup.kill"), "1"); err == nil {
+		return
+	}
+	pids, _ := cg.procs()
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+}
+
+// remove kills what is left and deletes every directory, waiting for the
+// tasks to be gone.
+func (cg *cgroup) remove() error {
+	var errs []error
+	for _, d := range cg.dirs() {
+		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		var err error
+		for i := 0; i < 400; i++ {
+			if err = unix.Rmdir(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			if d == cg.v2 {
+				cg.kill()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// counters are the limit events seen so far.
+type counters struct {
+	pidsMax int64 // forks refused by pids.max
+	oomKill int64 // tasks killed by the OOM killer
+}
+
+func (cg *cgroup) counters() counters {
+	var c counters
+	if d, ok := cg.v1["pids"]; ok {
+		c.pidsMax = keyed(filepath.Join(d, "pids.events"), "max")
+	} else {
+		c.pidsMax = keyed(filepath.Join(cg.v2, "pids.events"), "max")
+	}
+	if d, ok := cg.v1["memory"]; ok {
+		c.oomKill = keyed(filepath.Join(d, "memory.oom_control"), "oom_kill")
+	} else {
+		c.oomKill = keyed(filepath.Join(cg.v2, "memory.events"), "oom_kill")
+	}
+	return c
+}
+
+// keyed reads "key value" lines and returns value for key (0 if absent).
+func keyed(path, key string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && k == key {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,69 @@
+// Package ctl is the control protocol between the Arbor server and the init
+// process (arbor-init) that runs as pid 1 inside every sandbox: one JSON
+// object per line over the unix socket at /.arbor/ctl.sock in the sandbox
+// root. The socket lives inside the sandbox so that a CRIU dump sees no
+// descriptor pointing outside it; the server closes its connection before a
+// dump and dials again afterwards.
+package ctl
+
+import "time"
+
+// SocketPath is the control socket's path inside the sandbox root.
+const SocketPath = "/.arbor/ctl.sock"
+
+// Dir is the sandbox-internal directory Arbor owns (init binary, socket).
+const Dir = "/.arbor"
+
+// InitPath is where the init binary is placed inside the sandbox root.
+const InitPath = "/.arbor/init"
+
+// Ops a Request can carry.
+const (
+	OpExec  = "exec"  // run one command in the persistent shell
+	OpPing  = "ping"  // liveness; returns shell pid
+	OpShell = "shell" // describe the shell (pid, path)
+)
+
+// Request is one line sent by the server.
+type Request struct {
+	Op string `json:"op"`
+	// Cmd is the command text; it runs in the persistent shell itself, so
+	// cd, variables, functions and aliases persist.
+	Cmd string `json:"cmd,omitempty"`
+	// Timeout bounds the command; zero means DefaultTimeout.
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// MaxOutput caps each of stdout and stderr; zero means DefaultMaxOutput.
+	MaxOutput int `json:"max_output,omitempty"`
+}
+
+// Response is the answer to one Request.
+type Response struct {
+	// Error is set when init could not do what was asked (not when the
+	// command failed: that is ExitCode).
+	Error string `json:"error,omitempty"`
+
+	Stdout      []byte `json:"stdout,omitempty"`
+	Stderr      []byte `json:"stderr,omitempty"`
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	Truncated   bool   `json:"truncated,omitempty"`
+	ExitCode    int    `json:"exit_code"`
+	Cwd         string `json:"cwd,omitempty"`
+	TimedOut    bool   `json:"timed_out,omitempty"`
+	// Duration is the command's wall time inside the sandbox.
+	Duration time.Duration `json:"duration"`
+	// ShellExited is set when the command ended the shell (e.g. `exit`);
+	// init started a fresh one, whose state is empty.
+	ShellExited bool `json:"shell_exited,omitempty"`
+
+	ShellPID  int    `json:"shell_pid,omitempty"`
+	ShellPath string `json:"shell_path,omitempty"`
+}
+
+// Defaults applied by init when a Request leaves a field zero.
+const (
+	DefaultTimeout   = 60 * time.Second
+	DefaultMaxOutput = 256 << 10
+	// MaxCommand bounds the command text.
+	MaxCommand = 1 << 20
+)

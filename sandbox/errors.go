@@ -1,0 +1,19 @@
+package sandbox
+
+import "errors"
+
+// Sentinel errors of the sandbox runtime; test with errors.Is.
+var (
+	// ErrUnsupported: the host lacks something a sandbox needs (cgroup v2
+	// tree, namespaces, root).
+	ErrUnsupported = errors.New("sandbox runtime unsupported on this host")
+	// ErrDead: the sandbox's init is gone; the sandbox cannot run commands.
+	ErrDead = errors.New("sandbox is dead")
+	// ErrTimeout: the sandbox did not answer in time (not a command
+	// timeout, which is reported in Result.TimedOut).
+	ErrTimeout = errors.New("sandbox did not answer in time")
+	// ErrClosed: the sandbox was destroyed.
+	ErrClosed = errors.New("sandbox destroyed")
+	// ErrBadCommand: the command was refused before it ran (too large).
+	ErrBadCommand = errors.New("command refused")
+)

@@ -1,0 +1,145 @@
+package initd
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/sandbox/ctl"
+)
+
+// Run is stage two: it starts the persistent shell, listens on the control
+// socket, reports "ok" on the ready descriptor and serves forever.
+func Run() error {
+	// The shell must not inherit the server's pipe.
+	syscall.CloseOnExec(readyFD)
+	ready := os.NewFile(readyFD, "ready")
+	err := run(ready)
+	if err != nil {
+		fmt.Fprintf(ready, "error: %v\n", err)
+	}
+	return err
+}
+
+func run(ready *os.File) error {
+	// The shell and what it runs may be OOM-killed; init may not.
+	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	prewarmThreads(6)
+	path := "/bin/sh"
+	for _, p := range []string{"/bin/bash", "/usr/bin/bash"} {
+		if _, err := os.Stat(p); err == nil {
+			path = p
+			break
+		}
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	sh, err := newShell(path)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for range sigs {
+			sh.wake()
+		}
+	}()
+	os.Remove(ctl.SocketPath)
+	ln, err := net.Listen("unix", ctl.SocketPath)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", ctl.SocketPath, err)
+	}
+	jobs := make(chan job, 64)
+	go pump(sh, jobs)
+	if _, err := ready.Write([]byte("ok\n")); err != nil {
+		return fmt.Errorf("report ready: %w", err)
+	}
+	ready.Close()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			continue
+		}
+		go serve(c, sh, jobs)
+	}
+}
+
+// prewarmThreads makes the Go runtime start n OS threads now. Idle threads
+// are kept and reused, so init never needs a new one later, when a fork
+// bomb may have used up the sandbox's pids limit and clone would fail.
+func prewarmThreads(n int) {
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			unix.Nanosleep(&unix.Timespec{Nsec: 20e6}, nil)
+		}()
+	}
+	wg.Wait()
+}
+
+// pump owns the shell: it runs jobs one at a time and, between them, keeps
+// draining the pty and the pipes (background jobs may write to them) and
+// reaping orphans.
+func pump(sh *shell, jobs <-chan job) {
+	for {
+		select {
+		case j := <-jobs:
+			var resp ctl.Response
+			switch j.req.Op {
+			case ctl.OpExec:
+				resp = sh.exec(j.req)
+			case ctl.OpPing, ctl.OpShell:
+				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path}
+			default:
+				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}
+			}
+			j.done <- resp
+		default:
+			_, dead := sh.pumpOnce(-1, nil, nil)
+			if dead {
+				// The shell died between commands (killed from outside):
+				// replace it so the sandbox stays usable.
+				if sh.master >= 0 {
+					unix.Close(sh.master)
+					sh.master = -1
+				}
+				sh.start()
+			}
+		}
+	}
+}
+
+func serve(c net.Conn, sh *shell, jobs chan<- job) {
+	defer c.Close()
+	dec := json.NewDecoder(bufio.NewReader(c))
+	enc := json.NewEncoder(c)
+	for {
+		var req ctl.Request
+		if err := dec.Decode(&req); err != nil {
+			return
+		}
+		j := job{req: req, done: make(chan ctl.Response, 1)}
+		jobs <- j // buffered: the pump may be asleep in poll
+		sh.wake()
+		// The job finishes even if the server hung up meanwhile: the
+		// shell must come back to its prompt either way.
+		if err := enc.Encode(<-j.done); err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package initd
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// SetupOptions configure stage one.
+type SetupOptions struct {
+	// Root is the sandbox root as seen before pivoting (a host path).
+	Root string
+	// Hostname for the new UTS namespace.
+	Hostname string
+	// SyncFD is read once: the server writes a byte after it has put this
+	// process into the sandbox's cgroups.
+	SyncFD int
+	// ReadyFD is passed on to stage two, which reports "ok" or an error on it.
+	ReadyFD int
+}
+
+// Setup runs as pid 1 of fresh mount, pid, uts, ipc and net namespaces. It
+// mounts /proc, a minimal /dev and devpts, pivots into Root, brings up
+// loopback and re-executes the init binary from inside the root as stage
+// two. It only returns on error.
+func Setup(o SetupOptions) error {
+	b := make([]byte, 1)
+	if n, err := unix.Read(o.SyncFD, b); err != nil || n != 1 {
+		return fmt.Errorf("wait for cgroup placement: n=%d err=%v", n, err)
+	}
+	unix.Close(o.SyncFD)
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	r := o.Root
+	if err := unix.Mount(r, r, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind root %s: %w", r, err)
+	}
+	type mnt struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+		mode             os.FileMode
+	}
+	mounts := []mnt{
+		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
+		{"tmpfs", "dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k", 0o755},
+		{"devpts", "dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", 0o755},
+		{"shm", "dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777,size=65536k", 0o1777},
+	}
+	for _, m := range mounts {
+		dst := filepath.Join(r, m.dst)
+		if err := os.MkdirAll(dst, m.mode); err != nil {
+			return fmt.Errorf("mkdir %s: %w", dst, err)
+		}
+		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, dst, err)
+		}
+	}
+	// Device nodes are made, not bind-mounted from the host: bind mounts of
+	// host nodes would be external mounts for CRIU.
+	devs := []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+	for _, d := range devs {
+		p := filepath.Join(r, "dev", d.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+		if err := unix.Chmod(p, 0o666); err != nil {
+			return fmt.Errorf("chmod %s: %w", p, err)
+		}
+	}
+	links := [][2]string{{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}}
+	for _, l := range links {
+		if err := os.Symlink(l[0], filepath.Join(r, "dev", l[1])); err != nil {
+			return fmt.Errorf("symlink /dev/%s: %w", l[1], err)
+		}
+	}
+	if err := os.Chdir(r); err != nil {
+		return fmt.Errorf("chdir root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root %s: %w", r, err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return fmt.Errorf("chdir /: %w", err)
+	}
+	if err := unix.Sethostname([]byte(o.Hostname)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	null, err := unix.Open("/dev/null", unix.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	for fd := 0; fd < 3; fd++ {
+		if err := unix.Dup2(null, fd); err != nil {
+			return fmt.Errorf("dup2 /dev/null: %w", err)
+		}
+	}
+	if null > 2 {
+		unix.Close(null)
+	}
+	if err := unix.Dup2(o.ReadyFD, readyFD); err != nil {
+		return fmt.Errorf("dup2 ready fd: %w", err)
+	}
+	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
+}
+
+// readyFD is where stage two finds the server's ready pipe.
+const readyFD = 3
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	ifr.SetUint16(unix.IFF_UP | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,417 @@
+package initd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/sandbox/ctl"
+)
+
+// statusEnd terminates the status record the shell prints after each
+// command: "SEQ EXIT PWD" then this byte.
+const statusEnd = '\036'
+
+// A job is one command waiting for, or running in, the shell.
+type job struct {
+	req  ctl.Request
+	done chan ctl.Response
+}
+
+// shell is the persistent shell on a pty, plus the pipes through which each
+// command's stdout, stderr and status come back. Only the pump goroutine
+// touches it.
+type shell struct {
+	path   string
+	isBash bool
+	pid    int
+	master int // pty master; -1 after hang-up until restart
+	ptsN   int
+
+	outR, outW int // command stdout
+	errR, errW int // command stderr
+	stR, stW   int // status records
+	wakeR      int // written on SIGCHLD and on new jobs
+	wakeW      int
+
+	seq    uint64
+	status []byte
+	exited *syscall.WaitStatus // set when the shell was reaped
+}
+
+func pipeNB() (r, w int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, -1, fmt.Errorf("pipe: %w", err)
+	}
+	if err := unix.SetNonblock(p[0], true); err != nil {
+		return -1, -1, err
+	}
+	return p[0], p[1], nil
+}
+
+func newShell(path string) (*shell, error) {
+	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1}
+	var err error
+	for _, p := range []struct{ r, w *int }{{&s.outR, &s.outW}, {&s.errR, &s.errW}, {&s.stR, &s.stW}, {&s.wakeR, &s.wakeW}} {
+		if *p.r, *p.w, err = pipeNB(); err != nil {
+			return nil, err
+		}
+	}
+	if err := unix.SetNonblock(s.wakeW, true); err != nil {
+		return nil, err
+	}
+	return s, s.start()
+}
+
+// wake makes the pump's poll return.
+func (s *shell) wake() { unix.Write(s.wakeW, []byte{0}) }
+
+// start launches the shell on a fresh pty and waits until it has run its
+// set-up line.
+func (s *shell) start() error {
+	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open ptmx: %w", err)
+	}
+	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(master)
+		return fmt.Errorf("unlock pty: %w", err)
+	}
+	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
+	if err != nil {
+		unix.Close(master)
+		return fmt.Errorf("pty number: %w", err)
+	}
+	slave, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(master)
+		return fmt.Errorf("open pty slave: %w", err)
+	}
+	defer unix.Close(slave)
+	tio, err := unix.IoctlGetTermios(slave, unix.TCGETS)
+	if err != nil {
+		unix.Close(master)
+		return fmt.Errorf("get termios: %w", err)
+	}
+	tio.Lflag &^= unix.ECHO | unix.ECHONL | unix.ECHOE | unix.ECHOK
+	if err := unix.IoctlSetTermios(slave, unix.TCSETS, tio); err != nil {
+		unix.Close(master)
+		return fmt.Errorf("set termios: %w", err)
+	}
+	unix.IoctlSetWinsize(slave, unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 200})
+	unix.SetNonblock(master, true)
+
+	args := []string{"sh", "-i"}
+	if s.isBash {
+		args = []string{"bash", "--norc", "--noprofile", "--noediting", "-i"}
+	}
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root", "TERM=dumb", "LANG=C.UTF-8", "PS1=", "PS2=", "SHELL=" + s.path,
+	}
+	pid, err := syscall.ForkExec(s.path, args, &syscall.ProcAttr{
+		Dir:   "/root",
+		Env:   env,
+		Files: []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)},
+		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
+	})
+	if errors.Is(err, unix.ENOENT) {
+		pid, err = syscall.ForkExec(s.path, args, &syscall.ProcAttr{
+			Dir: "/", Env: env,
+			Files: []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)},
+			Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
+		})
+	}
+	if err != nil {
+		unix.Close(master)
+		return fmt.Errorf("start %s: %w", s.path, err)
+	}
+	// init is protected from the OOM killer; the shell and what it runs are not.
+	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("0"), 0)
+	s.pid, s.master, s.ptsN, s.exited = pid, master, n, nil
+	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
+	seq := s.type_(setup)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		recs, dead := s.pumpOnce(time.Until(deadline), nil, nil)
+		if dead {
+			return fmt.Errorf("shell %s exited during set-up", s.path)
+		}
+		for _, r := range recs {
+			if r.seq == seq {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("shell %s did not answer its set-up line", s.path)
+		}
+	}
+}
+
+// type_ writes one line into the shell followed by the status printf, and
+// returns the sequence number its status record will carry.
+func (s *shell) type_(line string) uint64 {
+	s.seq++
+	full := fmt.Sprintf("%s\nprintf '%%s %%s %%s\\036' %d \"$?\" \"$PWD\" >/proc/1/fd/%d\n", line, s.seq, s.stW)
+	if line == "" {
+		full = fmt.Sprintf("printf '%%s %%s %%s\\036' %d \"$?\" \"$PWD\" >/proc/1/fd/%d\n", s.seq, s.stW)
+	}
+	s.writeMaster([]byte(full))
+	return s.seq
+}
+
+func (s *shell) writeMaster(b []byte) {
+	for len(b) > 0 && s.master >= 0 {
+		n, err := unix.Write(s.master, b)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			s.pumpOnce(10*time.Millisecond, nil, nil)
+			continue
+		}
+		if err != nil {
+			return
+		}
+		b = b[n:]
+	}
+}
+
+type record struct {
+	seq  uint64
+	code int
+	pwd  string
+}
+
+// pumpOnce polls every descriptor once (waiting at most d; forever when
+// d < 0), moves command output into out and errb (discarding it when they
+// are nil), reaps children, and returns the status records that completed.
+// dead reports that the shell has exited.
+func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []record, dead bool) {
+	fds := []unix.PollFd{
+		{Fd: int32(s.outR), Events: unix.POLLIN},
+		{Fd: int32(s.errR), Events: unix.POLLIN},
+		{Fd: int32(s.stR), Events: unix.POLLIN},
+		{Fd: int32(s.wakeR), Events: unix.POLLIN},
+		{Fd: int32(s.master), Events: unix.POLLIN},
+	}
+	if s.master < 0 {
+		fds = fds[:4]
+	}
+	ms := -1
+	if d >= 0 {
+		ms = int((d + time.Millisecond - 1) / time.Millisecond)
+	}
+	if _, err := unix.Poll(fds, ms); err != nil && err != unix.EINTR {
+		time.Sleep(time.Millisecond)
+	}
+	// Output first: everything the command wrote precedes its status record.
+	s.drain(s.outR, out)
+	s.drain(s.errR, errb)
+	s.drain(s.stR, (*statusSink)(s))
+	s.drain(s.wakeR, nil)
+	if s.master >= 0 {
+		s.drain(s.master, nil)
+		if fds[4].Revents&(unix.POLLHUP|unix.POLLERR) != 0 && fds[4].Revents&unix.POLLIN == 0 {
+			unix.Close(s.master)
+			s.master = -1
+		}
+	}
+	s.reap()
+	for {
+		i := bytes.IndexByte(s.status, statusEnd)
+		if i < 0 {
+			break
+		}
+		rec := s.status[:i]
+		s.status = s.status[i+1:]
+		f := bytes.SplitN(rec, []byte(" "), 3)
+		if len(f) != 3 {
+			continue
+		}
+		seq, _ := strconv.ParseUint(string(f[0]), 10, 64)
+		code, _ := strconv.Atoi(string(f[1]))
+		recs = append(recs, record{seq: seq, code: code, pwd: string(f[2])})
+	}
+	return recs, s.exited != nil
+}
+
+type statusSink shell
+
+func (s *statusSink) Write(p []byte) (int, error) {
+	s.status = append(s.status, p...)
+	return len(p), nil
+}
+
+type writer interface{ Write([]byte) (int, error) }
+
+func (s *shell) drain(fd int, w writer) {
+	var buf [64 << 10]byte
+	for {
+		n, err := unix.Read(fd, buf[:])
+		if n > 0 && w != nil && !isNilCap(w) {
+			w.Write(buf[:n])
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+	}
+}
+
+func isNilCap(w writer) bool {
+	c, ok := w.(*ctl.CapBuffer)
+	return ok && c == nil
+}
+
+// reap collects every exited child of init: the shell and orphans that
+// were re-parented to pid 1.
+func (s *shell) reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		if pid == s.pid {
+			w := ws
+			s.exited = &w
+		}
+	}
+}
+
+// killForeground stops the command that is running in the foreground: the
+// terminal's foreground process group is killed when it is a job of its
+// own, and the shell gets SIGINT so that a builtin loop or the rest of the
+// command line is abandoned, as after ^C at a terminal.
+func (s *shell) killForeground() {
+	if s.master >= 0 {
+		if pg, err := unix.IoctlGetInt(s.master, unix.TIOCGPGRP); err == nil && pg > 1 && pg != s.pid {
+			unix.Kill(-pg, unix.SIGKILL)
+		}
+	}
+	unix.Kill(s.pid, unix.SIGINT)
+}
+
+// exec runs one command and returns its result. The command text reaches
+// the shell through a memfd it sources via /proc/1/fd, so no size limit of
+// the terminal's line discipline applies and nothing is left on disk.
+func (s *shell) exec(req ctl.Request) ctl.Response {
+	if len(req.Cmd) > ctl.MaxCommand {
+		return ctl.Response{Error: fmt.Sprintf("command is %d bytes, over the %d byte limit", len(req.Cmd), ctl.MaxCommand)}
+	}
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = ctl.DefaultTimeout
+	}
+	max := req.MaxOutput
+	if max <= 0 {
+		max = ctl.DefaultMaxOutput
+	}
+	mfd, err := unix.MemfdCreate("arbor-cmd", unix.MFD_CLOEXEC)
+	if err != nil {
+		return ctl.Response{Error: fmt.Sprintf("memfd: %v", err)}
+	}
+	defer unix.Close(mfd)
+	if _, err := unix.Write(mfd, []byte(req.Cmd)); err != nil {
+		return ctl.Response{Error: fmt.Sprintf("write command: %v", err)}
+	}
+	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
+	start := time.Now()
+	// Sourcing runs the text in the shell itself (state persists) without
+	// the fork a command substitution would cost.
+	seq := s.type_(fmt.Sprintf("{ . /proc/1/fd/%d; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", mfd, s.outW, s.errW))
+	resp := ctl.Response{}
+	deadline := start.Add(timeout)
+	var marker uint64 // status record typed after a timeout
+	var hard time.Time
+	got := false
+	for {
+		wait := time.Until(deadline)
+		if marker != 0 {
+			wait = 50 * time.Millisecond
+		}
+		recs, dead := s.pumpOnce(max0(wait), out, errb)
+		for _, r := range recs {
+			switch r.seq {
+			case seq:
+				got = true
+				resp.ExitCode, resp.Cwd = r.code, r.pwd
+			case marker:
+				if !got {
+					resp.ExitCode, resp.Cwd = 124, r.pwd
+				}
+				got = true
+				marker = 0
+			}
+		}
+		if dead {
+			resp.ShellExited = true
+			if !got {
+				resp.ExitCode = exitCodeOf(*s.exited)
+			}
+			break
+		}
+		if got && marker == 0 {
+			break
+		}
+		now := time.Now()
+		if marker == 0 && now.After(deadline) {
+			resp.TimedOut = true
+			s.killForeground()
+			marker = s.type_("")
+			hard = now.Add(5 * time.Second)
+			continue
+		}
+		if marker != 0 {
+			if now.After(hard) {
+				// The shell does not come back: replace it.
+				unix.Kill(s.pid, unix.SIGKILL)
+				for s.exited == nil {
+					s.pumpOnce(10*time.Millisecond, out, errb)
+				}
+				resp.ShellExited = true
+				resp.ExitCode = 124
+				break
+			}
+			if !got {
+				s.killForeground()
+			}
+		}
+	}
+	resp.Duration = time.Since(start)
+	s.pumpOnce(0, out, errb)
+	resp.Stdout, resp.Stderr = out.Bytes(), errb.Bytes()
+	resp.StdoutBytes, resp.StderrBytes = out.Total(), errb.Total()
+	resp.Truncated = out.Truncated() || errb.Truncated()
+	if resp.ShellExited {
+		if s.master >= 0 {
+			unix.Close(s.master)
+			s.master = -1
+		}
+		if err := s.start(); err != nil {
+			resp.Error = fmt.Sprintf("restart shell: %v", err)
+		}
+		if resp.Cwd == "" {
+			resp.Cwd = "/root"
+		}
+	}
+	return resp
+}
+
+func max0(d time.Duration) time.Duration {
+	if d < 0 {
+		return 0
+	}
+	return d
+}
+
+func exitCodeOf(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}

@@ -1,0 +1,440 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/arbor-env/arbor/sandbox/ctl"
+)
+
+// Sandbox is one running sandbox. Its methods are safe for concurrent use;
+// commands run one at a time.
+type Sandbox struct {
+	cfg    Config
+	log    *slog.Logger
+	cg     *cgroup
+	pid    int           // host pid of init
+	exited chan struct{} // closed when init has been reaped
+
+	mu       sync.Mutex // serialises commands and connection use
+	conn     net.Conn
+	rd       *bufio.Reader
+	shellPID int // shell pid inside the sandbox's pid namespace
+	seen     counters
+	closed   bool
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// FindInit locates the arbor-init binary: $ARBOR_INIT, else arbor-init next
+// to the running executable, else bin/arbor-init below the working
+// directory.
+func FindInit() (string, error) {
+	var cands []string
+	if p := os.Getenv("ARBOR_INIT"); p != "" {
+		cands = append(cands, p)
+	}
+	if exe, err := os.Executable(); err == nil {
+		cands = append(cands, filepath.Join(filepath.Dir(exe), "arbor-init"))
+	}
+	cands = append(cands, "bin/arbor-init")
+	for _, c := range cands {
+		if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("%w: arbor-init not found (looked in %s): run make build or set ARBOR_INIT", ErrUnsupported, strings.Join(cands, ", "))
+}
+
+// installInit copies the init binary to root/.arbor/init unless an
+// identical copy is already there.
+func installInit(src, root string) error {
+	want, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("read init binary: %w", err)
+	}
+	dir := filepath.Join(root, ctl.Dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	dst := filepath.Join(root, ctl.InitPath)
+	if have, err := os.ReadFile(dst); err == nil && bytes.Equal(have, want) {
+		return nil
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, want, 0o755); err != nil {
+		return fmt.Errorf("install init: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("install init: %w", err)
+	}
+	return nil
+}
+
+// Start boots a sandbox on cfg.Root and waits until its shell is ready.
+// On failure nothing is left behind (the root itself belongs to the caller).
+func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: sandboxes need root", ErrUnsupported)
+	}
+	if !idPattern.MatchString(cfg.ID) {
+		return nil, fmt.Errorf("sandbox id %q: want 1-64 letters, digits, - or _", cfg.ID)
+	}
+	if cfg.Hostname == "" {
+		cfg.Hostname = "arbor"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.InitBinary == "" {
+		if cfg.InitBinary, err = FindInit(); err != nil {
+			return nil, err
+		}
+	}
+	if err := installInit(cfg.InitBinary, cfg.Root); err != nil {
+		return nil, err
+	}
+	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID))}
+	defer func() {
+		if err != nil {
+			if derr := s.Destroy(context.Background()); derr != nil {
+				s.log.Warn("clean up failed start", slog.Any("err", derr))
+			}
+		}
+	}()
+
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer syncW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		syncR.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer readyR.Close()
+	cmd := exec.Command(filepath.Join(cfg.Root, ctl.InitPath), "setup", cfg.Root, cfg.Hostname)
+	cmd.ExtraFiles = []*os.File{syncR, readyW}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+		// A crashed server leaves no sandbox behind: killing pid 1 of a
+		// pid namespace kills everything in it.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	err = cmd.Start()
+	syncR.Close()
+	readyW.Close()
+	if err != nil {
+		close(s.exited)
+		return nil, fmt.Errorf("start init: %w", err)
+	}
+	s.pid = cmd.Process.Pid
+	go func() {
+		cmd.Wait()
+		close(s.exited)
+	}()
+	if err := cg.add(s.pid); err != nil {
+		return nil, fmt.Errorf("place init in cgroup: %w", err)
+	}
+	if _, err := syncW.Write([]byte{1}); err != nil {
+		return nil, fmt.Errorf("release init: %w", err)
+	}
+	if err := waitReady(ctx, readyR); err != nil {
+		return nil, err
+	}
+	s.seen = cg.counters()
+	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	s.shellPID = resp.ShellPID
+	s.log.Debug("sandbox started", slog.Int("init_pid", s.pid), slog.String("shell", resp.ShellPath))
+	return s, nil
+}
+
+// waitReady reads init's "ok" line (or its error) from the ready pipe.
+func waitReady(ctx context.Context, r *os.File) error {
+	type res struct {
+		line string
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		line, err := bufio.NewReader(io.LimitReader(r, 4096)).ReadString('\n')
+		ch <- res{strings.TrimSpace(line), err}
+	}()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("wait for sandbox init: %w", ctx.Err())
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("wait for sandbox init: %w", ErrTimeout)
+	case r := <-ch:
+		switch {
+		case r.line == "ok":
+			return nil
+		case r.line == "":
+			return fmt.Errorf("sandbox init exited before it was ready (%v)", r.err)
+		default:
+			return fmt.Errorf("sandbox init: %s", strings.TrimPrefix(r.line, "error: "))
+		}
+	}
+}
+
+// ID returns the sandbox id.
+func (s *Sandbox) ID() string { return s.cfg.ID }
+
+// Root returns the host path of the sandbox root.
+func (s *Sandbox) Root() string { return s.cfg.Root }
+
+// InitPID returns init's pid on the host.
+func (s *Sandbox) InitPID() int { return s.pid }
+
+// CgroupID returns the id of the sandbox's v2 cgroup, the key eBPF
+// programs filter on.
+func (s *Sandbox) CgroupID() (uint64, error) { return s.cg.ID() }
+
+// Exited is closed when the sandbox's init has exited.
+func (s *Sandbox) Exited() <-chan struct{} { return s.exited }
+
+// dial connects to init's control socket through init's own root, which
+// works whatever the host path of the root is.
+func (s *Sandbox) dial(ctx context.Context) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/%d/root%s", s.pid, ctl.SocketPath))
+	if err != nil {
+		return fmt.Errorf("dial sandbox control socket: %w", err)
+	}
+	s.conn, s.rd = c, bufio.NewReader(c)
+	return nil
+}
+
+// Disconnect closes the server's connection to init, so that no descriptor
+// points into the sandbox from outside (CRIU dumps need this). The next
+// command dials again.
+func (s *Sandbox) Disconnect() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.disconnect()
+}
+
+func (s *Sandbox) disconnect() {
+	if s.conn != nil {
+		s.conn.Close()
+		s.conn, s.rd = nil, nil
+	}
+}
+
+// call sends one request; the caller holds s.mu or has exclusive access.
+func (s *Sandbox) call(ctx context.Context, req ctl.Request, wait time.Duration) (ctl.Response, error) {
+	select {
+	case <-s.exited:
+		return ctl.Response{}, ErrDead
+	default:
+	}
+	if s.conn == nil {
+		if err := s.dial(ctx); err != nil {
+			return ctl.Response{}, err
+		}
+	}
+	deadline := time.Now().Add(wait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	s.conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { s.conn.SetDeadline(time.Now()) })
+	defer stop()
+	b, _ := json.Marshal(req)
+	if _, err := s.conn.Write(append(b, '\n')); err != nil {
+		s.disconnect()
+		return ctl.Response{}, s.connErr("send request", err)
+	}
+	line, err := s.rd.ReadBytes('\n')
+	if err != nil {
+		s.disconnect()
+		if ctx.Err() != nil {
+			return ctl.Response{}, fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
+		}
+		return ctl.Response{}, s.connErr("read response", err)
+	}
+	var resp ctl.Response
+	if err := json.Unmarshal(line, &resp); err != nil {
+		s.disconnect()
+		return ctl.Response{}, fmt.Errorf("decode sandbox response: %w", err)
+	}
+	return resp, nil
+}
+
+func (s *Sandbox) connErr(what string, err error) error {
+	select {
+	case <-s.exited:
+		return fmt.Errorf("%s: %w", what, ErrDead)
+	case <-time.After(50 * time.Millisecond):
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%s: %w", what, ErrTimeout)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Exec runs cmd in the persistent shell.
+func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result, error) {
+	if len(cmd) > ctl.MaxCommand {
+		return nil, fmt.Errorf("%w: command is %d bytes, limit %d", ErrBadCommand, len(cmd), ctl.MaxCommand)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = ctl.DefaultTimeout
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	var events []LimitEvent
+	events = append(events, s.checkLimits()...)
+	// Init needs at most a few seconds beyond the command's own timeout to
+	// kill it and bring the shell back.
+	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpExec, Cmd: cmd, Timeout: o.Timeout, MaxOutput: o.MaxOutput}, o.Timeout+15*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
+	}
+	if resp.Error != "" && !resp.ShellExited {
+		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
+	}
+	events = append(events, s.checkLimits()...)
+	if resp.ShellExited {
+		if r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil {
+			s.shellPID = r.ShellPID
+		}
+	}
+	return &Result{
+		Stdout: resp.Stdout, Stderr: resp.Stderr,
+		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
+		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
+		TimedOut: resp.TimedOut, Duration: resp.Duration,
+		ShellRestarted: resp.ShellExited, Limits: events,
+	}, nil
+}
+
+// checkLimits reports limit events since the last check. A sandbox that hit
+// its pids limit is assumed to run a fork bomb: every task but init and the
+// shell is killed, with the group frozen so nothing forks meanwhile.
+func (s *Sandbox) checkLimits() []LimitEvent {
+	now := s.cg.counters()
+	var ev []LimitEvent
+	if now.oomKill > s.seen.oomKill {
+		ev = append(ev, LimitEvent{Resource: "memory", Limit: s.cfg.Limits.MemoryBytes,
+			Message: fmt.Sprintf("memory limit reached: the OOM killer killed %d process(es)", now.oomKill-s.seen.oomKill)})
+	}
+	if now.pidsMax > s.seen.pidsMax {
+		n, err := s.killAllButShell()
+		msg := fmt.Sprintf("process limit reached (%d forks refused): killed %d processes, the shell was kept", now.pidsMax-s.seen.pidsMax, n)
+		if err != nil {
+			msg += fmt.Sprintf(" (clean-up incomplete: %v)", err)
+		}
+		ev = append(ev, LimitEvent{Resource: "pids", Limit: s.cfg.Limits.Pids, Message: msg})
+		now = s.cg.counters()
+	}
+	s.seen = now
+	for _, e := range ev {
+		s.log.Warn("sandbox hit a limit", slog.String("resource", e.Resource), slog.String("detail", e.Message))
+	}
+	return ev
+}
+
+func (s *Sandbox) killAllButShell() (int, error) {
+	killed := 0
+	for round := 0; round < 20; round++ {
+		if err := s.cg.freeze(true); err != nil {
+			return killed, err
+		}
+		pids, err := s.cg.procs()
+		if err != nil {
+			s.cg.freeze(false)
+			return killed, err
+		}
+		n := 0
+		for _, p := range pids {
+			ns := nsPID(p)
+			if ns == 1 || ns == s.shellPID || ns == 0 {
+				continue
+			}
+			if syscall.Kill(p, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+		if err := s.cg.freeze(false); err != nil {
+			return killed, err
+		}
+		killed += n
+		if n == 0 {
+			return killed, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return killed, fmt.Errorf("processes keep appearing")
+}
+
+// nsPID returns the innermost pid of host pid p (0 when unknown).
+func nsPID(p int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			fs := strings.Fields(f)
+			if len(fs) > 0 {
+				n, _ := strconv.Atoi(fs[len(fs)-1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// Destroy kills every process of the sandbox and removes its cgroups. The
+// root file system is left to its owner. It is idempotent.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.disconnect()
+	s.mu.Unlock()
+	s.cg.kill()
+	if s.pid > 0 {
+		syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("destroy sandbox %s: %w", s.cfg.ID, ctx.Err())
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("destroy sandbox %s: init did not exit: %w", s.cfg.ID, ErrTimeout)
+	}
+	if err := s.cg.remove(); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", s.cfg.ID, err)
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+// Package sandboxtest has test helpers for packages that start sandboxes:
+// it finds (or builds) arbor-init and makes small root file systems.
+package sandboxtest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// RequireRoot skips the test unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: sandboxes use namespaces, cgroups and mounts")
+	}
+}
+
+// InitBinary returns a static arbor-init: $ARBOR_INIT when set (make test
+// sets it), else one built once per test process with the go toolchain.
+func InitBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("ARBOR_INIT"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		modRoot := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "arbor-init-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "arbor-init")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/arbor-init")
+		cmd.Dir = modRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = err
+			buildPath = string(out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build arbor-init: %v: %s", buildErr, buildPath)
+	}
+	return buildPath
+}
+
+// BusyboxRoot makes a root file system from the host's static busybox in a
+// fresh directory below dir (t.TempDir() when empty). It skips the test
+// when busybox-static is not installed.
+func BusyboxRoot(t testing.TB, dir string) string {
+	t.Helper()
+	bb := ""
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		if _, err := os.Stat(p); err == nil {
+			bb = p
+			break
+		}
+	}
+	if bb == "" {
+		t.Skip("busybox-static not installed: run make deps")
+	}
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	root := filepath.Join(dir, "root")
+	for _, d := range []string{"bin", "root", "tmp", "proc", "dev", "etc", "work"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			os.Symlink("busybox", filepath.Join(root, "bin", a))
+		}
+	}
+	os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "etc", "group"), []byte("root:x:0:\n"), 0o644)
+	return root
+}
