@@ -1,0 +1,62 @@
+// Package zfs is the ZFS snapshot backend, driven through go-zfs v3 (the
+// zfs command line). Every name is a filesystem dataset below one root
+// dataset (Options.Dataset), and its mountpoint is inherited, so Path is
+// the root's mountpoint joined with the name.
+//
+// Mapping onto ZFS objects, marked by the user property arbor:kind:
+//
+//   - volume ("volume"): a filesystem, made by CreateVolume or Clone.
+//   - snapshot ("snapshot"): Snapshot(src, dst) takes the ZFS snapshot
+//     src@arbor-<random> and clones it as dst with readonly=on, so a
+//     snapshot has a name, a mountpoint and a Path like a volume.
+//   - Clone(src, dst) takes src@arbor-<random> and clones it writable.
+//   - parent directories of a name ("dir") are plain filesystems made on
+//     demand and destroyed when their last child is.
+//
+// Destroy keeps dependents alive: while a ZFS snapshot of the volume has
+// clones, the newest such clone is promoted (`zfs promote`), which moves the
+// snapshot and everything it depends on to the clone; then the volume and
+// its remaining snapshots are destroyed, and so is the ZFS snapshot it was
+// cloned from when no other clone uses it. Volumes do not nest.
+//
+// Changes walks both trees (zfs-fuse has no `zfs diff`); see
+// cr/internal/fsdiff for the rule and docs/zfs.md for what it covers.
+package zfs
+
+import (
+	"log/slog"
+	"sync"
+)
+
+// Options configure Open.
+type Options struct {
+	// Dataset is the root dataset, e.g. "tank/arbor". Its pool must exist;
+	// the dataset is made if missing.
+	Dataset string
+	// Logger receives debug records; nil discards them.
+	Logger *slog.Logger
+}
+
+// Snapshotter is a cr.Snapshotter on ZFS datasets.
+type Snapshotter struct {
+	root  string // root dataset
+	mount string // its mountpoint
+	log   *slog.Logger
+	// dirs is held for reading while datasets are made below a parent and
+	// for writing while empty parents are pruned.
+	dirs sync.RWMutex
+}
+
+// Property values of arbor:kind.
+const (
+	kindProp     = "arbor:kind"
+	kindVolume   = "volume"
+	kindSnapshot = "snapshot"
+	kindDir      = "dir"
+)
+
+// Backend returns "zfs".
+func (s *Snapshotter) Backend() string { return "zfs" }
+
+// Dataset is the root dataset all names live under.
+func (s *Snapshotter) Dataset() string { return s.root }
