@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/arbor-env/arbor/cr"
 	"golang.org/x/sys/unix"
@@ -153,18 +154,22 @@ func (s Set) all(ctx context.Context, root, rel string, kind cr.ChangeKind) erro
 	})
 }
 
-// Walk compares the whole trees at baseRoot and targetRoot. It does not
-// descend into mount points below targetRoot other than the trees
-// themselves.
-func Walk(ctx context.Context, baseRoot, targetRoot string) ([]cr.Change, error) {
+// Walk compares the whole trees at baseRoot and targetRoot.
+//
+// contentSince is for filesystems with coarse timestamps (zfs-fuse keeps
+// whole seconds): a regular file whose size and mtime are equal on both
+// sides but whose mtime is not older than contentSince (when the base was
+// taken) may have been rewritten in that same second, so its contents are
+// compared. The zero time turns this off.
+func Walk(ctx context.Context, baseRoot, targetRoot string, contentSince time.Time) ([]cr.Change, error) {
 	s := Set{}
-	if err := s.walkDir(ctx, baseRoot, targetRoot, "/"); err != nil {
+	if err := s.walkDir(ctx, baseRoot, targetRoot, "/", contentSince); err != nil {
 		return nil, err
 	}
 	return s.Sorted(), nil
 }
 
-func (s Set) walkDir(ctx context.Context, baseRoot, targetRoot, rel string) error {
+func (s Set) walkDir(ctx context.Context, baseRoot, targetRoot, rel string, since time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -174,16 +179,46 @@ func (s Set) walkDir(ctx context.Context, baseRoot, targetRoot, rel string) erro
 	if _, done := s[rel]; done && s[rel] != cr.Modified {
 		return nil // added or deleted: descendants already recorded
 	}
+	if _, done := s[rel]; !done && !since.IsZero() {
+		same, err := sameRecentContent(filepath.Join(baseRoot, rel), filepath.Join(targetRoot, rel), since)
+		if err != nil {
+			return err
+		}
+		if !same {
+			s[rel] = cr.Modified
+		}
+	}
 	names, bothDirs, err := union(filepath.Join(baseRoot, rel), filepath.Join(targetRoot, rel))
 	if err != nil || !bothDirs {
 		return err
 	}
 	for _, n := range names {
-		if err := s.walkDir(ctx, baseRoot, targetRoot, filepath.Join(rel, n)); err != nil {
+		if err := s.walkDir(ctx, baseRoot, targetRoot, filepath.Join(rel, n), since); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sameRecentContent reports false when a and b are regular files with
+// mtimes not before since and different contents.
+func sameRecentContent(a, b string, since time.Time) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(b, &st); err != nil {
+		return false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mtim.Sec < since.Unix() {
+		return true, nil
+	}
+	ca, err := os.ReadFile(a)
+	if err != nil {
+		return false, err
+	}
+	cb, err := os.ReadFile(b)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(ca, cb), nil
 }
 
 // union lists the entry names of two directories; bothDirs is false when
