@@ -349,6 +349,10 @@ func (s *Sandbox) checkLimits() []LimitEvent {
 			Message: fmt.Sprintf("memory limit reached: the OOM killer killed %d process(es)", now.oomKill-s.seen.oomKill)})
 	}
 	if now.pidsMax > s.seen.pidsMax {
+		// The shell may have been replaced meanwhile: ask init which it is.
+		if r, err := s.call(context.Background(), ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil {
+			s.shellPID = r.ShellPID
+		}
 		n, err := s.killAllButShell()
 		msg := fmt.Sprintf("process limit reached (%d forks refused): killed %d processes, the shell was kept", now.pidsMax-s.seen.pidsMax, n)
 		if err != nil {
@@ -366,7 +370,8 @@ func (s *Sandbox) checkLimits() []LimitEvent {
 
 func (s *Sandbox) killAllButShell() (int, error) {
 	killed := 0
-	for round := 0; round < 20; round++ {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
 		if err := s.cg.freeze(true); err != nil {
 			return killed, err
 		}
@@ -377,8 +382,8 @@ func (s *Sandbox) killAllButShell() (int, error) {
 		}
 		n := 0
 		for _, p := range pids {
-			ns := nsPID(p)
-			if ns == 1 || ns == s.shellPID || ns == 0 {
+			ns, zombie := nsPID(p)
+			if ns == 1 || ns == s.shellPID || ns == 0 || zombie {
 				continue
 			}
 			if syscall.Kill(p, syscall.SIGKILL) == nil {
@@ -394,25 +399,29 @@ func (s *Sandbox) killAllButShell() (int, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return killed, fmt.Errorf("processes keep appearing")
+	return killed, fmt.Errorf("processes kept appearing for 3s")
 }
 
-// nsPID returns the innermost pid of host pid p (0 when unknown).
-func nsPID(p int) int {
+// nsPID returns the innermost pid of host pid p (0 when unknown) and
+// whether p is a zombie (dead, waiting to be reaped: killing it again
+// achieves nothing).
+func nsPID(p int) (int, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
 	if err != nil {
-		return 0
+		return 0, false
 	}
+	ns, zombie := 0, false
 	for _, line := range strings.Split(string(b), "\n") {
 		if f, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			fs := strings.Fields(f)
-			if len(fs) > 0 {
-				n, _ := strconv.Atoi(fs[len(fs)-1])
-				return n
+			if fs := strings.Fields(f); len(fs) > 0 {
+				ns, _ = strconv.Atoi(fs[len(fs)-1])
 			}
 		}
+		if f, ok := strings.CutPrefix(line, "State:"); ok {
+			zombie = strings.HasPrefix(strings.TrimSpace(f), "Z")
+		}
 	}
-	return 0
+	return ns, zombie
 }
 
 // Destroy kills every process of the sandbox and removes its cgroups. The

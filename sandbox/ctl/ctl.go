@@ -58,6 +58,10 @@ type Response struct {
 
 	ShellPID  int    `json:"shell_pid,omitempty"`
 	ShellPath string `json:"shell_path,omitempty"`
+	// ShellRestarts counts the shells init had to replace, and LastExit
+	// says how the last one ended ("exit status 3", "signal: killed").
+	ShellRestarts int    `json:"shell_restarts,omitempty"`
+	LastExit      string `json:"last_exit,omitempty"`
 }
 
 // Defaults applied by init when a Request leaves a field zero.

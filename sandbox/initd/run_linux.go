@@ -104,7 +104,7 @@ func pump(sh *shell, jobs <-chan job) {
 			case ctl.OpExec:
 				resp = sh.exec(j.req)
 			case ctl.OpPing, ctl.OpShell:
-				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path}
+				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}
 			}
@@ -118,6 +118,7 @@ func pump(sh *shell, jobs <-chan job) {
 					unix.Close(sh.master)
 					sh.master = -1
 				}
+				sh.lostIdle = true
 				sh.start()
 			}
 		}

@@ -42,6 +42,11 @@ type shell struct {
 
 	seq    uint64
 	status []byte
+	// lostIdle is set when the shell died between commands and had to be
+	// replaced; the next command's response says so.
+	lostIdle bool
+	restarts int
+	lastExit string
 	exited *syscall.WaitStatus // set when the shell was reaped
 }
 
@@ -279,6 +284,12 @@ func (s *shell) reap() {
 		if pid == s.pid {
 			w := ws
 			s.exited = &w
+			s.restarts++
+			if ws.Signaled() {
+				s.lastExit = "signal: " + ws.Signal().String()
+			} else {
+				s.lastExit = fmt.Sprintf("exit status %d", ws.ExitStatus())
+			}
 		}
 	}
 }
@@ -383,11 +394,15 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		}
 	}
 	resp.Duration = time.Since(start)
+	restart := resp.ShellExited
+	if s.lostIdle {
+		resp.ShellExited, s.lostIdle = true, false
+	}
 	s.pumpOnce(0, out, errb)
 	resp.Stdout, resp.Stderr = out.Bytes(), errb.Bytes()
 	resp.StdoutBytes, resp.StderrBytes = out.Total(), errb.Total()
 	resp.Truncated = out.Truncated() || errb.Truncated()
-	if resp.ShellExited {
+	if restart {
 		if s.master >= 0 {
 			unix.Close(s.master)
 			s.master = -1

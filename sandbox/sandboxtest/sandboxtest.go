@@ -101,3 +101,28 @@ func BusyboxRoot(t testing.TB, dir string) string {
 	os.WriteFile(filepath.Join(root, "etc", "group"), []byte("root:x:0:\n"), 0o644)
 	return root
 }
+
+// DebianCacheTarball is where `arbor image build debian` keeps the finished
+// Debian root (image.DefaultCacheDir); tests reuse it rather than running
+// debootstrap.
+const DebianCacheTarball = "/var/cache/arbor/images/debian-bookworm.tar.zst"
+
+// DebianRoot unpacks the cached Debian image into a fresh directory below
+// dir (t.TempDir() when empty). It skips the test when the cache is absent.
+func DebianRoot(t testing.TB, dir string) string {
+	t.Helper()
+	if _, err := os.Stat(DebianCacheTarball); err != nil {
+		t.Skipf("no cached debian image at %s: run arbor image build debian", DebianCacheTarball)
+	}
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	root := filepath.Join(dir, "root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("tar", "--zstd", "-xf", DebianCacheTarball, "-C", root).CombinedOutput(); err != nil {
+		t.Fatalf("unpack debian image: %v: %s", err, out)
+	}
+	return root
+}
