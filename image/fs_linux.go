@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -97,4 +98,11 @@ func diskUsage(root string) (int64, error) {
 		return 0, fmt.Errorf("measure %s: %w", root, err)
 	}
 	return total, nil
+}
+
+// killGroupOnCancel starts cmd in its own process group and makes
+// cancellation kill the whole group rather than only its leader.
+func killGroupOnCancel(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 }

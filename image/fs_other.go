@@ -5,6 +5,7 @@ package image
 import (
 	"errors"
 	"io/fs"
+	"os/exec"
 	"path/filepath"
 )
 
@@ -25,3 +26,5 @@ func diskUsage(root string) (int64, error) {
 	})
 	return total, errors.Join(err)
 }
+
+func killGroupOnCancel(*exec.Cmd) {}

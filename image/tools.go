@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 )
 
 // run executes a host tool, copying its output to progress (when not nil)
@@ -27,6 +28,11 @@ func run(ctx context.Context, progress io.Writer, name string, args ...string) e
 	}
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Stdout, cmd.Stderr = w, w
+	// On cancellation kill the tool's whole process group: debootstrap
+	// leaves dpkg and chroot children that would otherwise keep running
+	// in (and keep mounts alive inside) a build root being destroyed.
+	killGroupOnCancel(cmd)
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", name, ctx.Err())

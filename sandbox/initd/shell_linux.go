@@ -47,7 +47,7 @@ type shell struct {
 	lostIdle bool
 	restarts int
 	lastExit string
-	exited *syscall.WaitStatus // set when the shell was reaped
+	exited   *syscall.WaitStatus // set when the shell was reaped
 }
 
 func pipeNB() (r, w int, err error) {
