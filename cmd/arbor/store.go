@@ -9,10 +9,12 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/zfs"
 )
 
 // openSnapshotter opens the filesystem snapshot backend that the global
-// flags select (--backend, --state-dir, --pool-size).
+// flags select: btrfs in --state-dir (a --pool-size loop pool when that is
+// not on btrfs), or zfs below the dataset named by ARBOR_ZFS_DATASET.
 func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, error) {
 	switch g.backend {
 	case "btrfs", "":
@@ -26,7 +28,16 @@ func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, err
 		}
 		return s, nil
 	case "zfs":
-		return nil, fmt.Errorf("open zfs backend: not wired into the CLI yet: %w", cr.ErrUnavailable)
+		// globalOptions has no dataset flag yet; the environment names it.
+		ds := envOr("ARBOR_ZFS_DATASET", "")
+		if ds == "" {
+			return nil, fmt.Errorf("open zfs backend: set ARBOR_ZFS_DATASET to the root dataset (e.g. tank/arbor): %w", cr.ErrUnavailable)
+		}
+		s, err := zfs.Open(ctx, zfs.Options{Dataset: ds, Logger: slog.Default()})
+		if err != nil {
+			return nil, fmt.Errorf("open zfs backend: %w", err)
+		}
+		return s, nil
 	default:
 		return nil, fmt.Errorf("unknown --backend %q (want btrfs or zfs)", g.backend)
 	}
