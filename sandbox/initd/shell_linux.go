@@ -332,9 +332,14 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	}
 	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	start := time.Now()
-	// Sourcing runs the text in the shell itself (state persists) without
-	// the fork a command substitution would cost.
-	seq := s.type_(fmt.Sprintf("{ . /proc/1/fd/%d; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", mfd, s.outW, s.errW))
+	// bash reads the text with $(<file), which costs no fork, and evals
+	// it, so its messages read as they would at a terminal ("bash: x:
+	// command not found"); other shells source it.
+	src := fmt.Sprintf(". /proc/1/fd/%d", mfd)
+	if s.isBash {
+		src = fmt.Sprintf(`eval "$(</proc/1/fd/%d)"`, mfd)
+	}
+	seq := s.type_(fmt.Sprintf("{ %s; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", src, s.outW, s.errW))
 	resp := ctl.Response{}
 	deadline := start.Add(timeout)
 	var marker uint64 // status record typed after a timeout

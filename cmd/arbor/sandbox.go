@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+func init() { subcommands = append(subcommands, newSandboxCmd) }
+
+func newSandboxCmd(g *globalOptions) *cobra.Command {
+	cmd := &cobra.Command{Use: "sandbox", Short: "Try sandboxes by hand"}
+	var (
+		imageName string
+		asJSON    bool
+		timeout   time.Duration
+		maxOut    int
+		lim       sandbox.Limits
+		memory    string
+	)
+	exec := &cobra.Command{
+		Use:   "exec --image NAME [--json] -- CMD [CMD...]",
+		Short: "Start a fresh sandbox, run each CMD in its persistent shell, print the results, destroy it",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			ctx := c.Context()
+			if memory != "" {
+				n, err := parseSize(memory)
+				if err != nil {
+					return fmt.Errorf("parse --memory: %w", err)
+				}
+				lim.MemoryBytes = n
+			}
+			snap, err := openSnapshotter(ctx, g)
+			if err != nil {
+				return err
+			}
+			l := &envpool.Launcher{
+				Snap: snap, Images: &image.Store{Snap: snap, Logger: slog.Default()},
+				Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: slog.Default(),
+			}
+			env, err := l.Launch(ctx, imageName)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if err := env.Close(ctx); err != nil {
+					slog.Error("destroy sandbox", slog.String("env", env.ID), slog.Any("err", err))
+				}
+			}()
+			enc := json.NewEncoder(os.Stdout)
+			for _, a := range args {
+				r, err := env.Sandbox.Exec(ctx, a, sandbox.ExecOptions{Timeout: timeout, MaxOutput: maxOut})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc.Encode(resultJSON(a, r))
+					continue
+				}
+				printResult(a, r)
+			}
+			return nil
+		},
+	}
+	f := exec.Flags()
+	f.StringVar(&imageName, "image", "busybox", "image to start (built on first use if it has a recipe)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object per command")
+	f.DurationVar(&timeout, "timeout", 60*time.Second, "per-command timeout")
+	f.IntVar(&maxOut, "max-output", 0, "cap on each of stdout and stderr in bytes (default 256 KiB)")
+	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M (default 1G)")
+	f.Int64Var(&lim.Pids, "pids", 0, "process limit (default 512)")
+	f.Float64Var(&lim.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
+	cmd.AddCommand(exec)
+	return cmd
+}
+
+// execResult is the JSON form of one command's result.
+type execResult struct {
+	Cmd            string   `json:"cmd"`
+	Stdout         string   `json:"stdout"`
+	Stderr         string   `json:"stderr"`
+	ExitCode       int      `json:"exit_code"`
+	Cwd            string   `json:"cwd"`
+	TimedOut       bool     `json:"timed_out"`
+	Truncated      bool     `json:"truncated"`
+	StdoutBytes    int64    `json:"stdout_bytes"`
+	StderrBytes    int64    `json:"stderr_bytes"`
+	DurationS      float64  `json:"duration_s"`
+	ShellRestarted bool     `json:"shell_restarted,omitempty"`
+	Limits         []string `json:"limits,omitempty"`
+}
+
+func resultJSON(cmd string, r *sandbox.Result) execResult {
+	out := execResult{
+		Cmd: cmd, Stdout: string(r.Stdout), Stderr: string(r.Stderr), ExitCode: r.ExitCode, Cwd: r.Cwd,
+		TimedOut: r.TimedOut, Truncated: r.Truncated, StdoutBytes: r.StdoutBytes, StderrBytes: r.StderrBytes,
+		DurationS: r.Duration.Seconds(), ShellRestarted: r.ShellRestarted,
+	}
+	for _, e := range r.Limits {
+		out.Limits = append(out.Limits, e.String())
+	}
+	return out
+}
+
+func printResult(cmd string, r *sandbox.Result) {
+	fmt.Printf("$ %s\n", cmd)
+	os.Stdout.Write(r.Stdout)
+	os.Stdout.Write(r.Stderr)
+	fmt.Printf("[exit %d, cwd %s, %.1f ms", r.ExitCode, r.Cwd, float64(r.Duration.Microseconds())/1000)
+	if r.TimedOut {
+		fmt.Print(", timed out")
+	}
+	if r.Truncated {
+		fmt.Printf(", output truncated from %d+%d bytes", r.StdoutBytes, r.StderrBytes)
+	}
+	if r.ShellRestarted {
+		fmt.Print(", shell restarted")
+	}
+	fmt.Println("]")
+	for _, e := range r.Limits {
+		fmt.Printf("[limit] %s\n", e)
+	}
+}
