@@ -2,6 +2,7 @@ package envpool_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -31,7 +32,8 @@ func newLauncher(tb testing.TB) *envpool.Launcher {
 			tb.Error(err)
 		}
 	})
-	return &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap}, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true}
+	quiet := slog.New(slog.DiscardHandler)
+	return &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true}
 }
 
 func TestLaunchOnBtrfsClone(t *testing.T) {

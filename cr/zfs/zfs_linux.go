@@ -279,10 +279,7 @@ func (s *Snapshotter) destroy(ctx context.Context, name string) error {
 		}
 		// zfs-fuse reports a mounted dataset as busy to destroy, even with
 		// -f, until it is unmounted first.
-		if err := unmount(ctx, target); err != nil {
-			return err
-		}
-		if err := self.Destroy(gozfs.DestroyRecursive); err != nil {
+		if err := destroyMounted(ctx, self); err != nil {
 			return mapErr(name, err)
 		}
 		if o := self.Origin; o != "" && len(clones[o]) == 1 && strings.Contains(o, "@arbor-") {
@@ -309,6 +306,34 @@ func (s *Snapshotter) destroy(ctx context.Context, name string) error {
 		}
 	}
 	return nil
+}
+
+// destroyMounted unmounts ds and destroys it with its snapshots. zfs-fuse
+// can still call it busy for a moment after the unmount (seen right after
+// writes), so a busy answer is retried for up to about two seconds.
+func destroyMounted(ctx context.Context, ds *gozfs.Dataset) error {
+	for try := 0; ; try++ {
+		if err := unmount(ctx, ds.Name); err != nil {
+			return err
+		}
+		err := ds.Destroy(gozfs.DestroyRecursive)
+		if err == nil || try == 20 || !strings.Contains(err.Error()+stderrOf(err), "busy") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func stderrOf(err error) string {
+	var ze *gozfs.Error
+	if errors.As(err, &ze) {
+		return ze.Stderr
+	}
+	return ""
 }
 
 // unmount unmounts a filesystem dataset; one already unmounted is fine.
