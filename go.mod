@@ -3,13 +3,13 @@ module github.com/arbor-env/arbor
 go 1.26.0
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/mistifyio/go-zfs/v3 v3.0.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
 )
 
 require (
-	github.com/cilium/ebpf v0.22.0 // indirect
 	github.com/google/uuid v1.2.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
