@@ -3,10 +3,12 @@ module github.com/arbor-env/arbor
 go 1.26.0
 
 require (
+	github.com/checkpoint-restore/go-criu/v7 v7.2.0
 	github.com/cilium/ebpf v0.22.0
 	github.com/mistifyio/go-zfs/v3 v3.0.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
+	google.golang.org/protobuf v1.34.2
 )
 
 require (

@@ -142,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		// A crashed server leaves no sandbox behind: killing pid 1 of a
 		// pid namespace kills everything in it.
 		Pdeathsig: syscall.SIGKILL,
+		// The session (and so the shell's process groups) must live
+		// inside the pid namespace, or CRIU cannot dump it.
+		Setsid: true,
 	}
 	err = cmd.Start()
 	syncR.Close()
@@ -240,10 +243,17 @@ func (s *Sandbox) Disconnect() {
 }
 
 func (s *Sandbox) disconnect() {
-	if s.conn != nil {
-		s.conn.Close()
-		s.conn, s.rd = nil, nil
+	if s.conn == nil {
+		return
 	}
+	// Ask init to close its end and wait until it has: a dump right after
+	// must not find init's end of this connection still open.
+	s.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := s.conn.Write([]byte(`{"op":"detach"}` + "\n")); err == nil {
+		io.Copy(io.Discard, s.rd)
+	}
+	s.conn.Close()
+	s.conn, s.rd = nil, nil
 }
 
 // call sends one request; the caller holds s.mu or has exclusive access.
@@ -422,6 +432,78 @@ func nsPID(p int) (int, bool) {
 		}
 	}
 	return ns, zombie
+}
+
+// Exclusive runs fn while no command runs and the server holds no
+// connection into the sandbox: the state a checkpoint needs. fn may use
+// Freeze and Thaw.
+func (s *Sandbox) Exclusive(fn func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.disconnect()
+	return fn()
+}
+
+// Freeze stops every process of the sandbox (cgroup v2 freezer).
+func (s *Sandbox) Freeze() error { return s.cg.freeze(true) }
+
+// Thaw resumes the sandbox after Freeze.
+func (s *Sandbox) Thaw() error { return s.cg.freeze(false) }
+
+// FreezerCgroup is the v2 cgroup directory of the sandbox, which CRIU can
+// use to freeze the tree (--freeze-cgroup).
+func (s *Sandbox) FreezerCgroup() string { return s.cg.v2 }
+
+// Restore makes a Sandbox of a process tree that restore brings back (a
+// CRIU restore whose root is cfg.Root). The cgroups are made first; restore
+// must call join with the pid of the tree's root task before that task
+// forks, so the whole tree lands in them, and return the host pid of the
+// restored init, which must be a child of this process.
+func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) error) (int, error)) (sb *Sandbox, err error) {
+	if !idPattern.MatchString(cfg.ID) {
+		return nil, fmt.Errorf("sandbox id %q: want 1-64 letters, digits, - or _", cfg.ID)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID))}
+	defer func() {
+		if err != nil {
+			if derr := s.Destroy(context.Background()); derr != nil {
+				s.log.Warn("clean up failed restore", slog.Any("err", derr))
+			}
+		}
+	}()
+	pid, err := restore(cg.add)
+	if err != nil {
+		close(s.exited)
+		return nil, err
+	}
+	s.pid = pid
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		close(s.exited)
+		return nil, fmt.Errorf("find restored init %d: %w", pid, err)
+	}
+	go func() {
+		proc.Wait()
+		close(s.exited)
+	}()
+	s.seen = cg.counters()
+	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("restored sandbox does not answer: %w", err)
+	}
+	s.shellPID = resp.ShellPID
+	return s, nil
 }
 
 // Destroy kills every process of the sandbox and removes its cgroups. The

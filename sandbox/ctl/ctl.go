@@ -22,6 +22,10 @@ const (
 	OpExec  = "exec"  // run one command in the persistent shell
 	OpPing  = "ping"  // liveness; returns shell pid
 	OpShell = "shell" // describe the shell (pid, path)
+	// OpDetach asks init to close this connection; the server waits for
+	// the end of the stream, so that at a dump init holds no socket whose
+	// peer is outside the sandbox.
+	OpDetach = "detach"
 )
 
 // Request is one line sent by the server.

@@ -35,7 +35,7 @@ func run(ready *os.File) error {
 	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	prewarmThreads(6)
 	path := "/bin/sh"
-	for _, p := range []string{"/bin/bash", "/usr/bin/bash"} {
+	for _, p := range bashPaths {
 		if _, err := os.Stat(p); err == nil {
 			path = p
 			break
@@ -132,6 +132,10 @@ func serve(c net.Conn, sh *shell, jobs chan<- job) {
 	for {
 		var req ctl.Request
 		if err := dec.Decode(&req); err != nil {
+			return
+		}
+		if req.Op == ctl.OpDetach {
+			enc.Encode(ctl.Response{})
 			return
 		}
 		j := job{req: req, done: make(chan ctl.Response, 1)}

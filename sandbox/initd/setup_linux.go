@@ -65,6 +65,14 @@ func Setup(o SetupOptions) error {
 		name         string
 		major, minor uint32
 	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+	if !hasBash(r) {
+		// busybox ash opens /dev/tty for job control and its forked
+		// subshells inherit it; CRIU refuses to dump a tree in which a
+		// process other than the session leader holds the controlling
+		// terminal that way. Without /dev/tty ash uses its stderr, as
+		// bash always does.
+		devs = devs[:len(devs)-1]
+	}
 	for _, d := range devs {
 		p := filepath.Join(r, "dev", d.name)
 		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
@@ -113,8 +121,27 @@ func Setup(o SetupOptions) error {
 	if err := unix.Dup2(o.ReadyFD, readyFD); err != nil {
 		return fmt.Errorf("dup2 ready fd: %w", err)
 	}
+	// Nothing else the server (or whoever started it) left open may
+	// reach stage two: a descriptor pointing outside the sandbox makes a
+	// CRIU dump fail, and it would leak host resources into the sandbox.
+	if err := unix.CloseRange(readyFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("close inherited descriptors: %w", err)
+	}
 	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
 }
+
+// hasBash reports whether the root has bash, the shell stage two prefers.
+func hasBash(root string) bool {
+	for _, p := range bashPaths {
+		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// bashPaths are where stage two looks for bash, in order.
+var bashPaths = []string{"/bin/bash", "/usr/bin/bash"}
 
 // readyFD is where stage two finds the server's ready pipe.
 const readyFD = 3

@@ -1,0 +1,245 @@
+package criu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/checkpoint-restore/go-criu/v7/stats"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/internal/criubin"
+)
+
+// Checkpointer runs CRIU.
+type Checkpointer struct {
+	path string
+	log  *slog.Logger
+	// NetworkLock is how CRIU locks the sandbox's network during a dump:
+	// "skip" (default: a sandbox's net namespace holds only loopback, and
+	// every socket's peer is frozen in the same tree) or "nftables".
+	NetworkLock string
+}
+
+// New resolves the CRIU binary (flag, else the private CRIU 4.x, else PATH)
+// and checks its version; a missing or too old CRIU is a wrapped
+// cr.ErrUnavailable.
+func New(flag string, log *slog.Logger) (*Checkpointer, error) {
+	p, err := criubin.Path(flag)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v (run make deps)", cr.ErrUnavailable, err)
+	}
+	c := gocriu.MakeCriu()
+	c.SetCriuPath(p)
+	v, err := c.GetCriuVersion()
+	if err != nil {
+		return nil, fmt.Errorf("%w: criu %s: %v", cr.ErrUnavailable, p, err)
+	}
+	if v < criubin.MinMajor*10000 {
+		return nil, fmt.Errorf("%w: criu %s is version %d, need %d.x or newer (run make deps)", cr.ErrUnavailable, p, v, criubin.MinMajor)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Checkpointer{path: p, log: log, NetworkLock: "skip"}, nil
+}
+
+// Path is the CRIU binary in use.
+func (c *Checkpointer) Path() string { return c.path }
+
+func (c *Checkpointer) lock() *rpc.CriuNetworkLockMethod {
+	if c.NetworkLock == "nftables" {
+		return rpc.CriuNetworkLockMethod_NFTABLES.Enum()
+	}
+	return rpc.CriuNetworkLockMethod_SKIP.Enum()
+}
+
+// DumpRequest says what to dump where.
+type DumpRequest struct {
+	// PID is the host pid of the tree's root (the sandbox's init).
+	PID int
+	// Dir receives the images; it must exist and be empty.
+	Dir string
+	// FreezeCgroup, when set, is the cgroup CRIU freezes the tree with.
+	// A tree the caller already froze stays frozen after the dump.
+	FreezeCgroup string
+}
+
+// DumpStats are CRIU's own figures for one dump.
+type DumpStats struct {
+	Duration     time.Duration
+	FrozenTime   time.Duration
+	PagesWritten uint64
+	Bytes        int64 // size of the image directory
+}
+
+// Dump checkpoints the tree and leaves it running.
+func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, error) {
+	start := time.Now()
+	dir, err := os.Open(r.Dir)
+	if err != nil {
+		return DumpStats{}, fmt.Errorf("open image dir: %w", err)
+	}
+	defer dir.Close()
+	opts := &rpc.CriuOpts{
+		Pid:               proto.Int32(int32(r.PID)),
+		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
+		LogFile:           proto.String("dump.log"),
+		LogLevel:          proto.Int32(2),
+		LeaveRunning:      proto.Bool(true),
+		TcpEstablished:    proto.Bool(true),
+		FileLocks:         proto.Bool(true),
+		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
+		NetworkLock:       c.lock(),
+	}
+	if r.FreezeCgroup != "" {
+		opts.FreezeCgroup = proto.String(r.FreezeCgroup)
+	}
+	g := gocriu.MakeCriu()
+	g.SetCriuPath(c.path)
+	if err := runCtx(ctx, func() error { return g.Dump(opts, nil) }); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
+	}
+	st := DumpStats{Duration: time.Since(start)}
+	if ds, err := stats.CriuGetDumpStats(dir); err == nil {
+		st.FrozenTime = time.Duration(ds.GetFrozenTime()) * time.Microsecond
+		st.PagesWritten = ds.GetPagesWritten()
+	}
+	st.Bytes, _ = dirSize(r.Dir)
+	return st, nil
+}
+
+// RestoreRequest says what to restore where.
+type RestoreRequest struct {
+	// Dir holds the images of a Dump.
+	Dir string
+	// Root is the new root file system (a writable clone of the
+	// snapshot taken with the dump); CRIU needs it to be a mount point
+	// and Restore bind-mounts it onto itself when it is not.
+	Root string
+	// WorkDir receives the restore log; it defaults to a fresh temporary
+	// directory (images may be shared read-only by parallel restores).
+	WorkDir string
+	// Join, when set, is called with the pid of the restored root task
+	// before it forks the rest of the tree (to place it in cgroups).
+	Join func(pid int) error
+}
+
+type notify struct {
+	gocriu.NoNotify
+	join func(int) error
+	pid  int
+}
+
+func (n *notify) SetupNamespaces(pid int32) error {
+	if n.join != nil {
+		return n.join(int(pid))
+	}
+	return nil
+}
+
+func (n *notify) PostRestore(pid int32) error {
+	n.pid = int(pid)
+	return nil
+}
+
+// Restore brings the tree back as a child of this process (RstSibling) and
+// returns the host pid of its root.
+func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, error) {
+	dir, err := os.Open(r.Dir)
+	if err != nil {
+		return 0, fmt.Errorf("open image dir: %w", err)
+	}
+	defer dir.Close()
+	work := r.WorkDir
+	if work == "" {
+		if work, err = os.MkdirTemp("", "arbor-restore-"); err != nil {
+			return 0, err
+		}
+		defer os.RemoveAll(work)
+	}
+	wd, err := os.Open(work)
+	if err != nil {
+		return 0, fmt.Errorf("open work dir: %w", err)
+	}
+	defer wd.Close()
+	n := &notify{join: r.Join}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
+		WorkDirFd:         proto.Int32(int32(wd.Fd())),
+		LogFile:           proto.String("restore.log"),
+		LogLevel:          proto.Int32(2),
+		Root:              proto.String(r.Root),
+		RstSibling:        proto.Bool(true),
+		TcpEstablished:    proto.Bool(true),
+		FileLocks:         proto.Bool(true),
+		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
+		NetworkLock:       c.lock(),
+		NotifyScripts:     proto.Bool(true),
+	}
+	g := gocriu.MakeCriu()
+	g.SetCriuPath(c.path)
+	if err := runCtx(ctx, func() error { return g.Restore(opts, n) }); err != nil {
+		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
+	}
+	if n.pid == 0 {
+		return 0, errors.New("criu restore reported no pid")
+	}
+	return n.pid, nil
+}
+
+// runCtx runs fn, a CRIU call, unless ctx has already ended. A CRIU call
+// is not abandoned half-way: a dump left behind would leave the tree
+// frozen, a restore would leave processes nobody tracks.
+func runCtx(ctx context.Context, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// logTail returns the last error lines of a CRIU log, for error messages.
+func logTail(dir, name string) string {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return ""
+	}
+	var keep []string
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if bytes.Contains(l, []byte("Error")) || bytes.Contains(l, []byte("rror (")) {
+			keep = append(keep, string(l))
+		}
+	}
+	if len(keep) > 6 {
+		keep = keep[len(keep)-6:]
+	}
+	if len(keep) == 0 {
+		return ""
+	}
+	return "\n" + strings.Join(keep, "\n")
+}
+
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n, err
+}

@@ -1,0 +1,108 @@
+package criu_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+func setup(t *testing.T) (*criu.Checkpointer, *btrfs.Snapshotter) {
+	t.Helper()
+	sandboxtest.RequireRoot(t)
+	c, err := criu.New("", slog.Default())
+	if errors.Is(err, cr.ErrUnavailable) {
+		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("btrfs-progs not installed: run make deps")
+	}
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snap.Unmount(context.Background()) })
+	return c, snap
+}
+
+func TestDumpRestore(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	var root string
+	if os.Getenv("ARBOR_TEST_IMAGE") == "debian" {
+		root = sandboxtest.DebianRoot(t, "")
+	} else {
+		root = sandboxtest.BusyboxRoot(t, "")
+	}
+	if out, err := exec.Command("cp", "-a", root+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "crsrc", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	for _, cmd := range []string{"cd /tmp && export K=v && f() { echo fun; }", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &"} {
+		if r, err := sb.Exec(ctx, cmd, sandbox.ExecOptions{}); err != nil || r.ExitCode != 0 {
+			t.Fatalf("%q: %v %+v", cmd, err, r)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	imgs := t.TempDir()
+	var st criu.DumpStats
+	err = sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
+			return err
+		}
+		st, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dump: %+v", st)
+	if r, _ := sb.Exec(ctx, "echo $K; cat /tmp/count", sandbox.ExecOptions{}); !strings.HasPrefix(string(r.Stdout), "v\n") {
+		t.Fatalf("source after dump: %q %q", r.Stdout, r.Stderr)
+	}
+	if err := snap.Clone(ctx, "snap1", "child"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "crchild", Root: snap.Path("child")}, func(join func(int) error) (int, error) {
+		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path("child"), Join: join})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore took %v", time.Since(start))
+	defer child.Destroy(ctx)
+	r, err := child.Exec(ctx, "echo $K; pwd; f; a=$(cat /tmp/count); sleep 0.3; b=$(cat /tmp/count); echo $a $b", sandbox.ExecOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("child: %q %q", r.Stdout, r.Stderr)
+	lines := strings.Split(string(r.Stdout), "\n")
+	if len(lines) < 4 || lines[0] != "v" || lines[1] != "/tmp" || lines[2] != "fun" {
+		t.Fatalf("child state: %q", r.Stdout)
+	}
+}
