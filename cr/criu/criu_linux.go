@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/arbor-env/arbor/cr"
@@ -49,6 +51,9 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	}
 	if log == nil {
 		log = slog.Default()
+	}
+	if err := ensureKdatCache(p); err != nil {
+		log.Warn("criu kernel cache unavailable; every CRIU run probes the kernel again", slog.Any("err", err))
 	}
 	return &Checkpointer{path: p, log: log, NetworkLock: "skip"}, nil
 }
@@ -94,7 +99,7 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		Pid:               proto.Int32(int32(r.PID)),
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		LogFile:           proto.String("dump.log"),
-		LogLevel:          proto.Int32(2),
+		LogLevel:          proto.Int32(logLevel()),
 		LeaveRunning:      proto.Bool(true),
 		TcpEstablished:    proto.Bool(true),
 		FileLocks:         proto.Bool(true),
@@ -104,6 +109,11 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	if r.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(r.FreezeCgroup)
 	}
+	ino, err := netnsInode(r.PID)
+	if err != nil {
+		return DumpStats{}, err
+	}
+	opts.External = []string{fmt.Sprintf("net[%d]:%s", ino, netKey)}
 	g := gocriu.MakeCriu()
 	g.SetCriuPath(c.path)
 	if err := runCtx(ctx, func() error { return g.Dump(opts, nil) }); err != nil {
@@ -172,12 +182,22 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		return 0, fmt.Errorf("open work dir: %w", err)
 	}
 	defer wd.Close()
+	netns, err := newLoopbackNetns()
+	if err != nil {
+		return 0, err
+	}
+	defer netns.Close()
+	// CRIU (our child, started by go-criu) inherits the namespace through
+	// a descriptor without close-on-exec.
+	if _, err := unix.FcntlInt(netns.Fd(), unix.F_SETFD, 0); err != nil {
+		return 0, fmt.Errorf("share net namespace with criu: %w", err)
+	}
 	n := &notify{join: r.Join}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		WorkDirFd:         proto.Int32(int32(wd.Fd())),
 		LogFile:           proto.String("restore.log"),
-		LogLevel:          proto.Int32(2),
+		LogLevel:          proto.Int32(logLevel()),
 		Root:              proto.String(r.Root),
 		RstSibling:        proto.Bool(true),
 		TcpEstablished:    proto.Bool(true),
@@ -185,6 +205,7 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
 		NetworkLock:       c.lock(),
 		NotifyScripts:     proto.Bool(true),
+		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(int32(netns.Fd()))}},
 	}
 	g := gocriu.MakeCriu()
 	g.SetCriuPath(c.path)
@@ -195,6 +216,15 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		return 0, errors.New("criu restore reported no pid")
 	}
 	return n.pid, nil
+}
+
+// logLevel is CRIU's log verbosity: 2 (errors and warnings) unless
+// ARBOR_CRIU_LOG_LEVEL asks for more when debugging.
+func logLevel() int32 {
+	if v, err := strconv.Atoi(os.Getenv("ARBOR_CRIU_LOG_LEVEL")); err == nil && v >= 0 && v <= 4 {
+		return int32(v)
+	}
+	return 2
 }
 
 // runCtx runs fn, a CRIU call, unless ctx has already ended. A CRIU call

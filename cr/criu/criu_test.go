@@ -65,6 +65,9 @@ func TestDumpRestore(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	imgs := t.TempDir()
+	if d := os.Getenv("ARBOR_TEST_KEEP_IMAGES"); d != "" {
+		imgs = d
+	}
 	var st criu.DumpStats
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {

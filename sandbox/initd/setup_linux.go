@@ -38,54 +38,27 @@ func Setup(o SetupOptions) error {
 	if err := unix.Mount(r, r, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind root %s: %w", r, err)
 	}
-	type mnt struct {
+	// Only /proc and /dev/pts are mounts: /dev itself and /dev/shm are
+	// directories of the root file system, so they are part of its
+	// snapshots and CRIU has no tmpfs to archive at every dump.
+	if err := makeDev(r); err != nil {
+		return err
+	}
+	mounts := []struct {
 		src, dst, fstype string
 		flags            uintptr
 		data             string
-		mode             os.FileMode
-	}
-	mounts := []mnt{
-		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
-		{"tmpfs", "dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k", 0o755},
-		{"devpts", "dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", 0o755},
-		{"shm", "dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777,size=65536k", 0o1777},
+	}{
+		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"devpts", "dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
 	}
 	for _, m := range mounts {
 		dst := filepath.Join(r, m.dst)
-		if err := os.MkdirAll(dst, m.mode); err != nil {
+		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return fmt.Errorf("mkdir %s: %w", dst, err)
 		}
 		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil {
 			return fmt.Errorf("mount %s on %s: %w", m.fstype, dst, err)
-		}
-	}
-	// Device nodes are made, not bind-mounted from the host: bind mounts of
-	// host nodes would be external mounts for CRIU.
-	devs := []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
-	if !hasBash(r) {
-		// busybox ash opens /dev/tty for job control and its forked
-		// subshells inherit it; CRIU refuses to dump a tree in which a
-		// process other than the session leader holds the controlling
-		// terminal that way. Without /dev/tty ash uses its stderr, as
-		// bash always does.
-		devs = devs[:len(devs)-1]
-	}
-	for _, d := range devs {
-		p := filepath.Join(r, "dev", d.name)
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("mknod %s: %w", p, err)
-		}
-		if err := unix.Chmod(p, 0o666); err != nil {
-			return fmt.Errorf("chmod %s: %w", p, err)
-		}
-	}
-	links := [][2]string{{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}}
-	for _, l := range links {
-		if err := os.Symlink(l[0], filepath.Join(r, "dev", l[1])); err != nil {
-			return fmt.Errorf("symlink /dev/%s: %w", l[1], err)
 		}
 	}
 	if err := os.Chdir(r); err != nil {
@@ -128,6 +101,66 @@ func Setup(o SetupOptions) error {
 		return fmt.Errorf("close inherited descriptors: %w", err)
 	}
 	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
+}
+
+// makeDev fills root/dev with the device nodes and links a sandbox needs,
+// leaving what is already right alone. Nodes are made, not bind-mounted
+// from the host: bind mounts of host nodes would be external mounts for
+// CRIU.
+func makeDev(r string) error {
+	dev := filepath.Join(r, "dev")
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{dev, 0o755}, {filepath.Join(dev, "pts"), 0o755}, {filepath.Join(dev, "shm"), 0o1777}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
+			return fmt.Errorf("mkdir %s: %w", d.path, err)
+		}
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			return fmt.Errorf("chmod %s: %w", d.path, err)
+		}
+	}
+	devs := []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+	if !hasBash(r) {
+		// busybox ash opens /dev/tty for job control and its forked
+		// subshells inherit it; CRIU refuses to dump a tree in which a
+		// process other than the session leader holds the controlling
+		// terminal that way. Without /dev/tty ash uses its stderr, as
+		// bash always does.
+		devs = devs[:len(devs)-1]
+		os.Remove(filepath.Join(dev, "tty"))
+	}
+	for _, d := range devs {
+		p := filepath.Join(dev, d.name)
+		want := unix.Mkdev(d.major, d.minor)
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == want {
+			continue
+		}
+		os.Remove(p)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(want)); err != nil {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+		if err := unix.Chmod(p, 0o666); err != nil {
+			return fmt.Errorf("chmod %s: %w", p, err)
+		}
+	}
+	// ptmx must be the sandbox's own devpts instance, never a host node.
+	links := [][2]string{{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}}
+	for _, l := range links {
+		p := filepath.Join(dev, l[1])
+		if t, err := os.Readlink(p); err == nil && t == l[0] {
+			continue
+		}
+		os.RemoveAll(p)
+		if err := os.Symlink(l[0], p); err != nil {
+			return fmt.Errorf("symlink /dev/%s: %w", l[1], err)
+		}
+	}
+	return nil
 }
 
 // hasBash reports whether the root has bash, the shell stage two prefers.
