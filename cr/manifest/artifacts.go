@@ -1,0 +1,123 @@
+package manifest
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// BeginArtifact records the intent to create a, before the caller creates
+// anything on disk; the record stays not ready until CommitState names it.
+// Created defaults to now.
+func (m *Manifest) BeginArtifact(a Artifact) error {
+	if err := a.validate(); err != nil {
+		return fmt.Errorf("begin artifact %s: %w", a.ID, err)
+	}
+	a.Ready = false
+	if a.Created.IsZero() {
+		a.Created = time.Now()
+	}
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketArtifacts).Get([]byte(a.ID)) != nil {
+			return ErrExists
+		}
+		return put(tx, bucketArtifacts, a)
+	})
+	if err != nil {
+		return fmt.Errorf("begin artifact %s: %w", a.ID, err)
+	}
+	return nil
+}
+
+// SetArtifactBytes records an artifact's size, known only once it is
+// written; it works on intents and ready artifacts alike.
+func (m *Manifest) SetArtifactBytes(id string, n int64) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+		if err != nil {
+			return err
+		}
+		a.Bytes = n
+		return put(tx, bucketArtifacts, a)
+	})
+	if err != nil {
+		return fmt.Errorf("set artifact bytes %s: %w", id, err)
+	}
+	return nil
+}
+
+// AbortArtifact removes an intent whose checkpoint failed; the caller
+// deletes its files first. An artifact already committed is refused with
+// ErrInUse: those leave through Garbage and Forget.
+func (m *Manifest) AbortArtifact(id string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+		if err != nil {
+			return err
+		}
+		if a.Ready {
+			return fmt.Errorf("artifact is ready: %w", ErrInUse)
+		}
+		return tx.Bucket(bucketArtifacts).Delete([]byte(id))
+	})
+	if err != nil {
+		return fmt.Errorf("abort artifact %s: %w", id, err)
+	}
+	return nil
+}
+
+// GetArtifact returns the artifact record id.
+func (m *Manifest) GetArtifact(id string) (Artifact, error) {
+	var a Artifact
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		a, err = get[Artifact](tx, bucketArtifacts, "artifact", id)
+		return err
+	})
+	if err != nil {
+		return Artifact{}, fmt.Errorf("get artifact %s: %w", id, err)
+	}
+	return a, nil
+}
+
+// Artifacts returns every artifact record, intents included, by id.
+func (m *Manifest) Artifacts() ([]Artifact, error) {
+	var as []Artifact
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		as, err = all[Artifact](tx, bucketArtifacts)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list artifacts: %w", err)
+	}
+	return as, nil
+}
+
+// Usage counts artifacts by kind with their summed sizes, intents, states
+// and envs.
+func (m *Manifest) Usage() (Usage, error) {
+	u := Usage{Artifacts: map[ArtifactKind]KindUsage{}}
+	err := m.db.View(func(tx *bolt.Tx) error {
+		as, err := all[Artifact](tx, bucketArtifacts)
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			if !a.Ready {
+				u.Intents++
+				continue
+			}
+			k := u.Artifacts[a.Kind]
+			k.Count++
+			k.Bytes += a.Bytes
+			u.Artifacts[a.Kind] = k
+		}
+		u.States = tx.Bucket(bucketStates).Stats().KeyN
+		u.Envs = tx.Bucket(bucketEnvs).Stats().KeyN
+		return nil
+	})
+	if err != nil {
+		return Usage{}, fmt.Errorf("compute usage: %w", err)
+	}
+	return u, nil
+}

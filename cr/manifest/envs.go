@@ -1,0 +1,122 @@
+package manifest
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// PutEnv creates or replaces an env record. A non-empty Head must name an
+// existing state; Created defaults to now (or the stored value on replace).
+func (m *Manifest) PutEnv(e Env) error {
+	if err := e.validate(); err != nil {
+		return fmt.Errorf("put env %s: %w", e.ID, err)
+	}
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		if e.Head != "" && tx.Bucket(bucketStates).Get([]byte(e.Head)) == nil {
+			return fmt.Errorf("head state %s: %w", e.Head, ErrNotFound)
+		}
+		if e.Created.IsZero() {
+			e.Created = time.Now()
+			if old, err := get[Env](tx, bucketEnvs, "env", e.ID); err == nil {
+				e.Created = old.Created
+			}
+		}
+		return put(tx, bucketEnvs, e)
+	})
+	if err != nil {
+		return fmt.Errorf("put env %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// GetEnv returns the env record id.
+func (m *Manifest) GetEnv(id string) (Env, error) {
+	var e Env
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		e, err = get[Env](tx, bucketEnvs, "env", id)
+		return err
+	})
+	if err != nil {
+		return Env{}, fmt.Errorf("get env %s: %w", id, err)
+	}
+	return e, nil
+}
+
+// Envs returns every env record, closed ones included, by id.
+func (m *Manifest) Envs() ([]Env, error) {
+	var es []Env
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		es, err = all[Env](tx, bucketEnvs)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list envs: %w", err)
+	}
+	return es, nil
+}
+
+// SetHead points an open env at an existing state (a rollback).
+func (m *Manifest) SetHead(env, state string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		e, err := get[Env](tx, bucketEnvs, "env", env)
+		if err != nil {
+			return err
+		}
+		if e.Closed {
+			return ErrClosed
+		}
+		if tx.Bucket(bucketStates).Get([]byte(state)) == nil {
+			return fmt.Errorf("state %s: %w", state, ErrNotFound)
+		}
+		e.Head = state
+		return put(tx, bucketEnvs, e)
+	})
+	if err != nil {
+		return fmt.Errorf("set head of env %s to %s: %w", env, state, err)
+	}
+	return nil
+}
+
+// CloseEnv marks an env closed: no more states are committed to it and
+// its head no longer keeps states alive. Its states stay until released.
+func (m *Manifest) CloseEnv(id string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error { return closeEnv(tx, id) })
+	if err != nil {
+		return fmt.Errorf("close env %s: %w", id, err)
+	}
+	return nil
+}
+
+func closeEnv(tx *bolt.Tx, id string) error {
+	e, err := get[Env](tx, bucketEnvs, "env", id)
+	if err != nil {
+		return err
+	}
+	if e.Closed {
+		return nil
+	}
+	e.Closed = true
+	return put(tx, bucketEnvs, e)
+}
+
+// ReleaseEnv releases every state of env and closes it, in one
+// transaction. States that branch children descend from stay alive.
+func (m *Manifest) ReleaseEnv(id string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		if err := closeEnv(tx, id); err != nil {
+			return err
+		}
+		for _, sid := range envStateIDs(tx, id) {
+			if err := release(tx, sid); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("release env %s: %w", id, err)
+	}
+	return nil
+}

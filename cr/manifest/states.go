@@ -1,0 +1,176 @@
+package manifest
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// CommitState, in one transaction, marks the artifacts named in ready as
+// Ready, inserts s, and makes it the head of its env. It refuses (and
+// writes nothing) if s's id exists (ErrExists), its env or parent does not
+// exist (ErrNotFound), its env is closed (ErrClosed), or s.FS or s.Proc
+// names an artifact that is missing or still not ready (ErrNotFound).
+// Created defaults to now.
+func (m *Manifest) CommitState(s State, ready ...string) error {
+	if err := s.validate(); err != nil {
+		return fmt.Errorf("commit state %s: %w", s.ID, err)
+	}
+	if s.Created.IsZero() {
+		s.Created = time.Now()
+	}
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketStates).Get([]byte(s.ID)) != nil {
+			return ErrExists
+		}
+		e, err := get[Env](tx, bucketEnvs, "env", s.Env)
+		if err != nil {
+			return err
+		}
+		if e.Closed {
+			return ErrClosed
+		}
+		if s.Parent != "" && tx.Bucket(bucketStates).Get([]byte(s.Parent)) == nil {
+			return fmt.Errorf("parent state %s: %w", s.Parent, ErrNotFound)
+		}
+		for _, id := range ready {
+			a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+			if err != nil {
+				return err
+			}
+			if !a.Ready {
+				a.Ready = true
+				if err := put(tx, bucketArtifacts, a); err != nil {
+					return err
+				}
+			}
+		}
+		for _, ref := range []struct {
+			id   string
+			kind ArtifactKind
+		}{{s.FS, ArtifactFS}, {s.Proc, ArtifactProc}} {
+			if ref.id == "" {
+				continue
+			}
+			a, err := get[Artifact](tx, bucketArtifacts, string(ref.kind)+" artifact", ref.id)
+			if err != nil {
+				return err
+			}
+			if !a.Ready {
+				return fmt.Errorf("%s artifact %s not ready: %w", ref.kind, ref.id, ErrNotFound)
+			}
+			if a.Kind != ref.kind {
+				return fmt.Errorf("%s artifact %s is of kind %s: %w", ref.kind, ref.id, a.Kind, ErrInvalid)
+			}
+		}
+		if err := put(tx, bucketStates, s); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
+			return fmt.Errorf("index state: %w", err)
+		}
+		e.Head = s.ID
+		return put(tx, bucketEnvs, e)
+	})
+	if err != nil {
+		return fmt.Errorf("commit state %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// GetState returns the state record id.
+func (m *Manifest) GetState(id string) (State, error) {
+	var s State
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		s, err = get[State](tx, bucketStates, "state", id)
+		return err
+	})
+	if err != nil {
+		return State{}, fmt.Errorf("get state %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// States returns the states committed to env, by turn, then creation time,
+// then id.
+func (m *Manifest) States(env string) ([]State, error) {
+	var ss []State
+	err := m.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketEnvs).Get([]byte(env)) == nil {
+			return fmt.Errorf("env %s: %w", env, ErrNotFound)
+		}
+		for _, id := range envStateIDs(tx, env) {
+			s, err := get[State](tx, bucketStates, "state", id)
+			if err != nil {
+				return err
+			}
+			ss = append(ss, s)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list states of env %s: %w", env, err)
+	}
+	slices.SortFunc(ss, func(a, b State) int {
+		return cmp.Or(cmp.Compare(a.Turn, b.Turn), a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
+	})
+	return ss, nil
+}
+
+// Lineage returns the state id and its ancestors via Parent, root first.
+// Parents may lie in other envs (a branch). If Recover removed an
+// ancestor, the lineage starts at the oldest one that survives.
+func (m *Manifest) Lineage(id string) ([]State, error) {
+	var line []State
+	err := m.db.View(func(tx *bolt.Tx) error {
+		s, err := get[State](tx, bucketStates, "state", id)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for {
+			if seen[s.ID] {
+				return fmt.Errorf("parent cycle at state %s: %w", s.ID, ErrCorrupt)
+			}
+			seen[s.ID] = true
+			line = append(line, s)
+			if s.Parent == "" || tx.Bucket(bucketStates).Get([]byte(s.Parent)) == nil {
+				break
+			}
+			if s, err = get[State](tx, bucketStates, "state", s.Parent); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lineage of state %s: %w", id, err)
+	}
+	slices.Reverse(line)
+	return line, nil
+}
+
+// Release marks a state as no longer wanted by its owner. It stays while
+// it is an env's open head or an ancestor of a live state.
+func (m *Manifest) Release(id string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error { return release(tx, id) })
+	if err != nil {
+		return fmt.Errorf("release state %s: %w", id, err)
+	}
+	return nil
+}
+
+func release(tx *bolt.Tx, id string) error {
+	s, err := get[State](tx, bucketStates, "state", id)
+	if err != nil {
+		return err
+	}
+	if s.Released {
+		return nil
+	}
+	s.Released = true
+	return put(tx, bucketStates, s)
+}

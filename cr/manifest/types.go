@@ -1,0 +1,150 @@
+package manifest
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Kind is what a turn's checkpoint captured (see DESIGN.md, checkpoint kinds).
+type Kind string
+
+// The checkpoint kinds.
+const (
+	KindNone Kind = "none" // no net change
+	KindFS   Kind = "fs"   // files changed, persistent processes did not
+	KindProc Kind = "proc" // process state changed, files did not
+	KindFull Kind = "full" // both
+)
+
+func (k Kind) valid() bool {
+	return k == KindNone || k == KindFS || k == KindProc || k == KindFull
+}
+
+// ArtifactKind says what an artifact is on disk.
+type ArtifactKind string
+
+// The artifact kinds.
+const (
+	ArtifactFS   ArtifactKind = "fs"   // a read-only filesystem snapshot name
+	ArtifactProc ArtifactKind = "proc" // a CRIU image directory id
+)
+
+// Artifact is one checkpoint product that lives outside the database.
+type Artifact struct {
+	ID       string       `json:"id"`
+	Kind     ArtifactKind `json:"kind"`
+	Location string       `json:"location"` // snapshot name or image dir id
+	Bytes    int64        `json:"bytes"`
+	Created  time.Time    `json:"created"`
+	// Ready is false while the artifact is being written (an intent record).
+	Ready bool `json:"ready"`
+}
+
+// State is the sandbox state after one turn.
+type State struct {
+	ID     string `json:"id"`
+	Env    string `json:"env"`
+	Parent string `json:"parent,omitempty"`
+	Turn   int    `json:"turn"`
+	Kind   Kind   `json:"kind"`
+	// FS is the id of the newest fs artifact describing this state.
+	FS string `json:"fs,omitempty"`
+	// Proc is the id of the newest process artifact describing this state;
+	// a state whose processes did not change shares its parent's.
+	Proc    string                   `json:"proc,omitempty"`
+	Created time.Time                `json:"created"`
+	Timings map[string]time.Duration `json:"timings,omitempty"` // e.g. "freeze", "snapshot", "dump", "total"
+	// Released means the owner no longer wants the state; GC may remove it
+	// once no live state descends from it.
+	Released bool `json:"released,omitempty"`
+}
+
+// Env is one sandbox's record: its image and current state.
+type Env struct {
+	ID      string    `json:"id"`
+	Image   string    `json:"image"`
+	Head    string    `json:"head,omitempty"`
+	Created time.Time `json:"created"`
+	Closed  bool      `json:"closed,omitempty"`
+}
+
+// KindUsage is the count and summed size of ready artifacts of one kind.
+type KindUsage struct {
+	Count int   `json:"count"`
+	Bytes int64 `json:"bytes"`
+}
+
+// Usage summarises what the manifest accounts for.
+type Usage struct {
+	Artifacts map[ArtifactKind]KindUsage `json:"artifacts"` // ready artifacts only
+	Intents   int                        `json:"intents"`   // artifacts still being written
+	States    int                        `json:"states"`
+	Envs      int                        `json:"envs"`
+}
+
+// RecoverReport says what Recover found and removed.
+type RecoverReport struct {
+	// HalfWritten are the intents found; their records are gone and the
+	// caller deletes whatever exists of them on disk.
+	HalfWritten []Artifact
+	// Missing are ready artifacts whose files no longer exist; their
+	// records are gone.
+	Missing []Artifact
+	// RemovedStates are the states that referenced a missing artifact.
+	RemovedStates []string
+}
+
+// checkID refuses ids that are empty or contain NUL, the separator of the
+// env index keys.
+func checkID(what, id string) error {
+	if id == "" {
+		return fmt.Errorf("empty %s id: %w", what, ErrInvalid)
+	}
+	if strings.IndexByte(id, 0) >= 0 {
+		return fmt.Errorf("%s id %q contains NUL: %w", what, id, ErrInvalid)
+	}
+	return nil
+}
+
+func (a *Artifact) validate() error {
+	if err := checkID("artifact", a.ID); err != nil {
+		return err
+	}
+	if a.Kind != ArtifactFS && a.Kind != ArtifactProc {
+		return fmt.Errorf("artifact kind %q: %w", a.Kind, ErrInvalid)
+	}
+	return nil
+}
+
+func (s *State) validate() error {
+	if err := checkID("state", s.ID); err != nil {
+		return err
+	}
+	if err := checkID("env", s.Env); err != nil {
+		return err
+	}
+	if !s.Kind.valid() {
+		return fmt.Errorf("state kind %q: %w", s.Kind, ErrInvalid)
+	}
+	// A checkpoint that captured files must name them, and likewise for
+	// processes; otherwise the pairing of newest artifacts is broken.
+	if (s.Kind == KindFS || s.Kind == KindFull) && s.FS == "" {
+		return fmt.Errorf("kind %s without fs artifact: %w", s.Kind, ErrInvalid)
+	}
+	if (s.Kind == KindProc || s.Kind == KindFull) && s.Proc == "" {
+		return fmt.Errorf("kind %s without proc artifact: %w", s.Kind, ErrInvalid)
+	}
+	if s.Parent == s.ID {
+		return fmt.Errorf("state is its own parent: %w", ErrInvalid)
+	}
+	return nil
+}
+
+func (e *Env) validate() error {
+	return checkID("env", e.ID)
+}
+
+func (a Artifact) recordID() string { return a.ID }
+func (s State) recordID() string    { return s.ID }
+func (e Env) recordID() string      { return e.ID }
