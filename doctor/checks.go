@@ -44,9 +44,9 @@ func CheckCRIU(ctx context.Context, h Host, flag string) (string, []Check) {
 	if err != nil || perr != nil {
 		return path, []Check{fail(c, fmt.Sprintf("%s --version: %s", path, firstLine(out, err)), remedyDeps+" or pass --criu PATH")}
 	}
-	if major < criubin.MinMajor {
-		return path, []Check{fail(c, fmt.Sprintf("%s is %d.%d; this kernel needs >= %d.0", path, major, minor, criubin.MinMajor),
-			remedyDeps+" (installs Debian trixie's CRIU privately) or pass --criu PATH")}
+	if major < criubin.MinMajor || major == criubin.MinMajor && minor < criubin.MinMinor {
+		return path, []Check{fail(c, fmt.Sprintf("%s is %d.%d; this kernel needs >= %d.%d", path, major, minor, criubin.MinMajor, criubin.MinMinor),
+			remedyDeps+" (installs CRIU >= 4.2 from Debian sid privately) or pass --criu PATH")}
 	}
 	checks := []Check{ok(c, fmt.Sprintf("%s (%d.%d)", path, major, minor))}
 	checks = append(checks, checkCRIUCheck(ctx, h, path), checkCRIUDump(ctx, h, path))

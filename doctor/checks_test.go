@@ -106,7 +106,7 @@ func healthy() *fakeHost {
 		paths: map[string]string{"mkfs.btrfs": "/usr/sbin/mkfs.btrfs", "zfs": "/usr/sbin/zfs", "zpool": "/usr/sbin/zpool", "zfs-fuse": "/usr/sbin/zfs-fuse"},
 		execs: map[string]bool{"/opt/arbor/criu/bin/criu": true},
 		runs: map[string]string{
-			"/opt/arbor/criu/bin/criu --version": "Version: 4.1.1\n",
+			"/opt/arbor/criu/bin/criu --version": "Version: 4.2.1\n",
 			"/opt/arbor/criu/bin/criu check":     "Looks good.\n",
 		},
 		freeze: true,
@@ -134,7 +134,7 @@ func TestRun(t *testing.T) {
 		wantOK bool
 		detail string // substring of the check's detail
 	}{
-		{name: "healthy", modify: func(*fakeHost) {}, check: "criu", want: OK, wantOK: true, detail: "4.1"},
+		{name: "healthy", modify: func(*fakeHost) {}, check: "criu", want: OK, wantOK: true, detail: "4.2"},
 		{name: "soft-dirty missing only warns", modify: func(*fakeHost) {}, check: "soft-dirty", want: Warn, wantOK: true},
 		{name: "not root", modify: func(h *fakeHost) { h.euid = 1000 }, check: "root", want: Fail, detail: "uid 1000"},
 		{name: "no criu", modify: func(h *fakeHost) { h.execs = nil }, check: "criu", want: Fail, detail: "not found"},

@@ -494,7 +494,8 @@ func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) er
 		return nil, fmt.Errorf("find restored init %d: %w", pid, err)
 	}
 	go func() {
-		proc.Wait()
+		st, err := proc.Wait()
+		s.log.Debug("restored init exited", slog.Any("state", st), slog.Any("err", err))
 		close(s.exited)
 	}()
 	s.seen = cg.counters()

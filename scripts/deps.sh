@@ -6,13 +6,14 @@
 #
 # Environment:
 #   ARBOR_CRIU_PREFIX  private CRIU prefix            (/opt/arbor/criu)
-#   ARBOR_CRIU_SUITE   Debian suite to take CRIU from (trixie)
+#   ARBOR_CRIU_SUITE   Debian suite to take CRIU from (sid: this kernel needs
+#                      CRIU >= 4.2, whose dumps of TCP sockets work on 6.16+)
 #   ARBOR_APT_DIR      private apt state for it       (/var/cache/arbor/apt-<suite>)
 #   ARBOR_PRIVATE_CRIU=1  install the private CRIU even if a system criu >= 4.0 exists
 set -euo pipefail
 
 PREFIX=${ARBOR_CRIU_PREFIX:-/opt/arbor/criu}
-SUITE=${ARBOR_CRIU_SUITE:-trixie}
+SUITE=${ARBOR_CRIU_SUITE:-sid}
 APTDIR=${ARBOR_APT_DIR:-/var/cache/arbor/apt-$SUITE}
 WRAPPER=$PREFIX/bin/criu
 
@@ -92,6 +93,16 @@ criu_major() {
 	local v
 	v=$("$@" --version 2>/dev/null) || return 0
 	sed -n 's/^Version: *\([0-9][0-9]*\)\..*/\1/p' <<<"$v" | head -n1
+}
+
+# criu_new_enough succeeds when a criu binary is 4.2 or newer: older ones
+# fail to dump TCP sockets on kernels >= 6.16 ("Can't get 1:16 opt"), as
+# they read SO_PASSCRED, which those kernels refuse on non-unix sockets.
+criu_new_enough() {
+	local v maj min
+	v=$("$@" --version 2>/dev/null) || return 1
+	read -r maj min < <(sed -n 's/^Version: *\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p' <<<"$v" | head -n1)
+	[[ -n $maj ]] && ((maj > 4 || (maj == 4 && min >= 2)))
 }
 
 # debian_source prints "URI<TAB>SIGNED-BY" of the machine's main Debian
@@ -194,13 +205,11 @@ dump_hangs() { # stderr muted: bash reports the killed sleep
 
 install_criu() {
 	local m
-	m=$(criu_major "$WRAPPER")
-	if [[ -n $m ]] && ((m >= 4)); then
+	if criu_new_enough "$WRAPPER"; then
 		return 0
 	fi
 	if [[ ${ARBOR_PRIVATE_CRIU:-0} != 1 ]] && command -v criu >/dev/null; then
-		m=$(criu_major criu)
-		if [[ -n $m ]] && ((m >= 4)); then
+		if criu_new_enough criu; then
 			log "using system $(command -v criu) ($(criu --version | head -n1))"
 			return 0
 		fi

@@ -46,8 +46,8 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: criu %s: %v", cr.ErrUnavailable, p, err)
 	}
-	if v < criubin.MinMajor*10000 {
-		return nil, fmt.Errorf("%w: criu %s is version %d, need %d.x or newer (run make deps)", cr.ErrUnavailable, p, v, criubin.MinMajor)
+	if v < criubin.MinMajor*10000+criubin.MinMinor*100 {
+		return nil, fmt.Errorf("%w: criu %s is version %d, need %d.%d or newer (run make deps)", cr.ErrUnavailable, p, v, criubin.MinMajor, criubin.MinMinor)
 	}
 	if log == nil {
 		log = slog.Default()

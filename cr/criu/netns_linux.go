@@ -24,34 +24,41 @@ func netnsInode(pid int) (uint64, error) {
 }
 
 // newLoopbackNetns makes a network namespace whose loopback is up and
-// returns a descriptor of it. The thread that made it is thrown away, so
-// no goroutine ever runs in the wrong namespace.
-func newLoopbackNetns() (*os.File, error) {
-	type res struct {
-		f   *os.File
-		err error
+// returns a descriptor of it. The calling thread enters the new namespace
+// only for a moment and is put back before it is unlocked. It must not
+// simply exit instead: restored sandboxes are children of whatever thread
+// forked CRIU, and their parent-death signal (SIGKILL) fires when that
+// thread ends.
+func newLoopbackNetns() (_ *os.File, err error) {
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("open own net namespace: %w", err)
 	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- res{err: fmt.Errorf("unshare net namespace: %w", err)}
+	defer orig.Close()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("unshare net namespace: %w", err)
+	}
+	defer func() {
+		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+			// Left in the wrong namespace, this thread must die with its
+			// locked goroutine rather than run other goroutines.
+			err = fmt.Errorf("return to own net namespace: %w", serr)
 			return
 		}
-		f, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			ch <- res{err: err}
-			return
-		}
-		if err := loopbackUp(); err != nil {
-			f.Close()
-			ch <- res{err: err}
-			return
-		}
-		ch <- res{f: f}
+		runtime.UnlockOSThread()
 	}()
-	r := <-ch
-	return r.f, r.err
+	f, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, err
+	}
+	if err := loopbackUp(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func loopbackUp() error {

@@ -21,6 +21,11 @@ const Private = "/opt/arbor/criu/bin/criu"
 // (3.x fails on the vDSO of 6.x kernels such as this project's hosts).
 const MinMajor = 4
 
+// MinMinor is the oldest minor version of MinMajor that works: before 4.2
+// CRIU cannot dump TCP sockets on kernels >= 6.16, which refuse
+// SO_PASSCRED on them (checkpoint-restore/criu#2705).
+const MinMinor = 2
+
 // ErrNotFound means no CRIU binary was named, installed privately or on PATH.
 var ErrNotFound = errors.New("criu not found")
 

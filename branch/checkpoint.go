@@ -1,0 +1,204 @@
+package branch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == Full }
+
+// Checkpoint takes a checkpoint of env now (high priority) and returns its
+// state id. Kind None returns the current head without a checkpoint.
+func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, error) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	job, sid, err := e.submitCheckpoint(ctx, env, kind, queue.High)
+	if err != nil || job == nil {
+		return sid, err
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return "", err
+	}
+	if env.ckptErr != nil {
+		err := env.ckptErr
+		env.ckptErr = nil
+		return "", err
+	}
+	return sid, nil
+}
+
+// CheckpointAsync queues a checkpoint of env at low priority and returns
+// the state id it will have; the next operation on env waits for it. Kind
+// None returns the current head without a checkpoint.
+func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, error) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	_, sid, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low)
+	return sid, err
+}
+
+// submitCheckpoint queues the job; the caller holds env.mu.
+func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority) (*queue.Job, string, error) {
+	if !validKind(kind) {
+		return nil, "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
+	}
+	if env.closed {
+		return nil, "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return nil, "", err
+	}
+	if kind == None && env.head != "" {
+		env.dirty = false
+		return nil, env.head, nil
+	}
+	parent := env.head
+	if parent == "" {
+		kind = Full // the first state has nothing to share
+	}
+	sid := newID("s")
+	turn := env.turn
+	sb, volume := env.sb, env.volume
+	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
+		return e.checkpoint(ctx, env.ID, sb, volume, sid, parent, turn, kind)
+	})
+	env.pending, env.pendingParent = job, parent
+	env.head = sid
+	env.dirty = false
+	return job, sid, nil
+}
+
+// checkpoint writes the artifacts of one state and commits it. Only the
+// parts the kind says changed are written; the others are shared with the
+// parent state. It undoes everything on failure.
+func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind) (err error) {
+	start := time.Now()
+	var ps manifest.State
+	if parent != "" {
+		if ps, err = e.man.GetState(parent); err != nil {
+			return fmt.Errorf("%w: parent state %s: %v", ErrCheckpoint, parent, err)
+		}
+	}
+	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, Kind: kind, FS: ps.FS, Proc: ps.Proc,
+		Created: time.Now(), Timings: map[string]time.Duration{}}
+	var fsArt, procArt *manifest.Artifact
+	if kind == FS || kind == Full {
+		id := newID("f")
+		fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
+		st.FS = id
+	}
+	if kind == Proc || kind == Full {
+		id := newID("p")
+		procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
+		st.Proc = id
+	}
+	var made []manifest.Artifact
+	defer func() {
+		if err != nil {
+			for _, a := range made {
+				e.deleteArtifact(context.Background(), a)
+				e.man.AbortArtifact(a.ID)
+			}
+			err = fmt.Errorf("%w: state %s of env %s: %v", ErrCheckpoint, sid, envID, err)
+			e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
+		}
+	}()
+	var dir string
+	for _, a := range []*manifest.Artifact{fsArt, procArt} {
+		if a == nil {
+			continue
+		}
+		if err := e.man.BeginArtifact(*a); err != nil {
+			return err
+		}
+		made = append(made, *a)
+	}
+	if procArt != nil {
+		if dir, err = e.cache.NewDir(procArt.Location); err != nil {
+			return err
+		}
+	}
+	var dump criu.DumpStats
+	err = sb.Exclusive(func() error {
+		t := time.Now()
+		if err := sb.Freeze(); err != nil {
+			return fmt.Errorf("freeze: %w", err)
+		}
+		defer sb.Thaw()
+		st.Timings["freeze"] = time.Since(t)
+		if fsArt != nil {
+			t = time.Now()
+			if err := e.o.Snap.Snapshot(ctx, volume, fsArt.Location); err != nil {
+				return fmt.Errorf("snapshot files: %w", err)
+			}
+			st.Timings["snapshot"] = time.Since(t)
+		}
+		if procArt != nil {
+			t = time.Now()
+			var err error
+			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup()})
+			if err != nil {
+				return err
+			}
+			st.Timings["dump"] = time.Since(t)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if procArt != nil {
+		n, err := e.cache.Commit(procArt.Location)
+		if err != nil {
+			return fmt.Errorf("keep process image: %w", err)
+		}
+		if err := e.man.SetArtifactBytes(procArt.ID, n); err != nil {
+			return err
+		}
+		st.Timings["frozen_by_criu"] = dump.FrozenTime
+	}
+	st.Timings["total"] = time.Since(start)
+	e.gcMu.RLock()
+	defer e.gcMu.RUnlock()
+	ids := make([]string, 0, len(made))
+	for _, a := range made {
+		ids = append(ids, a.ID)
+	}
+	if err := e.man.CommitState(st, ids...); err != nil {
+		return fmt.Errorf("commit state: %w", err)
+	}
+	made = nil // committed: nothing to undo
+	e.log.Debug("checkpoint", slog.String("env", envID), slog.String("state", sid), slog.String("kind", string(kind)),
+		slog.Duration("took", st.Timings["total"]))
+	e.afterCheckpoint(parent, sid)
+	return nil
+}
+
+// State returns the manifest record of a state.
+func (e *Engine) State(id string) (manifest.State, error) {
+	st, err := e.man.GetState(id)
+	if errors.Is(err, manifest.ErrNotFound) {
+		return st, fmt.Errorf("%w: %s", ErrUnknownState, id)
+	}
+	return st, err
+}
+
+// Lineage returns a state and its ancestors, root first.
+func (e *Engine) Lineage(id string) ([]manifest.State, error) {
+	l, err := e.man.Lineage(id)
+	if errors.Is(err, manifest.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownState, id)
+	}
+	return l, err
+}
+
+// States lists the committed states of an environment, oldest first.
+func (e *Engine) States(envID string) ([]manifest.State, error) { return e.man.States(envID) }

@@ -1,0 +1,367 @@
+package branch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/imgcache"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// Kind is what a checkpoint captures (see DESIGN.md).
+type Kind = manifest.Kind
+
+// The checkpoint kinds.
+const (
+	None = manifest.KindNone
+	FS   = manifest.KindFS
+	Proc = manifest.KindProc
+	Full = manifest.KindFull
+)
+
+// SnapshotPrefix is where filesystem artifacts live in the snapshotter.
+const SnapshotPrefix = "states/"
+
+// Options configure an Engine.
+type Options struct {
+	// StateDir holds the manifest and the process images.
+	StateDir string
+	Snap     cr.Snapshotter
+	CRIU     *criu.Checkpointer
+	// Launcher starts fresh environments from images.
+	Launcher *envpool.Launcher
+	// Limits apply to restored sandboxes (fresh ones use the launcher's).
+	Limits sandbox.Limits
+	// HotBytes bounds the process images kept on tmpfs (default 1 GiB);
+	// older ones move to disk and are loaded back on demand.
+	HotBytes int64
+	// NoTmpfs keeps hot images in a plain directory (tests without root
+	// mounts).
+	NoTmpfs bool
+	// Workers bounds concurrent checkpoints and restores (default: cores).
+	Workers int
+	// WarmCopies is how many pre-restored, frozen copies of every open
+	// environment's newest state to keep, so that branch only thaws them.
+	WarmCopies int
+	Logger     *slog.Logger
+}
+
+// Engine runs checkpoints, branches and rollbacks.
+type Engine struct {
+	o     Options
+	log   *slog.Logger
+	man   *manifest.Manifest
+	cache *imgcache.Cache
+	q     *queue.Queue
+	// gcMu keeps garbage collection apart from everything that adds
+	// references to states (commits, heads, branches).
+	gcMu sync.RWMutex
+
+	mu     sync.Mutex
+	envs   map[string]*Env
+	warm   map[string][]*warmCopy // state id -> frozen copies
+	closed bool
+	bg     sync.WaitGroup
+}
+
+// Open starts an engine on o.StateDir, recovering what a crash left: half
+// written artifacts are deleted, states whose artifacts vanished are
+// dropped, environments of the previous run are closed (their processes
+// died with it) but their states stay usable.
+func Open(ctx context.Context, o Options) (e *Engine, err error) {
+	if o.Snap == nil || o.CRIU == nil || o.Launcher == nil || o.StateDir == "" {
+		return nil, fmt.Errorf("%w: engine needs StateDir, Snap, CRIU and Launcher", ErrBadRequest)
+	}
+	if o.HotBytes <= 0 {
+		o.HotBytes = 1 << 30
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}}
+	e.cache, err = imgcache.Open(imgcache.Options{
+		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
+		HotBytes: o.HotBytes, NoMount: o.NoTmpfs, Logger: o.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open image cache: %w", err)
+	}
+	e.man, err = manifest.Open(filepath.Join(o.StateDir, "manifest.db"), manifest.Options{Logger: o.Logger, Exists: e.artifactExists})
+	if err != nil {
+		return nil, fmt.Errorf("open manifest: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			e.man.Close()
+		}
+	}()
+	if err := e.recover(ctx); err != nil {
+		return nil, err
+	}
+	e.q = queue.New(o.Workers, o.Logger)
+	return e, nil
+}
+
+func (e *Engine) artifactExists(a manifest.Artifact) bool {
+	if a.Kind == manifest.ArtifactProc {
+		return e.cache.Has(a.Location)
+	}
+	vols, err := e.o.Snap.List(context.Background(), a.Location)
+	if err != nil {
+		return true // cannot tell: keep it
+	}
+	for _, v := range vols {
+		if v.Name == a.Location {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) recover(ctx context.Context) error {
+	rep, err := e.man.Recover()
+	if err != nil {
+		return fmt.Errorf("recover manifest: %w", err)
+	}
+	for _, a := range rep.HalfWritten {
+		e.deleteArtifact(ctx, a)
+	}
+	if n := len(rep.HalfWritten) + len(rep.Missing) + len(rep.RemovedStates); n > 0 {
+		e.log.Warn("recovered from an unclean stop", slog.Int("half_written", len(rep.HalfWritten)),
+			slog.Int("missing_artifacts", len(rep.Missing)), slog.Int("removed_states", len(rep.RemovedStates)))
+	}
+	envs, err := e.man.Envs()
+	if err != nil {
+		return fmt.Errorf("list envs: %w", err)
+	}
+	for _, env := range envs {
+		if !env.Closed {
+			if err := e.man.CloseEnv(env.ID); err != nil {
+				return fmt.Errorf("close stale env %s: %w", env.ID, err)
+			}
+		}
+	}
+	// Roots of environments of an earlier run are of no use any more.
+	vols, err := e.o.Snap.List(ctx, envpool.VolumePrefix)
+	if err == nil {
+		for _, v := range vols {
+			if strings.HasPrefix(v.Name, envpool.VolumePrefix) {
+				e.o.Snap.Destroy(ctx, v.Name)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
+	var err error
+	if a.Kind == manifest.ArtifactProc {
+		err = e.cache.Remove(ctx, a.Location)
+		if errors.Is(err, imgcache.ErrNotFound) {
+			err = nil
+		}
+	} else {
+		err = e.o.Snap.Destroy(ctx, a.Location)
+		if errors.Is(err, cr.ErrNotFound) {
+			err = nil
+		}
+	}
+	if err != nil {
+		e.log.Warn("delete artifact", slog.String("artifact", a.ID), slog.Any("err", err))
+	}
+}
+
+// Close waits for running work, destroys every environment and closes the
+// manifest. States stay on disk for the next run.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	envs := make([]*Env, 0, len(e.envs))
+	for _, env := range e.envs {
+		envs = append(envs, env)
+	}
+	warm := e.warm
+	e.warm = map[string][]*warmCopy{}
+	e.mu.Unlock()
+	var errs []error
+	for _, env := range envs {
+		if err := e.closeEnv(ctx, env, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, ws := range warm {
+		for _, w := range ws {
+			w.destroy(ctx, e)
+		}
+	}
+	e.bg.Wait()
+	errs = append(errs, e.q.Close(ctx), e.man.Close())
+	return errors.Join(errs...)
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Env is one live environment: a sandbox and its lineage of states.
+type Env struct {
+	ID    string
+	Image string
+
+	mu      sync.Mutex // held for the whole of each operation on the env
+	sb      *sandbox.Sandbox
+	volume  string
+	gen     int
+	head    string // newest state id (its checkpoint may still run)
+	turn    int
+	dirty   bool // changed since head was checkpointed
+	pending *queue.Job
+	// pendingParent is the head before the pending checkpoint, restored
+	// if that checkpoint fails.
+	pendingParent string
+	ckptErr       error // the last background checkpoint's failure, until taken
+	closed  bool
+}
+
+// Sandbox is the environment's current sandbox (it changes on rollback).
+func (env *Env) Sandbox() *sandbox.Sandbox {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	return env.sb
+}
+
+// Head is the environment's newest state id.
+func (env *Env) Head() string {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	return env.head
+}
+
+// Turn is the number of commands run in the environment's lineage.
+func (env *Env) Turn() int {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	return env.turn
+}
+
+// TakeCheckpointError returns (once) the failure of a background
+// checkpoint, so the server can report it instead of it going unnoticed.
+func (env *Env) TakeCheckpointError() error {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	err := env.ckptErr
+	env.ckptErr = nil
+	return err
+}
+
+// gate waits for the environment's background checkpoint, raising its
+// priority; it returns how long the caller was held up. Callers hold env.mu.
+func (env *Env) gate(ctx context.Context) (time.Duration, error) {
+	if env.pending == nil {
+		return 0, nil
+	}
+	start := time.Now()
+	err := env.pending.Wait(ctx)
+	if ctx.Err() != nil {
+		return time.Since(start), ctx.Err()
+	}
+	env.pending = nil
+	if err != nil {
+		// That state never came to be: the head is its parent again and
+		// the sandbox has changes no state holds.
+		env.ckptErr = err
+		env.head, env.dirty = env.pendingParent, true
+	}
+	return time.Since(start), nil
+}
+
+func (e *Engine) register(env *Env) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	e.envs[env.ID] = env
+	return nil
+}
+
+// Env returns the open environment id.
+func (e *Engine) Env(id string) (*Env, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	env, ok := e.envs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownEnv, id)
+	}
+	return env, nil
+}
+
+// Envs lists the open environments.
+func (e *Engine) Envs() []*Env {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*Env, 0, len(e.envs))
+	for _, env := range e.envs {
+		out = append(out, env)
+	}
+	return out
+}
+
+// NewEnv starts a fresh environment from image and queues the checkpoint
+// of its initial state in the background; it returns that state's id.
+func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, error) {
+	le, err := e.o.Launcher.Launch(ctx, imageName)
+	if err != nil {
+		return nil, "", err
+	}
+	env := &Env{ID: le.ID, Image: imageName, sb: le.Sandbox, volume: le.Volume, dirty: true}
+	if err := e.man.PutEnv(manifest.Env{ID: env.ID, Image: imageName, Created: time.Now()}); err != nil {
+		le.Close(context.Background())
+		return nil, "", fmt.Errorf("record env: %w", err)
+	}
+	if err := e.register(env); err != nil {
+		le.Close(context.Background())
+		return nil, "", err
+	}
+	sid, err := e.CheckpointAsync(env, Full)
+	if err != nil {
+		e.closeEnv(context.Background(), env, true)
+		return nil, "", err
+	}
+	return env, sid, nil
+}
+
+// Exec runs one command in env (after its pending checkpoint) and counts a
+// turn.
+func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if env.closed {
+		return nil, fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return nil, err
+	}
+	env.turn++
+	env.dirty = true
+	return env.sb.Exec(ctx, cmd, o)
+}

@@ -1,0 +1,302 @@
+package branch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/imgcache"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// restored is a sandbox brought back from a state, with its root volume.
+type restored struct {
+	sb     *sandbox.Sandbox
+	volume string
+}
+
+// restore brings state sid back as a new sandbox named name: a writable
+// clone of the state's filesystem snapshot as root, and its process image
+// restored by CRIU into it. Nothing is left behind on failure.
+func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w: state %s: %v", ErrRestore, sid, err)
+		}
+	}()
+	st, err := e.man.GetState(sid)
+	if err != nil {
+		return r, err
+	}
+	fsA, err := e.man.GetArtifact(st.FS)
+	if err != nil {
+		return r, fmt.Errorf("filesystem artifact: %w", err)
+	}
+	procA, err := e.man.GetArtifact(st.Proc)
+	if err != nil {
+		return r, fmt.Errorf("process artifact: %w", err)
+	}
+	dir, release, err := e.cache.Acquire(ctx, procA.Location)
+	if err != nil {
+		return r, fmt.Errorf("process image %s: %w", procA.ID, err)
+	}
+	defer release()
+	vol := envpool.VolumePrefix + name
+	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
+		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := e.o.Snap.Destroy(context.Background(), vol); derr != nil {
+				e.log.Warn("remove volume of failed restore", slog.String("volume", vol), slog.Any("err", derr))
+			}
+		}
+	}()
+	root := e.o.Snap.Path(vol)
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Logger: e.log},
+		func(join func(int) error) (int, error) {
+			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
+		})
+	if err != nil {
+		return r, err
+	}
+	return restored{sb: sb, volume: vol}, nil
+}
+
+// Source names what to branch: an open environment (its current state is
+// checkpointed first if it changed) or a state id.
+type Source struct {
+	Env   *Env
+	State string
+}
+
+// BranchResult is what Branch made: one entry per requested child, in
+// order; a child that failed has a nil Env and its error.
+type BranchResult struct {
+	State    string
+	Children []*Env
+	Errors   []error
+	Took     time.Duration
+}
+
+// Branch makes n independent environments whose state equals the source
+// state, restored in parallel at high priority. A failure is reported per
+// child; the others are still returned.
+func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, error) {
+	start := time.Now()
+	if n < 1 {
+		return nil, fmt.Errorf("%w: branch n=%d, want at least 1", ErrBadRequest, n)
+	}
+	sid := src.State
+	if src.Env != nil {
+		var err error
+		if sid, err = e.currentState(ctx, src.Env); err != nil {
+			return nil, err
+		}
+	}
+	st, err := e.State(sid)
+	if err != nil {
+		return nil, err
+	}
+	res := &BranchResult{State: sid, Children: make([]*Env, n), Errors: make([]error, n)}
+	warm := e.takeWarm(sid, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		i := i
+		if i < len(warm) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res.Children[i], res.Errors[i] = e.adoptWarm(ctx, warm[i], st)
+			}()
+			continue
+		}
+		id := envpool.NewID()
+		job := e.q.Submit(queue.High, "branch "+sid+" -> "+id, func(ctx context.Context) error {
+			env, err := e.newChild(ctx, id, st)
+			res.Children[i] = env
+			return err
+		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res.Errors[i] = job.Wait(ctx)
+		}()
+	}
+	wg.Wait()
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// currentState returns a state id equal to env's current state,
+// checkpointing it (full, high priority) when it changed since its head.
+func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
+	env.mu.Lock()
+	dirty, head := env.dirty, env.head
+	env.mu.Unlock()
+	if !dirty && head != "" {
+		env.mu.Lock()
+		_, err := env.gate(ctx)
+		failed := env.ckptErr
+		env.mu.Unlock()
+		if err != nil {
+			return "", err
+		}
+		if failed == nil {
+			return head, nil
+		}
+	}
+	return e.Checkpoint(ctx, env, Full)
+}
+
+// newChild restores st as a new environment called id.
+func (e *Engine) newChild(ctx context.Context, id string, st manifest.State) (*Env, error) {
+	e.gcMu.RLock()
+	defer e.gcMu.RUnlock()
+	r, err := e.restore(ctx, st.ID, id+"-0")
+	if err != nil {
+		return nil, err
+	}
+	return e.adopt(ctx, id, r, st)
+}
+
+// adopt registers a restored sandbox as environment id at state st.
+func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State) (*Env, error) {
+	parent, _ := e.man.GetEnv(st.Env)
+	env := &Env{ID: id, Image: parent.Image, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
+	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
+	if err == nil {
+		err = e.register(env)
+	}
+	if err != nil {
+		r.sb.Destroy(context.Background())
+		e.o.Snap.Destroy(context.Background(), r.volume)
+		return nil, err
+	}
+	return env, nil
+}
+
+// Rollback returns env to state sid: its sandbox is replaced by one
+// restored from sid. When the restore fails env is left as it was.
+func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if env.closed {
+		return fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return err
+	}
+	st, err := e.State(sid)
+	if err != nil {
+		return err
+	}
+	e.gcMu.RLock()
+	defer e.gcMu.RUnlock()
+	r, err := e.restore(ctx, sid, env.ID+"-"+strconv.Itoa(env.gen+1))
+	if err != nil {
+		return err
+	}
+	old, oldVol := env.sb, env.volume
+	env.gen++
+	env.sb, env.volume, env.head, env.turn, env.dirty = r.sb, r.volume, sid, st.Turn, false
+	if err := e.man.SetHead(env.ID, sid); err != nil {
+		e.log.Warn("record head after rollback", slog.String("env", env.ID), slog.Any("err", err))
+	}
+	if err := old.Destroy(ctx); err != nil {
+		e.log.Warn("destroy rolled-back sandbox", slog.String("env", env.ID), slog.Any("err", err))
+	}
+	if err := e.o.Snap.Destroy(ctx, oldVol); err != nil {
+		e.log.Warn("remove rolled-back volume", slog.String("volume", oldVol), slog.Any("err", err))
+	}
+	return nil
+}
+
+// CloseEnv destroys env and releases its states; states that other
+// environments descend from stay until they are released too.
+func (e *Engine) CloseEnv(ctx context.Context, env *Env) error {
+	err := e.closeEnv(ctx, env, true)
+	if gerr := e.GC(ctx); gerr != nil {
+		e.log.Warn("garbage collection", slog.Any("err", gerr))
+	}
+	return err
+}
+
+func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if env.closed {
+		return nil
+	}
+	env.gate(ctx)
+	env.closed = true
+	e.mu.Lock()
+	delete(e.envs, env.ID)
+	e.mu.Unlock()
+	e.dropWarm(ctx, env.head)
+	errs := []error{env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume)}
+	if release {
+		errs = append(errs, e.man.ReleaseEnv(env.ID))
+	} else {
+		errs = append(errs, e.man.CloseEnv(env.ID))
+	}
+	return errors.Join(errs...)
+}
+
+// Release marks a state as no longer wanted; GC removes it once nothing
+// descends from it.
+func (e *Engine) Release(id string) error { return e.man.Release(id) }
+
+// GC deletes the artifacts of states nobody needs any more.
+func (e *Engine) GC(ctx context.Context) error {
+	e.gcMu.Lock()
+	defer e.gcMu.Unlock()
+	states, arts, err := e.man.Garbage()
+	if err != nil {
+		return err
+	}
+	for _, a := range arts {
+		e.deleteArtifact(ctx, a)
+	}
+	sids := make([]string, len(states))
+	for i, s := range states {
+		sids[i] = s.ID
+	}
+	aids := make([]string, len(arts))
+	for i, a := range arts {
+		aids[i] = a.ID
+	}
+	return e.man.Forget(sids, aids)
+}
+
+// Usage is the engine's disk and memory accounting.
+type Usage struct {
+	Manifest manifest.Usage
+	Images   imgcache.Stats
+	Queue    queue.Stats
+	Envs     int
+	Warm     int
+}
+
+// Usage reports what the engine holds.
+func (e *Engine) Usage() (Usage, error) {
+	mu, err := e.man.Usage()
+	if err != nil {
+		return Usage{}, err
+	}
+	e.mu.Lock()
+	n, w := len(e.envs), 0
+	for _, ws := range e.warm {
+		w += len(ws)
+	}
+	e.mu.Unlock()
+	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w}, nil
+}
