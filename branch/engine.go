@@ -239,7 +239,7 @@ type Env struct {
 	// if that checkpoint fails.
 	pendingParent string
 	ckptErr       error // the last background checkpoint's failure, until taken
-	closed  bool
+	closed        bool
 }
 
 // Sandbox is the environment's current sandbox (it changes on rollback).
