@@ -226,6 +226,9 @@ func newID(prefix string) string {
 type Env struct {
 	ID    string
 	Image string
+	// Origin is the environment whose state this one was branched from
+	// ("" for a fresh one); promote hands the state back to it.
+	Origin string
 
 	mu      sync.Mutex // held for the whole of each operation on the env
 	sb      *sandbox.Sandbox

@@ -507,3 +507,38 @@ func crashHelper(t *testing.T) {
 		fmt.Printf("COMMITTED %s\n", sid)
 	}
 }
+
+func TestPromote(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	ctx := context.Background()
+	e := r.e
+	parent, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, parent, "echo base > /f")
+	res, err := e.Branch(ctx, branch.Source{Env: parent}, 2)
+	if err != nil || res.Errors[0] != nil || res.Errors[1] != nil {
+		t.Fatal(err, res.Errors)
+	}
+	draft, other := res.Children[0], res.Children[1]
+	if draft.Origin != parent.ID {
+		t.Fatalf("origin %q, want %q", draft.Origin, parent.ID)
+	}
+	run(t, e, draft, "echo drafted > /f; D=1")
+	run(t, e, other, "echo discarded > /f")
+	if err := e.CloseEnv(ctx, other); err != nil { // discard
+		t.Fatal(err)
+	}
+	sid, err := e.Promote(ctx, draft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, e, parent, "cat /f; echo $D"); got != "drafted\n1\n" || parent.Head() != sid {
+		t.Errorf("parent after promote: %q head %s want %s", got, parent.Head(), sid)
+	}
+	if _, err := e.Env(draft.ID); !errors.Is(err, branch.ErrUnknownEnv) {
+		t.Errorf("promoted draft still open: %v", err)
+	}
+}

@@ -171,7 +171,7 @@ func (e *Engine) newChild(ctx context.Context, id string, st manifest.State) (*E
 // adopt registers a restored sandbox as environment id at state st.
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
+	env := &Env{ID: id, Image: parent.Image, Origin: st.Env, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
@@ -218,6 +218,28 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 		e.log.Warn("remove rolled-back volume", slog.String("volume", oldVol), slog.Any("err", err))
 	}
 	return nil
+}
+
+// Promote adopts child's current state as the new state of the environment
+// it was branched from (draft/verify loops keep a draft this way): the
+// origin is rolled back to it, and the child is closed. It returns the
+// adopted state id.
+func (e *Engine) Promote(ctx context.Context, child *Env) (string, error) {
+	if child.Origin == "" {
+		return "", fmt.Errorf("%w: env %s was not branched from another env", ErrBadRequest, child.ID)
+	}
+	origin, err := e.Env(child.Origin)
+	if err != nil {
+		return "", fmt.Errorf("promote %s: origin: %w", child.ID, err)
+	}
+	sid, err := e.currentState(ctx, child)
+	if err != nil {
+		return "", err
+	}
+	if err := e.Rollback(ctx, origin, sid); err != nil {
+		return "", err
+	}
+	return sid, e.CloseEnv(ctx, child)
 }
 
 // CloseEnv destroys env and releases its states; states that other
