@@ -17,7 +17,7 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -42,7 +42,7 @@ type Options struct {
 	Snap     cr.Snapshotter
 	CRIU     *criu.Checkpointer
 	// Launcher starts fresh environments from images.
-	Launcher *envpool.Launcher
+	Launcher *launch.Launcher
 	// Limits apply to restored sandboxes (fresh ones use the launcher's).
 	Limits sandbox.Limits
 	// HotBytes bounds the process images kept on tmpfs (default 1 GiB);
@@ -155,10 +155,10 @@ func (e *Engine) recover(ctx context.Context) error {
 		}
 	}
 	// Roots of environments of an earlier run are of no use any more.
-	vols, err := e.o.Snap.List(ctx, envpool.VolumePrefix)
+	vols, err := e.o.Snap.List(ctx, launch.VolumePrefix)
 	if err == nil {
 		for _, v := range vols {
-			if strings.HasPrefix(v.Name, envpool.VolumePrefix) {
+			if strings.HasPrefix(v.Name, launch.VolumePrefix) {
 				e.o.Snap.Destroy(ctx, v.Name)
 			}
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -49,7 +49,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		return r, fmt.Errorf("process image %s: %w", procA.ID, err)
 	}
 	defer release()
-	vol := envpool.VolumePrefix + name
+	vol := launch.VolumePrefix + name
 	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
 		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
 	}
@@ -119,7 +119,7 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 			}()
 			continue
 		}
-		id := envpool.NewID()
+		id := launch.NewID()
 		job := e.q.Submit(queue.High, "branch "+sid+" -> "+id, func(ctx context.Context) error {
 			env, err := e.newChild(ctx, id, st)
 			res.Children[i] = env

@@ -6,7 +6,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/envpool/launch"
 )
 
 // warmCopy is a sandbox restored from a state ahead of time and kept
@@ -46,7 +46,7 @@ func (e *Engine) fillWarm(sid string, n int) {
 		e.mu.Unlock()
 		e.q.Submit(queue.Low, "warm "+sid, func(ctx context.Context) error {
 			defer e.bg.Done()
-			id := envpool.NewID()
+			id := launch.NewID()
 			e.gcMu.RLock()
 			r, err := e.restore(ctx, sid, id+"-0")
 			e.gcMu.RUnlock()

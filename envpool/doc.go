@@ -1,3 +1,7 @@
-// Package envpool makes environments: a sandbox booted on a fresh writable
-// clone of an image. Later it keeps warm pools of them per task.
+// Package envpool turns tasks into environments: it loads task files
+// (image, setup, instruction, verifier), prepares each task once up to a
+// post-setup checkpoint, keeps a warm pool of environments restored from it
+// so that reset does not pay for setup, runs verifiers on throwaway forks,
+// and closes environments left idle. Booting a sandbox from an image is
+// package launch's job.
 package envpool

@@ -1,4 +1,4 @@
-package envpool_test
+package launch_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
@@ -17,7 +17,7 @@ import (
 
 // newLauncher makes a launcher on a fresh loop-mounted btrfs pool that is
 // unmounted when tb ends.
-func newLauncher(tb testing.TB) *envpool.Launcher {
+func newLauncher(tb testing.TB) *launch.Launcher {
 	tb.Helper()
 	sandboxtest.RequireRoot(tb)
 	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
@@ -33,7 +33,7 @@ func newLauncher(tb testing.TB) *envpool.Launcher {
 		}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	return &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true}
+	return &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true}
 }
 
 func TestLaunchOnBtrfsClone(t *testing.T) {
@@ -57,7 +57,7 @@ func TestLaunchOnBtrfsClone(t *testing.T) {
 	if !strings.Contains(string(r.Stdout), "No such file") {
 		t.Errorf("a second env sees the first one's file: %q", r.Stdout)
 	}
-	for _, e := range []*envpool.Env{a, b} {
+	for _, e := range []*launch.Env{a, b} {
 		root := e.Sandbox.Root()
 		if err := e.Close(ctx); err != nil {
 			t.Fatal(err)
