@@ -1,0 +1,90 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error is the error object of a response: {code, message, retryable,
+// infra}. Infra marks a failure of Arbor itself (restore, checkpoint,
+// sandbox, timeout of the server), which trainers mask instead of
+// scoring; everything else is the caller's mistake.
+type Error struct {
+	Code      string `msgpack:"code" json:"code"`
+	Message   string `msgpack:"message" json:"message"`
+	Retryable bool   `msgpack:"retryable" json:"retryable"`
+	Infra     bool   `msgpack:"infra" json:"infra"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Is matches errors of the same code, so errors.Is(err, protocol.ErrUnknownEnv)
+// works on what a client got back.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// The error codes of protocol v1.
+const (
+	// Client errors: fix the request.
+	CodeMalformed      = "malformed"         // not a msgpack-rpc frame
+	CodeUnknownMethod  = "unknown_method"    // no such method
+	CodeInvalidParams  = "invalid_params"    // missing field, wrong type
+	CodeBadRequest     = "bad_request"       // well-formed but meaningless here
+	CodeTooLarge       = "too_large"         // frame or field over a limit
+	CodeUnauthorized   = "unauthorized"      // token missing or wrong
+	CodeUnknownEnv     = "unknown_env"       // no open env of that id
+	CodeUnknownState   = "unknown_state"     // no usable state of that id
+	CodeUnknownTask    = "unknown_task"      // no task of that name
+	CodeTooManyReqs    = "too_many_requests" // in-flight limit of the connection (retryable)
+	CodeTooManyEnvs    = "too_many_envs"     // env limit of the server (retryable)
+	CodeShuttingDown   = "shutting_down"     // server is draining (retryable, infra)
+	CodeRestoreFailed  = "restore_failed"    // infra: a state could not be restored
+	CodeCheckpointFail = "checkpoint_failed" // infra: a checkpoint failed
+	CodeSandboxFailed  = "sandbox_failed"    // infra: the sandbox died or did not answer
+	CodeTimeout        = "timeout"           // infra: the server gave up waiting
+	CodeInternal       = "internal"          // infra: anything else
+)
+
+// Errorf makes an Error of code; retryable and infra follow from the code.
+func Errorf(code, format string, args ...any) *Error {
+	e := &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	switch code {
+	case CodeTooManyReqs, CodeTooManyEnvs:
+		e.Retryable = true
+	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail:
+		e.Retryable, e.Infra = true, true
+	case CodeInternal:
+		e.Infra = true
+	}
+	return e
+}
+
+// Sentinels for errors.Is on errors a client received.
+var (
+	ErrMalformed     = &Error{Code: CodeMalformed}
+	ErrUnknownMethod = &Error{Code: CodeUnknownMethod}
+	ErrInvalidParams = &Error{Code: CodeInvalidParams}
+	ErrBadRequest    = &Error{Code: CodeBadRequest}
+	ErrTooLarge      = &Error{Code: CodeTooLarge}
+	ErrUnauthorized  = &Error{Code: CodeUnauthorized}
+	ErrUnknownEnv    = &Error{Code: CodeUnknownEnv}
+	ErrUnknownState  = &Error{Code: CodeUnknownState}
+	ErrUnknownTask   = &Error{Code: CodeUnknownTask}
+	ErrTooManyReqs   = &Error{Code: CodeTooManyReqs}
+	ErrTooManyEnvs   = &Error{Code: CodeTooManyEnvs}
+	ErrShuttingDown  = &Error{Code: CodeShuttingDown}
+	ErrRestoreFailed = &Error{Code: CodeRestoreFailed}
+	ErrCheckpoint    = &Error{Code: CodeCheckpointFail}
+	ErrSandbox       = &Error{Code: CodeSandboxFailed}
+	ErrTimeout       = &Error{Code: CodeTimeout}
+	ErrInternal      = &Error{Code: CodeInternal}
+)
+
+// IsInfra reports whether err is an infrastructure failure reported by the
+// server (as opposed to a bad request or a task outcome).
+func IsInfra(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Infra
+}

@@ -1,0 +1,297 @@
+package protocol
+
+import (
+	"unicode/utf8"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// Method names of protocol v1.
+const (
+	MethodHello      = "hello"
+	MethodReset      = "reset"
+	MethodStep       = "step"
+	MethodBranch     = "branch"
+	MethodCheckpoint = "checkpoint"
+	MethodRollback   = "rollback"
+	MethodPromote    = "promote"
+	MethodDiscard    = "discard"
+	MethodEvaluate   = "evaluate"
+	MethodClose      = "close"
+	MethodEnvs       = "envs"
+	MethodStates     = "states"
+	MethodStepBatch  = "step_batch"
+)
+
+// Methods lists every method of protocol v1.
+var Methods = []string{MethodHello, MethodReset, MethodStep, MethodBranch, MethodCheckpoint, MethodRollback,
+	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch}
+
+// Server notifications.
+const (
+	// NotifyStepBatch carries one finished item of a step_batch request.
+	NotifyStepBatch = "step_batch"
+	// NotifyError reports a frame the server could not attribute to a
+	// request (not msgpack, not a request array).
+	NotifyError = "error"
+)
+
+// Step tools.
+const (
+	ToolBash      = "bash"
+	ToolWriteFile = "write_file"
+	ToolReadFile  = "read_file"
+	ToolRollback  = "rollback"
+)
+
+// Tools lists the step tools.
+var Tools = []string{ToolBash, ToolWriteFile, ToolReadFile, ToolRollback}
+
+// Text is command output: a msgpack str when it is valid UTF-8, bin
+// otherwise, so text stays text for clients in any language and binary
+// output (read_file of a binary file) arrives byte for byte.
+type Text string
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (t Text) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if utf8.ValidString(string(t)) {
+		return enc.EncodeString(string(t))
+	}
+	return enc.EncodeBytes([]byte(t))
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder; it takes str or bin.
+func (t *Text) DecodeMsgpack(dec *msgpack.Decoder) error {
+	s, err := dec.DecodeString()
+	*t = Text(s)
+	return err
+}
+
+// HelloParams are the params of hello.
+type HelloParams struct {
+	Token string `msgpack:"token,omitempty"`
+}
+
+// HelloResult is what hello returns.
+type HelloResult struct {
+	Version      int          `msgpack:"version" json:"version"`
+	Server       string       `msgpack:"server" json:"server"`
+	Capabilities Capabilities `msgpack:"capabilities" json:"capabilities"`
+}
+
+// Capabilities describe what this server offers and its limits.
+type Capabilities struct {
+	Methods         []string `msgpack:"methods" json:"methods"`
+	Tools           []string `msgpack:"tools" json:"tools"`
+	CheckpointKinds []string `msgpack:"checkpoint_kinds" json:"checkpoint_kinds"`
+	Tasks           []string `msgpack:"tasks" json:"tasks"`
+	MaxFrameBytes   int      `msgpack:"max_frame_bytes" json:"max_frame_bytes"`
+	MaxInFlight     int      `msgpack:"max_in_flight" json:"max_in_flight"`
+	MaxEnvs         int      `msgpack:"max_envs" json:"max_envs"`
+	MaxBatch        int      `msgpack:"max_batch" json:"max_batch"`
+	EnvIdleTTLS     float64  `msgpack:"env_idle_ttl_s" json:"env_idle_ttl_s"`
+}
+
+// ResetParams are the params of reset: an image or a task.
+type ResetParams struct {
+	Image   string         `msgpack:"image,omitempty"`
+	Task    string         `msgpack:"task,omitempty"`
+	Seed    *int64         `msgpack:"seed,omitempty"`
+	Options map[string]any `msgpack:"options,omitempty"`
+}
+
+// Action is what step does: one tool call.
+type Action struct {
+	Tool string `msgpack:"tool" json:"tool"`
+	// bash
+	Cmd      string  `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
+	TimeoutS float64 `msgpack:"timeout_s,omitempty" json:"timeout_s,omitempty"`
+	// write_file, read_file
+	Path    string `msgpack:"path,omitempty" json:"path,omitempty"`
+	Content []byte `msgpack:"content,omitempty" json:"content,omitempty"`
+	// rollback
+	StateID string `msgpack:"state_id,omitempty" json:"state_id,omitempty"`
+	// MaxOutput caps each of stdout and stderr in bytes (default 256 KiB).
+	MaxOutput int `msgpack:"max_output,omitempty" json:"max_output,omitempty"`
+}
+
+// Obs is what a step (or reset) observed.
+type Obs struct {
+	Stdout    Text    `msgpack:"stdout" json:"stdout"`
+	Stderr    Text    `msgpack:"stderr" json:"stderr"`
+	ExitCode  int     `msgpack:"exit_code" json:"exit_code"`
+	TimedOut  bool    `msgpack:"timed_out" json:"timed_out"`
+	Truncated bool    `msgpack:"truncated" json:"truncated"`
+	Cwd       string  `msgpack:"cwd" json:"cwd"`
+	DurationS float64 `msgpack:"duration_s" json:"duration_s"`
+	// Instruction is the task's instruction (reset only).
+	Instruction string `msgpack:"instruction,omitempty" json:"instruction,omitempty"`
+}
+
+// Info is the bookkeeping of a reset, step or rollback.
+type Info struct {
+	StateID string `msgpack:"state_id" json:"state_id"`
+	Turn    int    `msgpack:"turn" json:"turn"`
+	// Checkpoint is the kind of checkpoint queued for this turn: none, fs,
+	// proc or full.
+	Checkpoint string `msgpack:"checkpoint" json:"checkpoint"`
+	Tool       string `msgpack:"tool,omitempty" json:"tool,omitempty"`
+	Task       string `msgpack:"task,omitempty" json:"task,omitempty"`
+	Image      string `msgpack:"image,omitempty" json:"image,omitempty"`
+	MaxTurns   int    `msgpack:"max_turns,omitempty" json:"max_turns,omitempty"`
+	Seed       *int64 `msgpack:"seed,omitempty" json:"seed,omitempty"`
+	// Restored is the state a rollback (tool or method) brought back.
+	Restored string `msgpack:"restored,omitempty" json:"restored,omitempty"`
+	// CheckpointError reports that the previous turn's background
+	// checkpoint failed: its state id is unusable and this turn's
+	// checkpoint was taken full.
+	CheckpointError string   `msgpack:"checkpoint_error,omitempty" json:"checkpoint_error,omitempty"`
+	ShellRestarted  bool     `msgpack:"shell_restarted,omitempty" json:"shell_restarted,omitempty"`
+	Limits          []string `msgpack:"limits,omitempty" json:"limits,omitempty"`
+	StdoutBytes     int64    `msgpack:"stdout_bytes,omitempty" json:"stdout_bytes,omitempty"`
+	StderrBytes     int64    `msgpack:"stderr_bytes,omitempty" json:"stderr_bytes,omitempty"`
+}
+
+// ResetResult is what reset returns.
+type ResetResult struct {
+	EnvID string `msgpack:"env_id" json:"env_id"`
+	Obs   Obs    `msgpack:"obs" json:"obs"`
+	Info  Info   `msgpack:"info" json:"info"`
+}
+
+// StepParams are the params of step.
+type StepParams struct {
+	EnvID  string `msgpack:"env_id"`
+	Action Action `msgpack:"action"`
+}
+
+// StepResult is what step returns.
+type StepResult struct {
+	Obs        Obs     `msgpack:"obs" json:"obs"`
+	Reward     float64 `msgpack:"reward" json:"reward"`
+	Terminated bool    `msgpack:"terminated" json:"terminated"`
+	Truncated  bool    `msgpack:"truncated" json:"truncated"`
+	Info       Info    `msgpack:"info" json:"info"`
+}
+
+// BranchParams are the params of branch: an env (its current state) or a
+// state id.
+type BranchParams struct {
+	EnvID   string `msgpack:"env_id,omitempty"`
+	StateID string `msgpack:"state_id,omitempty"`
+	N       int    `msgpack:"n"`
+}
+
+// BranchResult is what branch returns: EnvIDs[i] is child i, "" when it
+// failed, in which case Errors[i] says why (Errors is absent when all
+// children were made).
+type BranchResult struct {
+	EnvIDs  []string `msgpack:"env_ids" json:"env_ids"`
+	StateID string   `msgpack:"state_id" json:"state_id"`
+	Errors  []*Error `msgpack:"errors,omitempty" json:"errors,omitempty"`
+	TookS   float64  `msgpack:"took_s" json:"took_s"`
+}
+
+// EnvParams name one env (promote, discard, evaluate, close, states,
+// checkpoint).
+type EnvParams struct {
+	EnvID string `msgpack:"env_id"`
+}
+
+// CheckpointResult is what checkpoint returns.
+type CheckpointResult struct {
+	StateID string `msgpack:"state_id" json:"state_id"`
+}
+
+// RollbackParams are the params of rollback.
+type RollbackParams struct {
+	EnvID   string `msgpack:"env_id"`
+	StateID string `msgpack:"state_id"`
+}
+
+// RollbackResult is what rollback returns.
+type RollbackResult struct {
+	Info Info `msgpack:"info" json:"info"`
+}
+
+// PromoteResult is what promote returns: the origin env now holds the
+// promoted child's state, and the child is closed.
+type PromoteResult struct {
+	EnvID   string `msgpack:"env_id" json:"env_id"`
+	StateID string `msgpack:"state_id" json:"state_id"`
+}
+
+// Evaluation is what evaluate returns.
+type Evaluation struct {
+	Reward  float64        `msgpack:"reward" json:"reward"`
+	Details map[string]any `msgpack:"details" json:"details"`
+}
+
+// EnvInfo describes an open env.
+type EnvInfo struct {
+	EnvID  string  `msgpack:"env_id" json:"env_id"`
+	Image  string  `msgpack:"image" json:"image"`
+	Task   string  `msgpack:"task,omitempty" json:"task,omitempty"`
+	Origin string  `msgpack:"origin,omitempty" json:"origin,omitempty"`
+	Head   string  `msgpack:"head" json:"head"`
+	Turn   int     `msgpack:"turn" json:"turn"`
+	IdleS  float64 `msgpack:"idle_s" json:"idle_s"`
+}
+
+// EnvsResult is what envs returns.
+type EnvsResult struct {
+	Envs []EnvInfo `msgpack:"envs" json:"envs"`
+}
+
+// StateInfo describes one checkpointed state.
+type StateInfo struct {
+	StateID string `msgpack:"state_id" json:"state_id"`
+	Parent  string `msgpack:"parent,omitempty" json:"parent,omitempty"`
+	EnvID   string `msgpack:"env_id" json:"env_id"`
+	Turn    int    `msgpack:"turn" json:"turn"`
+	Kind    string `msgpack:"kind" json:"kind"`
+	// Created is RFC 3339 with nanoseconds.
+	Created string `msgpack:"created" json:"created"`
+}
+
+// StatesResult is what states returns: the lineage of the env's head,
+// root first (the head last).
+type StatesResult struct {
+	EnvID  string      `msgpack:"env_id" json:"env_id"`
+	Head   string      `msgpack:"head" json:"head"`
+	States []StateInfo `msgpack:"states" json:"states"`
+}
+
+// BatchItem is one step of a step_batch.
+type BatchItem struct {
+	EnvID  string `msgpack:"env_id"`
+	Action Action `msgpack:"action"`
+}
+
+// StepBatchParams are the params of step_batch.
+type StepBatchParams struct {
+	Items []BatchItem `msgpack:"items"`
+}
+
+// BatchItemResult is one finished item of a step_batch: sent as a
+// notification when it finishes and repeated in the final response.
+type BatchItemResult struct {
+	// MsgID is the msgid of the step_batch request (notifications only).
+	MsgID  uint32      `msgpack:"msgid" json:"msgid"`
+	Index  int         `msgpack:"index" json:"index"`
+	EnvID  string      `msgpack:"env_id" json:"env_id"`
+	Result *StepResult `msgpack:"result,omitempty" json:"result,omitempty"`
+	Error  *Error      `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// StepBatchResult is the final response of step_batch: every item, in the
+// order of the request.
+type StepBatchResult struct {
+	Results []BatchItemResult `msgpack:"results" json:"results"`
+}
+
+// Empty is the result of methods that return nothing but success.
+type Empty struct{}
