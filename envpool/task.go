@@ -1,0 +1,256 @@
+package envpool
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Task is one kind of episode: an image, the commands that prepare it, the
+// instruction the agent gets as its first observation, and a verifier whose
+// result is the reward.
+type Task struct {
+	// Name identifies the task in reset requests; it defaults to the file
+	// name without its extension.
+	Name  string `json:"name" yaml:"name"`
+	Image string `json:"image" yaml:"image"`
+	// Setup runs once per task, in order, in the environment's persistent
+	// shell (so cd and export carry over), before the post-setup
+	// checkpoint that every reset starts from.
+	Setup       []string `json:"setup,omitempty" yaml:"setup,omitempty"`
+	Instruction string   `json:"instruction" yaml:"instruction"`
+	// Verifier is a shell command run on a throwaway fork of the
+	// environment. If the last line it prints on stdout is a number, that
+	// number is the reward; otherwise exit status 0 is 1.0 and anything
+	// else 0.0.
+	Verifier string `json:"verifier,omitempty" yaml:"verifier,omitempty"`
+	// MaxTurns ends an episode with truncated=true once reached (0: no
+	// limit).
+	MaxTurns int `json:"max_turns,omitempty" yaml:"max_turns,omitempty"`
+	// CommandTimeout bounds each agent command and the verifier (0: the
+	// server's default). In files: seconds (30, 2.5) or a Go duration
+	// string ("90s", "2m").
+	CommandTimeout time.Duration `json:"command_timeout,omitempty" yaml:"command_timeout,omitempty"`
+	// Env is exported in the shell before setup, so setup, the agent and
+	// the verifier all see it.
+	Env map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+}
+
+// taskFile is Task as it is spelled in files (the timeout as seconds or a
+// duration string).
+type taskFile struct {
+	Name           string            `json:"name" yaml:"name"`
+	Image          string            `json:"image" yaml:"image"`
+	Setup          []string          `json:"setup" yaml:"setup"`
+	Instruction    string            `json:"instruction" yaml:"instruction"`
+	Verifier       string            `json:"verifier" yaml:"verifier"`
+	MaxTurns       int               `json:"max_turns" yaml:"max_turns"`
+	CommandTimeout flexDuration      `json:"command_timeout" yaml:"command_timeout"`
+	Env            map[string]string `json:"env" yaml:"env"`
+}
+
+func (f taskFile) task() Task {
+	return Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
+		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env}
+}
+
+// MarshalJSON writes the timeout as seconds, as files spell it.
+func (t Task) MarshalJSON() ([]byte, error) {
+	type plain Task
+	return json.Marshal(struct {
+		plain
+		CommandTimeout float64 `json:"command_timeout,omitempty"`
+	}{plain(t), t.CommandTimeout.Seconds()})
+}
+
+// UnmarshalJSON reads the file spelling (timeout as seconds or a duration
+// string); it does not validate.
+func (t *Task) UnmarshalJSON(b []byte) error {
+	var f taskFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*t = f.task()
+	return nil
+}
+
+// flexDuration is a duration written as a number of seconds or as a Go
+// duration string.
+type flexDuration time.Duration
+
+func parseFlexDuration(s string) (flexDuration, error) {
+	s = strings.TrimSpace(s)
+	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		if math.IsNaN(secs) || math.IsInf(secs, 0) || secs < 0 || secs > 1e9 {
+			return 0, fmt.Errorf("duration %q out of range", s)
+		}
+		return flexDuration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("duration %q: want seconds (30, 2.5) or a duration like \"90s\"", s)
+	}
+	return flexDuration(d), nil
+}
+
+func (d *flexDuration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		s = string(b) // a number
+	}
+	v, err := parseFlexDuration(s)
+	*d = v
+	return err
+}
+
+func (d *flexDuration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: duration must be a number of seconds or a string", n.Line)
+	}
+	v, err := parseFlexDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*d = v
+	return nil
+}
+
+var (
+	taskNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	envNameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// Validate reports everything wrong with t at once.
+func (t Task) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if !taskNameRE.MatchString(t.Name) {
+		bad("name %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", t.Name)
+	}
+	if strings.TrimSpace(t.Image) == "" {
+		bad("image: required (e.g. busybox or debian)")
+	}
+	for i, c := range t.Setup {
+		if strings.TrimSpace(c) == "" {
+			bad("setup[%d]: empty command", i)
+		}
+	}
+	if t.MaxTurns < 0 {
+		bad("max_turns %d: must be 0 (no limit) or more", t.MaxTurns)
+	}
+	if t.CommandTimeout < 0 {
+		bad("command_timeout %s: must not be negative", t.CommandTimeout)
+	}
+	keys := make([]string, 0, len(t.Env))
+	for k := range t.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !envNameRE.MatchString(k) {
+			bad("env %q: not a shell variable name", k)
+		}
+		if strings.ContainsRune(t.Env[k], 0) {
+			bad("env %s: value contains a NUL byte", k)
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: task %q: %w", ErrInvalidTask, t.Name, errors.Join(errs...))
+}
+
+// LoadTask reads and validates a task file: YAML (.yaml, .yml) or JSON
+// (.json). Unknown fields are errors, so a misspelt key is not ignored.
+func LoadTask(path string) (Task, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Task{}, fmt.Errorf("read task: %w", err)
+	}
+	var f taskFile
+	switch ext := strings.ToLower(filepath.Ext(path)); ext {
+	case ".yaml", ".yml":
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		err = dec.Decode(&f)
+	case ".json":
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&f)
+	default:
+		return Task{}, fmt.Errorf("%w: %s: extension %q, want .yaml, .yml or .json", ErrInvalidTask, path, ext)
+	}
+	if err != nil {
+		return Task{}, fmt.Errorf("%w: %s: %v", ErrInvalidTask, path, err)
+	}
+	t := f.task()
+	if t.Name == "" {
+		t.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	if err := t.Validate(); err != nil {
+		return Task{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// LoadTasks loads every task file (.yaml, .yml, .json) in dir, in name
+// order. All bad files are reported together; two tasks with one name are
+// an error.
+func LoadTasks(dir string) ([]Task, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read task dir: %w", err)
+	}
+	var (
+		tasks []Task
+		errs  []error
+		seen  = map[string]string{}
+	)
+	for _, ent := range ents {
+		ext := strings.ToLower(filepath.Ext(ent.Name()))
+		if ent.IsDir() || (ext != ".yaml" && ext != ".yml" && ext != ".json") {
+			continue
+		}
+		path := filepath.Join(dir, ent.Name())
+		t, err := LoadTask(path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if prev, ok := seen[t.Name]; ok {
+			errs = append(errs, fmt.Errorf("%w: task name %q used by both %s and %s", ErrInvalidTask, t.Name, prev, path))
+			continue
+		}
+		seen[t.Name] = path
+		tasks = append(tasks, t)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return tasks, nil
+}
+
+// UnmarshalYAML reads the file spelling (timeout as seconds or a duration
+// string); it does not validate.
+func (t *Task) UnmarshalYAML(n *yaml.Node) error {
+	var f taskFile
+	if err := n.Decode(&f); err != nil {
+		return err
+	}
+	*t = f.task()
+	return nil
+}
