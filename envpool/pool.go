@@ -1,0 +1,819 @@
+package envpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/internal/progress"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// PoolOptions configure a Pool. Zero values take the defaults.
+type PoolOptions struct {
+	// Warm is how many ready environments are kept per task (default 2;
+	// negative: none, every reset restores on demand).
+	Warm int
+	// IdleTTL closes handed-out environments nobody touched for this long
+	// (default 30 min; negative: never). It should exceed the longest
+	// command timeout, since a running command does not count as a touch.
+	IdleTTL time.Duration
+	// SetupTimeout bounds each setup command (default 10 min).
+	SetupTimeout time.Duration
+	// VerifierTimeout bounds a verifier when its task sets no
+	// command_timeout (default 2 min).
+	VerifierTimeout time.Duration
+	// Progress receives human-readable progress of preparing tasks and
+	// filling the warm pool (nil: none).
+	Progress io.Writer
+	Logger   *slog.Logger
+}
+
+func (o PoolOptions) withDefaults() PoolOptions {
+	if o.Warm == 0 {
+		o.Warm = 2
+	}
+	if o.Warm < 0 {
+		o.Warm = 0
+	}
+	if o.IdleTTL == 0 {
+		o.IdleTTL = 30 * time.Minute
+	}
+	if o.SetupTimeout <= 0 {
+		o.SetupTimeout = 10 * time.Minute
+	}
+	if o.VerifierTimeout <= 0 {
+		o.VerifierTimeout = 2 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Pool prepares tasks once and hands out environments restored from their
+// post-setup checkpoints. The environments it holds in reserve (each
+// task's template and its warm copies) are engine environments too; the
+// server should hide them (see Internal).
+type Pool struct {
+	e     *branch.Engine
+	o     PoolOptions
+	log   *slog.Logger
+	tasks []Task
+	slots map[string]*taskSlot
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	fill   *progress.Meter
+
+	mu       sync.Mutex
+	closed   bool
+	live     map[string]*liveEnv // handed out (and their branches)
+	internal map[string]bool     // templates and warm copies
+	filled   int                 // warm environments made so far
+}
+
+// taskSlot is one prepared task: its template environment (kept open so
+// its post-setup state stays alive) and the warm environments restored
+// from that state.
+type taskSlot struct {
+	task     Task
+	template *branch.Env
+	state    string
+	prepared time.Duration
+	kick     chan struct{}
+
+	mu    sync.Mutex
+	ready []*branch.Env
+}
+
+type liveEnv struct {
+	task string
+	last time.Time
+}
+
+// NewPool prepares every task (image, exported env, setup commands, then a
+// full checkpoint: the post-setup state) and starts filling the warm pool
+// in the background. A task whose setup fails fails NewPool, with an error
+// naming the task and the command; nothing is left behind.
+func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions) (_ *Pool, err error) {
+	o = o.withDefaults()
+	seen := map[string]bool{}
+	for _, t := range tasks {
+		if err := t.Validate(); err != nil {
+			return nil, err
+		}
+		if seen[t.Name] {
+			return nil, fmt.Errorf("%w: two tasks named %q", ErrInvalidTask, t.Name)
+		}
+		seen[t.Name] = true
+	}
+	p := &Pool{e: e, o: o, log: o.Logger, tasks: slices.Clone(tasks), slots: map[string]*taskSlot{},
+		live: map[string]*liveEnv{}, internal: map[string]bool{}}
+	defer func() {
+		if err != nil {
+			for _, s := range p.slots {
+				p.closeQuietly(s.template, "template of failed pool")
+			}
+		}
+	}()
+	meter := progress.New(o.Progress, "preparing tasks", len(tasks))
+	for _, t := range tasks {
+		s, err := p.prepare(ctx, t, meter)
+		if err != nil {
+			meter.Finish(err)
+			return nil, err
+		}
+		p.slots[t.Name] = s
+		p.internal[s.template.ID] = true
+		meter.Add(1, fmt.Sprintf("%s ready in %s", t.Name, s.prepared.Round(time.Millisecond)))
+	}
+	if len(tasks) > 0 {
+		meter.Finish(nil)
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if o.Warm > 0 && len(tasks) > 0 {
+		p.fill = progress.New(o.Progress, "filling warm pool", o.Warm*len(tasks))
+		for _, s := range p.slots {
+			p.wg.Add(1)
+			go p.fillLoop(s)
+		}
+	}
+	if o.IdleTTL > 0 {
+		p.wg.Add(1)
+		go p.janitor()
+	}
+	return p, nil
+}
+
+// prepare makes a task's template environment and its post-setup state.
+func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *taskSlot, err error) {
+	start := time.Now()
+	meter.Step(fmt.Sprintf("%s: starting image %s", t.Name, t.Image))
+	env, _, err := p.e.NewEnv(ctx, t.Image)
+	if err != nil {
+		return nil, fmt.Errorf("%w: task %s: start image %s: %w", ErrSetup, t.Name, t.Image, err)
+	}
+	defer func() {
+		if err != nil {
+			p.closeQuietly(env, "template of failed task")
+		}
+	}()
+	// Setup goes straight to the sandbox (serialized with the engine's
+	// checkpoint of the initial state) so that it does not count as
+	// turns: an episode starts at turn 0.
+	sb := env.Sandbox()
+	run := func(what, cmd string) error {
+		r, err := sb.Exec(ctx, cmd, sandbox.ExecOptions{Timeout: p.o.SetupTimeout})
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: task %s: %s %q: %w", ErrSetup, t.Name, what, cmd, err)
+		case r.TimedOut:
+			return fmt.Errorf("%w: task %s: %s %q timed out after %s", ErrSetup, t.Name, what, cmd, p.o.SetupTimeout)
+		case r.ShellRestarted:
+			return fmt.Errorf("%w: task %s: %s %q ended the shell (setup must not exit)", ErrSetup, t.Name, what, cmd)
+		case r.ExitCode != 0:
+			out := r.Stderr
+			if len(strings.TrimSpace(string(out))) == 0 {
+				out = r.Stdout
+			}
+			return fmt.Errorf("%w: task %s: %s %q exited with status %d: %s", ErrSetup, t.Name, what, cmd, r.ExitCode,
+				strings.TrimSpace(tail(string(out), 500)))
+		}
+		return nil
+	}
+	if len(t.Env) > 0 {
+		if err := run("export of env", exportCmd(t.Env)); err != nil {
+			return nil, err
+		}
+	}
+	for i, c := range t.Setup {
+		meter.Step(fmt.Sprintf("%s: setup %d/%d", t.Name, i+1, len(t.Setup)))
+		if err := run(fmt.Sprintf("setup command %d/%d", i+1, len(t.Setup)), c); err != nil {
+			return nil, err
+		}
+	}
+	sid, err := p.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		return nil, fmt.Errorf("task %s: checkpoint after setup: %w", t.Name, err)
+	}
+	s = &taskSlot{task: t, template: env, state: sid, prepared: time.Since(start), kick: make(chan struct{}, 1)}
+	p.log.Info("task prepared", slog.String("task", t.Name), slog.String("image", t.Image),
+		slog.String("state", sid), slog.Duration("took", s.prepared))
+	return s, nil
+}
+
+// exportCmd exports env in a POSIX shell, keys in order.
+func exportCmd(env map[string]string) string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = "export " + k + "=" + shellQuote(env[k])
+	}
+	return strings.Join(parts, "; ")
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// fillLoop keeps s.ready at p.o.Warm environments until the pool closes.
+func (p *Pool) fillLoop(s *taskSlot) {
+	defer p.wg.Done()
+	backoff := time.Second
+	for {
+		s.mu.Lock()
+		need := p.o.Warm - len(s.ready)
+		s.mu.Unlock()
+		if need <= 0 {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-s.kick:
+				continue
+			}
+		}
+		res, err := p.e.Branch(p.ctx, branch.Source{State: s.state}, need)
+		failed := err != nil
+		if err == nil {
+			for i, child := range res.Children {
+				if res.Errors[i] != nil {
+					failed = true
+					err = res.Errors[i]
+					continue
+				}
+				if !p.addReady(s, child) {
+					return
+				}
+			}
+		}
+		if p.ctx.Err() != nil {
+			return
+		}
+		if !failed {
+			backoff = time.Second
+			continue
+		}
+		p.log.Warn("fill warm pool", slog.String("task", s.task.Name), slog.Any("err", err), slog.Duration("retry_in", backoff))
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// addReady puts a freshly restored environment into s's reserve; it
+// reports false (and closes the environment) when the pool is closing.
+func (p *Pool) addReady(s *taskSlot, env *branch.Env) bool {
+	// The template is not the parent an agent would promote into.
+	env.Origin = ""
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.closeQuietly(env, "warm env after close")
+		return false
+	}
+	p.internal[env.ID] = true
+	p.filled++
+	initialDone := p.filled == p.o.Warm*len(p.tasks)
+	p.mu.Unlock()
+	s.mu.Lock()
+	s.ready = append(s.ready, env)
+	s.mu.Unlock()
+	p.fill.Add(1, s.task.Name)
+	if initialDone {
+		p.fill.Finish(nil)
+	}
+	return true
+}
+
+// take removes a live ready environment from s, or returns nil.
+func (p *Pool) take(s *taskSlot) *branch.Env {
+	defer func() {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}()
+	for {
+		s.mu.Lock()
+		if len(s.ready) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		env := s.ready[0]
+		s.ready = s.ready[1:]
+		s.mu.Unlock()
+		p.mu.Lock()
+		delete(p.internal, env.ID)
+		p.mu.Unlock()
+		select {
+		case <-env.Sandbox().Exited():
+			p.log.Warn("warm env died in reserve", slog.String("task", s.task.Name), slog.String("env", env.ID))
+			p.closeQuietly(env, "dead warm env")
+			continue
+		default:
+			return env
+		}
+	}
+}
+
+// Tasks returns the loaded tasks in the order given.
+func (p *Pool) Tasks() []Task { return slices.Clone(p.tasks) }
+
+// Task returns the task called name.
+func (p *Pool) Task(name string) (Task, bool) {
+	s, ok := p.slots[name]
+	if !ok {
+		return Task{}, false
+	}
+	return s.task, true
+}
+
+// ResetRequest asks for a new episode: of a task, or of a bare image.
+type ResetRequest struct {
+	Task, Image string
+	// Seed, when not 0, is exported in the environment's shell as
+	// ARBOR_SEED and seeds the shell's $RANDOM, so that commands (and the
+	// verifier) that draw randomness from them replay identically. Setup
+	// ran before any seed, so a task's files are the same for every seed.
+	// A seed costs one more checkpoint at reset, run in the background.
+	Seed int64
+}
+
+// Reset is a new episode's environment.
+type Reset struct {
+	Env *branch.Env
+	// StateID is the environment's state now (the task's post-setup
+	// state, or the seeded state derived from it).
+	StateID string
+	// Task is the episode's task; for an image-only reset only its Image
+	// is set.
+	Task Task
+	// Instruction is the first observation.
+	Instruction string
+}
+
+// Reset hands out an environment. For a task it is taken from the warm
+// pool (restored from the post-setup checkpoint, so setup is not paid
+// again) and the pool refills in the background; when the pool is empty
+// one is restored on demand. For an image alone it is a fresh environment.
+func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error) {
+	if p.isClosed() {
+		return nil, ErrClosed
+	}
+	var (
+		env  *branch.Env
+		task Task
+	)
+	switch {
+	case req.Task != "":
+		s, ok := p.slots[req.Task]
+		if !ok {
+			return nil, fmt.Errorf("%w: %q (loaded: %s)", ErrUnknownTask, req.Task, strings.Join(p.taskNames(), ", "))
+		}
+		if req.Image != "" && req.Image != s.task.Image {
+			return nil, fmt.Errorf("%w: task %s runs on image %s, not %s", ErrBadRequest, s.task.Name, s.task.Image, req.Image)
+		}
+		task = s.task
+		if env = p.take(s); env == nil {
+			res, err := p.e.Branch(ctx, branch.Source{State: s.state}, 1)
+			if err != nil {
+				return nil, fmt.Errorf("reset %s: restore post-setup state: %w", task.Name, err)
+			}
+			if err := res.Errors[0]; err != nil {
+				return nil, fmt.Errorf("reset %s: restore post-setup state: %w", task.Name, err)
+			}
+			env = res.Children[0]
+			env.Origin = ""
+		}
+	case req.Image != "":
+		task = Task{Image: req.Image}
+		env, _, err = p.e.NewEnv(ctx, req.Image)
+		if err != nil {
+			return nil, fmt.Errorf("reset image %s: %w", req.Image, err)
+		}
+	default:
+		return nil, fmt.Errorf("%w: reset needs a task or an image", ErrBadRequest)
+	}
+	defer func() {
+		if err != nil {
+			p.closeQuietly(env, "env of failed reset")
+		}
+	}()
+	sid := env.Head()
+	if req.Seed != 0 {
+		if sid, err = p.seed(ctx, env, req.Seed); err != nil {
+			return nil, err
+		}
+	}
+	p.track(env.ID, task.Name)
+	return &Reset{Env: env, StateID: sid, Task: task, Instruction: task.Instruction}, nil
+}
+
+// seed exports the seed and checkpoints the result in the background.
+func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, error) {
+	cmd := fmt.Sprintf("export ARBOR_SEED=%d; RANDOM=%d", seed, seed)
+	r, err := env.Sandbox().Exec(ctx, cmd, sandbox.ExecOptions{Timeout: 10 * time.Second})
+	if err == nil && (r.ExitCode != 0 || r.TimedOut || r.ShellRestarted) {
+		err = fmt.Errorf("exit %d: %s", r.ExitCode, strings.TrimSpace(string(r.Stderr)))
+	}
+	if err != nil {
+		return "", fmt.Errorf("set seed in env %s: %w", env.ID, err)
+	}
+	sid, err := p.e.CheckpointAsync(env, branch.Full)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint seeded env %s: %w", env.ID, err)
+	}
+	return sid, nil
+}
+
+func (p *Pool) taskNames() []string {
+	names := make([]string, len(p.tasks))
+	for i, t := range p.tasks {
+		names[i] = t.Name
+	}
+	return names
+}
+
+// Evaluation is a verifier's verdict.
+type Evaluation struct {
+	Reward float64
+	// Details: exit_code, stdout_tail, stderr_tail, duration_s,
+	// timed_out, reward_from ("stdout" or "exit_status"), state_id (the
+	// state evaluated), fork_s (time to fork it).
+	Details map[string]any
+}
+
+// Evaluate runs task's verifier on a throwaway fork of env's current
+// state; env itself is untouched. A verifier that fails or times out is a
+// reward (0 unless it printed a number); a fork or sandbox that fails is
+// an error (ErrVerifier), never a reward.
+func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evaluation, error) {
+	if task.Verifier == "" {
+		name := task.Name
+		if name == "" {
+			name = "image " + task.Image
+		}
+		return Evaluation{}, fmt.Errorf("%w: %s", ErrNoVerifier, name)
+	}
+	start := time.Now()
+	res, err := p.e.Branch(ctx, branch.Source{Env: env}, 1)
+	if err == nil {
+		err = res.Errors[0]
+	}
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: fork env %s: %w", ErrVerifier, env.ID, err)
+	}
+	fork := res.Children[0]
+	forkTook := time.Since(start)
+	defer p.closeQuietly(fork, "verifier fork")
+	timeout := task.CommandTimeout
+	if timeout <= 0 {
+		timeout = p.o.VerifierTimeout
+	}
+	// A subshell, so that `exit` or `cd` in the verifier stay in it.
+	r, err := p.e.Exec(ctx, fork, "(\n"+task.Verifier+"\n)", sandbox.ExecOptions{Timeout: timeout})
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: run verifier in fork of %s: %w", ErrVerifier, env.ID, err)
+	}
+	if r.ShellRestarted {
+		return Evaluation{}, fmt.Errorf("%w: the fork's shell died while the verifier ran", ErrVerifier)
+	}
+	reward, from := Reward(string(r.Stdout), r.ExitCode)
+	if r.TimedOut {
+		reward, from = 0, "timeout"
+	}
+	ev := Evaluation{Reward: reward, Details: map[string]any{
+		"exit_code":   r.ExitCode,
+		"stdout_tail": tail(string(r.Stdout), 2048),
+		"stderr_tail": tail(string(r.Stderr), 2048),
+		"duration_s":  r.Duration.Seconds(),
+		"timed_out":   r.TimedOut,
+		"reward_from": from,
+		"state_id":    res.State,
+		"fork_s":      forkTook.Seconds(),
+	}}
+	p.Touch(env.ID)
+	return ev, nil
+}
+
+// Reward turns a verifier's stdout and exit status into a reward: the
+// number on the last non-empty stdout line if there is one, else 1 for
+// exit status 0 and 0 otherwise. It also says which rule applied.
+func Reward(stdout string, exitCode int) (float64, string) {
+	lines := strings.Split(strings.TrimRight(stdout, " \t\r\n"), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
+		if v, err := parseReward(last); err == nil {
+			return v, "stdout"
+		}
+	}
+	if exitCode == 0 {
+		return 1, "exit_status"
+	}
+	return 0, "exit_status"
+}
+
+// parseReward reads a finite number.
+func parseReward(s string) (float64, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, err
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("reward %q is not finite", s)
+	}
+	return v, nil
+}
+
+// Touch records that envID was used now; the janitor closes environments
+// untouched for longer than IdleTTL. The server calls it on every request
+// that names an environment, including new branches.
+func (p *Pool) Touch(envID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.internal[envID] {
+		return
+	}
+	if l, ok := p.live[envID]; ok {
+		l.last = time.Now()
+		return
+	}
+	p.live[envID] = &liveEnv{last: time.Now()}
+}
+
+func (p *Pool) track(envID, task string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.live[envID] = &liveEnv{task: task, last: time.Now()}
+}
+
+// Forget stops tracking envID (the server closed it).
+func (p *Pool) Forget(envID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.live, envID)
+}
+
+// TaskOf returns the task of a handed-out environment or of a branch made
+// through Pool.Branch from one.
+func (p *Pool) TaskOf(envID string) (Task, bool) {
+	p.mu.Lock()
+	l, ok := p.live[envID]
+	p.mu.Unlock()
+	if !ok || l.task == "" {
+		return Task{}, false
+	}
+	return p.Task(l.task)
+}
+
+// Internal reports whether envID is one the pool holds in reserve (a
+// task's template or a warm environment not yet handed out). The server
+// should neither list nor accept such ids.
+func (p *Pool) Internal(envID string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.internal[envID]
+}
+
+// Branch is branch.Engine.Branch plus the pool's bookkeeping: children of
+// an environment get it as their Origin (so Promote hands their state
+// back to it, not to whatever environment first made that state), inherit
+// its task, and are tracked for the idle TTL.
+func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.BranchResult, error) {
+	if src.Env != nil && p.Internal(src.Env.ID) {
+		return nil, fmt.Errorf("%w: env %s is held by the pool", ErrBadRequest, src.Env.ID)
+	}
+	if src.Env != nil {
+		p.Touch(src.Env.ID)
+	}
+	res, err := p.e.Branch(ctx, src, n)
+	if err != nil {
+		return nil, err
+	}
+	task := ""
+	if src.Env != nil {
+		p.mu.Lock()
+		if l, ok := p.live[src.Env.ID]; ok {
+			task = l.task
+		}
+		p.mu.Unlock()
+	}
+	for _, c := range res.Children {
+		if c == nil {
+			continue
+		}
+		switch {
+		case src.Env != nil:
+			c.Origin = src.Env.ID
+		case p.Internal(c.Origin):
+			c.Origin = ""
+		}
+		p.track(c.ID, task)
+	}
+	return res, nil
+}
+
+// Promote adopts child's current state as the state of the environment it
+// was branched from (a draft/verify loop keeps a draft) and closes child;
+// it returns the adopted state id.
+func (p *Pool) Promote(ctx context.Context, child *branch.Env) (string, error) {
+	if child.Origin == "" || p.Internal(child.Origin) {
+		return "", fmt.Errorf("%w: env %s was not branched from an open env, so there is nothing to promote it into",
+			ErrBadRequest, child.ID)
+	}
+	sid, err := p.e.Promote(ctx, child)
+	if err != nil {
+		return "", err
+	}
+	p.Forget(child.ID)
+	p.Touch(child.Origin)
+	return sid, nil
+}
+
+// Discard throws a branch away (a rejected draft): it is closed and its
+// states released.
+func (p *Pool) Discard(ctx context.Context, child *branch.Env) error {
+	if p.Internal(child.ID) {
+		return fmt.Errorf("%w: env %s is held by the pool", ErrBadRequest, child.ID)
+	}
+	p.Forget(child.ID)
+	return p.e.CloseEnv(ctx, child)
+}
+
+// TaskStats describe one task's reserve.
+type TaskStats struct {
+	Name     string
+	State    string // the post-setup state id
+	Ready    int
+	Prepared time.Duration // time setup took
+}
+
+// Stats is what the pool holds.
+type Stats struct {
+	Tasks []TaskStats
+	// Live is the number of handed-out environments being tracked.
+	Live int
+}
+
+// Stats reports each task's reserve and the tracked environments.
+func (p *Pool) Stats() Stats {
+	var st Stats
+	for _, t := range p.tasks {
+		s := p.slots[t.Name]
+		s.mu.Lock()
+		st.Tasks = append(st.Tasks, TaskStats{Name: t.Name, State: s.state, Ready: len(s.ready), Prepared: s.prepared})
+		s.mu.Unlock()
+	}
+	p.mu.Lock()
+	st.Live = len(p.live)
+	p.mu.Unlock()
+	return st
+}
+
+// WaitWarm waits until every task has its full reserve of warm
+// environments (benchmarks and tests use it).
+func (p *Pool) WaitWarm(ctx context.Context) error {
+	for {
+		full := true
+		for _, s := range p.slots {
+			s.mu.Lock()
+			full = full && len(s.ready) >= p.o.Warm
+			s.mu.Unlock()
+		}
+		if full {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// janitor closes environments left idle and forgets ones closed elsewhere.
+func (p *Pool) janitor() {
+	defer p.wg.Done()
+	every := min(max(p.o.IdleTTL/4, 50*time.Millisecond), time.Minute)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.sweep(time.Now())
+	}
+}
+
+func (p *Pool) sweep(now time.Time) {
+	p.mu.Lock()
+	var idle, gone []string
+	for id, l := range p.live {
+		if now.Sub(l.last) > p.o.IdleTTL {
+			idle = append(idle, id)
+		}
+	}
+	ids := make([]string, 0, len(p.live))
+	for id := range p.live {
+		ids = append(ids, id)
+	}
+	p.mu.Unlock()
+	for _, id := range ids {
+		if _, err := p.e.Env(id); err != nil {
+			gone = append(gone, id)
+		}
+	}
+	for _, id := range idle {
+		env, err := p.e.Env(id)
+		if err != nil {
+			continue
+		}
+		p.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", p.o.IdleTTL))
+		if err := p.e.CloseEnv(p.ctx, env); err != nil {
+			p.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
+		}
+		gone = append(gone, id)
+	}
+	p.mu.Lock()
+	for _, id := range gone {
+		delete(p.live, id)
+	}
+	p.mu.Unlock()
+}
+
+func (p *Pool) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+func (p *Pool) closeQuietly(env *branch.Env, what string) {
+	if env == nil {
+		return
+	}
+	if err := p.e.CloseEnv(context.Background(), env); err != nil && !errors.Is(err, branch.ErrClosed) {
+		p.log.Warn("close "+what, slog.String("env", env.ID), slog.Any("err", err))
+	}
+}
+
+// Close stops the background work and closes the environments the pool
+// holds in reserve. Handed-out environments stay open (the engine's Close
+// ends them).
+func (p *Pool) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("close pool: %w", ctx.Err())
+	}
+	var errs []error
+	for _, s := range p.slots {
+		s.mu.Lock()
+		ready := s.ready
+		s.ready = nil
+		s.mu.Unlock()
+		for _, env := range append(ready, s.template) {
+			if err := p.e.CloseEnv(ctx, env); err != nil {
+				errs = append(errs, fmt.Errorf("close env %s of task %s: %w", env.ID, s.task.Name, err))
+			}
+		}
+	}
+	p.mu.Lock()
+	p.internal = map[string]bool{}
+	p.mu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,321 @@
+package envpool_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+func quiet() *slog.Logger {
+	if os.Getenv("ARBOR_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// newEngine opens an engine on a fresh loop-mounted btrfs pool, or skips
+// when the host lacks root, CRIU or btrfs.
+func newEngine(tb testing.TB) (*branch.Engine, *image.Store) {
+	tb.Helper()
+	sandboxtest.RequireRoot(tb)
+	c, err := criu.New("", quiet())
+	if errors.Is(err, cr.ErrUnavailable) {
+		tb.Skipf("criu 4.x not installed: run make deps (%v)", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		tb.Skip("btrfs-progs not installed: run make deps")
+	}
+	dir := tb.TempDir()
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 4 << 30, Logger: quiet()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { snap.Unmount(context.Background()) })
+	images := &image.Store{Snap: snap, Logger: quiet()}
+	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()}
+	e, err := branch.Open(context.Background(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		e.Close(context.Background())
+		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
+	})
+	return e, images
+}
+
+var helloTask = envpool.Task{
+	Name:  "hello",
+	Image: "busybox",
+	Env:   map[string]string{"GREETING": "it's here"},
+	Setup: []string{
+		"mkdir -p /work/hello && cd /work/hello",
+		"echo prepared > /work/hello/README",
+		"sleep 1000 >/dev/null 2>&1 </dev/null &", // a background process must survive into every reset
+	},
+	Instruction: "write $GREETING to /work/hello/greeting.txt",
+	Verifier:    `touch /work/verifier-was-here; cd /; test "$(cat /work/hello/greeting.txt 2>/dev/null)" = "$GREETING"`,
+	MaxTurns:    5,
+}
+
+var scoreTask = envpool.Task{
+	Name: "score", Image: "busybox",
+	Verifier: `n=$(cat /work/n 2>/dev/null || echo 0); echo "scoring"; echo "0.$n"; exit 1`,
+}
+
+func run(tb testing.TB, e *branch.Engine, env *branch.Env, cmd string) string {
+	tb.Helper()
+	r, err := e.Exec(context.Background(), env, cmd, sandbox.ExecOptions{Timeout: 20 * time.Second})
+	if err != nil {
+		tb.Fatalf("exec %q: %v", cmd, err)
+	}
+	if r.ExitCode != 0 {
+		tb.Fatalf("exec %q: exit %d: %s", cmd, r.ExitCode, r.Stderr)
+	}
+	return strings.TrimSpace(string(r.Stdout))
+}
+
+func TestPoolResetEvaluate(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	var progress bytes.Buffer
+	var pmu sync.Mutex
+	start := time.Now()
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask, scoreTask},
+		envpool.PoolOptions{Warm: 2, Logger: quiet(), Progress: lockedWriter{&pmu, &progress}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared := time.Since(start)
+	defer p.Close(ctx)
+	if err := p.WaitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	filled := time.Since(start)
+	for _, ts := range p.Stats().Tasks {
+		t.Logf("task %s prepared in %s; ready %d", ts.Name, ts.Prepared, ts.Ready)
+	}
+	t.Logf("NewPool %s, warm pool full after %s", prepared, filled)
+	pmu.Lock()
+	out := progress.String()
+	pmu.Unlock()
+	if !strings.Contains(out, "preparing tasks") || !strings.Contains(out, "filling warm pool") || !strings.Contains(out, "4/4") {
+		t.Errorf("progress output lacks the phases: %q", out)
+	}
+
+	for _, id := range []string{p.Stats().Tasks[0].State} {
+		if id == "" {
+			t.Fatal("no post-setup state")
+		}
+	}
+	t0 := time.Now()
+	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reset from the warm pool: %s", time.Since(t0))
+	env := r.Env
+	if r.Instruction != helloTask.Instruction || r.Task.Name != "hello" || r.StateID != p.Stats().Tasks[0].State {
+		t.Errorf("reset = %+v", r)
+	}
+	if env.Turn() != 0 {
+		t.Errorf("an episode starts at turn %d, want 0 (setup is not a turn)", env.Turn())
+	}
+	if p.Internal(env.ID) || env.Origin != "" {
+		t.Errorf("handed-out env still internal (%v) or has origin %q", p.Internal(env.ID), env.Origin)
+	}
+	if got := run(t, e, env, `echo "$(pwd) $GREETING $(cat README)"; cat /proc/[0-9]*/cmdline | tr '\0' ' ' | grep -q '[s]leep 1000' && echo bg`); got != "/work/hello it's here prepared\nbg" {
+		t.Errorf("post-setup state not restored: %q", got)
+	}
+
+	ev, err := p.Evaluate(ctx, env, r.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Reward != 0 || ev.Details["exit_code"] != 1 {
+		t.Errorf("unsolved task: %+v", ev)
+	}
+	run(t, e, env, `echo "$GREETING" > greeting.txt`)
+	ev, err = p.Evaluate(ctx, env, r.Task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("evaluate: %+v", ev.Details)
+	if ev.Reward != 1 || ev.Details["reward_from"] != "exit_status" {
+		t.Errorf("solved task: %+v", ev)
+	}
+	if got := run(t, e, env, `pwd; ls /work/verifier-was-here 2>/dev/null || echo untouched`); got != "/work/hello\nuntouched" {
+		t.Errorf("the verifier touched the env: %q", got)
+	}
+
+	// A number on the verifier's last line is the reward, whatever its status.
+	rs, err := p.Reset(ctx, envpool.ResetRequest{Task: "score", Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, e, rs.Env, `echo $ARBOR_SEED`); got != "42" {
+		t.Errorf("ARBOR_SEED = %q", got)
+	}
+	if rs.StateID == p.Stats().Tasks[1].State {
+		t.Errorf("a seeded reset kept the unseeded state id %s", rs.StateID)
+	}
+	run(t, e, rs.Env, `echo 7 > /work/n`)
+	ev, err = p.Evaluate(ctx, rs.Env, rs.Task)
+	if err != nil || ev.Reward != 0.7 || ev.Details["reward_from"] != "stdout" {
+		t.Errorf("numeric verifier: %+v, %v", ev, err)
+	}
+
+	// Failures of the machinery are errors, not rewards.
+	if err := e.CloseEnv(ctx, rs.Env); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Evaluate(ctx, rs.Env, rs.Task); !errors.Is(err, envpool.ErrVerifier) {
+		t.Errorf("evaluate of a closed env: %v, want ErrVerifier", err)
+	}
+	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}); !errors.Is(err, envpool.ErrNoVerifier) {
+		t.Errorf("evaluate without verifier: %v", err)
+	}
+	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "nope"}); !errors.Is(err, envpool.ErrUnknownTask) || !strings.Contains(err.Error(), "hello") {
+		t.Errorf("unknown task: %v", err)
+	}
+	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello", Image: "debian"}); !errors.Is(err, envpool.ErrBadRequest) {
+		t.Errorf("task with another image: %v", err)
+	}
+	if _, err := p.Reset(ctx, envpool.ResetRequest{}); !errors.Is(err, envpool.ErrBadRequest) {
+		t.Errorf("empty reset: %v", err)
+	}
+
+	// Fresh env from an image.
+	t0 = time.Now()
+	fr, err := p.Reset(ctx, envpool.ResetRequest{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reset of a fresh image env: %s", time.Since(t0))
+	if fr.StateID == "" || fr.Task.Image != "busybox" || fr.Instruction != "" {
+		t.Errorf("image reset: %+v", fr)
+	}
+	if got := run(t, e, fr.Env, `ls /work/hello 2>/dev/null; echo ok`); got != "ok" {
+		t.Errorf("fresh env sees task files: %q", got)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func TestPoolSetupFailureNamesCommand(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	bad := envpool.Task{Name: "bad", Image: "busybox", Setup: []string{"echo one", "echo oops >&2; false", "echo never"}}
+	_, err := envpool.NewPool(ctx, e, []envpool.Task{bad}, envpool.PoolOptions{Logger: quiet()})
+	if !errors.Is(err, envpool.ErrSetup) {
+		t.Fatalf("err = %v, want ErrSetup", err)
+	}
+	for _, want := range []string{"task bad", "setup command 2/3", "false", "status 1", "oops"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if n := len(e.Envs()); n != 0 {
+		t.Errorf("%d envs left behind by a failed pool", n)
+	}
+}
+
+func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask}, envpool.PoolOptions{Warm: -1, IdleTTL: 2 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	t0 := time.Now()
+	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reset restored on demand (no warm pool): %s", time.Since(t0))
+	parent := r.Env
+	// Branching straight after reset: the state was made by the task's
+	// template, but the children belong to the env they were branched from.
+	res, err := p.Branch(ctx, branch.Source{Env: parent}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range res.Children {
+		if res.Errors[i] != nil {
+			t.Fatal(res.Errors[i])
+		}
+		if c.Origin != parent.ID {
+			t.Errorf("child origin %q, want %s", c.Origin, parent.ID)
+		}
+		if tk, ok := p.TaskOf(c.ID); !ok || tk.Name != "hello" {
+			t.Errorf("child task %v %v", tk, ok)
+		}
+	}
+	keep, drop := res.Children[0], res.Children[1]
+	run(t, e, keep, `echo "$GREETING" > greeting.txt`)
+	run(t, e, drop, `echo wrong > greeting.txt`)
+	if err := p.Discard(ctx, drop); err != nil {
+		t.Fatal(err)
+	}
+	sid, err := p.Promote(ctx, keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parent.Head() != sid {
+		t.Errorf("parent head %s after promote, want %s", parent.Head(), sid)
+	}
+	ev, err := p.Evaluate(ctx, parent, r.Task)
+	if err != nil || ev.Reward != 1 {
+		t.Errorf("promoted draft: %+v %v", ev, err)
+	}
+	if _, err := p.Promote(ctx, parent); !errors.Is(err, envpool.ErrBadRequest) {
+		t.Errorf("promote of a reset env: %v", err)
+	}
+	// Idle: touched envs survive, the rest are closed.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.Env(parent.ID); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := e.Env(parent.ID); !errors.Is(err, branch.ErrUnknownEnv) {
+		t.Errorf("idle env still open: %v", err)
+	}
+	if st := p.Stats(); st.Live != 0 {
+		t.Errorf("%d envs still tracked", st.Live)
+	}
+}
