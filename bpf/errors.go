@@ -1,0 +1,17 @@
+package bpf
+
+import "errors"
+
+// Sentinel errors of the eBPF tracker; test with errors.Is.
+var (
+	// ErrUnavailable: eBPF cannot be used on this host (not root, no BTF,
+	// the verifier refused the programs, not amd64).
+	ErrUnavailable = errors.New("eBPF tracker unavailable")
+	// ErrClosed: the tracker was closed.
+	ErrClosed = errors.New("eBPF tracker closed")
+	// ErrFlushed: Read consumed every event that was pending when Flush
+	// was called.
+	ErrFlushed = errors.New("eBPF events flushed")
+	// ErrShortEvent: a ring buffer record is smaller than an event.
+	ErrShortEvent = errors.New("short eBPF event")
+)

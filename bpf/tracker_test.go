@@ -1,0 +1,144 @@
+package bpf_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/bpf"
+)
+
+// openTracker opens the tracker or skips the test with the reason.
+func openTracker(t *testing.T) *bpf.Tracker {
+	t.Helper()
+	tr, err := bpf.Open()
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		t.Fatalf("the verifier refused the programs: %+v", ve)
+	}
+	if errors.Is(err, bpf.ErrUnavailable) {
+		t.Skipf("eBPF unavailable: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// newCgroup makes a v2 cgroup for the test and returns an open fd of it and
+// its id.
+func newCgroup(t *testing.T) (*os.File, uint64) {
+	t.Helper()
+	root := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		root = "/sys/fs/cgroup"
+	}
+	dir := filepath.Join(root, fmt.Sprintf("arbor-bpftest-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot make a v2 cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return f, st.Ino
+}
+
+func TestEventsOfTrackedCgroup(t *testing.T) {
+	tr := openTracker(t)
+	cg, id := newCgroup(t)
+	if err := tr.Track(id); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := `cd "$1" && echo a > f && echo b >> f && mkdir -p d/e && mv f d/g && ln -s d/g s && chmod 600 d/g && rm s && cat d/g >/dev/null && sh -c 'exit 0'`
+	cmd := exec.Command("/bin/sh", "-c", script, "sh", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	// A process outside the cgroup must not show up.
+	if err := os.WriteFile(filepath.Join(dir, "outside"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	done := make(chan struct{})
+	var forks, execs, exits int
+	go func() {
+		defer close(done)
+		for {
+			e, err := tr.Read()
+			if err != nil {
+				return
+			}
+			if e.CgroupID != id {
+				t.Errorf("event of cgroup %d, want only %d", e.CgroupID, id)
+			}
+			switch e.Type {
+			case bpf.EventFork:
+				forks++
+			case bpf.EventExec:
+				execs++
+			case bpf.EventExit:
+				exits++
+			case bpf.EventSyscall:
+				name := bpf.Syscall[e.Nr]
+				if e.Flags&bpf.FlagFDFile != 0 {
+					if strings.HasPrefix(e.Path[1], dir) {
+						got[name+" "+strings.TrimPrefix(e.Path[1], dir)]++
+					}
+					continue
+				}
+				p := e.Path[0]
+				if p != "" && !strings.HasPrefix(p, "/") {
+					p = e.Path[1] + "/" + p
+				}
+				q := e.Path[2]
+				if q != "" && !strings.HasPrefix(q, "/") {
+					q = e.Path[3] + "/" + q
+				}
+				got[strings.TrimSpace(name+" "+strings.TrimPrefix(p, dir)+" "+strings.TrimPrefix(q, dir))]++
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	tr.Flush()
+	<-done
+	for _, want := range []string{"openat /f", "write /f", "mkdir /d", "mkdir /d/e", "renameat2 /f /d/g", "symlinkat  /s", "fchmodat /d/g", "unlinkat /s"} {
+		if got[want] == 0 {
+			t.Errorf("no event %q; got %v", want, got)
+		}
+	}
+	// Writes are reported once per process, fd and open file per turn;
+	// the open itself names the file anyway.
+	if got["write /f"] < 1 || got["openat /f"] != 2 {
+		t.Errorf("write /f reported %d times, openat /f %d times", got["write /f"], got["openat /f"])
+	}
+	for k := range got {
+		if strings.Contains(k, "outside") {
+			t.Errorf("saw %q from outside the cgroup", k)
+		}
+	}
+	if forks < 2 || execs < 2 || exits < 3 {
+		t.Errorf("forks %d execs %d exits %d", forks, execs, exits)
+	}
+	if n, err := tr.Lost(); err != nil || n != 0 {
+		t.Errorf("lost %d events (%v)", n, err)
+	}
+}
