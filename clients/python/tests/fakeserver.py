@@ -37,15 +37,13 @@ class FakeServer:
         async def shut():
             self.server.close()
             await self.server.wait_closed()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
-
-        def halt():
-            for t in asyncio.all_tasks(self.loop):
-                t.cancel()
-            self.loop.stop()
-
-        self.loop.call_soon_threadsafe(halt)
+        self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
 
