@@ -262,8 +262,11 @@ func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
 	env.closed = true
 	e.mu.Lock()
 	delete(e.envs, env.ID)
+	stillHead := e.isHead(env.head)
 	e.mu.Unlock()
-	e.dropWarm(ctx, env.head)
+	if !stillHead {
+		e.dropWarm(ctx, env.head)
+	}
 	errs := []error{env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume)}
 	if release {
 		errs = append(errs, e.man.ReleaseEnv(env.ID))

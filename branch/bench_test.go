@@ -1,0 +1,162 @@
+package branch_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// latencies collects per-operation durations and reports percentiles as
+// benchmark metrics (go test -bench prints them next to ns/op).
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B, prefix string) {
+	if len(l) == 0 {
+		return
+	}
+	s := append(latencies(nil), l...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	pct := func(p float64) float64 {
+		i := int(p*float64(len(s)-1) + 0.5)
+		return float64(s[i].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.50), prefix+"p50-ms")
+	b.ReportMetric(pct(0.95), prefix+"p95-ms")
+	b.ReportMetric(pct(0.99), prefix+"p99-ms")
+}
+
+// benchEnv is a shell sandbox with typical agent state: a cwd, variables,
+// a function, a background process and some files.
+func benchEnv(b *testing.B, r *rig) (*branch.Env, string) {
+	b.Helper()
+	img := testImage(b, r)
+	env, _, err := r.e.NewEnv(context.Background(), img)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start, _ := counterCmd(img)
+	run(b, r.e, env, "mkdir -p /work && cd /work && export K=v && f() { echo fun; } && seq 1000 > /work/numbers")
+	run(b, r.e, env, start)
+	return env, img
+}
+
+func BenchmarkCheckpoint(b *testing.B) {
+	dir := b.TempDir()
+	r := newRig(b, newBtrfs(b, dir), dir, 0)
+	env, img := benchEnv(b, r)
+	b.Logf("image %s", img)
+	ctx := context.Background()
+	for _, kind := range []branch.Kind{branch.FS, branch.Proc, branch.Full} {
+		b.Run(string(kind), func(b *testing.B) {
+			var lat latencies
+			var bytes int64
+			for i := 0; i < b.N; i++ {
+				run(b, r.e, env, fmt.Sprintf("echo %d > /work/turn", i))
+				t := time.Now()
+				sid, err := r.e.Checkpoint(ctx, env, kind)
+				if err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t))
+				if kind != branch.FS {
+					st, _ := r.e.State(sid)
+					u, _ := r.e.Usage()
+					_ = st
+					bytes = u.Manifest.Artifacts["proc"].Bytes / int64(max(1, u.Manifest.Artifacts["proc"].Count))
+				}
+			}
+			lat.report(b, "")
+			if bytes > 0 {
+				b.ReportMetric(float64(bytes), "image-bytes")
+			}
+		})
+	}
+}
+
+func BenchmarkRestore(b *testing.B) {
+	dir := b.TempDir()
+	r := newRig(b, newBtrfs(b, dir), dir, 0)
+	env, _ := benchEnv(b, r)
+	ctx := context.Background()
+	sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lat latencies
+	for i := 0; i < b.N; i++ {
+		t := time.Now()
+		res, err := r.e.Branch(ctx, branch.Source{State: sid}, 1)
+		if err != nil || res.Errors[0] != nil {
+			b.Fatal(err, res.Errors)
+		}
+		lat = append(lat, time.Since(t))
+		b.StopTimer()
+		r.e.CloseEnv(ctx, res.Children[0])
+		b.StartTimer()
+	}
+	lat.report(b, "")
+}
+
+func BenchmarkBranch(b *testing.B) {
+	for _, warm := range []int{0, 8} {
+		b.Run(fmt.Sprintf("warm=%d", warm), func(b *testing.B) {
+			dir := b.TempDir()
+			r := newRig(b, newBtrfs(b, dir), dir, warm)
+			env, _ := benchEnv(b, r)
+			ctx := context.Background()
+			sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range []int{1, 2, 4, 8, 16, 32} {
+				if warm > 0 && n > warm {
+					continue
+				}
+				b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+					var lat latencies
+					for i := 0; i < b.N; i++ {
+						if warm > 0 {
+							b.StopTimer()
+							waitWarm(b, r.e, warm)
+							b.StartTimer()
+						}
+						t := time.Now()
+						res, err := r.e.Branch(ctx, branch.Source{State: sid}, n)
+						if err != nil {
+							b.Fatal(err)
+						}
+						lat = append(lat, time.Since(t))
+						b.StopTimer()
+						for j, c := range res.Children {
+							if res.Errors[j] != nil {
+								b.Fatalf("child %d: %v", j, res.Errors[j])
+							}
+							r.e.CloseEnv(ctx, c)
+						}
+						b.StartTimer()
+					}
+					lat.report(b, "")
+					s := append(latencies(nil), lat...)
+					sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+					b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000/float64(n), "per-child-p50-ms")
+				})
+			}
+		})
+	}
+}
+
+func waitWarm(b *testing.B, e *branch.Engine, n int) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		u, _ := e.Usage()
+		if u.Warm >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("warm copies did not reach %d", n)
+}
