@@ -601,7 +601,8 @@ func (p *Pool) Internal(envID string) bool {
 // Branch is branch.Engine.Branch plus the pool's bookkeeping: children of
 // an environment get it as their Origin (so Promote hands their state
 // back to it, not to whatever environment first made that state), inherit
-// its task, and are tracked for the idle TTL.
+// its task (children of a state id, the task whose post-setup state it
+// descends from), and are tracked for the idle TTL.
 func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.BranchResult, error) {
 	if src.Env != nil && p.Internal(src.Env.ID) {
 		return nil, fmt.Errorf("%w: env %s is held by the pool", ErrBadRequest, src.Env.ID)
@@ -620,6 +621,8 @@ func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.Br
 			task = l.task
 		}
 		p.mu.Unlock()
+	} else {
+		task = p.taskOfState(res.State)
 	}
 	for _, c := range res.Children {
 		if c == nil {
@@ -634,6 +637,23 @@ func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.Br
 		p.track(c.ID, task)
 	}
 	return res, nil
+}
+
+// taskOfState names the task whose post-setup state is sid or one of its
+// ancestors ("" when there is none).
+func (p *Pool) taskOfState(sid string) string {
+	lineage, err := p.e.Lineage(sid)
+	if err != nil {
+		return ""
+	}
+	for _, st := range lineage {
+		for _, s := range p.slots {
+			if s.state == st.ID {
+				return s.task.Name
+			}
+		}
+	}
+	return ""
 }
 
 // Promote adopts child's current state as the state of the environment it

@@ -284,6 +284,19 @@ func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
 			t.Errorf("child task %v %v", tk, ok)
 		}
 	}
+	byState, err := p.Branch(ctx, branch.Source{State: res.State}, 1)
+	if err != nil || byState.Errors[0] != nil {
+		t.Fatal(err, byState.Errors)
+	}
+	if tk, ok := p.TaskOf(byState.Children[0].ID); !ok || tk.Name != "hello" {
+		t.Errorf("child of a state id: task %v %v", tk, ok)
+	}
+	if byState.Children[0].Origin != "" {
+		t.Errorf("child of the post-setup state has origin %q (a pool template)", byState.Children[0].Origin)
+	}
+	if err := p.Discard(ctx, byState.Children[0]); err != nil {
+		t.Fatal(err)
+	}
 	keep, drop := res.Children[0], res.Children[1]
 	run(t, e, keep, `echo "$GREETING" > greeting.txt`)
 	run(t, e, drop, `echo wrong > greeting.txt`)
@@ -307,7 +320,7 @@ func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
 	// Idle: touched envs survive, the rest are closed.
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if _, err := e.Env(parent.ID); err != nil {
+		if _, err := e.Env(parent.ID); err != nil && p.Stats().Live == 0 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
