@@ -244,6 +244,17 @@ struct {
 	__type(value, struct wval);
 } written SEC(".maps");
 
+// returns counts, per process, the syscalls that returned to user mode
+// (not counting -ERESTART* returns, which only re-enter the call): user
+// space compares it across a turn to tell a process that ran from one that
+// slept through it, even when the cgroup was frozen and thawed meanwhile.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} returns SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20);
@@ -574,19 +585,29 @@ static __always_inline int is_reg(struct file *f)
 SEC("raw_tracepoint/sys_exit")
 int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
+	__u64 cgid;
+	struct tracked *t = tracked_cgroup(&cgid);
+	if (!t)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
+	long ret = ctx->args[1];
+	if (ret < -516 || ret > -512) {
+		__u32 tgid = id >> 32;
+		__u64 *n = bpf_map_lookup_elem(&returns, &tgid);
+		if (n) {
+			__sync_fetch_and_add(n, 1);
+		} else {
+			__u64 one = 1;
+			bpf_map_update_elem(&returns, &tgid, &one, BPF_NOEXIST);
+		}
+	}
 	struct args *ap = bpf_map_lookup_elem(&inflight, &id);
 	if (!ap)
 		return 0;
 	struct args a = *ap;
 	bpf_map_delete_elem(&inflight, &id);
-	long ret = ctx->args[1];
 	if (ret < 0)
 		return 0; // a failed call changed nothing
-	__u64 cgid;
-	struct tracked *t = tracked_cgroup(&cgid);
-	if (!t)
-		return 0;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	long nr = a.nr;
 	struct file *f = 0;
@@ -755,6 +776,8 @@ int process_exit(void *ctx)
 		return 0;
 	if ((__u32)id != id >> 32)
 		return 0; // a thread, not the process
+	__u32 tgid = id >> 32;
+	bpf_map_delete_elem(&returns, &tgid);
 	struct event *e = new_event(EV_EXIT, cgid);
 	if (!e)
 		return 0;

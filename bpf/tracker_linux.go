@@ -139,6 +139,15 @@ func (t *Tracker) Lost() (uint64, error) {
 	return n, nil
 }
 
+// Returns is how many syscalls of process tgid returned to user mode since
+// it was first seen (see tracker.c); ok is false when none was counted.
+func (t *Tracker) Returns(tgid uint32) (n uint64, ok bool) {
+	if err := t.objs.Returns.Lookup(tgid, &n); err != nil {
+		return 0, false
+	}
+	return n, true
+}
+
 // Read blocks for the next event. After Flush it returns ErrFlushed once
 // every event pending at the time has been read; after Close, ErrClosed.
 func (t *Tracker) Read() (Event, error) {

@@ -69,6 +69,7 @@ const (
 	trackerMapEvents       = "events"
 	trackerMapInflight     = "inflight"
 	trackerMapLost         = "lost"
+	trackerMapReturns      = "returns"
 	trackerMapScratch      = "scratch"
 	trackerMapWritten      = "written"
 	trackerProgProcessExec = "process_exec"
@@ -136,6 +137,7 @@ type trackerMapSpecs struct {
 	Events   *ebpf.MapSpec `ebpf:"events"`
 	Inflight *ebpf.MapSpec `ebpf:"inflight"`
 	Lost     *ebpf.MapSpec `ebpf:"lost"`
+	Returns  *ebpf.MapSpec `ebpf:"returns"`
 	Scratch  *ebpf.MapSpec `ebpf:"scratch"`
 	Written  *ebpf.MapSpec `ebpf:"written"`
 }
@@ -171,6 +173,7 @@ type trackerMaps struct {
 	Events   *ebpf.Map `ebpf:"events"`
 	Inflight *ebpf.Map `ebpf:"inflight"`
 	Lost     *ebpf.Map `ebpf:"lost"`
+	Returns  *ebpf.Map `ebpf:"returns"`
 	Scratch  *ebpf.Map `ebpf:"scratch"`
 	Written  *ebpf.Map `ebpf:"written"`
 }
@@ -181,6 +184,7 @@ func (m *trackerMaps) Close() error {
 		m.Events,
 		m.Inflight,
 		m.Lost,
+		m.Returns,
 		m.Scratch,
 		m.Written,
 	)

@@ -1,0 +1,123 @@
+package inspector
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Kind is the net change of a turn, named as the checkpoint kinds.
+type Kind string
+
+// The kinds, from no change to everything.
+const (
+	None Kind = "none"
+	FS   Kind = "fs"
+	Proc Kind = "proc"
+	Full Kind = "full"
+)
+
+// Has reports whether k includes the part o (FS or Proc).
+func (k Kind) Has(o Kind) bool { return k == o || k == Full }
+
+// join combines two kinds.
+func join(a, b Kind) Kind {
+	switch {
+	case a == b || b == None:
+		return a
+	case a == None:
+		return b
+	default:
+		return Full
+	}
+}
+
+// FactKind says what a Fact observed.
+type FactKind int
+
+// Facts and the part of the state each one changes.
+const (
+	// FileChanged: a path differs from the last filesystem artifact.
+	FileChanged FactKind = iota + 1
+	// ProcStarted, ProcExited, ProcRan: a long-lived process is new, gone,
+	// or ran (its memory may have changed) since the last process artifact.
+	ProcStarted
+	ProcExited
+	ProcRan
+	// ShellChanged: the managed shell's state digest differs.
+	ShellChanged
+	// ShellUnknown: the shell's state could not be read.
+	ShellUnknown
+	// Unaccounted: a change the inspector cannot see into (lost events,
+	// io_uring, shared writable file mappings, mounts, unresolvable or
+	// truncated paths): everything must be taken.
+	Unaccounted
+)
+
+// Fact is one observation about a turn.
+type Fact struct {
+	Kind   FactKind
+	Path   string // FileChanged
+	PID    int    // Proc* (host pid)
+	Detail string
+}
+
+// Result is a turn's net change.
+type Result struct {
+	Kind Kind
+	// Paths that differ from the last filesystem artifact, sorted.
+	Paths []string
+	// Reasons says why, one line per fact ("file /work/a changed").
+	Reasons []string
+}
+
+// maxReasons bounds Result.Reasons; the rest is summarised.
+const maxReasons = 32
+
+// Classify applies the net-change rules to the facts of one turn:
+// changed files make it fs, process or shell changes proc, anything
+// unaccounted full.
+func Classify(facts []Fact) Result {
+	r := Result{Kind: None}
+	more := 0
+	for _, f := range facts {
+		var k Kind
+		var why string
+		switch f.Kind {
+		case FileChanged:
+			k, why = FS, fmt.Sprintf("file %s changed", f.Path)
+			r.Paths = append(r.Paths, f.Path)
+		case ProcStarted:
+			k, why = Proc, fmt.Sprintf("process %d started", f.PID)
+		case ProcExited:
+			k, why = Proc, fmt.Sprintf("process %d exited", f.PID)
+		case ProcRan:
+			k, why = Proc, fmt.Sprintf("process %d ran", f.PID)
+		case ShellChanged:
+			k, why = Proc, "shell state changed"
+		case ShellUnknown:
+			k, why = Proc, "shell state unknown"
+		case Unaccounted:
+			k, why = Full, "unaccounted"
+		default:
+			k, why = Full, fmt.Sprintf("unknown fact %d", f.Kind)
+		}
+		if f.Detail != "" {
+			why += ": " + f.Detail
+		}
+		if f.Kind == Unaccounted {
+			why = f.Detail + " -> full"
+		}
+		r.Kind = join(r.Kind, k)
+		if len(r.Reasons) < maxReasons {
+			r.Reasons = append(r.Reasons, why)
+		} else {
+			more++
+		}
+	}
+	if more > 0 {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("and %d more", more))
+	}
+	slices.Sort(r.Paths)
+	r.Paths = slices.Compact(r.Paths)
+	return r
+}

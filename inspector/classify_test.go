@@ -1,0 +1,187 @@
+package inspector
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/bpf"
+)
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name   string
+		facts  []Fact
+		want   Kind
+		paths  []string
+		reason string
+	}{
+		{name: "nothing", want: None},
+		{name: "file", facts: []Fact{{Kind: FileChanged, Path: "/work/a"}, {Kind: FileChanged, Path: "/work/a"}}, want: FS, paths: []string{"/work/a"}, reason: "file /work/a changed"},
+		{name: "process exited", facts: []Fact{{Kind: ProcExited, PID: 12}}, want: Proc, reason: "process 12 exited"},
+		{name: "shell", facts: []Fact{{Kind: ShellChanged}}, want: Proc, reason: "shell state changed"},
+		{name: "file and process", facts: []Fact{{Kind: FileChanged, Path: "/b"}, {Kind: ProcStarted, PID: 3}}, want: Full},
+		{name: "lost events", facts: []Fact{{Kind: Unaccounted, Detail: "lost events (3)"}}, want: Full, reason: "lost events (3) -> full"},
+		{name: "unknown fact", facts: []Fact{{Kind: 99}}, want: Full},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := Classify(tt.facts)
+			if r.Kind != tt.want {
+				t.Errorf("kind %s, want %s (%v)", r.Kind, tt.want, r.Reasons)
+			}
+			if tt.paths != nil && !slices.Equal(r.Paths, tt.paths) {
+				t.Errorf("paths %v, want %v", r.Paths, tt.paths)
+			}
+			if tt.reason != "" && !slices.Contains(r.Reasons, tt.reason) {
+				t.Errorf("reasons %q lack %q", r.Reasons, tt.reason)
+			}
+		})
+	}
+}
+
+func TestClassifyBoundsReasons(t *testing.T) {
+	var facts []Fact
+	for i := 0; i < 100; i++ {
+		facts = append(facts, Fact{Kind: ProcRan, PID: i})
+	}
+	r := Classify(facts)
+	if len(r.Reasons) != maxReasons+1 || !strings.Contains(r.Reasons[maxReasons], "68 more") {
+		t.Errorf("reasons: %d, last %q", len(r.Reasons), r.Reasons[len(r.Reasons)-1])
+	}
+}
+
+func ev(nr uint32, flags uint32, paths ...string) bpf.Event {
+	e := bpf.Event{Type: bpf.EventSyscall, Nr: nr, Flags: flags, TGID: 7}
+	copy(e.Path[:], paths)
+	return e
+}
+
+func TestEventPaths(t *testing.T) {
+	const (
+		openat, unlinkat, renameat2, mmap, ioctl, ioUringSetup, mkdir, symlinkat = 257, 263, 316, 9, 16, 425, 83, 266
+	)
+	fd := uint32(bpf.FlagFDFile | bpf.FlagPath1)
+	tests := []struct {
+		name  string
+		e     bpf.Event
+		want  []string
+		unacc string
+	}{
+		{name: "open for write", e: ev(openat, fd, "", "/work/a"), want: []string{"/work/a"}},
+		{name: "memfd", e: ev(1, fd|bpf.FlagOutside1, "", "/memfd:x"), want: nil},
+		{name: "relative", e: ev(unlinkat, bpf.FlagPath0|bpf.FlagPath1, "x/y", "/work"), want: []string{"/work/x/y"}},
+		{name: "relative to root", e: ev(mkdir, bpf.FlagPath0|bpf.FlagPath1, "d", "/"), want: []string{"/d"}},
+		{name: "absolute", e: ev(mkdir, bpf.FlagPath0, "/tmp/d"), want: []string{"/tmp/d"}},
+		{name: "empty path means the dirfd", e: ev(280, bpf.FlagPath0|bpf.FlagPath1, "", "/work/f"), want: []string{"/work/f"}},
+		{name: "rename", e: ev(renameat2, bpf.FlagPath0|bpf.FlagPath1|bpf.FlagPath2|bpf.FlagPath3, "a", "/w", "/x/b", "/w"), want: []string{"/w/a", "/x/b"}},
+		{name: "symlink", e: ev(symlinkat, bpf.FlagPath2|bpf.FlagPath3, "", "", "s", "/w"), want: []string{"/w/s"}},
+		{name: "proc is not in snapshots", e: ev(openat, fd, "", "/proc/1/oom_score_adj"), want: nil},
+		{name: "outside base", e: ev(unlinkat, bpf.FlagPath0|bpf.FlagPath1|bpf.FlagOutside1, "f", "/"), want: nil},
+		{name: "shared mapping", e: ev(mmap, fd, "", "/db"), unacc: "shared writable mapping of /db"},
+		{name: "io_uring", e: ev(ioUringSetup, 0), unacc: "io_uring"},
+		{name: "truncated", e: ev(mkdir, bpf.FlagPath0|bpf.FlagTrunc, "/x"), unacc: "too long"},
+		{name: "no fd", e: ev(1, bpf.FlagNoFD), unacc: "did not resolve"},
+		{name: "unknown base", e: ev(mkdir, bpf.FlagPath0, "rel"), unacc: "unknown"},
+		{name: "fork", e: bpf.Event{Type: bpf.EventFork}, want: nil},
+	}
+	clone := ev(ioctl, fd, "", "/work/f")
+	clone.Arg = 0x40049409
+	tests = append(tests, struct {
+		name  string
+		e     bpf.Event
+		want  []string
+		unacc string
+	}{name: "reflink", e: clone, want: []string{"/work/f"}})
+	chattr := clone
+	chattr.Arg = 0x40086602
+	tests = append(tests, struct {
+		name  string
+		e     bpf.Event
+		want  []string
+		unacc string
+	}{name: "chattr", e: chattr, unacc: "ioctl"})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, why := EventPaths(tt.e)
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("paths %q, want %q", got, tt.want)
+			}
+			if (tt.unacc == "") != (why == "") || !strings.Contains(why, tt.unacc) {
+				t.Errorf("unaccounted %q, want %q", why, tt.unacc)
+			}
+		})
+	}
+}
+
+func TestCompareProcs(t *testing.T) {
+	a := ProcSample{ProcKey: ProcKey{PID: 10, Start: 5}, Comm: "sleep", Threads: 1, Runtime: time.Millisecond, Returns: 4, HasReturns: true}
+	mod := func(f func(*ProcSample)) ProcSample { p := a; f(&p); return p }
+	tests := []struct {
+		name      string
+		base, now []ProcSample
+		precise   bool
+		want      []FactKind
+	}{
+		{name: "idle", base: []ProcSample{a}, now: []ProcSample{a}, precise: true},
+		{name: "freeze and thaw only", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Runtime += 30 * time.Microsecond })}, precise: true},
+		{name: "freeze and thaw without eBPF", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Runtime += 30 * time.Microsecond })}, want: []FactKind{ProcRan}},
+		{name: "syscalls returned", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Returns++ })}, precise: true, want: []FactKind{ProcRan}},
+		{name: "busy", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Runtime += time.Second })}, precise: true, want: []FactKind{ProcRan}},
+		{name: "running at checkpoint", base: []ProcSample{mod(func(p *ProcSample) { p.Running = true })}, now: []ProcSample{a}, precise: true, want: []FactKind{ProcRan}},
+		{name: "new", now: []ProcSample{a}, want: []FactKind{ProcStarted}},
+		{name: "exited", base: []ProcSample{a}, want: []FactKind{ProcExited}},
+		{name: "zombie", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Zombie = true })}, precise: true, want: []FactKind{ProcExited}},
+		{name: "pid reused", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Start++ })}, precise: true, want: []FactKind{ProcStarted, ProcExited}},
+		{name: "shared mapping and ran", base: []ProcSample{a}, now: []ProcSample{mod(func(p *ProcSample) { p.Returns++; p.SharedWritable = []string{"/db"} })}, precise: true, want: []FactKind{ProcRan, Unaccounted}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []FactKind
+			for _, f := range CompareProcs(tt.base, tt.now, tt.precise) {
+				got = append(got, f.Kind)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("facts %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNormalizeShellState(t *testing.T) {
+	a := NormalizeShellState([]byte("shell=bash\ndeclare -- _=\"x\"\ndeclare -i LINENO=\"3\"\ndeclare -x HOME=\"/root\"\ncwd=/root\npid=7\n"))
+	b := NormalizeShellState([]byte("shell=bash\ndeclare -- _=\"y\"\ndeclare -i LINENO=\"9\"\ndeclare -x HOME=\"/root\"\ncwd=/root\npid=7\n"))
+	c := NormalizeShellState([]byte("shell=bash\ndeclare -x HOME=\"/root\"\ncwd=/tmp\npid=7\n"))
+	if a.Digest != b.Digest {
+		t.Error("dynamic variables changed the digest")
+	}
+	if a.Digest == c.Digest {
+		t.Error("a new cwd left the digest alone")
+	}
+	if a.PID != 7 || !a.Bash {
+		t.Errorf("pid %d bash %v", a.PID, a.Bash)
+	}
+	sh := NormalizeShellState([]byte("shell=sh\n_='x'\nRANDOM='1'\nPATH='/bin'\npid=3\n"))
+	sh2 := NormalizeShellState([]byte("shell=sh\n_='y'\nRANDOM='2'\nPATH='/bin'\npid=3\n"))
+	if sh.Digest != sh2.Digest || sh.Bash {
+		t.Error("ash dynamic variables changed the digest")
+	}
+}
+
+func TestMayDefineFunction(t *testing.T) {
+	for cmd, want := range map[string]bool{
+		"ls -la":                false,
+		"f() { echo hi; }":      true,
+		"function g { :; }":     true,
+		". ./env.sh":            true,
+		"cd /tmp && source x":   true,
+		"echo $(date)":          false,
+		"grep -r 'foo(' src":    false,
+		"eval \"$(ssh-agent)\"": true,
+	} {
+		if got := MayDefineFunction(cmd); got != want {
+			t.Errorf("MayDefineFunction(%q) = %v, want %v", cmd, got, want)
+		}
+	}
+}

@@ -1,0 +1,13 @@
+package inspector
+
+import "errors"
+
+// Sentinel errors of the inspector; test with errors.Is.
+var (
+	// ErrUnavailable: eBPF cannot be used here; NewFallback still works.
+	ErrUnavailable = errors.New("inspector: eBPF unavailable")
+	// ErrUnknownEnv: the environment is not tracked.
+	ErrUnknownEnv = errors.New("inspector: unknown environment")
+	// ErrClosed: the inspector was closed.
+	ErrClosed = errors.New("inspector: closed")
+)

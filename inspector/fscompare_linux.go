@@ -1,0 +1,169 @@
+package inspector
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxSymlinks bounds symlink resolution, as the kernel's ELOOP does.
+const maxSymlinks = 40
+
+// resolveIn resolves the parent directories of sandbox path p inside root
+// (symlinks are followed as the sandbox would, never out of root) and
+// returns the host path of p's last component, not followed. missing says
+// that a parent does not exist (then p does not either).
+func resolveIn(root, p string) (host string, missing bool, err error) {
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	cur := "/" // resolved sandbox path so far
+	links := 0
+	for len(parts) > 0 {
+		c := parts[0]
+		parts = parts[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = path.Dir(cur)
+			continue
+		}
+		next := path.Join(cur, c)
+		if len(parts) == 0 {
+			return root + next, false, nil
+		}
+		fi, err := os.Lstat(root + next)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return "", true, nil
+		}
+		if err != nil {
+			return "", false, err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if links++; links > maxSymlinks {
+				return "", true, nil // ELOOP: nothing there
+			}
+			t, err := os.Readlink(root + next)
+			if err != nil {
+				return "", false, err
+			}
+			if strings.HasPrefix(t, "/") {
+				cur = "/"
+			}
+			parts = append(strings.Split(t, "/"), parts...)
+			continue
+		}
+		if !fi.IsDir() {
+			return "", true, nil
+		}
+		cur = next
+	}
+	return root + cur, false, nil
+}
+
+// fileState is what a path looks like in one tree, as far as the net-change
+// rules care: existence, type, mode, owner, size, symlink target, content,
+// extended attributes. Times and inode numbers do not count.
+type fileState struct {
+	exists     bool
+	mode       uint32
+	uid, gid   uint32
+	size       int64
+	rdev       uint64
+	target     string
+	sum        [32]byte
+	xattrs     string
+	resolvedTo string // the sandbox path the parents resolved to
+}
+
+func stateOf(root, p string) (fileState, error) {
+	host, missing, err := resolveIn(root, p)
+	if err != nil || missing {
+		return fileState{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(host, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return fileState{}, nil
+		}
+		return fileState{}, fmt.Errorf("lstat %s: %w", host, err)
+	}
+	s := fileState{exists: true, mode: st.Mode, uid: st.Uid, gid: st.Gid, resolvedTo: strings.TrimPrefix(host, root)}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		s.size = st.Size
+		if s.sum, err = hashFile(host); err != nil {
+			return s, err
+		}
+	case unix.S_IFLNK:
+		if s.target, err = os.Readlink(host); err != nil {
+			return s, fmt.Errorf("readlink %s: %w", host, err)
+		}
+	case unix.S_IFCHR, unix.S_IFBLK:
+		s.rdev = st.Rdev
+	}
+	s.xattrs = xattrsOf(host)
+	return s, nil
+}
+
+func hashFile(p string) ([32]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return [32]byte{}, fmt.Errorf("hash %s: %w", p, err)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}
+
+// xattrsOf lists a path's extended attributes and values, sorted.
+func xattrsOf(p string) string {
+	buf := make([]byte, 4096)
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil || n == 0 {
+		return ""
+	}
+	names := strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00")
+	slices.Sort(names)
+	var b bytes.Buffer
+	val := make([]byte, 64<<10)
+	for _, name := range names {
+		m, err := unix.Lgetxattr(p, name, val)
+		if err != nil {
+			m = 0
+		}
+		fmt.Fprintf(&b, "%s=%x;", name, val[:m])
+	}
+	return b.String()
+}
+
+// PathChanged compares sandbox path p in the live tree and in the snapshot
+// of the last filesystem artifact (both host paths of the trees' roots).
+func PathChanged(liveRoot, snapRoot, p string) (bool, error) {
+	a, err := stateOf(liveRoot, p)
+	if err != nil {
+		return true, err
+	}
+	b, err := stateOf(snapRoot, p)
+	if err != nil {
+		return true, err
+	}
+	if !a.exists && !b.exists {
+		return false, nil
+	}
+	return a != b, nil
+}

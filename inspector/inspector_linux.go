@@ -1,0 +1,498 @@
+package inspector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/bpf"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// Options configure an Inspector.
+type Options struct {
+	Logger *slog.Logger
+}
+
+// Shell runs a command in an environment's managed shell; *sandbox.Sandbox
+// is one.
+type Shell interface {
+	Exec(ctx context.Context, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error)
+}
+
+// Target tells the inspector where an environment's state lives at the
+// moment of a call.
+type Target struct {
+	// Shell runs ShellQuery; nil means the shell state is unknown.
+	Shell Shell
+	// Cgroup is the sandbox's v2 cgroup directory (Sandbox.FreezerCgroup).
+	Cgroup string
+	// LiveRoot is the host path of the sandbox's root.
+	LiveRoot string
+	// SnapshotRoot is the host path of the root of the last filesystem
+	// artifact; empty when there is none (then every touched path counts).
+	SnapshotRoot string
+	// Changes lists the paths that differ between the last filesystem
+	// artifact and the live root (cr.Snapshotter.Changes); used without
+	// eBPF, where it is required.
+	Changes func(ctx context.Context) ([]cr.Change, error)
+	// Command is the turn's command text, if known: a shell that cannot
+	// list its functions is assumed changed when it may define one.
+	Command string
+}
+
+// Inspector classifies the turns of the environments it tracks.
+type Inspector struct {
+	log *slog.Logger
+	tr  *bpf.Tracker // nil without eBPF
+
+	mu     sync.Mutex
+	envs   map[string]*envState
+	byCg   map[uint64]*envState
+	closed bool
+
+	flushMu sync.Mutex // one flush at a time
+	flushed chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	events  uint64
+}
+
+// envState is what the inspector keeps per environment; guarded by mu.
+type envState struct {
+	id  string
+	cg  uint64
+	log *slog.Logger
+	// since: events before it (CLOCK_MONOTONIC ns) are already in the last
+	// filesystem artifact.
+	since uint64
+	// touched: paths possibly changed since the last filesystem artifact.
+	touched map[string]struct{}
+	// unaccounted: reasons that force the next checkpoint to be full.
+	unaccounted []string
+	lostBase    uint64
+	// procBase: long-lived processes at the last process artifact; nil
+	// when unknown.
+	procBase []ProcSample
+	haveProc bool
+	// shellBase is the shell digest at the last process artifact; shell is
+	// the latest one read (what a checkpoint taken now captures).
+	shellBase, shell ShellState
+	turnStart        time.Time
+}
+
+// New loads the eBPF programs and returns an inspector that uses them.
+// When eBPF cannot be used the error wraps ErrUnavailable (and
+// bpf.ErrUnavailable); NewFallback then gives a working inspector.
+func New(o Options) (*Inspector, error) {
+	tr, err := bpf.Open()
+	if err != nil {
+		if errors.Is(err, bpf.ErrUnavailable) {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil, err
+	}
+	in := newInspector(o, tr)
+	in.wg.Add(1)
+	go in.read()
+	return in, nil
+}
+
+// NewFallback returns an inspector without eBPF: files come from the
+// backend's change list (Target.Changes), and any CPU time of a long-lived
+// process counts as a process change.
+func NewFallback(o Options) *Inspector { return newInspector(o, nil) }
+
+func newInspector(o Options, tr *bpf.Tracker) *Inspector {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Inspector{log: o.Logger, tr: tr, envs: map[string]*envState{}, byCg: map[uint64]*envState{}, stop: make(chan struct{})}
+}
+
+// UsesBPF reports whether the inspector watches through eBPF.
+func (in *Inspector) UsesBPF() bool { return in.tr != nil }
+
+// Close stops watching every environment.
+func (in *Inspector) Close() error {
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		return nil
+	}
+	in.closed = true
+	in.mu.Unlock()
+	close(in.stop)
+	var err error
+	if in.tr != nil {
+		err = in.tr.Close() // unblocks read
+	}
+	in.wg.Wait()
+	return err
+}
+
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// Track starts watching environment envID, whose sandbox is in cgroup
+// cgroupID (Sandbox.CgroupID). Call it when a sandbox is created or
+// restored, before it runs anything of the environment's, then Baseline.
+// Tracking an env again replaces its cgroup (a rollback's new sandbox).
+func (in *Inspector) Track(envID string, cgroupID uint64) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return ErrClosed
+	}
+	if old, ok := in.envs[envID]; ok {
+		delete(in.byCg, old.cg)
+		if in.tr != nil && old.cg != cgroupID {
+			in.tr.Untrack(old.cg)
+		}
+	}
+	if in.tr != nil {
+		if err := in.tr.Track(cgroupID); err != nil {
+			return err
+		}
+	}
+	st := &envState{id: envID, cg: cgroupID, log: in.log.With(slog.String("env", envID)),
+		touched: map[string]struct{}{}, since: monotonicNow()}
+	st.lostBase = in.lostLocked()
+	st.unaccounted = []string{"no baseline yet"}
+	in.envs[envID] = st
+	in.byCg[cgroupID] = st
+	return nil
+}
+
+// Untrack stops watching envID (its sandbox was destroyed).
+func (in *Inspector) Untrack(envID string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st, ok := in.envs[envID]
+	if !ok {
+		return
+	}
+	delete(in.envs, envID)
+	delete(in.byCg, st.cg)
+	if in.tr != nil {
+		if err := in.tr.Untrack(st.cg); err != nil {
+			st.log.Warn("untrack cgroup", slog.Any("err", err))
+		}
+	}
+}
+
+// Touch records paths changed from outside the sandbox (e.g. a file the
+// server wrote into the live root), which eBPF cannot see.
+func (in *Inspector) Touch(envID string, paths ...string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if st, ok := in.envs[envID]; ok {
+		for _, p := range paths {
+			st.touched[p] = struct{}{}
+		}
+	}
+}
+
+// BeginTurn marks the start of a turn: writes through files already open
+// are reported again from now on.
+func (in *Inspector) BeginTurn(envID string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st, ok := in.envs[envID]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+	}
+	st.turnStart = time.Now()
+	if in.tr != nil {
+		return in.tr.NewEpoch(st.cg)
+	}
+	return nil
+}
+
+func (in *Inspector) lostLocked() uint64 {
+	if in.tr == nil {
+		return 0
+	}
+	n, _ := in.tr.Lost()
+	return n
+}
+
+// read moves events from the ring buffer into the environments' states.
+func (in *Inspector) read() {
+	defer in.wg.Done()
+	for {
+		e, err := in.tr.Read()
+		switch {
+		case errors.Is(err, bpf.ErrFlushed):
+			in.mu.Lock()
+			if in.flushed != nil {
+				close(in.flushed)
+				in.flushed = nil
+			}
+			in.mu.Unlock()
+			continue
+		case errors.Is(err, bpf.ErrClosed):
+			return
+		case err != nil:
+			select {
+			case <-in.stop:
+				return
+			default:
+			}
+			in.log.Warn("read eBPF event", slog.Any("err", err))
+			continue
+		}
+		in.apply(e)
+	}
+}
+
+func (in *Inspector) apply(e bpf.Event) {
+	paths, why := EventPaths(e)
+	if len(paths) == 0 && why == "" {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.events++
+	st, ok := in.byCg[e.CgroupID]
+	if !ok || e.TS < st.since {
+		return
+	}
+	for _, p := range paths {
+		st.touched[p] = struct{}{}
+	}
+	if why != "" && len(st.unaccounted) < maxReasons {
+		st.unaccounted = append(st.unaccounted, why)
+	}
+}
+
+// sync waits until every event emitted before the call has been applied.
+func (in *Inspector) sync(ctx context.Context) error {
+	if in.tr == nil {
+		return nil
+	}
+	in.flushMu.Lock()
+	defer in.flushMu.Unlock()
+	ch := make(chan struct{})
+	in.mu.Lock()
+	in.flushed = ch
+	in.mu.Unlock()
+	if err := in.tr.Flush(); err != nil {
+		return fmt.Errorf("flush eBPF events: %w", err)
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("flush eBPF events: no answer in 5s")
+	}
+}
+
+// EndTurn returns the net change of envID since its last checkpoint of
+// each part (the turn that just ended, plus anything earlier turns left
+// that no checkpoint took yet). Call it when the turn's command returned;
+// the shell must be idle, as ShellQuery runs in it.
+func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Result, error) {
+	if err := in.sync(ctx); err != nil {
+		return Result{Kind: Full, Reasons: []string{err.Error() + " -> full"}}, err
+	}
+	in.mu.Lock()
+	st, ok := in.envs[envID]
+	if !ok {
+		in.mu.Unlock()
+		return Result{}, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+	}
+	var facts []Fact
+	for _, why := range st.unaccounted {
+		facts = append(facts, Fact{Kind: Unaccounted, Detail: why})
+	}
+	if lost := in.lostLocked(); lost > st.lostBase {
+		facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("lost events (%d)", lost-st.lostBase)})
+	}
+	touched := make([]string, 0, len(st.touched))
+	for p := range st.touched {
+		touched = append(touched, p)
+	}
+	procBase, haveProc, shellBase := st.procBase, st.haveProc, st.shellBase
+	in.mu.Unlock()
+
+	// Files.
+	if in.tr == nil {
+		if t.Changes == nil {
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: "no eBPF and no change list"})
+		} else if ch, err := t.Changes(ctx); err != nil {
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("change list: %v", err)})
+		} else {
+			for _, c := range ch {
+				touched = append(touched, c.Path)
+			}
+		}
+	}
+	var same []string
+	for _, p := range touched {
+		if t.SnapshotRoot == "" {
+			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+			continue
+		}
+		changed, err := PathChanged(t.LiveRoot, t.SnapshotRoot, p)
+		switch {
+		case err != nil:
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
+		case changed:
+			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+		default:
+			same = append(same, p)
+		}
+	}
+
+	// The shell, then the processes (the shell is told apart by its pid).
+	var shell ShellState
+	shellOK := false
+	if t.Shell != nil {
+		r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+		switch {
+		case err != nil:
+			facts = append(facts, Fact{Kind: ShellUnknown, Detail: err.Error()})
+		case r.Truncated || r.ShellRestarted:
+			facts = append(facts, Fact{Kind: ShellUnknown, Detail: "state query output truncated or shell restarted"})
+		default:
+			shell, shellOK = NormalizeShellState(r.Stdout), true
+		}
+	} else {
+		facts = append(facts, Fact{Kind: ShellUnknown, Detail: "no shell given"})
+	}
+	if shellOK {
+		switch {
+		case shellBase.Digest == "":
+			facts = append(facts, Fact{Kind: ShellChanged, Detail: "no digest at the last checkpoint"})
+		case shell.Digest != shellBase.Digest:
+			facts = append(facts, Fact{Kind: ShellChanged})
+		case !shell.Bash && MayDefineFunction(t.Command):
+			facts = append(facts, Fact{Kind: ShellChanged, Detail: "the shell cannot list functions and the command may define one"})
+		}
+	}
+	if t.Cgroup != "" {
+		now, err := sampleProcs(t.Cgroup, shell.PID, in.returns())
+		switch {
+		case err != nil:
+			facts = append(facts, Fact{Kind: ShellUnknown, Detail: err.Error()})
+		case !haveProc:
+			facts = append(facts, Fact{Kind: ProcRan, Detail: "no process sample at the last checkpoint"})
+		case shell.PID == 0:
+			facts = append(facts, Fact{Kind: ProcRan, Detail: "shell pid unknown"})
+		default:
+			facts = append(facts, CompareProcs(procBase, now, in.tr != nil)...)
+		}
+	} else {
+		facts = append(facts, Fact{Kind: ProcRan, Detail: "no cgroup given"})
+	}
+
+	in.mu.Lock()
+	for _, p := range same {
+		delete(st.touched, p)
+	}
+	if shellOK {
+		st.shell = shell
+	}
+	in.mu.Unlock()
+	return Classify(facts), nil
+}
+
+func (in *Inspector) returns() func(uint32) (uint64, bool) {
+	if in.tr == nil {
+		return nil
+	}
+	return in.tr.Returns
+}
+
+// Checkpointed tells the inspector that a checkpoint of kind k of envID
+// was taken: its parts become the new baseline. Call it while the sandbox
+// is still frozen after the snapshot or dump (branch.Options.OnFrozen), so
+// that nothing runs between the artifact and the baseline. The shell state
+// recorded is the one the last EndTurn read.
+func (in *Inspector) Checkpointed(envID string, k Kind, t Target) error {
+	var procs []ProcSample
+	if k.Has(Proc) {
+		in.mu.Lock()
+		st, ok := in.envs[envID]
+		var shellPID int
+		if ok {
+			shellPID = st.shell.PID
+		}
+		in.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+		}
+		var err error
+		if procs, err = sampleProcs(t.Cgroup, shellPID, in.returns()); err != nil {
+			return err
+		}
+	}
+	now := monotonicNow()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st, ok := in.envs[envID]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+	}
+	if k.Has(FS) {
+		st.touched = map[string]struct{}{}
+		st.since = now
+	}
+	if k.Has(Proc) {
+		st.procBase, st.haveProc = procs, true
+		st.shellBase = st.shell
+	}
+	if k == Full {
+		st.unaccounted = nil
+		st.lostBase = in.lostLocked()
+	}
+	return nil
+}
+
+// Baseline makes the live state of envID its baseline, reading the shell
+// state through the shell: for a sandbox just started or restored, whose
+// state equals its state's artifacts. Nothing may run in it meanwhile.
+func (in *Inspector) Baseline(ctx context.Context, envID string, t Target) error {
+	if t.Shell == nil {
+		return fmt.Errorf("baseline of %s: no shell", envID)
+	}
+	if err := in.sync(ctx); err != nil {
+		return err
+	}
+	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	if err != nil {
+		return fmt.Errorf("baseline of %s: read shell state: %w", envID, err)
+	}
+	shell := NormalizeShellState(r.Stdout)
+	in.mu.Lock()
+	if st, ok := in.envs[envID]; ok {
+		st.shell = shell
+	}
+	in.mu.Unlock()
+	return in.Checkpointed(envID, Full, t)
+}
+
+// Stats are counters for benchmarks and metrics.
+type Stats struct {
+	Events uint64 // events that touched a path or forced full
+	Lost   uint64 // events the ring buffer had no room for
+}
+
+// Stats returns the inspector's counters.
+func (in *Inspector) Stats() Stats {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return Stats{Events: in.events, Lost: in.lostLocked()}
+}

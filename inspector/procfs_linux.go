@@ -1,0 +1,113 @@
+package inspector
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// sampleProcs reads every process of the v2 cgroup dir cg except the
+// sandbox's init (pid 1 inside) and the managed shell (shellNS, its pid
+// inside). returns gives eBPF return counts when available.
+func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]ProcSample, error) {
+	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("list processes of %s: %w", cg, err)
+	}
+	var out []ProcSample
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		p, ns, ok := sampleProc(pid)
+		if !ok || ns == 1 || (shellNS > 0 && ns == shellNS) {
+			continue // gone meanwhile, init, or the shell
+		}
+		if returns != nil {
+			p.Returns, p.HasReturns = returns(uint32(pid))
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func sampleProc(pid int) (p ProcSample, nsPID int, ok bool) {
+	dir := fmt.Sprintf("/proc/%d", pid)
+	stat, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return p, 0, false
+	}
+	// comm may hold spaces and parentheses: fields start after the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	j := bytes.IndexByte(stat, '(')
+	if i < 0 || j < 0 {
+		return p, 0, false
+	}
+	p.PID = pid
+	p.Comm = string(stat[j+1 : i])
+	fs := strings.Fields(string(stat[i+1:]))
+	if len(fs) < 20 {
+		return p, 0, false
+	}
+	p.Zombie = fs[0] == "Z" || fs[0] == "X"
+	p.Start, _ = strconv.ParseUint(fs[19], 10, 64)
+	if st, err := os.ReadFile(dir + "/status"); err == nil {
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					nsPID, _ = strconv.Atoi(f[len(f)-1])
+				}
+			}
+		}
+	}
+	tasks, _ := os.ReadDir(dir + "/task")
+	p.Threads = len(tasks)
+	for _, t := range tasks {
+		td := dir + "/task/" + t.Name()
+		if s, err := os.ReadFile(td + "/schedstat"); err == nil {
+			if f := strings.Fields(string(s)); len(f) > 0 {
+				ns, _ := strconv.ParseInt(f[0], 10, 64)
+				p.Runtime += time.Duration(ns)
+			}
+		}
+		// "running", or -1 (no syscall: stopped in user mode), means it
+		// will execute user code again without a syscall returning.
+		if s, err := os.ReadFile(td + "/syscall"); err == nil {
+			if strings.HasPrefix(string(s), "running") || strings.HasPrefix(string(s), "-1 ") {
+				p.Running = true
+			}
+		}
+	}
+	p.SharedWritable = sharedWritable(dir + "/maps")
+	return p, nsPID, true
+}
+
+// sharedWritable lists the files a process maps shared and writable.
+func sharedWritable(maps string) []string {
+	f, err := os.Open(maps)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 6 || len(fs[1]) < 4 || fs[1][1] != 'w' || fs[1][3] != 's' {
+			continue
+		}
+		name := strings.Join(fs[5:], " ")
+		if !strings.HasPrefix(name, "/") || strings.HasSuffix(name, "(deleted)") ||
+			strings.HasPrefix(name, "/memfd:") || strings.HasPrefix(name, "/SYSV") || strings.HasPrefix(name, "/dev/") {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
