@@ -135,18 +135,28 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("pipe: %w", err)
 	}
 	defer readyR.Close()
-	cmd := exec.Command(filepath.Join(cfg.Root, ctl.InitPath), "setup", cfg.Root, cfg.Hostname)
-	cmd.ExtraFiles = []*os.File{syncR, readyW}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
-		// A crashed server leaves no sandbox behind: killing pid 1 of a
-		// pid namespace kills everything in it.
-		Pdeathsig: syscall.SIGKILL,
-		// The session (and so the shell's process groups) must live
-		// inside the pid namespace, or CRIU cannot dump it.
-		Setsid: true,
+	var cmd *exec.Cmd
+	// A fork elsewhere in the process can briefly hold the freshly
+	// written init binary open for writing (until that child execs), so
+	// exec fails with ETXTBSY: retry, as Go's own os/exec tests do.
+	for try := 0; ; try++ {
+		cmd = exec.Command(filepath.Join(cfg.Root, ctl.InitPath), "setup", cfg.Root, cfg.Hostname)
+		cmd.ExtraFiles = []*os.File{syncR, readyW}
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+			// A crashed server leaves no sandbox behind: killing pid 1 of a
+			// pid namespace kills everything in it.
+			Pdeathsig: syscall.SIGKILL,
+			// The session (and so the shell's process groups) must live
+			// inside the pid namespace, or CRIU cannot dump it.
+			Setsid: true,
+		}
+		err = cmd.Start()
+		if !errors.Is(err, syscall.ETXTBSY) || try == 50 {
+			break
+		}
+		time.Sleep(time.Duration(try+1) * 2 * time.Millisecond)
 	}
-	err = cmd.Start()
 	syncR.Close()
 	readyW.Close()
 	if err != nil {
