@@ -1,0 +1,258 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// conn is one websocket connection.
+type conn struct {
+	s        *Server
+	ws       *websocket.Conn
+	log      *slog.Logger
+	out      chan []byte
+	done     chan struct{} // closed when the connection is gone
+	once     sync.Once
+	authed   atomic.Bool
+	inFlight atomic.Int64
+}
+
+// writeWait bounds one frame write: a client that stops reading is
+// dropped rather than left to block the server.
+const writeWait = 30 * time.Second
+
+func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
+	authed := s.o.Token == ""
+	if h := r.Header.Get("Authorization"); h != "" {
+		tok, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || !s.authorized(tok) {
+			http.Error(w, "bad bearer token", http.StatusUnauthorized)
+			return
+		}
+		authed = true
+	}
+	ws, err := s.up.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered already
+	}
+	// Frames up to 4x the limit are read (and discarded) so that their
+	// sender gets a too_large error; anything bigger drops the connection.
+	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
+	c := &conn{s: s, ws: ws, out: make(chan []byte, 64), done: make(chan struct{}),
+		log: s.log.With(slog.String("remote", r.RemoteAddr))}
+	c.authed.Store(authed)
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "server shutting down"), time.Now().Add(time.Second))
+		ws.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	s.m.conns.Inc()
+	c.log.Debug("connected")
+	go c.writeLoop()
+	c.readLoop()
+	c.shut(websocket.CloseNormalClosure, "")
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.m.conns.Dec()
+	c.log.Debug("disconnected")
+}
+
+// shut closes the connection once; operations it started go on, and their
+// answers are dropped.
+func (c *conn) shut(code int, reason string) {
+	c.once.Do(func() {
+		close(c.done)
+		c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+		c.ws.Close()
+	})
+}
+
+func (c *conn) writeLoop() {
+	for {
+		select {
+		case <-c.done:
+			return
+		case b := <-c.out:
+			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+			if err := c.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
+				c.log.Debug("write", slog.Any("err", err))
+				c.shut(websocket.CloseInternalServerErr, "write failed")
+				return
+			}
+		}
+	}
+}
+
+// send queues a frame; it gives up when the connection is gone.
+func (c *conn) send(b []byte) {
+	select {
+	case c.out <- b:
+	case <-c.done:
+	}
+}
+
+func (c *conn) respond(msgid uint32, method string, result any, err error) {
+	var pe *protocol.Error
+	code := "ok"
+	if err != nil {
+		pe = protoError(err)
+		code = pe.Code
+		lvl := slog.LevelDebug
+		if pe.Infra {
+			lvl = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), lvl, "request failed", slog.String("method", method), slog.Uint64("msgid", uint64(msgid)),
+			slog.String("code", pe.Code), slog.String("err", pe.Message))
+	}
+	if !knownMethod(method) {
+		method = "unknown"
+	}
+	c.s.m.requests.WithLabelValues(method, code).Inc()
+	b, merr := protocol.EncodeResponse(msgid, pe, result)
+	if merr != nil {
+		c.log.Error("encode response", slog.String("method", method), slog.Any("err", merr))
+		b, _ = protocol.EncodeResponse(msgid, protocol.Errorf(protocol.CodeInternal, "encode response: %v", merr), nil)
+	}
+	c.send(b)
+}
+
+func (c *conn) notify(method string, params any) {
+	b, err := protocol.EncodeNotification(method, params)
+	if err != nil {
+		c.log.Error("encode notification", slog.String("method", method), slog.Any("err", err))
+		return
+	}
+	c.send(b)
+}
+
+func knownMethod(m string) bool {
+	_, ok := handlers[m]
+	return ok
+}
+
+func (c *conn) readLoop() {
+	max := c.s.o.MaxFrameBytes
+	for {
+		mt, r, err := c.ws.NextReader()
+		if err != nil {
+			if !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) && !errors.Is(err, io.EOF) {
+				c.log.Debug("read", slog.Any("err", err))
+			}
+			return
+		}
+		b, err := io.ReadAll(io.LimitReader(r, int64(max)+1))
+		if err != nil {
+			return
+		}
+		if len(b) > max {
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				return // over the hard limit: the connection is dropped
+			}
+			e := protocol.Errorf(protocol.CodeTooLarge, "frame over the %d byte limit", max)
+			if id, method, ok := protocol.PeekRequest(b); ok {
+				c.respond(id, method, nil, e)
+			} else {
+				c.notify(protocol.NotifyError, e)
+			}
+			continue
+		}
+		if mt != websocket.BinaryMessage {
+			c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeMalformed, "text frame: send one msgpack message per binary frame"))
+			continue
+		}
+		c.dispatch(b)
+	}
+}
+
+// dispatch decodes one frame and starts its request. It runs on the read
+// loop, so tickets are taken in the order frames arrived.
+func (c *conn) dispatch(b []byte) {
+	f, err := protocol.DecodeFrame(b)
+	if err != nil {
+		e := protocol.Errorf(protocol.CodeMalformed, "%v", err)
+		if id, method, ok := protocol.PeekRequest(b); ok {
+			c.respond(id, method, nil, e)
+		} else {
+			c.notify(protocol.NotifyError, e)
+		}
+		return
+	}
+	if f.Type != protocol.Request {
+		c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeMalformed, "message type %d: clients send requests (type 0) only", f.Type))
+		return
+	}
+	h, ok := handlers[f.Method]
+	if !ok {
+		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q (protocol v%d has %s)",
+			f.Method, protocol.Version, strings.Join(protocol.Methods, ", ")))
+		return
+	}
+	if !c.authed.Load() && f.Method != protocol.MethodHello {
+		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeUnauthorized, "this server needs a token: send hello {token} first or an Authorization: Bearer header"))
+		return
+	}
+	if n := c.inFlight.Add(1); n > int64(c.s.o.MaxInFlight) {
+		c.inFlight.Add(-1)
+		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeTooManyReqs, "%d requests in flight on this connection, the limit is %d", n-1, c.s.o.MaxInFlight))
+		return
+	}
+	if !c.s.begin() {
+		c.inFlight.Add(-1)
+		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
+		return
+	}
+	req := &request{c: c, msgid: f.MsgID, method: f.Method, p: newParams(f.ParamsMap)}
+	req.wait, req.release = c.s.ticket(h.envs(c.s, req)...)
+	c.s.m.inFlight.Inc()
+	go func() {
+		defer c.s.ops.Done()
+		defer c.inFlight.Add(-1)
+		defer c.s.m.inFlight.Dec()
+		result, err := c.s.run(h, req)
+		c.respond(f.MsgID, f.Method, result, err)
+	}()
+}
+
+// run serves one request under its env tickets.
+func (s *Server) run(h handler, req *request) (result any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic serving request", slog.String("method", req.method), slog.Any("panic", r))
+			result, err = nil, protocol.Errorf(protocol.CodeInternal, "panic: %v", r)
+		}
+	}()
+	released := false
+	defer func() {
+		if !released {
+			req.release()
+		}
+	}()
+	if err := req.p.err(); err != nil {
+		req.wait()
+		return nil, err
+	}
+	if h.self {
+		// The handler takes and releases its own tickets (step_batch).
+		req.release()
+		released = true
+		return h.fn(req, s.ctx)
+	}
+	req.wait()
+	return h.fn(req, s.ctx)
+}

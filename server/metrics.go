@@ -1,0 +1,56 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the server's Prometheus collectors. No label carries an env
+// or state id: those are unbounded.
+type metrics struct {
+	step        *prometheus.HistogramVec
+	branch      prometheus.Histogram
+	checkpoint  *prometheus.HistogramVec
+	restore     prometheus.Histogram
+	checkpoints *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	conns       prometheus.Gauge
+	inFlight    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
+	buckets := prometheus.ExponentialBuckets(0.001, 2, 16) // 1 ms .. 33 s
+	m := &metrics{
+		step: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "arbor_step_seconds", Help: "Time to serve a step, by tool (gate, command, queueing the checkpoint).", Buckets: buckets,
+		}, []string{"tool"}),
+		branch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "arbor_branch_seconds", Help: "Time to serve a branch(n), all children.", Buckets: buckets,
+		}),
+		checkpoint: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "arbor_checkpoint_seconds", Help: "Checkpoint time: background ones as the engine measured them, forced ones end to end.", Buckets: buckets,
+		}, []string{"mode"}),
+		restore: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "arbor_restore_seconds", Help: "Time to restore a state into an env (rollback).", Buckets: buckets,
+		}),
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "arbor_checkpoints_total", Help: "Checkpoints queued, by kind (none counts turns that needed none).",
+		}, []string{"kind"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "arbor_requests_total", Help: "Requests answered, by method and result code (ok or an error code).",
+		}, []string{"method", "code"}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "arbor_connections", Help: "Open websocket connections.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "arbor_requests_in_flight", Help: "Requests being served.",
+		}),
+	}
+	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.requests, m.conns, m.inFlight,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_active_envs", Help: "Open envs handed out to clients."}, activeEnvs),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, k := range []string{"none", "fs", "proc", "full"} {
+		m.checkpoints.WithLabelValues(k)
+	}
+	return m
+}
