@@ -23,10 +23,12 @@ run: deps build ## install what is missing, build, start the server on embedded 
 
 test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs, eBPF)
 	$(GO) vet ./...
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v '/cr/zfs$$')
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test $(GOTEST_FLAGS) -skip 'ZFS$$' $$($(GO) list ./... | grep -v '/cr/zfs$$')
 	# zfs-fuse answers each zfs call in 30-200 ms and the tests' go-zfs shim is
-	# the test binary itself: under -race the zfs suite takes over 10 minutes.
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -count=1 -timeout 10m ./cr/zfs/
+	# the test binary itself: under -race the zfs suites take over 10 minutes.
+	# They share one zfs-fuse daemon, so they run one package at a time.
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -count=1 -p 1 -timeout 10m ./cr/zfs/
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/
 
 generate: ## regenerate committed generated code
 	$(GO) generate ./...

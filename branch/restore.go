@@ -76,6 +76,9 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 type Source struct {
 	Env   *Env
 	State string
+	// Background restores at low priority, behind waiting work (for
+	// refilling pools ahead of demand).
+	Background bool
 }
 
 // BranchResult is what Branch made: one entry per requested child, in
@@ -107,6 +110,17 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 		return nil, err
 	}
 	res := &BranchResult{State: sid, Children: make([]*Env, n), Errors: make([]error, n)}
+	// Children branched from an environment belong to it (promote hands
+	// their state back to it); children of a bare state id to the
+	// environment that made the state.
+	origin := st.Env
+	if src.Env != nil {
+		origin = src.Env.ID
+	}
+	prio := queue.High
+	if src.Background {
+		prio = queue.Low
+	}
 	warm := e.takeWarm(sid, n)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -115,13 +129,13 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res.Children[i], res.Errors[i] = e.adoptWarm(ctx, warm[i], st)
+				res.Children[i], res.Errors[i] = e.adoptWarm(ctx, warm[i], st, origin)
 			}()
 			continue
 		}
 		id := launch.NewID()
-		job := e.q.Submit(queue.High, "branch "+sid+" -> "+id, func(ctx context.Context) error {
-			env, err := e.newChild(ctx, id, st)
+		job := e.q.Submit(prio, "branch "+sid+" -> "+id, func(ctx context.Context) error {
+			env, err := e.newChild(ctx, id, st, origin)
 			res.Children[i] = env
 			return err
 		})
@@ -158,20 +172,20 @@ func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 }
 
 // newChild restores st as a new environment called id.
-func (e *Engine) newChild(ctx context.Context, id string, st manifest.State) (*Env, error) {
+func (e *Engine) newChild(ctx context.Context, id string, st manifest.State, origin string) (*Env, error) {
 	e.gcMu.RLock()
 	defer e.gcMu.RUnlock()
 	r, err := e.restore(ctx, st.ID, id+"-0")
 	if err != nil {
 		return nil, err
 	}
-	return e.adopt(ctx, id, r, st)
+	return e.adopt(ctx, id, r, st, origin)
 }
 
 // adopt registers a restored sandbox as environment id at state st.
-func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State) (*Env, error) {
+func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, Origin: st.Env, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
+	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)

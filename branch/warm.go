@@ -113,10 +113,10 @@ func (e *Engine) dropWarm(ctx context.Context, sid string) {
 }
 
 // adoptWarm thaws a warm copy and makes it an environment at state st.
-func (e *Engine) adoptWarm(ctx context.Context, w *warmCopy, st manifest.State) (*Env, error) {
+func (e *Engine) adoptWarm(ctx context.Context, w *warmCopy, st manifest.State, origin string) (*Env, error) {
 	if err := w.r.sb.Thaw(); err != nil {
 		w.destroy(ctx, e)
 		return nil, err
 	}
-	return e.adopt(ctx, w.id, w.r, st)
+	return e.adopt(ctx, w.id, w.r, st, origin)
 }

@@ -6,9 +6,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/arbor-env/arbor/sandbox/initd"
 )
+
+// The main goroutine stays on the main thread: init forks the shell from
+// it (see initd.Run).
+func init() { runtime.LockOSThread() }
 
 func main() {
 	var err error

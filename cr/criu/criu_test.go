@@ -109,3 +109,58 @@ func TestDumpRestore(t *testing.T) {
 		t.Fatalf("child state: %q", r.Stdout)
 	}
 }
+
+// TestDumpOrphanHoldingTTY: a background process whose parent exited keeps
+// the shell's terminal open (`(sleep 1000 &)`, nohup-style servers); the
+// tree must still dump and restore.
+func TestDumpOrphanHoldingTTY(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	root := sandboxtest.BusyboxRoot(t, "")
+	if os.Getenv("ARBOR_TEST_IMAGE") == "debian" {
+		root = sandboxtest.DebianRoot(t, "")
+	}
+	if out, err := exec.Command("cp", "-a", root+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "orphan", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	if _, err := sb.Exec(ctx, "(sleep 1000 &)", sandbox.ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	imgs := t.TempDir()
+	err = sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		if err := snap.Snapshot(ctx, "src", "snap"); err != nil {
+			return err
+		}
+		_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Clone(ctx, "snap", "child"); err != nil {
+		t.Fatal(err)
+	}
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "orphan-child", Root: snap.Path("child")}, func(join func(int) error) (int, error) {
+		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path("child"), Join: join})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Destroy(ctx)
+	r, err := child.Exec(ctx, "cat /proc/[0-9]*/comm | grep -c sleep", sandbox.ExecOptions{})
+	if err != nil || strings.TrimSpace(string(r.Stdout)) != "1" {
+		t.Fatalf("restored orphan: %v %q %q", err, r.Stdout, r.Stderr)
+	}
+}

@@ -1,208 +1,29 @@
-package zfs
+package zfs_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/crtest"
-	"github.com/arbor-env/arbor/cr/zfs/internal/fusecompat"
+	"github.com/arbor-env/arbor/cr/zfs"
+	"github.com/arbor-env/arbor/cr/zfs/zfstest"
 )
 
-// The test binary doubles as the zfs-fuse compatibility shim: TestMain puts
-// a symlink named "zfs" to it first in PATH when the zfs found is one whose
-// `zfs list` lacks -p (zfs-fuse), and go-zfs then runs it as "zfs".
-const realZFSEnv = "ARBOR_TEST_REAL_ZFS"
-
-// pool is the file-backed test pool, or why there is none.
-var pool struct {
-	name    string
-	skip    string
-	counter atomic.Int64
-}
-
-func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == "zfs" {
-		fusecompat.RunAsZFS(os.Getenv(realZFSEnv))
-	}
-	cleanup := setUp()
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
-
-// setUp starts zfs-fuse if needed and makes a pool in a temporary file. It
-// records a skip reason instead of failing when the host cannot do that.
-func setUp() (cleanup func()) {
-	cleanup = func() {}
-	if os.Geteuid() != 0 {
-		pool.skip = "zfs backend needs root"
-		return
-	}
-	realZFS, err := exec.LookPath("zfs")
-	if err != nil {
-		pool.skip = "zfs tools not installed (zfs-fuse on this kernel): run make deps"
-		return
-	}
-	tmp, err := os.MkdirTemp("", "arbor-zfstest-")
-	if err != nil {
-		pool.skip = err.Error()
-		return
-	}
-	var undo []func()
-	cleanup = func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		os.RemoveAll(tmp)
-	}
-	if stop, err := startDaemon(tmp); err != nil {
-		pool.skip = err.Error()
-		return
-	} else if stop != nil {
-		undo = append(undo, stop)
-	}
-	if out, err := exec.Command(realZFS, "list", "-Hp", "-o", "name").CombinedOutput(); err != nil && strings.Contains(string(out), "invalid option") {
-		// zfs-fuse: route go-zfs through the shim.
-		self, err := os.Executable()
-		if err != nil {
-			pool.skip = err.Error()
-			return
-		}
-		bin := filepath.Join(tmp, "bin")
-		os.Mkdir(bin, 0o755)
-		if err := os.Symlink(self, filepath.Join(bin, "zfs")); err != nil {
-			pool.skip = err.Error()
-			return
-		}
-		os.Setenv(realZFSEnv, realZFS)
-		os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
-	var b [3]byte
-	rand.Read(b[:])
-	name := "arbortest" + hex.EncodeToString(b[:])
-	file := filepath.Join(tmp, "pool.img")
-	if err := os.WriteFile(file, nil, 0o600); err != nil || os.Truncate(file, 2<<30) != nil {
-		pool.skip = fmt.Sprintf("pool file: %v", err)
-		return
-	}
-	if out, err := exec.Command("zpool", "create", "-m", filepath.Join(tmp, "mnt"), name, file).CombinedOutput(); err != nil {
-		pool.skip = fmt.Sprintf("zpool create: %v: %s", err, out)
-		return
-	}
-	undo = append(undo, func() {
-		exec.Command("zfs", "umount", name).Run()
-		if out, err := exec.Command("zpool", "destroy", "-f", name).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "zpool destroy %s: %v: %s\n", name, err, out)
-		}
-	})
-	pool.name = name
-	return cleanup
-}
-
-// startDaemon starts zfs-fuse when ZFS does not answer, and returns how to
-// stop it (nil when it was already running or ZFS is in the kernel).
-func startDaemon(tmp string) (stop func(), err error) {
-	if exec.Command("zpool", "list").Run() == nil {
-		return nil, nil
-	}
-	if _, err := exec.LookPath("zfs-fuse"); err != nil {
-		return nil, fmt.Errorf("zfs does not answer and zfs-fuse is not installed: run make deps")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return nil, fmt.Errorf("zfs-fuse needs /dev/fuse: %v", err)
-	}
-	pidFile := filepath.Join(tmp, "zfs-fuse.pid")
-	if out, err := exec.Command("zfs-fuse", "--pidfile", pidFile, "--no-kstat-mount").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("start zfs-fuse: %v: %s", err, out)
-	}
-	for range 50 {
-		if exec.Command("zpool", "list").Run() == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return nil, fmt.Errorf("zfs-fuse pid file: %v", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("zfs-fuse pid file: %v", err)
-	}
-	return func() {
-		syscall.Kill(pid, syscall.SIGTERM)
-		for range 100 {
-			if syscall.Kill(pid, 0) != nil {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop\n", pid)
-	}, nil
-}
-
-// newRoot opens a fresh root dataset in the test pool, destroyed with
-// everything below it when tb ends.
-func newRoot(tb testing.TB) *Snapshotter {
-	tb.Helper()
-	if pool.skip != "" {
-		tb.Skip(pool.skip)
-	}
-	root := fmt.Sprintf("%s/t%d", pool.name, pool.counter.Add(1))
-	s, err := Open(context.Background(), Options{Dataset: root})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := destroyTree(root); err != nil {
-			tb.Error(err)
-		}
-	})
-	return s
-}
+func TestMain(m *testing.M) { zfstest.Main(m) }
 
 func TestConformance(t *testing.T) {
-	crtest.Run(t, func(tb testing.TB) cr.Snapshotter { return newRoot(tb) })
+	crtest.Run(t, func(tb testing.TB) cr.Snapshotter { return zfstest.NewRoot(tb) })
 }
 
 func BenchmarkBackend(b *testing.B) {
-	crtest.Bench(b, func(tb testing.TB) cr.Snapshotter { return newRoot(tb) })
+	crtest.Bench(b, func(tb testing.TB) cr.Snapshotter { return zfstest.NewRoot(tb) })
 }
 
 func TestOpenUnavailable(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	_, err := Open(t.Context(), Options{Dataset: "tank/arbor"})
+	_, err := zfs.Open(t.Context(), zfs.Options{Dataset: "tank/arbor"})
 	if !errors.Is(err, cr.ErrUnavailable) {
 		t.Fatalf("want ErrUnavailable without zfs in PATH, got %v", err)
 	}
-}
-
-// destroyTree unmounts every filesystem below root, deepest first (zfs-fuse
-// calls a mounted dataset busy), and destroys them all.
-func destroyTree(root string) error {
-	out, err := exec.Command("zfs", "list", "-H", "-r", "-o", "name", root).Output()
-	if err != nil {
-		return fmt.Errorf("list %s: %v", root, err)
-	}
-	names := strings.Fields(string(out))
-	for i := len(names) - 1; i >= 0; i-- {
-		exec.Command("zfs", "umount", names[i]).Run()
-	}
-	if out, err := exec.Command("zfs", "destroy", "-R", root).CombinedOutput(); err != nil {
-		return fmt.Errorf("destroy %s: %v: %s", root, err, out)
-	}
-	return nil
 }

@@ -60,21 +60,29 @@ func run(ready *os.File) error {
 		return fmt.Errorf("listen %s: %w", ctl.SocketPath, err)
 	}
 	jobs := make(chan job, 64)
-	go pump(sh, jobs)
 	if _, err := ready.Write([]byte("ok\n")); err != nil {
 		return fmt.Errorf("report ready: %w", err)
 	}
 	ready.Close()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return err
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue
 			}
-			continue
+			go serve(c, sh, jobs)
 		}
-		go serve(c, sh, jobs)
-	}
+	}()
+	// The pump starts every shell, so it runs here, on the main thread
+	// (see cmd/arbor-init): Linux re-parents orphans to init's main thread,
+	// and CRIU requires a session leader (the shell) to come before the
+	// other members of its session (orphaned background jobs) in the
+	// order it walks init's threads' children.
+	pump(sh, jobs)
+	return nil
 }
 
 // prewarmThreads makes the Go runtime start n OS threads now. Idle threads
