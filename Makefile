@@ -19,7 +19,7 @@ build: ## build bin/arbor and bin/arbor-init
 
 run: deps build ## install what is missing, build, start the server on embedded defaults
 	$(BIN)/arbor doctor
-	$(BIN)/arbor sandbox exec --image busybox -- 'echo hello from $$(hostname)' 'pwd'
+	$(BIN)/arbor serve
 
 test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs, eBPF)
 	$(GO) vet ./...

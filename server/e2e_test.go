@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server"
 )
@@ -203,7 +204,10 @@ func TestEpisode(t *testing.T) {
 
 // TestConcurrentEnvs steps 64 envs at once over one pipelined connection.
 func TestConcurrentEnvs(t *testing.T) {
-	_, addr := newServer(t, server.Options{})
+	// Files-only checkpoints keep 64 envs cheap, and exercise the
+	// coordinator's non-full path.
+	fsOnly := server.ClassifierFunc(func(context.Context, *branch.Env, server.Turn) branch.Kind { return branch.FS })
+	_, addr := newServer(t, server.Options{Classifier: fsOnly})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	const n = 64
@@ -274,6 +278,10 @@ func TestConcurrentEnvs(t *testing.T) {
 	for i, r := range res.Results {
 		if r.Error != nil || r.Index != i || r.EnvID != ids[i] || strings.TrimSpace(string(r.Result.Obs.Stdout)) != fmt.Sprint(steps) {
 			t.Errorf("batch item %d: %+v", i, r)
+			continue
+		}
+		if r.Result.Info.Checkpoint != "fs" {
+			t.Errorf("batch item %d checkpoint %q, want fs", i, r.Result.Info.Checkpoint)
 		}
 	}
 }

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/server"
+)
+
+func init() { subcommands = append(subcommands, newServeCmd) }
+
+//go:embed default-task.yaml
+var defaultTask []byte
+
+// serveOptions are the flags of arbor serve.
+type serveOptions struct {
+	listen      string
+	token       string
+	tasksDir    string
+	warm        int
+	idleTTL     time.Duration
+	maxEnvs     int
+	maxInFlight int
+	maxFrame    string
+	workers     int
+	grace       time.Duration
+}
+
+func newServeCmd(g *globalOptions) *cobra.Command {
+	o := &serveOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the environment server (protocol v1 on ws://ADDR/v1/ws)",
+		Long: `Run the environment server. With no flags it keeps its state in --state-dir
+(a btrfs pool file is created there when the folder is not on btrfs), builds the
+busybox image on first run, offers the tasks of ./tasks (or the built-in "hello"
+task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error { return serve(c.Context(), g, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", envOr("ARBOR_LISTEN", "127.0.0.1:7878"), "address to listen on")
+	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
+	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
+	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
+	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (negative: never)")
+	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
+	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
+	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
+	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
+	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
+	return cmd
+}
+
+// loadTasks reads the tasks to offer.
+func loadTasks(dir string) ([]envpool.Task, error) {
+	if dir == "" {
+		if st, err := os.Stat("tasks"); err == nil && st.IsDir() {
+			dir = "tasks"
+		}
+	}
+	if dir != "" {
+		return envpool.LoadTasks(dir)
+	}
+	tmp, err := os.CreateTemp("", "arbor-task-*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(defaultTask); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	tmp.Close()
+	t, err := envpool.LoadTask(tmp.Name())
+	if err != nil {
+		return nil, fmt.Errorf("built-in task: %w", err)
+	}
+	t.Name = "hello"
+	return []envpool.Task{t}, nil
+}
+
+func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
+	log := slog.Default()
+	maxFrame, err := parseSize(o.maxFrame)
+	if err != nil {
+		return fmt.Errorf("parse --max-frame: %w", err)
+	}
+	if o.token == "" && !server.IsLoopback(o.listen) {
+		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
+	}
+	tasks, err := loadTasks(o.tasksDir)
+	if err != nil {
+		return err
+	}
+	// Listen first: a port in use should fail before minutes of set-up.
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer ln.Close()
+	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	snap, err := openSnapshotter(ctx, g)
+	if err != nil {
+		return err
+	}
+	c, err := criu.New(g.criuPath, log)
+	if err != nil {
+		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
+	}
+	images := &image.Store{Snap: snap, Logger: log}
+	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log}
+	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
+		Launcher: l, Workers: o.workers, Logger: log})
+	if err != nil {
+		return fmt.Errorf("open engine: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cerr := e.Close(cctx); cerr != nil {
+			log.Warn("close engine", slog.Any("err", cerr))
+		}
+	}()
+	for _, t := range tasks {
+		log.Info("task", slog.String("name", t.Name), slog.String("image", t.Image))
+	}
+	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, IdleTTL: o.idleTTL, Progress: os.Stderr, Logger: log})
+	if err != nil {
+		return fmt.Errorf("prepare tasks: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cerr := p.Close(cctx); cerr != nil {
+			log.Warn("close pool", slog.Any("err", cerr))
+		}
+	}()
+	s, err := server.New(server.Options{Engine: e, Pool: server.FromEnvpool(p), Token: o.token, MaxEnvs: o.maxEnvs,
+		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "arbor: serving protocol v1 on ws://%s/v1/ws (metrics on http://%s/metrics); Ctrl-C stops\n", ln.Addr(), ln.Addr())
+	return s.Serve(ctx, ln, o.grace)
+}

@@ -1,0 +1,222 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/vmihailenco/msgpack/v5"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// raw is a bare websocket to send arbitrary frames.
+type raw struct {
+	t  *testing.T
+	ws *websocket.Conn
+}
+
+func dialRaw(t *testing.T, addr string, h http.Header) *raw {
+	t.Helper()
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return &raw{t: t, ws: ws}
+}
+
+func (r *raw) send(mt int, b []byte) {
+	r.t.Helper()
+	if err := r.ws.WriteMessage(mt, b); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *raw) req(id uint32, method string, params any) {
+	r.t.Helper()
+	b, err := protocol.EncodeRequest(id, method, params)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.send(websocket.BinaryMessage, b)
+}
+
+func (r *raw) recv() protocol.Frame {
+	r.t.Helper()
+	r.ws.SetReadDeadline(time.Now().Add(60 * time.Second))
+	_, b, err := r.ws.ReadMessage()
+	if err != nil {
+		r.t.Fatalf("connection dropped: %v", err)
+	}
+	f, err := protocol.DecodeFrame(b)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return f
+}
+
+// errCode is the code of the next frame: a response's error or an error
+// notification's.
+func (r *raw) errCode(wantID uint32) string {
+	r.t.Helper()
+	f := r.recv()
+	switch f.Type {
+	case protocol.Response:
+		if f.MsgID != wantID {
+			r.t.Errorf("response to msgid %d, want %d", f.MsgID, wantID)
+		}
+		if f.Error == nil {
+			return "ok"
+		}
+		return f.Error.Code
+	case protocol.Notification:
+		var e protocol.Error
+		msgpack.Unmarshal(f.Params, &e)
+		return "notify:" + e.Code
+	}
+	return "?"
+}
+
+func TestBadInputs(t *testing.T) {
+	_, addr := newServer(t, server.Options{MaxFrameBytes: 64 << 10, MaxEnvs: 300})
+	r := dialRaw(t, addr, nil)
+	big := map[string]any{"env_id": "x", "action": map[string]any{"tool": "write_file", "path": "p", "content": make([]byte, 100<<10)}}
+	tests := []struct {
+		name string
+		send func()
+		id   uint32
+		want string
+	}{
+		{"garbage", func() { r.send(websocket.BinaryMessage, []byte{0xc1, 0x00}) }, 0, "notify:malformed"},
+		{"text frame", func() { r.send(websocket.TextMessage, []byte("hello")) }, 0, "notify:malformed"},
+		{"not a request", func() { b, _ := msgpack.Marshal([]any{1, 5, nil, nil}); r.send(websocket.BinaryMessage, b) }, 0, "notify:malformed"},
+		{"bad params shape", func() { b, _ := msgpack.Marshal([]any{0, 6, "envs", "x"}); r.send(websocket.BinaryMessage, b) }, 6, "malformed"},
+		{"unknown method", func() { r.req(7, "frobnicate", nil) }, 7, "unknown_method"},
+		{"missing field", func() { r.req(8, "step", map[string]any{}) }, 8, "invalid_params"},
+		{"wrong type", func() { r.req(9, "branch", map[string]any{"state_id": 5, "n": "four"}) }, 9, "invalid_params"},
+		{"unknown tool", func() { r.req(10, "step", map[string]any{"env_id": "x", "action": map[string]any{"tool": "rm"}}) }, 10, "invalid_params"},
+		{"unknown env", func() { r.req(11, "step", map[string]any{"env_id": "nope", "action": map[string]any{"tool": "bash", "cmd": "ls"}}) }, 11, "unknown_env"},
+		{"unknown state", func() { r.req(12, "branch", map[string]any{"state_id": "nope", "n": 1}) }, 12, "unknown_state"},
+		{"unknown task", func() { r.req(13, "reset", map[string]any{"task": "nope"}) }, 13, "unknown_task"},
+		{"reset without image", func() { r.req(14, "reset", map[string]any{}) }, 14, "invalid_params"},
+		{"frame too large", func() { r.req(15, "step", big) }, 15, "too_large"},
+		{"too many envs", func() { r.req(16, "branch", map[string]any{"state_id": "s", "n": 1000}) }, 16, "too_many_envs"},
+		{"bad n", func() { r.req(17, "branch", map[string]any{"state_id": "s", "n": 0}) }, 17, "invalid_params"},
+		{"batch item", func() { r.req(18, "step_batch", map[string]any{"items": []any{map[string]any{"env_id": 1}}}) }, 18, "invalid_params"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.send()
+			if got := r.errCode(tt.id); got != tt.want {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+			// The connection is still up and serving.
+			r.req(99, "envs", nil)
+			if got := r.errCode(99); got != "ok" {
+				t.Errorf("envs after %s: %s", tt.name, got)
+			}
+		})
+	}
+}
+
+func TestLimitsAndAuth(t *testing.T) {
+	ctx := context.Background()
+	t.Run("in flight", func(t *testing.T) {
+		_, addr := newServer(t, server.Options{MaxInFlight: 2})
+		c := dial(t, addr, nil)
+		env, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseEnv(ctx, env.EnvID)
+		errs := make(chan error, 4)
+		for range 4 {
+			go func() {
+				_, err := c.Step(ctx, env.EnvID, arbor.Bash("sleep 0.5", 0))
+				errs <- err
+			}()
+		}
+		busy := 0
+		for range 4 {
+			if err := <-errs; err != nil {
+				if !strings.Contains(err.Error(), protocol.CodeTooManyReqs) {
+					t.Errorf("unexpected error %v", err)
+				}
+				busy++
+			}
+		}
+		if busy != 2 {
+			t.Errorf("%d of 4 refused, want 2", busy)
+		}
+	})
+	t.Run("token", func(t *testing.T) {
+		_, addr := newServer(t, server.Options{Token: "sesame"})
+		c := dial(t, addr, nil)
+		if _, err := c.Envs(ctx); err == nil || !strings.Contains(err.Error(), "unauthorized") {
+			t.Fatalf("envs without a token: %v", err)
+		}
+		if _, err := c.Hello(ctx, "wrong"); err == nil {
+			t.Fatal("hello with a wrong token succeeded")
+		}
+		if _, err := c.Hello(ctx, "sesame"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Envs(ctx); err != nil {
+			t.Fatalf("envs after hello: %v", err)
+		}
+		h := dial(t, addr, &arbor.Options{Token: "sesame"})
+		if _, err := h.Envs(ctx); err != nil {
+			t.Fatalf("envs with a bearer header: %v", err)
+		}
+		if _, err := arbor.Dial(ctx, addr, &arbor.Options{Token: "wrong"}); err == nil {
+			t.Fatal("dial with a wrong bearer token succeeded")
+		}
+		// Browsers' cross-site websockets are refused.
+		if _, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", http.Header{"Origin": {"http://evil.example"}}); err == nil {
+			t.Fatal("cross-origin websocket accepted")
+		}
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		s, addr := newServer(t, server.Options{})
+		c := dial(t, addr, nil)
+		env, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer engineClose(env.EnvID)
+		step := make(chan error, 1)
+		go func() {
+			r, err := c.Step(ctx, env.EnvID, arbor.Bash("sleep 0.5; echo done", 0))
+			if err == nil && string(r.Obs.Stdout) != "done\n" {
+				err = errorString("stdout " + string(r.Obs.Stdout))
+			}
+			step <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := s.Shutdown(sctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-step; err != nil {
+			t.Errorf("step running at shutdown: %v", err)
+		}
+		<-c.Done()
+	})
+}
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+func engineClose(id string) {
+	if env, err := engine.Env(id); err == nil {
+		engine.CloseEnv(context.Background(), env)
+	}
+}
