@@ -327,34 +327,8 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Resul
 	procBase, haveProc, shellBase := st.procBase, st.haveProc, st.shellBase
 	in.mu.Unlock()
 
-	// Files.
-	if in.tr == nil {
-		if t.Changes == nil {
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: "no eBPF and no change list"})
-		} else if ch, err := t.Changes(ctx); err != nil {
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("change list: %v", err)})
-		} else {
-			for _, c := range ch {
-				touched = append(touched, c.Path)
-			}
-		}
-	}
 	var same []string
-	for _, p := range touched {
-		if t.SnapshotRoot == "" {
-			facts = append(facts, Fact{Kind: FileChanged, Path: p})
-			continue
-		}
-		changed, err := PathChanged(t.LiveRoot, t.SnapshotRoot, p)
-		switch {
-		case err != nil:
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
-		case changed:
-			facts = append(facts, Fact{Kind: FileChanged, Path: p})
-		default:
-			same = append(same, p)
-		}
-	}
+	facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
 	var shell ShellState
@@ -382,21 +356,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Resul
 			facts = append(facts, Fact{Kind: ShellChanged, Detail: "the shell cannot list functions and the command may define one"})
 		}
 	}
-	if t.Cgroup != "" {
-		now, err := sampleProcs(t.Cgroup, shell.PID, in.returns())
-		switch {
-		case err != nil:
-			facts = append(facts, Fact{Kind: ShellUnknown, Detail: err.Error()})
-		case !haveProc:
-			facts = append(facts, Fact{Kind: ProcRan, Detail: "no process sample at the last checkpoint"})
-		case shell.PID == 0:
-			facts = append(facts, Fact{Kind: ProcRan, Detail: "shell pid unknown"})
-		default:
-			facts = append(facts, CompareProcs(procBase, now, in.tr != nil)...)
-		}
-	} else {
-		facts = append(facts, Fact{Kind: ProcRan, Detail: "no cgroup given"})
-	}
+	facts = append(facts, in.procFacts(t, shell.PID, procBase, haveProc)...)
 
 	in.mu.Lock()
 	for _, p := range same {
@@ -407,6 +367,99 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Resul
 	}
 	in.mu.Unlock()
 	return Classify(facts), nil
+}
+
+// fileFacts compares the touched paths (plus, without eBPF, the backend's
+// change list) with the last filesystem artifact; same collects the paths
+// found unchanged.
+func (in *Inspector) fileFacts(ctx context.Context, t Target, touched []string, same *[]string) []Fact {
+	var facts []Fact
+	if in.tr == nil {
+		if t.Changes == nil {
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: "no eBPF and no change list"})
+		} else if ch, err := t.Changes(ctx); err != nil {
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("change list: %v", err)})
+		} else {
+			for _, c := range ch {
+				touched = append(touched, c.Path)
+			}
+		}
+	}
+	for _, p := range touched {
+		if t.SnapshotRoot == "" {
+			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+			continue
+		}
+		changed, err := PathChanged(t.LiveRoot, t.SnapshotRoot, p)
+		switch {
+		case err != nil:
+			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
+		case changed:
+			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+		default:
+			*same = append(*same, p)
+		}
+	}
+	return facts
+}
+
+// procFacts compares the long-lived processes with the baseline.
+func (in *Inspector) procFacts(t Target, shellPID int, base []ProcSample, haveBase bool) []Fact {
+	if t.Cgroup == "" {
+		return []Fact{{Kind: ProcRan, Detail: "no cgroup given"}}
+	}
+	now, err := sampleProcs(t.Cgroup, shellPID, in.returns())
+	switch {
+	case err != nil:
+		return []Fact{{Kind: ProcRan, Detail: err.Error()}}
+	case !haveBase:
+		return []Fact{{Kind: ProcRan, Detail: "no process sample at the last checkpoint"}}
+	case shellPID == 0:
+		return []Fact{{Kind: ProcRan, Detail: "shell pid unknown"}}
+	}
+	return CompareProcs(base, now, in.tr != nil)
+}
+
+// Settle re-checks, while the sandbox is frozen for the checkpoint that
+// EndTurn classified k, the parts k leaves out: a background process may
+// have written files or run between the end of the turn and the freeze.
+// It returns the kind to take (k or more), with the reasons it grew.
+// Call it after Freeze and before making the artifacts.
+func (in *Inspector) Settle(ctx context.Context, envID string, k Kind, t Target) (Kind, []string, error) {
+	if k == Full {
+		return k, nil, nil
+	}
+	if err := in.sync(ctx); err != nil {
+		return Full, []string{err.Error()}, err
+	}
+	in.mu.Lock()
+	st, ok := in.envs[envID]
+	if !ok {
+		in.mu.Unlock()
+		return Full, nil, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+	}
+	var facts []Fact
+	for _, why := range st.unaccounted {
+		facts = append(facts, Fact{Kind: Unaccounted, Detail: why})
+	}
+	if lost := in.lostLocked(); lost > st.lostBase {
+		facts = append(facts, Fact{Kind: Unaccounted, Detail: "lost events"})
+	}
+	touched := make([]string, 0, len(st.touched))
+	for p := range st.touched {
+		touched = append(touched, p)
+	}
+	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
+	in.mu.Unlock()
+	if !k.Has(FS) {
+		var same []string
+		facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
+	}
+	if !k.Has(Proc) {
+		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
+	}
+	r := Classify(facts)
+	return join(k, r.Kind), r.Reasons, nil
 }
 
 func (in *Inspector) returns() func(uint32) (uint64, bool) {

@@ -1,0 +1,234 @@
+package inspector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// rig is one sandbox on a btrfs clone, with "checkpoints" made of a btrfs
+// snapshot (the filesystem artifact) and the inspector's baseline taken
+// while the sandbox is frozen, where a real engine would run CRIU.
+type rig struct {
+	t    *testing.T
+	ins  *inspector.Inspector
+	snap cr.Snapshotter
+	env  *envpool.Env
+	last string // the last filesystem artifact
+	n    int
+}
+
+func newRig(t *testing.T, ins *inspector.Inspector) *rig {
+	t.Helper()
+	sandboxtest.RequireRoot(t)
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("btrfs-progs not installed: run make deps")
+	}
+	ctx := context.Background()
+	snap, err := btrfs.Open(ctx, btrfs.Options{StateDir: t.TempDir(), PoolSize: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := snap.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	quiet := slog.New(slog.DiscardHandler)
+	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true}
+	env, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Close(context.Background()) })
+	r := &rig{t: t, ins: ins, snap: snap, env: env}
+	cg, err := env.Sandbox.CgroupID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ins.Track(env.ID, cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ins.Untrack(env.ID) })
+	r.snapshot()
+	if err := ins.Baseline(ctx, env.ID, r.target("")); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *rig) target(cmd string) inspector.Target {
+	sb := r.env.Sandbox
+	t := inspector.Target{Shell: sb, Cgroup: sb.FreezerCgroup(), LiveRoot: sb.Root(), Command: cmd}
+	if r.last != "" {
+		t.SnapshotRoot = r.snap.Path(r.last)
+		last, vol := r.last, r.env.Volume
+		t.Changes = func(ctx context.Context) ([]cr.Change, error) { return r.snap.Changes(ctx, last, vol) }
+	}
+	return t
+}
+
+func (r *rig) snapshot() {
+	r.n++
+	name := fmt.Sprintf("states/%s-%d", r.env.ID, r.n)
+	if err := r.snap.Snapshot(context.Background(), r.env.Volume, name); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { r.snap.Destroy(context.Background(), name) })
+	r.last = name
+}
+
+// checkpoint takes what kind says, as the engine would: frozen, artifact,
+// baseline, thaw.
+func (r *rig) checkpoint(kind inspector.Kind) {
+	if kind == inspector.None {
+		return
+	}
+	sb := r.env.Sandbox
+	err := sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		if kind.Has(inspector.FS) {
+			r.snapshot()
+		}
+		return r.ins.Checkpointed(r.env.ID, kind, r.target(""))
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// turn runs cmd as one turn and returns its classification.
+func (r *rig) turn(cmd string) (inspector.Result, time.Duration) {
+	ctx := context.Background()
+	if err := r.ins.BeginTurn(r.env.ID); err != nil {
+		r.t.Fatal(err)
+	}
+	res, err := r.env.Sandbox.Exec(ctx, cmd, sandbox.ExecOptions{Timeout: 20 * time.Second})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if res.ExitCode != 0 && res.ExitCode != 1 {
+		r.t.Logf("%q exited %d: %s%s", cmd, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	start := time.Now()
+	out, err := r.ins.EndTurn(ctx, r.env.ID, r.target(cmd))
+	took := time.Since(start)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out, took
+}
+
+var order = map[inspector.Kind]int{inspector.None: 0, inspector.FS: 1, inspector.Proc: 1, inspector.Full: 2}
+
+// covers reports whether got takes at least everything want does.
+func covers(got, want inspector.Kind) bool {
+	return got == want || got == inspector.Full || want == inspector.None
+}
+
+type turnCase struct {
+	name, cmd string
+	want      inspector.Kind
+	// fallback is the class expected without eBPF, when it differs.
+	fallback inspector.Kind
+	// atLeast: any class covering want passes (background activity).
+	atLeast bool
+}
+
+// suite is a session of turns, each checkpointed as classified.
+var suite = []turnCase{
+	{name: "ls", cmd: "ls -la / /work >/dev/null", want: inspector.None},
+	{name: "cat and grep", cmd: "cat /etc/passwd >/dev/null; grep -r root /etc >/dev/null", want: inspector.None},
+	{name: "find", cmd: "find / -xdev -name '*.conf' >/dev/null 2>&1", want: inspector.None},
+	{name: "failing test run with temp files", cmd: "mkdir -p /tmp/run && echo data > /tmp/run/x && sh -c 'cat /tmp/run/x >/dev/null; exit 1'; rc=$?; rm -rf /tmp/run; unset rc; false", want: inspector.None},
+	{name: "file edit", cmd: "echo hello > /work/a.txt", want: inspector.FS},
+	{name: "directory tree", cmd: "mkdir -p /work/src/pkg/sub && echo 'package sub' > /work/src/pkg/sub/x.go", want: inspector.FS},
+	{name: "create then delete", cmd: "echo tmp > /work/tmp.txt && mkdir /work/d && rm -r /work/tmp.txt /work/d", want: inspector.None},
+	{name: "identical rewrite", cmd: "echo hello > /work/a.txt && cp /work/a.txt /work/b && mv /work/b /work/a.txt", want: inspector.None},
+	{name: "chmod", cmd: "chmod 600 /work/a.txt", want: inspector.FS},
+	{name: "chmod back and forth", cmd: "chmod 644 /work/a.txt && chmod 600 /work/a.txt", want: inspector.None},
+	{name: "cd", cmd: "cd /work", want: inspector.Proc},
+	{name: "export", cmd: "export FOO=bar", want: inspector.Proc},
+	{name: "function", cmd: "greet() { echo hi; }", want: inspector.Proc},
+	{name: "alias", cmd: "alias ll='ls -l'", want: inspector.Proc},
+	{name: "read-only after shell changes", cmd: "ll >/dev/null; greet >/dev/null; echo $FOO >/dev/null", want: inspector.None},
+	{name: "idle background process", cmd: "sleep 1000 >/dev/null 2>&1 & sleep 0.1", want: inspector.Proc},
+	{name: "idle process sleeps on", cmd: "ls /work >/dev/null", want: inspector.None, fallback: inspector.Proc},
+	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: inspector.Full},
+	{name: "server keeps logging", cmd: "sleep 0.2", want: inspector.Full},
+	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: inspector.Proc, atLeast: true},
+	{name: "memory changer", cmd: "sh -c 'x=; while :; do x=\"$x.\"; sleep 0.05; done' >/dev/null 2>&1 &", want: inspector.Proc},
+	{name: "memory changer runs on", cmd: "sleep 0.2", want: inspector.Proc},
+	{name: "memory changer runs on again", cmd: "ls >/dev/null; sleep 0.1", want: inspector.Proc},
+}
+
+func runSuite(t *testing.T, ins *inspector.Inspector) {
+	r := newRig(t, ins)
+	var total time.Duration
+	misses := 0
+	for _, tc := range suite {
+		got, took := r.turn(tc.cmd)
+		total += took
+		want := tc.want
+		if !ins.UsesBPF() && tc.fallback != "" {
+			want = tc.fallback
+		}
+		ok := got.Kind == want
+		if tc.atLeast {
+			ok = covers(got.Kind, want)
+		}
+		if !ok {
+			t.Errorf("%s: %q classified %s, want %s; reasons %q", tc.name, tc.cmd, got.Kind, want, got.Reasons)
+		} else {
+			t.Logf("%s: %s %q (%v)", tc.name, got.Kind, got.Reasons, took)
+		}
+		// Verification: a turn that skipped the filesystem artifact must
+		// leave the live tree equal to the last one.
+		if !got.Kind.Has(inspector.FS) {
+			diff, err := inspector.TreeDiff(context.Background(), r.env.Sandbox.Root(), r.snap.Path(r.last))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(diff) > 0 {
+				misses++
+				t.Errorf("%s: classified %s but the tree differs from the last snapshot: %q", tc.name, got.Kind, diff)
+			}
+		}
+		r.checkpoint(got.Kind)
+	}
+	t.Logf("verification: %d misses over %d turns", misses, len(suite))
+	t.Logf("EndTurn took %v per turn on average", total/time.Duration(len(suite)))
+}
+
+func TestTurnsWithEBPF(t *testing.T) {
+	ins, err := inspector.New(inspector.Options{Logger: slog.New(slog.DiscardHandler)})
+	if errors.Is(err, inspector.ErrUnavailable) {
+		t.Skipf("eBPF unavailable: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ins.Close()
+	runSuite(t, ins)
+}
+
+func TestTurnsWithoutEBPF(t *testing.T) {
+	ins := inspector.NewFallback(inspector.Options{Logger: slog.New(slog.DiscardHandler)})
+	defer ins.Close()
+	runSuite(t, ins)
+}
