@@ -10,6 +10,7 @@ import (
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -68,7 +69,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	turn := env.turn
 	sb, volume := env.sb, env.volume
 	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
-		return e.checkpoint(ctx, env.ID, sb, volume, sid, parent, turn, kind)
+		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind)
 	})
 	env.pending, env.pendingParent = job, parent
 	env.head = sid
@@ -79,27 +80,20 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 // checkpoint writes the artifacts of one state and commits it. Only the
 // parts the kind says changed are written; the others are shared with the
 // parent state. It undoes everything on failure.
-func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind) (err error) {
+func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind) (err error) {
 	start := time.Now()
+	envID := env.ID
+	in := e.o.Inspector
+	parentFS := env.headFS()
 	var ps manifest.State
 	if parent != "" {
 		if ps, err = e.man.GetState(parent); err != nil {
 			return fmt.Errorf("%w: parent state %s: %v", ErrCheckpoint, parent, err)
 		}
 	}
-	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, Kind: kind, FS: ps.FS, Proc: ps.Proc,
+	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, FS: ps.FS, Proc: ps.Proc,
 		Created: time.Now(), Timings: map[string]time.Duration{}}
 	var fsArt, procArt *manifest.Artifact
-	if kind == FS || kind == Full {
-		id := newID("f")
-		fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
-		st.FS = id
-	}
-	if kind == Proc || kind == Full {
-		id := newID("p")
-		procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
-		st.Proc = id
-	}
 	var made []manifest.Artifact
 	defer func() {
 		if err != nil {
@@ -112,19 +106,35 @@ func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandb
 		}
 	}()
 	var dir string
-	for _, a := range []*manifest.Artifact{fsArt, procArt} {
-		if a == nil {
-			continue
+	// plan records the intents for the artifacts kind needs.
+	plan := func() error {
+		st.Kind = kind
+		if kind == FS || kind == Full {
+			id := newID("f")
+			fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
+			st.FS = id
 		}
-		if err := e.man.BeginArtifact(*a); err != nil {
-			return err
+		if kind == Proc || kind == Full {
+			id := newID("p")
+			procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
+			st.Proc = id
 		}
-		made = append(made, *a)
-	}
-	if procArt != nil {
-		if dir, err = e.cache.NewDir(procArt.Location); err != nil {
-			return err
+		for _, a := range []*manifest.Artifact{fsArt, procArt} {
+			if a == nil {
+				continue
+			}
+			if err := e.man.BeginArtifact(*a); err != nil {
+				return err
+			}
+			made = append(made, *a)
 		}
+		if procArt != nil {
+			var err error
+			if dir, err = e.cache.NewDir(procArt.Location); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	var dump criu.DumpStats
 	err = sb.Exclusive(func() error {
@@ -134,6 +144,21 @@ func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandb
 		}
 		defer sb.Thaw()
 		st.Timings["freeze"] = time.Since(t)
+		if in != nil && kind != Full {
+			// A background process may have written or run since the
+			// turn was classified: the inspector re-checks, frozen.
+			t = time.Now()
+			k, why, _ := in.Settle(ctx, envID, inspector.Kind(kind), e.target(sb, volume, parentFS, ""))
+			if Kind(k) != kind {
+				e.log.Info("checkpoint grew while settling", slog.String("env", envID), slog.String("from", string(kind)),
+					slog.String("to", string(k)), slog.Any("why", why))
+				kind = Kind(k)
+			}
+			st.Timings["settle"] = time.Since(t)
+		}
+		if err := plan(); err != nil {
+			return err
+		}
 		if fsArt != nil {
 			t = time.Now()
 			if err := e.o.Snap.Snapshot(ctx, volume, fsArt.Location); err != nil {
@@ -149,6 +174,15 @@ func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandb
 				return err
 			}
 			st.Timings["dump"] = time.Since(t)
+		}
+		if in != nil {
+			fsNow := parentFS
+			if fsArt != nil {
+				fsNow = fsArt.Location
+			}
+			if err := in.Checkpointed(envID, inspector.Kind(kind), e.target(sb, volume, fsNow, "")); err != nil {
+				e.log.Warn("inspector baseline after checkpoint", slog.String("env", envID), slog.Any("err", err))
+			}
 		}
 		return nil
 	})
@@ -176,6 +210,9 @@ func (e *Engine) checkpoint(ctx context.Context, envID string, sb *sandbox.Sandb
 		return fmt.Errorf("commit state: %w", err)
 	}
 	made = nil // committed: nothing to undo
+	if fsArt != nil {
+		env.setHeadFS(fsArt.Location)
+	}
 	e.log.Debug("checkpoint", slog.String("env", envID), slog.String("state", sid), slog.String("kind", string(kind)),
 		slog.Duration("took", st.Timings["total"]))
 	e.afterCheckpoint(parent, sid)

@@ -18,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/envpool/launch"
+	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -56,7 +57,11 @@ type Options struct {
 	// WarmCopies is how many pre-restored, frozen copies of every open
 	// environment's newest state to keep, so that branch only thaws them.
 	WarmCopies int
-	Logger     *slog.Logger
+	// Inspector, when set, classifies turns (Classify) and keeps its
+	// baselines in step with every checkpoint and restore; without it
+	// every turn is a full checkpoint.
+	Inspector *inspector.Inspector
+	Logger    *slog.Logger
 }
 
 // Engine runs checkpoints, branches and rollbacks.
@@ -241,7 +246,10 @@ type Env struct {
 	// pendingParent is the head before the pending checkpoint, restored
 	// if that checkpoint fails.
 	pendingParent string
-	ckptErr       error // the last background checkpoint's failure, until taken
+	ckptErr       error
+
+	fsMu  sync.Mutex // guards fsLoc, which checkpoint jobs set
+	fsLoc string     // snapshot of the head's filesystem artifact // the last background checkpoint's failure, until taken
 	closed        bool
 }
 
@@ -345,6 +353,7 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 		le.Close(context.Background())
 		return nil, "", err
 	}
+	e.track(ctx, env)
 	sid, err := e.CheckpointAsync(env, Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env, true)
@@ -366,5 +375,10 @@ func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecO
 	}
 	env.turn++
 	env.dirty = true
+	if in := e.o.Inspector; in != nil {
+		if err := in.BeginTurn(env.ID); err != nil {
+			e.log.Warn("inspector begin turn", slog.String("env", env.ID), slog.Any("err", err))
+		}
+	}
 	return env.sb.Exec(ctx, cmd, o)
 }

@@ -21,6 +21,7 @@ import (
 type restored struct {
 	sb     *sandbox.Sandbox
 	volume string
+	fsLoc  string // the snapshot the root was cloned from
 }
 
 // restore brings state sid back as a new sandbox named name: a writable
@@ -68,7 +69,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, err
 	}
-	return restored{sb: sb, volume: vol}, nil
+	return restored{sb: sb, volume: vol, fsLoc: fsA.Location}, nil
 }
 
 // Source names what to branch: an open environment (its current state is
@@ -185,7 +186,7 @@ func (e *Engine) newChild(ctx context.Context, id string, st manifest.State, ori
 // adopt registers a restored sandbox as environment id at state st.
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn}
+	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, turn: st.Turn, fsLoc: r.fsLoc}
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
@@ -195,6 +196,7 @@ func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.S
 		e.o.Snap.Destroy(context.Background(), r.volume)
 		return nil, err
 	}
+	e.track(ctx, env)
 	return env, nil
 }
 
@@ -222,6 +224,8 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	old, oldVol := env.sb, env.volume
 	env.gen++
 	env.sb, env.volume, env.head, env.turn, env.dirty = r.sb, r.volume, sid, st.Turn, false
+	env.setHeadFS(r.fsLoc)
+	e.track(ctx, env)
 	if err := e.man.SetHead(env.ID, sid); err != nil {
 		e.log.Warn("record head after rollback", slog.String("env", env.ID), slog.Any("err", err))
 	}
@@ -280,6 +284,9 @@ func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
 	e.mu.Unlock()
 	if !stillHead {
 		e.dropWarm(ctx, env.head)
+	}
+	if in := e.o.Inspector; in != nil {
+		in.Untrack(env.ID)
 	}
 	errs := []error{env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume)}
 	if release {

@@ -1,0 +1,87 @@
+package branch
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// Turn is what Classify found about a turn.
+type Turn struct {
+	Kind    Kind
+	Reasons []string
+	Took    time.Duration
+}
+
+// target tells the inspector where env's state lives: its sandbox, its
+// live root and the snapshot of its head's filesystem artifact.
+func (e *Engine) target(sb *sandbox.Sandbox, volume, fsLoc, cmd string) inspector.Target {
+	t := inspector.Target{Shell: sb, Cgroup: sb.FreezerCgroup(), LiveRoot: e.o.Snap.Path(volume), Command: cmd}
+	if fsLoc != "" {
+		t.SnapshotRoot = e.o.Snap.Path(fsLoc)
+		t.Changes = func(ctx context.Context) ([]cr.Change, error) { return e.o.Snap.Changes(ctx, fsLoc, volume) }
+	}
+	return t
+}
+
+func (env *Env) headFS() string {
+	env.fsMu.Lock()
+	defer env.fsMu.Unlock()
+	return env.fsLoc
+}
+
+func (env *Env) setHeadFS(loc string) {
+	env.fsMu.Lock()
+	env.fsLoc = loc
+	env.fsMu.Unlock()
+}
+
+// track starts the inspector's bookkeeping for a sandbox that was just
+// started or restored (its live state equals its artifacts: fsLoc).
+func (e *Engine) track(ctx context.Context, env *Env) {
+	in := e.o.Inspector
+	if in == nil {
+		return
+	}
+	id, err := env.sb.CgroupID()
+	if err == nil {
+		err = in.Track(env.ID, id)
+	}
+	if err == nil {
+		err = in.Baseline(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), ""))
+	}
+	if err != nil {
+		// Without a baseline the inspector classifies conservatively
+		// (full), so this costs checkpoints, not correctness.
+		e.log.Warn("inspector baseline", slog.String("env", env.ID), slog.Any("err", err))
+	}
+}
+
+// Classify returns what env's last turn changed (none, fs, proc or full)
+// for the coordinator to checkpoint. Without an inspector it is full.
+// cmd is the turn's command text, if any.
+func (e *Engine) Classify(ctx context.Context, env *Env, cmd string) (Turn, error) {
+	in := e.o.Inspector
+	if in == nil {
+		return Turn{Kind: Full, Reasons: []string{"no inspector"}}, nil
+	}
+	start := time.Now()
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if env.closed {
+		return Turn{}, ErrClosed
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return Turn{}, err
+	}
+	r, err := in.EndTurn(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), cmd))
+	if err != nil {
+		// The inspector's own failure: checkpoint everything.
+		return Turn{Kind: Full, Reasons: append(r.Reasons, err.Error()), Took: time.Since(start)}, nil
+	}
+	return Turn{Kind: Kind(r.Kind), Reasons: r.Reasons, Took: time.Since(start)}, nil
+}

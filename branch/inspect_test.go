@@ -1,0 +1,89 @@
+package branch_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// TestInspectorDrivenCheckpoints runs turns whose class the inspector
+// decides, checkpoints each with that kind, and checks that every state
+// restores to what was live at its turn.
+func TestInspectorDrivenCheckpoints(t *testing.T) {
+	c := requireCR(t)
+	in, err := inspector.New(inspector.Options{Logger: quiet()})
+	if errors.Is(err, inspector.ErrUnavailable) {
+		t.Logf("eBPF unavailable (%v): fallback inspector", err)
+		in = inspector.NewFallback(inspector.Options{Logger: quiet()})
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	dir := t.TempDir()
+	snap := newBtrfs(t, dir)
+	images := &image.Store{Snap: snap, Logger: quiet()}
+	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet()}
+	e, err := branch.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.Close(context.Background())
+		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
+	})
+	ctx := context.Background()
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns := []struct {
+		name, cmd string
+		want      branch.Kind
+	}{
+		{"read only", "ls / >/dev/null; cat /etc/passwd >/dev/null", branch.None},
+		{"file edit", "echo one > /work/a", branch.FS},
+		{"shell state", "cd /work; export K=v", branch.Proc},
+		{"create then delete", "echo tmp > /tmp/x; rm /tmp/x", branch.None},
+		{"identical rewrite", "echo one > /work/a", branch.None},
+		{"both", "echo two > /work/b; cd /tmp", branch.Full},
+	}
+	type ref struct{ sid, want string }
+	var refs []ref
+	for _, tt := range turns {
+		run(t, e, env, tt.cmd)
+		turn, err := e.Classify(ctx, env, tt.cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if turn.Kind != tt.want {
+			t.Errorf("%s: classified %s (%v), want %s", tt.name, turn.Kind, turn.Reasons, tt.want)
+		}
+		sid, err := e.CheckpointAsync(env, turn.Kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := run(t, e, env, `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,)"`)
+		refs = append(refs, ref{sid, live})
+	}
+	for i, r := range refs {
+		res, err := e.Branch(ctx, branch.Source{State: r.sid}, 1)
+		if err != nil || res.Errors[0] != nil {
+			t.Fatalf("turn %d: branch: %v %v", i, err, res.Errors)
+		}
+		got := run(t, e, res.Children[0], `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,)"`)
+		if got != r.want {
+			t.Errorf("turn %d (%s): restored %q, live was %q", i, turns[i].name, got, r.want)
+		}
+		e.CloseEnv(ctx, res.Children[0])
+	}
+}
