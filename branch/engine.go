@@ -248,9 +248,9 @@ type Env struct {
 	pendingParent string
 	ckptErr       error
 
-	fsMu  sync.Mutex // guards fsLoc, which checkpoint jobs set
-	fsLoc string     // snapshot of the head's filesystem artifact // the last background checkpoint's failure, until taken
-	closed        bool
+	fsMu   sync.Mutex // guards fsLoc, which checkpoint jobs set
+	fsLoc  string     // snapshot of the head's filesystem artifact // the last background checkpoint's failure, until taken
+	closed bool
 }
 
 // Sandbox is the environment's current sandbox (it changes on rollback).
