@@ -53,6 +53,9 @@ type Options struct {
 	// Version is reported by hello.
 	Version string
 	Logger  *slog.Logger
+	// Handlers are more routes Handler serves, by mux pattern (e.g. the
+	// agent tools' MCP endpoint at /v1/mcp and /v1/mcp/).
+	Handlers map[string]http.Handler
 }
 
 func (o Options) withDefaults() Options {
@@ -161,7 +164,7 @@ func (s *Server) checkOrigin(r *http.Request) bool {
 	return false
 }
 
-// Handler serves /v1/ws, /livez, /readyz and /metrics.
+// Handler serves /v1/ws, /livez, /readyz, /metrics and Options.Handlers.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/ws", s.serveWS)
@@ -177,6 +180,9 @@ func (s *Server) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.o.Registry, promhttp.HandlerOpts{}))
+	for pattern, h := range s.o.Handlers {
+		mux.Handle(pattern, h)
+	}
 	return mux
 }
 
