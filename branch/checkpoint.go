@@ -72,7 +72,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind)
 	})
 	env.pending, env.pendingParent = job, parent
-	env.head = sid
+	env.setHead(sid)
 	env.dirty = false
 	return job, sid, nil
 }

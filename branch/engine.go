@@ -246,11 +246,14 @@ type Env struct {
 	// pendingParent is the head before the pending checkpoint, restored
 	// if that checkpoint fails.
 	pendingParent string
-	ckptErr       error
+	ckptErr       error // the last background checkpoint's failure, until taken
+	closed        bool
 
-	fsMu   sync.Mutex // guards fsLoc, which checkpoint jobs set
-	fsLoc  string     // snapshot of the head's filesystem artifact // the last background checkpoint's failure, until taken
-	closed bool
+	fsMu  sync.Mutex // guards fsLoc and pubHead, read without env.mu
+	fsLoc string     // snapshot of the head's filesystem artifact
+	// pubHead mirrors head for readers that must not wait for env.mu
+	// (which a gate may hold for a whole checkpoint).
+	pubHead string
 }
 
 // Sandbox is the environment's current sandbox (it changes on rollback).
@@ -260,11 +263,20 @@ func (env *Env) Sandbox() *sandbox.Sandbox {
 	return env.sb
 }
 
-// Head is the environment's newest state id.
+// Head is the environment's newest state id (its checkpoint may still be
+// running).
 func (env *Env) Head() string {
-	env.mu.Lock()
-	defer env.mu.Unlock()
-	return env.head
+	env.fsMu.Lock()
+	defer env.fsMu.Unlock()
+	return env.pubHead
+}
+
+// setHead moves the head; the caller holds env.mu.
+func (env *Env) setHead(sid string) {
+	env.head = sid
+	env.fsMu.Lock()
+	env.pubHead = sid
+	env.fsMu.Unlock()
 }
 
 // Turn is the number of commands run in the environment's lineage.
@@ -300,7 +312,8 @@ func (env *Env) gate(ctx context.Context) (time.Duration, error) {
 		// That state never came to be: the head is its parent again and
 		// the sandbox has changes no state holds.
 		env.ckptErr = err
-		env.head, env.dirty = env.pendingParent, true
+		env.setHead(env.pendingParent)
+		env.dirty = true
 	}
 	return time.Since(start), nil
 }

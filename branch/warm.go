@@ -77,7 +77,7 @@ func (e *Engine) fillWarm(sid string, n int) {
 // isHead reports whether sid is the head of an open env; e.mu is held.
 func (e *Engine) isHead(sid string) bool {
 	for _, env := range e.envs {
-		if env.head == sid {
+		if env.Head() == sid {
 			return true
 		}
 	}
