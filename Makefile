@@ -23,6 +23,7 @@ run: deps build ## install what is missing, build, start the server on embedded 
 
 test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs, eBPF)
 	$(GO) vet ./...
+	bash scripts/check-generate.sh
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test $(GOTEST_FLAGS) -skip 'ZFS$$' $$($(GO) list ./... | grep -v '/cr/zfs$$')
 	# zfs-fuse answers each zfs call in 30-200 ms and the tests' go-zfs shim is
 	# the test binary itself: under -race the zfs suites take over 10 minutes.
