@@ -1,0 +1,337 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/arbor-env/arbor/server"
+)
+
+// MCPPath is where Handler is mounted: MCPPath + "/{env_id}" attaches to
+// an open env, MCPPath + "?task=NAME" or "?image=NAME" starts one per
+// session.
+const MCPPath = "/v1/mcp"
+
+// HandlerOptions configure the MCP handler. Zero values take the defaults.
+type HandlerOptions struct {
+	// Token, when set, must be presented as "Authorization: Bearer TOKEN"
+	// on every request (as for the websocket).
+	Token string
+	// SessionTimeout closes sessions idle for this long (default 30 min);
+	// an env the session started is closed with it.
+	SessionTimeout time.Duration
+	// Version is reported to clients as the server's version.
+	Version string
+	Logger  *slog.Logger
+}
+
+// Handler serves the agent tools over MCP (streamable HTTP) at MCPPath.
+type Handler struct {
+	t     *Tools
+	o     HandlerOptions
+	log   *slog.Logger
+	sdk   *mcp.StreamableHTTPHandler
+	cache *mcp.SchemaCache
+
+	mu     sync.Mutex
+	owned  map[*binding]struct{} // sessions that started their own env
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Handler returns the MCP handler of the tools.
+func (t *Tools) Handler(o HandlerOptions) *Handler {
+	if o.SessionTimeout <= 0 {
+		o.SessionTimeout = 30 * time.Minute
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.Logger == nil {
+		o.Logger = t.log
+	}
+	h := &Handler{t: t, o: o, log: o.Logger, cache: mcp.NewSchemaCache(), owned: map[*binding]struct{}{}}
+	h.sdk = mcp.NewStreamableHTTPHandler(h.server, &mcp.StreamableHTTPOptions{
+		SessionTimeout: o.SessionTimeout,
+		Logger:         o.Logger,
+	})
+	return h
+}
+
+// target is what a session's tools act on, parsed from its URL.
+type target struct {
+	envID       string // attach to this env
+	task, image string // or start one
+}
+
+type targetKey struct{}
+
+var imageName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$`)
+
+// ServeHTTP checks the token and the URL, then hands the request to the
+// SDK's streamable HTTP handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.o.Token != "" {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(h.o.Token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="arbor"`)
+			http.Error(w, "wrong or missing token: send Authorization: Bearer TOKEN", http.StatusUnauthorized)
+			return
+		}
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, MCPPath)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	rest = strings.Trim(rest, "/")
+	var tg target
+	switch {
+	case strings.Contains(rest, "/"):
+		http.NotFound(w, r)
+		return
+	case rest != "":
+		tg.envID = rest
+		if _, err := h.t.e.Env(rest); err != nil || h.t.o.Pool.Internal(rest) {
+			http.Error(w, fmt.Sprintf("no open env %q (make one with reset, or use %s?task=NAME or ?image=NAME)", rest, MCPPath), http.StatusNotFound)
+			return
+		}
+	default:
+		q := r.URL.Query()
+		tg.task, tg.image = q.Get("task"), q.Get("image")
+		if r.Header.Get("Mcp-Session-Id") == "" {
+			if (tg.task == "") == (tg.image == "") {
+				http.Error(w, fmt.Sprintf("%s needs exactly one of ?task=NAME and ?image=NAME (or use %s/ENV_ID for an open env)", MCPPath, MCPPath), http.StatusBadRequest)
+				return
+			}
+			if tg.task != "" && !slices.Contains(h.t.o.Pool.TaskNames(), tg.task) {
+				http.Error(w, fmt.Sprintf("unknown task %q (tasks: %s)", tg.task, strings.Join(h.t.o.Pool.TaskNames(), ", ")), http.StatusBadRequest)
+				return
+			}
+			if tg.image != "" && !imageName.MatchString(tg.image) {
+				http.Error(w, fmt.Sprintf("bad image name %q", tg.image), http.StatusBadRequest)
+				return
+			}
+		}
+	}
+	h.sdk.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, tg)))
+}
+
+// server makes the MCP server of a new session (the SDK also calls it on
+// other requests, only to read protocol versions: it is cheap).
+func (h *Handler) server(r *http.Request) *mcp.Server {
+	tg, _ := r.Context().Value(targetKey{}).(target)
+	b := &binding{h: h, tg: tg}
+	s := mcp.NewServer(&mcp.Implementation{Name: "arbor", Title: "Arbor sandbox", Version: h.o.Version},
+		&mcp.ServerOptions{Instructions: instructions(tg), SchemaCache: h.cache, Logger: h.log})
+	mcp.AddTool(s, &mcp.Tool{Name: "bash", Description: descBash, Annotations: &mcp.ToolAnnotations{Title: "Run a shell command"}},
+		func(ctx context.Context, req *mcp.CallToolRequest, a BashArgs) (*mcp.CallToolResult, BashResult, error) {
+			return call(ctx, b, req, func(s *Session) (*BashResult, error) { return s.Bash(ctx, a) },
+				func(r *BashResult) string { return r.text(a.Cmd) })
+		})
+	readOnly := &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true}
+	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: descReadFile, Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, a ReadFileArgs) (*mcp.CallToolResult, ReadFileResult, error) {
+			return call(ctx, b, req, func(s *Session) (*ReadFileResult, error) { return s.ReadFile(ctx, a) },
+				(*ReadFileResult).text)
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: descWriteFile, Annotations: &mcp.ToolAnnotations{Title: "Write a file"}},
+		func(ctx context.Context, req *mcp.CallToolRequest, a WriteFileArgs) (*mcp.CallToolResult, WriteFileResult, error) {
+			return call(ctx, b, req, func(s *Session) (*WriteFileResult, error) { return s.WriteFile(ctx, a) },
+				(*WriteFileResult).text)
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "list_states", Description: descListStates, Annotations: &mcp.ToolAnnotations{Title: "List your states", ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, a ListStatesArgs) (*mcp.CallToolResult, ListStatesResult, error) {
+			return call(ctx, b, req, func(s *Session) (*ListStatesResult, error) { return s.ListStates(ctx, a) },
+				(*ListStatesResult).text)
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "rollback", Description: descRollback, Annotations: &mcp.ToolAnnotations{Title: "Roll the sandbox back", IdempotentHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, a RollbackArgs) (*mcp.CallToolResult, RollbackResult, error) {
+			return call(ctx, b, req, func(s *Session) (*RollbackResult, error) { return s.Rollback(ctx, a) },
+				(*RollbackResult).text)
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "fork_try", Description: descForkTry, Annotations: &mcp.ToolAnnotations{Title: "Try a command on a throwaway copy", ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, a ForkTryArgs) (*mcp.CallToolResult, ForkTryResult, error) {
+			return call(ctx, b, req, func(s *Session) (*ForkTryResult, error) { return s.ForkTry(ctx, a) },
+				func(r *ForkTryResult) string { return r.text(a.Cmd) })
+		})
+	return s
+}
+
+func instructions(tg target) string {
+	where := "an Arbor sandbox"
+	switch {
+	case tg.envID != "":
+		where += " (env " + tg.envID + ")"
+	case tg.task != "":
+		where += " started for task " + tg.task + " (its instruction comes with your first tool result)"
+	default:
+		where += " started from image " + tg.image
+	}
+	return "These tools act on " + where + `: a Linux shell with its own files and processes.
+Every change you make is saved as a state. If you break something, call list_states and rollback to the last good state instead of repairing by hand.
+Use fork_try to preview a risky command on a throwaway copy: it never changes your sandbox.`
+}
+
+// call runs one tool call: errors become tool errors (IsError) that the
+// model reads; a structured result goes with a text one.
+func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn func(*Session) (*R, error), text func(*R) string) (*mcp.CallToolResult, R, error) {
+	var zero R
+	s, intro, err := b.session(ctx, req)
+	if err != nil {
+		return nil, zero, toolError(err)
+	}
+	r, err := fn(s)
+	if err != nil {
+		return nil, zero, toolError(err)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: intro + text(r)}}}, *r, nil
+}
+
+// toolError words an error for the model.
+func toolError(err error) error {
+	switch {
+	case errors.Is(err, ErrInfra):
+		return fmt.Errorf("arbor infrastructure error, not caused by your command (retrying may help): %v", err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("the call was cancelled: %v", err)
+	}
+	return err
+}
+
+// binding is one MCP session's link to its env.
+type binding struct {
+	h  *Handler
+	tg target
+
+	mu    sync.Mutex
+	s     *Session
+	ss    *mcp.ServerSession // set for sessions that own their env
+	intro bool               // the first result still owes the task's instruction
+}
+
+// session returns the session's tools, starting its env on first use when
+// the session owns one. intro is text to put before the first result.
+func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Session, intro string, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.h.t
+	if b.tg.envID != "" {
+		env, err := t.e.Env(b.tg.envID)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: env %s is closed", ErrInfra, b.tg.envID)
+		}
+		if b.s == nil || b.s.env != env {
+			b.s = t.Attach(env, "")
+		}
+		return b.s, "", nil
+	}
+	if b.s != nil {
+		if _, err := t.e.Env(b.s.env.ID); err != nil {
+			return nil, "", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session", ErrInfra, b.s.env.ID)
+		}
+		return b.s, "", nil
+	}
+	if err := b.h.adopt(b); err != nil {
+		return nil, "", err
+	}
+	res, err := t.o.Pool.Reset(ctx, server.ResetRequest{Task: b.tg.task, Image: b.tg.image})
+	if err != nil {
+		b.h.disown(b)
+		if errors.Is(err, server.ErrUnknownTask) || errors.Is(err, server.ErrBadRequest) {
+			return nil, "", fmt.Errorf("%w: %v", ErrBadArgument, err)
+		}
+		return nil, "", fmt.Errorf("%w: start env: %v", ErrInfra, err)
+	}
+	what := "image " + res.Env.Image
+	if b.tg.task != "" {
+		what = "task " + b.tg.task
+	}
+	b.s = t.Attach(res.Env, "(start of "+what+")")
+	b.ss = req.Session
+	b.h.wg.Add(1)
+	go b.h.closeWhenDone(b)
+	intro = fmt.Sprintf("[new sandbox %s for %s]\n", res.Env.ID, what)
+	if res.Instruction != "" {
+		intro += "[task] " + res.Instruction + "\n"
+	}
+	t.log.Info("mcp session env", slog.String("env", res.Env.ID), slog.String("task", b.tg.task), slog.String("image", b.tg.image))
+	return b.s, intro + "\n", nil
+}
+
+// adopt records a session that owns its env, unless the handler closed.
+func (h *Handler) adopt(b *binding) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return fmt.Errorf("%w: the server is shutting down", ErrInfra)
+	}
+	h.owned[b] = struct{}{}
+	return nil
+}
+
+func (h *Handler) disown(b *binding) {
+	h.mu.Lock()
+	delete(h.owned, b)
+	h.mu.Unlock()
+}
+
+// closeWhenDone closes a session's own env when the session ends (the
+// client deleted it, it idled out, or Close closed it).
+func (h *Handler) closeWhenDone(b *binding) {
+	defer h.wg.Done()
+	b.ss.Wait()
+	b.mu.Lock()
+	env := b.s.env
+	b.mu.Unlock()
+	h.disown(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.t.o.Pool.Discard(ctx, env); err != nil {
+		h.log.Warn("close env of ended mcp session", slog.String("env", env.ID), slog.Any("err", err))
+	}
+	h.t.Forget(env.ID)
+	h.log.Info("mcp session ended", slog.String("env", env.ID))
+}
+
+// Close ends the sessions that started their own env and closes those
+// envs. Sessions attached to other envs are left to the HTTP server's
+// shutdown.
+func (h *Handler) Close(ctx context.Context) error {
+	h.mu.Lock()
+	h.closed = true
+	owned := make([]*binding, 0, len(h.owned))
+	for b := range h.owned {
+		owned = append(owned, b)
+	}
+	h.mu.Unlock()
+	// A binding's lock is taken without h.mu (session takes them in the
+	// other order).
+	for _, b := range owned {
+		b.mu.Lock()
+		ss := b.ss
+		b.mu.Unlock()
+		if ss != nil {
+			ss.Close()
+		}
+	}
+	done := make(chan struct{})
+	go func() { h.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close mcp sessions: %w", ctx.Err())
+	}
+}

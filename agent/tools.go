@@ -1,0 +1,668 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/server"
+)
+
+// Options configure Tools. Zero values take the defaults.
+type Options struct {
+	Engine *branch.Engine
+	// Pool hands out the envs of MCP sessions that start their own (from a
+	// task or an image) and keeps the idle TTL of every env the tools
+	// touch; nil: server.EnginePool (images only, no TTL).
+	Pool server.Pool
+	// Snap lists the files fork_try changed; nil: fork_try reports no
+	// change list.
+	Snap cr.Snapshotter
+	// Classifier picks the checkpoint kind after bash; nil: server.Full.
+	// write_file always takes FS-or-more (Full), read_file none.
+	Classifier server.Classifier
+	// DefaultTimeout is a bash command's timeout when the agent gives none
+	// (default 60 s); MaxTimeout caps any (default 10 min).
+	DefaultTimeout, MaxTimeout time.Duration
+	// MaxOutput caps each of stdout and stderr in an observation (default
+	// 64 KiB; the head and the tail are kept).
+	MaxOutput int
+	// MaxReadBytes caps read_file (default 256 KiB).
+	MaxReadBytes int
+	// KeepStates bounds the per-env log list_states reads (default 1000
+	// entries, oldest dropped).
+	KeepStates int
+	Logger     *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Pool == nil {
+		o.Pool = server.EnginePool{E: o.Engine}
+	}
+	if o.Classifier == nil {
+		o.Classifier = server.Full
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = 60 * time.Second
+	}
+	if o.MaxTimeout <= 0 {
+		o.MaxTimeout = 10 * time.Minute
+	}
+	if o.MaxOutput <= 0 {
+		o.MaxOutput = 64 << 10
+	}
+	if o.MaxReadBytes <= 0 {
+		o.MaxReadBytes = 256 << 10
+	}
+	if o.KeepStates <= 0 {
+		o.KeepStates = 1000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Tools serves the agent tool set over the environments of one engine. It
+// keeps, per environment, the log of states its tools made; sessions on
+// the same environment share it.
+type Tools struct {
+	o   Options
+	e   *branch.Engine
+	log *slog.Logger
+
+	mu   sync.Mutex
+	logs map[string]*history // by env id
+}
+
+// New makes the tool set on an open engine.
+func New(o Options) (*Tools, error) {
+	if o.Engine == nil {
+		return nil, fmt.Errorf("%w: agent.Options.Engine is required", ErrBadArgument)
+	}
+	o = o.withDefaults()
+	return &Tools{o: o, e: o.Engine, log: o.Logger, logs: map[string]*history{}}, nil
+}
+
+// Entry is one state the tools made (or found when first attached).
+type Entry struct {
+	StateID string `json:"state_id"`
+	// Turn counts the tool calls that ran a command in the environment
+	// since the tools were first attached to it (0: the state then).
+	Turn int `json:"turn"`
+	// Tool and Command say what produced the state.
+	Tool     string `json:"tool,omitempty"`
+	Command  string `json:"command"`
+	ExitCode int    `json:"exit_code"`
+	// Cwd is the shell's working directory in that state.
+	Cwd  string    `json:"cwd,omitempty"`
+	Time time.Time `json:"-"`
+}
+
+// history is the log of one environment. Its mutex is held for the whole
+// of each tool call, so the log's order is the order of the calls.
+type history struct {
+	mu      sync.Mutex
+	envID   string
+	base    int // the engine's turn count when the log began
+	entries []Entry
+	keep    int
+}
+
+func (h *history) add(e Entry) {
+	h.entries = append(h.entries, e)
+	if over := len(h.entries) - h.keep; over > 0 {
+		h.entries = slices.Delete(h.entries, 0, over)
+	}
+}
+
+// find returns the newest entry of state sid.
+func (h *history) find(sid string) (Entry, bool) {
+	for i := len(h.entries) - 1; i >= 0; i-- {
+		if h.entries[i].StateID == sid {
+			return h.entries[i], true
+		}
+	}
+	return Entry{}, false
+}
+
+func (h *history) last() Entry { return h.entries[len(h.entries)-1] }
+
+// Session is the tool set bound to one environment.
+type Session struct {
+	t   *Tools
+	env *branch.Env
+	h   *history
+}
+
+// Attach binds the tools to env. The first attachment starts env's log
+// with its current state as turn 0, described by note ("" for a default).
+func (t *Tools) Attach(env *branch.Env, note string) *Session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id := range t.logs {
+		if _, err := t.e.Env(id); err != nil {
+			delete(t.logs, id) // closed elsewhere
+		}
+	}
+	h, ok := t.logs[env.ID]
+	if !ok {
+		if note == "" {
+			note = "(state when the agent tools were attached)"
+		}
+		h = &history{envID: env.ID, base: env.Turn(), keep: t.o.KeepStates}
+		h.add(Entry{StateID: env.Head(), Turn: 0, Command: note, Time: time.Now()})
+		t.logs[env.ID] = h
+	}
+	return &Session{t: t, env: env, h: h}
+}
+
+// Forget drops the log of an environment that was closed.
+func (t *Tools) Forget(envID string) {
+	t.mu.Lock()
+	delete(t.logs, envID)
+	t.mu.Unlock()
+}
+
+// Env is the environment the session drives.
+func (s *Session) Env() *branch.Env { return s.env }
+
+// infra wraps an engine or sandbox failure.
+func infra(what string, err error) error {
+	if errors.Is(err, sandbox.ErrBadCommand) {
+		return fmt.Errorf("%w: %s: %v", ErrBadArgument, what, err)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrInfra, what, err)
+}
+
+func (s *Session) timeout(seconds float64) (time.Duration, error) {
+	if seconds < 0 {
+		return 0, fmt.Errorf("%w: timeout_s must be positive, got %g", ErrBadArgument, seconds)
+	}
+	d := s.t.o.DefaultTimeout
+	if seconds > 0 {
+		d = time.Duration(seconds * float64(time.Second))
+	}
+	return min(d, s.t.o.MaxTimeout), nil
+}
+
+// ran is one command run in the environment and the state after it.
+type ran struct {
+	res      *sandbox.Result
+	sid      string
+	turn     int
+	newState bool
+	warning  string
+}
+
+// run executes cmd as one turn and checkpoints the result in the
+// background with the kind mutating calls need; the caller holds s.h.mu.
+// label is what list_states will show for it.
+func (s *Session) run(ctx context.Context, tool, label, cmd string, timeout time.Duration, maxOutput int, mutating bool) (*ran, error) {
+	e, env := s.t.e, s.env
+	s.t.o.Pool.Touch(env.ID)
+	prev := env.Head()
+	res, err := e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: maxOutput})
+	if err != nil {
+		return nil, infra("run "+tool, err)
+	}
+	kind := branch.None
+	if mutating {
+		kind = s.t.o.Classifier.Classify(ctx, env, server.Turn{Tool: tool, Cmd: cmd, Result: res})
+	}
+	out := &ran{res: res}
+	if ckErr := env.TakeCheckpointError(); ckErr != nil {
+		// The previous state never came to be: this one holds changes no
+		// state has.
+		kind = branch.Full
+		out.warning = "the previous state could not be saved (" + ckErr.Error() + "); this call's state includes its changes"
+		s.t.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
+	}
+	sid, err := e.CheckpointAsync(env, kind)
+	if err != nil {
+		return nil, infra("checkpoint after "+tool, err)
+	}
+	out.sid, out.turn = sid, env.Turn()-s.h.base
+	if sid != prev {
+		out.newState = true
+		s.h.add(Entry{StateID: sid, Turn: out.turn, Tool: tool, Command: label, ExitCode: res.ExitCode, Cwd: res.Cwd, Time: time.Now()})
+	}
+	return out, nil
+}
+
+// BashArgs are the arguments of bash.
+type BashArgs struct {
+	Cmd      string  `json:"cmd" jsonschema:"the shell command line to run (POSIX sh syntax; pipes, &&, redirections and multi-line scripts are fine)"`
+	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default 60); the shell itself survives a timeout"`
+}
+
+// BashResult is what bash did.
+type BashResult struct {
+	ExitCode  int     `json:"exit_code"`
+	Stdout    string  `json:"stdout"`
+	Stderr    string  `json:"stderr"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Truncated bool    `json:"truncated,omitempty"`
+	Cwd       string  `json:"cwd"`
+	DurationS float64 `json:"duration_s"`
+	// ShellRestarted: the command ended the shell (exit, exec); a fresh
+	// one with empty variables took its place.
+	ShellRestarted bool `json:"shell_restarted,omitempty"`
+	// StateID is the state after the command; Turn its turn.
+	StateID string `json:"state_id"`
+	Turn    int    `json:"turn"`
+	Warning string `json:"warning,omitempty"`
+}
+
+// Bash runs a command in the environment's persistent shell.
+func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
+	if strings.TrimSpace(a.Cmd) == "" {
+		return nil, fmt.Errorf("%w: cmd is empty: pass the command line to run", ErrBadArgument)
+	}
+	timeout, err := s.timeout(a.TimeoutS)
+	if err != nil {
+		return nil, err
+	}
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	r, err := s.run(ctx, "bash", a.Cmd, a.Cmd, timeout, s.t.o.MaxOutput, true)
+	if err != nil {
+		return nil, err
+	}
+	res := r.res
+	return &BashResult{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr), TimedOut: res.TimedOut,
+		Truncated: res.Truncated, Cwd: res.Cwd, DurationS: res.Duration.Seconds(), ShellRestarted: res.ShellRestarted,
+		StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
+}
+
+// ReadFileArgs are the arguments of read_file.
+type ReadFileArgs struct {
+	Path string `json:"path" jsonschema:"the file to read; relative paths start at the shell's current directory"`
+}
+
+// ReadFileResult is a file's content.
+type ReadFileResult struct {
+	Path    string `json:"path"`
+	Content string `json:"content"`
+	// Bytes is the file's size; Truncated says Content holds only its head
+	// and tail.
+	Bytes     int64 `json:"bytes"`
+	Truncated bool  `json:"truncated,omitempty"`
+}
+
+// ReadFile returns a file's content. It makes no state.
+func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult, error) {
+	if a.Path == "" {
+		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
+	}
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	r, err := s.run(ctx, "read_file", "read_file "+a.Path, readFileCmd(a.Path), 30*time.Second, s.t.o.MaxReadBytes, false)
+	if err != nil {
+		return nil, err
+	}
+	if r.res.ExitCode != 0 {
+		return nil, fmt.Errorf("%w: read_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
+	}
+	return &ReadFileResult{Path: a.Path, Content: string(r.res.Stdout), Bytes: r.res.StdoutBytes, Truncated: r.res.Truncated}, nil
+}
+
+// WriteFileArgs are the arguments of write_file.
+type WriteFileArgs struct {
+	Path    string `json:"path" jsonschema:"the file to write; relative paths start at the shell's current directory; missing parent directories are created"`
+	Content string `json:"content" jsonschema:"the complete new content of the file (it replaces what was there)"`
+}
+
+// WriteFileResult says what write_file did.
+type WriteFileResult struct {
+	Path    string `json:"path"`
+	Bytes   int    `json:"bytes"`
+	StateID string `json:"state_id"`
+	Turn    int    `json:"turn"`
+	Warning string `json:"warning,omitempty"`
+}
+
+// WriteFile replaces a file's content.
+func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileResult, error) {
+	if a.Path == "" {
+		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
+	}
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
+	r, err := s.run(ctx, "write_file", label, writeFileCmd(a.Path, []byte(a.Content)), 60*time.Second, 4<<10, true)
+	if err != nil {
+		return nil, err
+	}
+	if r.res.ExitCode != 0 {
+		return nil, fmt.Errorf("%w: write_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
+	}
+	return &WriteFileResult{Path: a.Path, Bytes: len(a.Content), StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
+}
+
+// ListStatesArgs are the arguments of list_states.
+type ListStatesArgs struct {
+	Limit int `json:"limit,omitempty" jsonschema:"how many of the most recent states to list (default 20)"`
+}
+
+// StateInfo is one state as list_states shows it.
+type StateInfo struct {
+	Entry
+	// Restorable: rollback can return to it.
+	Restorable bool `json:"restorable"`
+	// Current: the environment is in this state now.
+	Current bool `json:"current,omitempty"`
+	// Undone: a rollback went back past it (it is off the current
+	// history, yet still restorable).
+	Undone bool   `json:"undone,omitempty"`
+	Note   string `json:"note,omitempty"`
+}
+
+// ListStatesResult is the environment's recent states, oldest first.
+type ListStatesResult struct {
+	EnvID   string      `json:"env_id"`
+	Current string      `json:"current_state_id"`
+	Turn    int         `json:"turn"`
+	States  []StateInfo `json:"states"`
+	// Older counts the states left out by the limit.
+	Older int `json:"older,omitempty"`
+}
+
+// settle waits for the environment's background checkpoint, so that the
+// newest state is either committed or known to have failed (in which
+// case the changes it held are checkpointed again). The caller holds
+// s.h.mu.
+func (s *Session) settle(ctx context.Context) error {
+	e, env := s.t.e, s.env
+	if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+		return infra("wait for checkpoint", err)
+	}
+	if ckErr := env.TakeCheckpointError(); ckErr != nil {
+		s.t.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
+		sid, err := e.Checkpoint(ctx, env, branch.Full)
+		if err != nil {
+			return infra("checkpoint again", err)
+		}
+		last := s.h.last()
+		last.StateID, last.Time = sid, time.Now()
+		s.h.add(last)
+	}
+	return nil
+}
+
+// lineage is the set of states on env's current history.
+func (s *Session) lineage() map[string]bool {
+	set := map[string]bool{}
+	if l, err := s.t.e.Lineage(s.env.Head()); err == nil {
+		for _, st := range l {
+			set[st.ID] = true
+		}
+	}
+	return set
+}
+
+// ListStates lists the environment's recent states with what made them.
+func (s *Session) ListStates(ctx context.Context, a ListStatesArgs) (*ListStatesResult, error) {
+	if a.Limit < 0 {
+		return nil, fmt.Errorf("%w: limit must be positive, got %d", ErrBadArgument, a.Limit)
+	}
+	if a.Limit == 0 {
+		a.Limit = 20
+	}
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	s.t.o.Pool.Touch(s.env.ID)
+	if err := s.settle(ctx); err != nil {
+		return nil, err
+	}
+	head := s.env.Head()
+	onPath := s.lineage()
+	out := &ListStatesResult{EnvID: s.env.ID, Current: head, Turn: s.env.Turn() - s.h.base}
+	// One row per state: a state reached again (e.g. re-made after a
+	// failed checkpoint) shows its newest entry.
+	seen := map[string]bool{}
+	var rows []StateInfo
+	for i := len(s.h.entries) - 1; i >= 0; i-- {
+		en := s.h.entries[i]
+		if seen[en.StateID] {
+			continue
+		}
+		seen[en.StateID] = true
+		si := StateInfo{Entry: en, Current: en.StateID == head, Undone: !onPath[en.StateID]}
+		if _, err := s.t.e.State(en.StateID); err == nil {
+			si.Restorable = true
+		} else {
+			si.Note = "its checkpoint is gone or failed: cannot be restored"
+		}
+		rows = append(rows, si)
+	}
+	slices.Reverse(rows)
+	if len(rows) > a.Limit {
+		out.Older = len(rows) - a.Limit
+		rows = rows[len(rows)-a.Limit:]
+	}
+	out.States = rows
+	return out, nil
+}
+
+// RollbackArgs are the arguments of rollback.
+type RollbackArgs struct {
+	StateID string `json:"state_id" jsonschema:"a state id from list_states (or one returned by bash/write_file)"`
+}
+
+// RollbackResult says what was restored.
+type RollbackResult struct {
+	StateID string `json:"state_id"`
+	Turn    int    `json:"turn"`
+	// Tool and Command produced the restored state ("" when it predates
+	// these tools).
+	Tool      string  `json:"tool,omitempty"`
+	Command   string  `json:"command"`
+	Cwd       string  `json:"cwd,omitempty"`
+	DurationS float64 `json:"duration_s"`
+	// Undone counts the states of the current history the rollback went
+	// back past (they stay restorable).
+	Undone int `json:"undone_states"`
+}
+
+// allowed reports whether the agent may roll back to sid: a state on the
+// environment's current history, one its tools made, or any state the
+// environment made.
+func (s *Session) allowed(sid string, onPath map[string]bool) bool {
+	if onPath[sid] {
+		return true
+	}
+	if _, ok := s.h.find(sid); ok {
+		return true
+	}
+	if sts, err := s.t.e.States(s.env.ID); err == nil {
+		for _, st := range sts {
+			if st.ID == sid {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Rollback returns the environment to one of its states: files, processes
+// and shell state.
+func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult, error) {
+	if a.StateID == "" {
+		return nil, fmt.Errorf("%w: state_id is empty: pass one from list_states", ErrBadArgument)
+	}
+	start := time.Now()
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	s.t.o.Pool.Touch(s.env.ID)
+	onPath := s.lineage()
+	if !s.allowed(a.StateID, onPath) {
+		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",
+			ErrUnknownState, a.StateID)
+	}
+	st, err := s.t.e.State(a.StateID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s can no longer be restored (its checkpoint is gone or failed); call list_states", ErrUnknownState, a.StateID)
+	}
+	// Newer states on the current history are the ones being undone.
+	undone := 0
+	for _, en := range s.h.entries {
+		if onPath[en.StateID] && en.Turn > st.Turn-s.h.base {
+			undone++
+		}
+	}
+	if err := s.t.e.Rollback(ctx, s.env, a.StateID); err != nil {
+		if errors.Is(err, branch.ErrUnknownState) {
+			return nil, fmt.Errorf("%w: %v", ErrUnknownState, err)
+		}
+		return nil, infra("rollback", err)
+	}
+	s.env.TakeCheckpointError() // that state went with the sandbox that made it
+	out := &RollbackResult{StateID: a.StateID, Turn: st.Turn - s.h.base, Undone: undone}
+	if en, ok := s.h.find(a.StateID); ok {
+		out.Tool, out.Command, out.Cwd = en.Tool, en.Command, en.Cwd
+	} else {
+		out.Command = "(made before the agent tools were attached)"
+	}
+	out.DurationS = time.Since(start).Seconds()
+	return out, nil
+}
+
+// ForkTryArgs are the arguments of fork_try.
+type ForkTryArgs struct {
+	Cmd      string  `json:"cmd" jsonschema:"the shell command line to try on a throwaway copy of the environment"`
+	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default 60)"`
+}
+
+// FileChange is one path a command changed.
+type FileChange struct {
+	Path string `json:"path"`
+	Kind string `json:"kind"` // added, modified, deleted
+}
+
+// maxChanges bounds the change list of fork_try.
+const maxChanges = 200
+
+// sandboxDir holds the sandbox's own files (init's control socket), which
+// change with every restore.
+const sandboxDir = "/.arbor"
+
+// ForkTryResult is what a command did on a throwaway branch.
+type ForkTryResult struct {
+	ExitCode  int     `json:"exit_code"`
+	Stdout    string  `json:"stdout"`
+	Stderr    string  `json:"stderr"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Truncated bool    `json:"truncated,omitempty"`
+	Cwd       string  `json:"cwd"`
+	DurationS float64 `json:"duration_s"`
+	// Changes lists the files the command added, modified or deleted
+	// (nil with ChangesNote when they could not be listed).
+	Changes          []FileChange `json:"changes"`
+	ChangesTruncated bool         `json:"changes_truncated,omitempty"`
+	ChangesNote      string       `json:"changes_note,omitempty"`
+	// FromState is the state the branch started from (the environment's
+	// current one, which fork_try leaves as it is).
+	FromState string `json:"from_state"`
+	// BranchS, ChangesS and TotalS time the parts of the call.
+	BranchS  float64 `json:"branch_s"`
+	ChangesS float64 `json:"changes_s"`
+	TotalS   float64 `json:"total_s"`
+}
+
+// ForkTry runs a command on a throwaway branch of the environment and
+// reports its output and the files it changed; the environment itself is
+// untouched.
+func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResult, err error) {
+	if strings.TrimSpace(a.Cmd) == "" {
+		return nil, fmt.Errorf("%w: cmd is empty: pass the command line to try", ErrBadArgument)
+	}
+	timeout, err := s.timeout(a.TimeoutS)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	e := s.t.e
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	s.t.o.Pool.Touch(s.env.ID)
+	br, err := e.Branch(ctx, branch.Source{Env: s.env}, 1)
+	if err != nil {
+		return nil, infra("branch", err)
+	}
+	child := br.Children[0]
+	if br.Errors[0] != nil || child == nil {
+		return nil, infra("branch", errors.Join(br.Errors[0], errors.New("no child")))
+	}
+	defer func() {
+		// The branch is the call's own: it goes whatever happened.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if cerr := e.CloseEnv(cctx, child); cerr != nil {
+			s.t.log.Warn("close fork_try branch", slog.String("env", child.ID), slog.Any("err", cerr))
+		}
+	}()
+	out = &ForkTryResult{FromState: br.State, BranchS: time.Since(start).Seconds()}
+	res, err := e.Exec(ctx, child, a.Cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
+	if err != nil {
+		return nil, infra("run on the branch", err)
+	}
+	out.ExitCode, out.Stdout, out.Stderr, out.TimedOut, out.Truncated = res.ExitCode, string(res.Stdout), string(res.Stderr), res.TimedOut, res.Truncated
+	out.Cwd, out.DurationS = res.Cwd, res.Duration.Seconds()
+	t := time.Now()
+	out.Changes, out.ChangesTruncated, out.ChangesNote = s.changes(ctx, child, br.State)
+	out.ChangesS = time.Since(t).Seconds()
+	out.TotalS = time.Since(start).Seconds()
+	return out, nil
+}
+
+// changes lists the files child changed since state from, by snapshotting
+// its files and diffing the two snapshots.
+func (s *Session) changes(ctx context.Context, child *branch.Env, from string) ([]FileChange, bool, string) {
+	snap := s.t.o.Snap
+	if snap == nil {
+		return nil, false, "this server cannot list changed files (no snapshotter given)"
+	}
+	e := s.t.e
+	base, err := e.State(from)
+	if err != nil {
+		return nil, false, "cannot list changed files: " + err.Error()
+	}
+	sid, err := e.Checkpoint(ctx, child, branch.FS)
+	if err != nil {
+		return nil, false, "cannot list changed files: " + err.Error()
+	}
+	after, err := e.State(sid)
+	if err != nil {
+		return nil, false, "cannot list changed files: " + err.Error()
+	}
+	if after.FS == base.FS {
+		return []FileChange{}, false, ""
+	}
+	cs, err := snap.Changes(ctx, branch.SnapshotPrefix+base.FS, branch.SnapshotPrefix+after.FS)
+	if err != nil {
+		return nil, false, "cannot list changed files: " + err.Error()
+	}
+	out := make([]FileChange, 0, min(len(cs), maxChanges))
+	for _, c := range cs {
+		if c.Path == sandboxDir || strings.HasPrefix(c.Path, sandboxDir+"/") {
+			continue // the sandbox's own control socket, not the command's doing
+		}
+		if len(out) == maxChanges {
+			return out, true, "more not shown"
+		}
+		out = append(out, FileChange{Path: c.Path, Kind: string(c.Kind)})
+	}
+	return out, false, ""
+}
