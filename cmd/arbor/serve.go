@@ -36,6 +36,7 @@ type serveOptions struct {
 	maxFrame    string
 	workers     int
 	grace       time.Duration
+	mcp         bool
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -61,6 +62,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
+	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
 
@@ -150,7 +152,12 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			log.Warn("close pool", slog.Any("err", cerr))
 		}
 	}()
-	s, err := server.New(server.Options{Engine: e, Pool: server.FromEnvpool(p), Token: o.token, MaxEnvs: o.maxEnvs,
+	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), e, server.FromEnvpool(p), snap, o.token, log)
+	if err != nil {
+		return err
+	}
+	defer stopMCP()
+	s, err := server.New(server.Options{Engine: e, Pool: server.FromEnvpool(p), Token: o.token, MaxEnvs: o.maxEnvs, Handlers: routes,
 		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})
 	if err != nil {
 		return err
