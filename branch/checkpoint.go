@@ -210,6 +210,8 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		return fmt.Errorf("commit state: %w", err)
 	}
 	made = nil // committed: nothing to undo
+	e.stats.checkpoints.Add(1)
+	e.stats.checkpointNanos.Add(int64(st.Timings["total"]))
 	if fsArt != nil {
 		env.setHeadFS(fsArt.Location)
 	}

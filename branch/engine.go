@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/arbor-env/arbor/cr"
@@ -74,6 +75,8 @@ type Engine struct {
 	// gcMu keeps garbage collection apart from everything that adds
 	// references to states (commits, heads, branches).
 	gcMu sync.RWMutex
+
+	stats coordStats
 
 	mu     sync.Mutex
 	envs   map[string]*Env
@@ -254,6 +257,8 @@ type Env struct {
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).
 	pubHead string
+
+	stats *coordStats // the engine's, shared by all envs
 }
 
 // Sandbox is the environment's current sandbox (it changes on rollback).
@@ -304,8 +309,14 @@ func (env *Env) gate(ctx context.Context) (time.Duration, error) {
 	}
 	start := time.Now()
 	err := env.pending.Wait(ctx)
+	waited := time.Since(start)
+	if env.stats != nil {
+		// Time an operation spent waiting for a background checkpoint is
+		// checkpoint latency the policy's thinking did not hide.
+		env.stats.exposed.Add(int64(waited))
+	}
 	if ctx.Err() != nil {
-		return time.Since(start), ctx.Err()
+		return waited, ctx.Err()
 	}
 	env.pending = nil
 	if err != nil {
@@ -357,7 +368,7 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 	if err != nil {
 		return nil, "", err
 	}
-	env := &Env{ID: le.ID, Image: imageName, sb: le.Sandbox, volume: le.Volume, dirty: true}
+	env := &Env{ID: le.ID, Image: imageName, sb: le.Sandbox, volume: le.Volume, dirty: true, stats: &e.stats}
 	if err := e.man.PutEnv(manifest.Env{ID: env.ID, Image: imageName, Created: time.Now()}); err != nil {
 		le.Close(context.Background())
 		return nil, "", fmt.Errorf("record env: %w", err)
@@ -373,6 +384,30 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 		return nil, "", err
 	}
 	return env, sid, nil
+}
+
+// coordStats count checkpoints and how much of their time was exposed.
+type coordStats struct {
+	checkpoints, checkpointNanos, exposed atomic.Int64
+}
+
+// CoordStats are the coordinator's totals since the engine opened.
+type CoordStats struct {
+	Checkpoints int64
+	// CheckpointTime is the summed duration of the checkpoints taken.
+	CheckpointTime time.Duration
+	// Exposed is the part of it operations had to wait for (not hidden
+	// behind the policy's thinking).
+	Exposed time.Duration
+}
+
+// WaitCheckpoint waits for env's background checkpoint (raising its
+// priority) and returns how long it waited; the LLM proxy holds a response
+// with it. A failed checkpoint is reported by TakeCheckpointError.
+func (e *Engine) WaitCheckpoint(ctx context.Context, env *Env) (time.Duration, error) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	return env.gate(ctx)
 }
 
 // Exec runs one command in env (after its pending checkpoint) and counts a

@@ -186,7 +186,7 @@ func (e *Engine) newChild(ctx context.Context, id string, st manifest.State, ori
 // adopt registers a restored sandbox as environment id at state st.
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, turn: st.Turn, fsLoc: r.fsLoc}
+	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, turn: st.Turn, fsLoc: r.fsLoc, stats: &e.stats}
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
@@ -331,6 +331,7 @@ type Usage struct {
 	Queue    queue.Stats
 	Envs     int
 	Warm     int
+	Coord    CoordStats
 }
 
 // Usage reports what the engine holds.
@@ -345,5 +346,7 @@ func (e *Engine) Usage() (Usage, error) {
 		w += len(ws)
 	}
 	e.mu.Unlock()
-	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w}, nil
+	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
+		Exposed: time.Duration(e.stats.exposed.Load())}
+	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c}, nil
 }

@@ -1,0 +1,187 @@
+// Package llmproxy is the coordinator as an HTTP reverse proxy, for agents
+// that are not driven through step: every request an agent sends to its LLM
+// through /v1/llm/{env_id}/... marks a turn boundary of that environment.
+// The turn is classified and its checkpoint started while the request is
+// forwarded; the response (server-sent-event streams included) is held
+// only if the checkpoint is not done when the upstream answers.
+package llmproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// Prefix is where the proxy is mounted.
+const Prefix = "/v1/llm/"
+
+// Response headers the proxy adds.
+const (
+	HeaderState      = "X-Arbor-State-Id"
+	HeaderCheckpoint = "X-Arbor-Checkpoint"
+	HeaderExposed    = "X-Arbor-Exposed-Ms"
+)
+
+// Options configure the proxy.
+type Options struct {
+	Engine *branch.Engine
+	// Upstream is the LLM API's base URL; /v1/llm/{env}/REST goes to
+	// Upstream/REST.
+	Upstream *url.URL
+	Logger   *slog.Logger
+}
+
+// Proxy is the handler.
+type Proxy struct {
+	o     Options
+	rp    *httputil.ReverseProxy
+	stats stats
+}
+
+type stats struct {
+	turns, exposedNanos, overheadNanos, failures atomic.Int64
+}
+
+// Stats are the proxy's totals.
+type Stats struct {
+	Turns    int64
+	Exposed  time.Duration // time responses were held for checkpoints
+	Overhead time.Duration // time spent before forwarding (classification hand-off)
+	Failures int64         // turns whose classification or checkpoint failed
+}
+
+// New returns the proxy handler.
+func New(o Options) (*Proxy, error) {
+	if o.Engine == nil || o.Upstream == nil {
+		return nil, errors.New("llm proxy needs an engine and an upstream URL")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	p := &Proxy{o: o}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(o.Upstream)
+			r.Out.Host = o.Upstream.Host
+		},
+		// Stream server-sent events as they come once released.
+		FlushInterval:  -1,
+		ModifyResponse: p.hold,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeError(w, http.StatusBadGateway, "upstream", err.Error())
+		},
+	}
+	return p, nil
+}
+
+// Stats returns the proxy's totals.
+func (p *Proxy) Stats() Stats {
+	return Stats{Turns: p.stats.turns.Load(), Exposed: time.Duration(p.stats.exposedNanos.Load()),
+		Overhead: time.Duration(p.stats.overheadNanos.Load()), Failures: p.stats.failures.Load()}
+}
+
+type boundaryKey struct{}
+
+// boundary is one turn boundary's checkpoint, running in the background.
+type boundary struct {
+	env  *branch.Env
+	done chan struct{}
+	sid  string
+	kind branch.Kind
+	err  error
+}
+
+// ServeHTTP forwards /v1/llm/{env_id}/rest to the upstream.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rest, ok := strings.CutPrefix(r.URL.Path, Prefix)
+	envID, tail, _ := strings.Cut(rest, "/")
+	if !ok || envID == "" {
+		writeError(w, http.StatusNotFound, "bad_path", "use "+Prefix+"{env_id}/...")
+		return
+	}
+	env, err := p.o.Engine.Env(envID)
+	if err != nil {
+		writeError(w, http.StatusNotFound, "unknown_env", err.Error())
+		return
+	}
+	b := &boundary{env: env, done: make(chan struct{})}
+	go p.checkpoint(b)
+	out := r.Clone(context.WithValue(r.Context(), boundaryKey{}, b))
+	out.URL.Path = "/" + tail
+	out.URL.RawPath = ""
+	p.stats.overheadNanos.Add(int64(time.Since(start)))
+	p.rp.ServeHTTP(w, out)
+}
+
+// checkpoint classifies the turn that ended and queues its checkpoint. It
+// does not depend on the request: a client that goes away still leaves a
+// consistent checkpoint behind.
+func (p *Proxy) checkpoint(b *boundary) {
+	defer close(b.done)
+	ctx := context.Background()
+	t, err := p.o.Engine.Classify(ctx, b.env, "")
+	if err != nil {
+		b.err = err
+		return
+	}
+	b.kind = t.Kind
+	b.sid, b.err = p.o.Engine.CheckpointAsync(b.env, t.Kind)
+}
+
+// hold runs when the upstream's response headers have arrived: it waits
+// for the turn's checkpoint, then lets the response through.
+func (p *Proxy) hold(resp *http.Response) error {
+	b, _ := resp.Request.Context().Value(boundaryKey{}).(*boundary)
+	if b == nil {
+		return nil
+	}
+	start := time.Now()
+	ctx := resp.Request.Context()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if b.err == nil {
+		_, b.err = p.o.Engine.WaitCheckpoint(ctx, b.env)
+	}
+	if b.err == nil {
+		b.err = b.env.TakeCheckpointError()
+	}
+	held := time.Since(start)
+	p.stats.turns.Add(1)
+	p.stats.exposedNanos.Add(int64(held))
+	resp.Header.Set(HeaderExposed, strconv.FormatFloat(float64(held.Microseconds())/1000, 'f', 3, 64))
+	if b.err != nil {
+		// The LLM's answer still goes through; the failure is said in a
+		// header and logged, never hidden.
+		p.stats.failures.Add(1)
+		p.o.Logger.Error("turn checkpoint failed", slog.String("env", b.env.ID), slog.Any("err", b.err))
+		resp.Header.Set(HeaderCheckpoint, "failed: "+b.err.Error())
+		return nil
+	}
+	resp.Header.Set(HeaderState, b.sid)
+	resp.Header.Set(HeaderCheckpoint, string(b.kind))
+	return nil
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"code": code, "message": msg}})
+}
+
+// String describes the proxy for logs.
+func (p *Proxy) String() string { return fmt.Sprintf("llm proxy to %s", p.o.Upstream) }

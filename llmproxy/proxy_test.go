@@ -1,0 +1,203 @@
+package llmproxy_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/llmproxy"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// upstream is a fake LLM API on loopback: /chat answers JSON, /stream
+// answers two server-sent events with a pause between them.
+func upstream(tb testing.TB) *url.URL {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/chat":
+			body, _ := io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"echo":%q,"auth":%q}`, body, r.Header.Get("Authorization"))
+		case "/v1/stream":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+			fmt.Fprint(w, "data: two\n\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	tb.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	return u
+}
+
+func engine(tb testing.TB) (*branch.Engine, *branch.Env) {
+	tb.Helper()
+	sandboxtest.RequireRoot(tb)
+	quiet := slog.New(slog.DiscardHandler)
+	c, err := criu.New("", quiet)
+	if errors.Is(err, cr.ErrUnavailable) {
+		tb.Skipf("criu 4.2 not installed: run make deps (%v)", err)
+	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		tb.Skip("btrfs-progs not installed: run make deps")
+	}
+	in, err := inspector.New(inspector.Options{Logger: quiet})
+	if err != nil {
+		in = inspector.NewFallback(inspector.Options{Logger: quiet})
+	}
+	tb.Cleanup(func() { in.Close() })
+	dir := tb.TempDir()
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 2 << 30, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { snap.Unmount(context.Background()) })
+	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet}
+	e, err := branch.Open(context.Background(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		e.Close(context.Background())
+		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
+	})
+	env, _, err := e.NewEnv(context.Background(), "busybox")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return e, env
+}
+
+func TestProxyCheckpointsEachTurn(t *testing.T) {
+	e, env := engine(t)
+	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	ctx := context.Background()
+
+	// The agent changes a file, then asks its LLM: that request is the
+	// turn boundary.
+	if _, err := e.Exec(ctx, env, "echo edited > /work/f", sandbox.ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/llm/"+env.ID+"/v1/chat", strings.NewReader("hello"))
+	req.Header.Set("Authorization", "Bearer upstream-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != `{"echo":"hello","auth":"Bearer upstream-key"}` {
+		t.Fatalf("forwarded response: %d %s", resp.StatusCode, body)
+	}
+	sid, kind := resp.Header.Get(llmproxy.HeaderState), resp.Header.Get(llmproxy.HeaderCheckpoint)
+	if kind != "fs" && kind != "full" {
+		t.Errorf("turn that edited a file checkpointed as %q", kind)
+	}
+	// The response was held until the checkpoint was committed: the
+	// state restores right away and has the edit.
+	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
+	if err != nil || res.Errors[0] != nil {
+		t.Fatalf("branch of the proxy's state %s: %v %v", sid, err, res.Errors)
+	}
+	r, err := e.Exec(ctx, res.Children[0], "cat /work/f", sandbox.ExecOptions{})
+	if err != nil || string(r.Stdout) != "edited\n" {
+		t.Errorf("state %s: %q %v", sid, r.Stdout, err)
+	}
+
+	// A turn that changed nothing keeps the state id; an SSE stream passes
+	// through event by event.
+	resp, err = http.Get(srv.URL + "/v1/llm/" + env.ID + "/v1/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if got := resp.Header.Get(llmproxy.HeaderCheckpoint); got != "none" || resp.Header.Get(llmproxy.HeaderState) != sid {
+		t.Errorf("idle turn: checkpoint %q state %q, want none and %s", got, resp.Header.Get(llmproxy.HeaderState), sid)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var events []string
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, d)
+		}
+	}
+	if strings.Join(events, ",") != "one,two" {
+		t.Errorf("stream: %v", events)
+	}
+
+	// Unknown env: a clear 404, nothing forwarded.
+	resp, err = http.Get(srv.URL + "/v1/llm/nope/v1/chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.Contains(string(body), "unknown_env") {
+		t.Errorf("unknown env: %d %s", resp.StatusCode, body)
+	}
+	st := p.Stats()
+	t.Logf("proxy: %d turns, exposed %v, overhead %v", st.Turns, st.Exposed, st.Overhead)
+}
+
+// BenchmarkProxyOverhead compares a request through the proxy (a turn
+// boundary whose turn changed nothing) with the same request sent
+// straight to the upstream.
+func BenchmarkProxyOverhead(b *testing.B) {
+	e, env := engine(b)
+	up := upstream(b)
+	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: up})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	get := func(b *testing.B, u string) {
+		resp, err := http.Post(u, "text/plain", strings.NewReader("x"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get(b, srv.URL+"/v1/llm/"+env.ID+"/v1/chat") // first turn: the initial checkpoint
+	b.Run("direct", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			get(b, up.String()+"/v1/chat")
+		}
+	})
+	b.Run("proxy", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			get(b, srv.URL+"/v1/llm/"+env.ID+"/v1/chat")
+		}
+	})
+}
