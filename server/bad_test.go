@@ -101,7 +101,9 @@ func TestBadInputs(t *testing.T) {
 		{"missing field", func() { r.req(8, "step", map[string]any{}) }, 8, "invalid_params"},
 		{"wrong type", func() { r.req(9, "branch", map[string]any{"state_id": 5, "n": "four"}) }, 9, "invalid_params"},
 		{"unknown tool", func() { r.req(10, "step", map[string]any{"env_id": "x", "action": map[string]any{"tool": "rm"}}) }, 10, "invalid_params"},
-		{"unknown env", func() { r.req(11, "step", map[string]any{"env_id": "nope", "action": map[string]any{"tool": "bash", "cmd": "ls"}}) }, 11, "unknown_env"},
+		{"unknown env", func() {
+			r.req(11, "step", map[string]any{"env_id": "nope", "action": map[string]any{"tool": "bash", "cmd": "ls"}})
+		}, 11, "unknown_env"},
 		{"unknown state", func() { r.req(12, "branch", map[string]any{"state_id": "nope", "n": 1}) }, 12, "unknown_state"},
 		{"unknown task", func() { r.req(13, "reset", map[string]any{"task": "nope"}) }, 13, "unknown_task"},
 		{"reset without image", func() { r.req(14, "reset", map[string]any{}) }, 14, "invalid_params"},

@@ -64,6 +64,16 @@ func TestEpisode(t *testing.T) {
 	if s1.Info.Turn != 1 || s1.Info.Checkpoint != "full" || s1.Info.StateID == reset.Info.StateID || s1.Truncated || s1.Reward != 0 {
 		t.Errorf("step info: %+v reward %v truncated %v", s1.Info, s1.Reward, s1.Truncated)
 	}
+	// A state id can be branched from the moment the step returned it,
+	// while its checkpoint may still run.
+	early, err := c.Branch(ctx, arbor.BranchParams{StateID: s1.Info.StateID, N: 1})
+	if err != nil {
+		t.Fatalf("branch from a fresh state id: %v", err)
+	}
+	if got := strings.TrimSpace(string(sh(t, c, early.EnvIDs[0], "cat /work/n").Obs.Stdout)); got != "1" {
+		t.Errorf("early branch: %q", got)
+	}
+	c.CloseEnv(ctx, early.EnvIDs[0])
 	// write_file and read_file carry any bytes, to paths with spaces.
 	content := append([]byte("it's a \\c %s\n\x00\xff\xfe"), bytes.Repeat([]byte{0, 1, 2, 'a', '\'', 0x80}, 20000)...)
 	w, err := c.Step(ctx, env, arbor.WriteFile("dir with space/it's.bin", content))

@@ -204,6 +204,35 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 	return out, nil
 }
 
+// settle waits until state sid is committed when it is the head of an
+// open env whose background checkpoint still runs: a client may branch
+// from or roll back to a state id the moment a step returned it. The wait
+// raises the checkpoint's priority.
+func (s *Server) settle(ctx context.Context, sid string) error {
+	if _, err := s.e.State(sid); err == nil {
+		return nil
+	}
+	for _, env := range s.e.Envs() {
+		if env.Head() != sid {
+			continue
+		}
+		// A checkpoint of kind none waits for the pending one.
+		if _, err := s.e.Checkpoint(ctx, env, branch.None); err != nil {
+			return err
+		}
+		if ckErr := env.TakeCheckpointError(); ckErr != nil {
+			// The env has changes no state holds: checkpoint them now, so
+			// that its head is a real state again.
+			if _, err := s.e.Checkpoint(ctx, env, branch.Full); err != nil {
+				return err
+			}
+			return fmt.Errorf("state %s: %w", sid, ckErr)
+		}
+		return nil
+	}
+	return nil // unknown: the caller reports it
+}
+
 // seen reports whether sid is a state env may address: an ancestor of its
 // head or any state it made (including ones a rollback left behind).
 func (s *Server) seen(env *branch.Env, sid string) bool {
@@ -245,6 +274,9 @@ func (s *Server) stepRollback(ctx context.Context, env *branch.Env, m *envMeta, 
 		return &protocol.StepResult{Obs: protocol.Obs{Stderr: protocol.Text(msg + "\n"), ExitCode: 2},
 			Info: protocol.Info{Tool: a.Tool, StateID: env.Head(), Turn: env.Turn() - m.base, Checkpoint: string(branch.None),
 				Task: m.task.Name, MaxTurns: m.task.MaxTurns}}
+	}
+	if err := s.settle(ctx, a.StateID); err != nil {
+		return nil, err
 	}
 	if _, err := s.e.State(a.StateID); err != nil || !s.seen(env, a.StateID) {
 		return fail(fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)), nil
@@ -297,6 +329,9 @@ func (r *request) branch(ctx context.Context) (any, error) {
 		s.observePending(m)
 		src, meta = branch.Source{Env: env}, m
 	} else {
+		if err := s.settle(ctx, sid); err != nil {
+			return nil, err
+		}
 		st, err := s.e.State(sid)
 		if err != nil {
 			return nil, err
@@ -373,6 +408,9 @@ func (r *request) rollback(ctx context.Context) (any, error) {
 		return nil, perr
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := s.settle(ctx, sid); err != nil {
 		return nil, err
 	}
 	info, err := s.restore(ctx, env, m, sid)
