@@ -389,6 +389,7 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 // coordStats count checkpoints and how much of their time was exposed.
 type coordStats struct {
 	checkpoints, checkpointNanos, exposed atomic.Int64
+	verified, misses                      atomic.Int64
 }
 
 // CoordStats are the coordinator's totals since the engine opened.
@@ -399,6 +400,8 @@ type CoordStats struct {
 	// Exposed is the part of it operations had to wait for (not hidden
 	// behind the policy's thinking).
 	Exposed time.Duration
+	// Verified counts Verify calls; Misses those that found a difference.
+	Verified, Misses int64
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

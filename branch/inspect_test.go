@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -72,8 +73,41 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Verification mode: the live state equals a restore of sid.
+		v, err := e.Verify(ctx, env, sid)
+		if err != nil {
+			t.Fatalf("%s: verify: %v", tt.name, err)
+		}
+		if len(v.Misses) > 0 {
+			t.Errorf("%s (%s): verification misses: %v", tt.name, turn.Kind, v.Misses)
+		}
 		live := run(t, e, env, `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,)"`)
 		refs = append(refs, ref{sid, live})
+	}
+	if u, _ := e.Usage(); u.Coord.Verified != int64(len(turns)) || u.Coord.Misses != 0 {
+		t.Errorf("verification counters: %+v", u.Coord)
+	}
+	// Verification catches a wrong "none": changes no checkpoint took.
+	for _, miss := range []struct{ cmd, want string }{
+		{"echo sneaky > /work/c", "file /work/c"},
+		{"export Z=1", "shell state differs"},
+		{"sleep 300 >/dev/null 2>&1 &", "process missing after restore"},
+	} {
+		run(t, e, env, miss.cmd)
+		sid, err := e.CheckpointAsync(env, branch.None)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := e.Verify(ctx, env, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(strings.Join(v.Misses, "\n"), miss.want) {
+			t.Errorf("%q skipped: verification found %v, want a miss naming %q", miss.cmd, v.Misses, miss.want)
+		}
+		if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i, r := range refs {
 		res, err := e.Branch(ctx, branch.Source{State: r.sid}, 1)

@@ -347,6 +347,6 @@ func (e *Engine) Usage() (Usage, error) {
 	}
 	e.mu.Unlock()
 	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
-		Exposed: time.Duration(e.stats.exposed.Load())}
+		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load()}
 	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c}, nil
 }

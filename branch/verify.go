@@ -1,0 +1,116 @@
+package branch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// Verification is what Verify found.
+type Verification struct {
+	State string
+	// Misses lists every difference between the live environment and a
+	// restore of State: a change the checkpoint (or its absence) missed.
+	Misses []string
+	Took   time.Duration
+}
+
+// Verify restores state sid (which env's current state should equal: its
+// head after a turn classified none, fs or proc) and compares it with the
+// live environment: the file tree, the shell's state digest and the set of
+// processes (pid and command line; restored pids are the original ones).
+// In-memory contents of background processes are not compared. This is the
+// check behind --verify-skips; it costs a restore.
+func (e *Engine) Verify(ctx context.Context, env *Env, sid string) (Verification, error) {
+	start := time.Now()
+	v := Verification{State: sid}
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if _, err := env.gate(ctx); err != nil {
+		return v, err
+	}
+	if env.ckptErr != nil {
+		return v, env.ckptErr
+	}
+	r, err := e.restore(ctx, sid, newID("verify-"))
+	if err != nil {
+		return v, err
+	}
+	defer func() {
+		r.sb.Destroy(context.Background())
+		e.o.Snap.Destroy(context.Background(), r.volume)
+	}()
+	diffs, err := inspector.TreeDiff(ctx, e.o.Snap.Path(env.volume), e.o.Snap.Path(r.volume))
+	if err != nil {
+		return v, fmt.Errorf("compare trees: %w", err)
+	}
+	for _, d := range diffs {
+		v.Misses = append(v.Misses, "file "+d)
+	}
+	live, err := shellDigest(ctx, env.sb)
+	if err != nil {
+		return v, err
+	}
+	restored, err := shellDigest(ctx, r.sb)
+	if err != nil {
+		return v, err
+	}
+	if live != restored {
+		v.Misses = append(v.Misses, "shell state differs")
+	}
+	lp, rp := processSet(env.sb.FreezerCgroup()), processSet(r.sb.FreezerCgroup())
+	for _, p := range lp {
+		if !slices.Contains(rp, p) {
+			v.Misses = append(v.Misses, "process missing after restore: "+p)
+		}
+	}
+	for _, p := range rp {
+		if !slices.Contains(lp, p) {
+			v.Misses = append(v.Misses, "process not live: "+p)
+		}
+	}
+	v.Took = time.Since(start)
+	e.stats.verified.Add(1)
+	if len(v.Misses) > 0 {
+		e.stats.misses.Add(1)
+	}
+	return v, nil
+}
+
+func shellDigest(ctx context.Context, sb *sandbox.Sandbox) (string, error) {
+	r, err := sb.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	if err != nil {
+		return "", fmt.Errorf("read shell state: %w", err)
+	}
+	return inspector.NormalizeShellState(r.Stdout).Digest, nil
+}
+
+// processSet lists "nspid cmdline" of every live process in a cgroup.
+func processSet(cgroupDir string) []string {
+	b, _ := os.ReadFile(filepath.Join(cgroupDir, "cgroup.procs"))
+	var out []string
+	for _, f := range strings.Fields(string(b)) {
+		cmd, err := os.ReadFile(filepath.Join("/proc", f, "cmdline"))
+		if err != nil || len(cmd) == 0 {
+			continue // exited, or a zombie
+		}
+		st, _ := os.ReadFile(filepath.Join("/proc", f, "status"))
+		ns := ""
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+				fs := strings.Fields(v)
+				ns = fs[len(fs)-1]
+			}
+		}
+		out = append(out, ns+" "+strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " "))
+	}
+	slices.Sort(out)
+	return out
+}
