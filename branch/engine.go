@@ -162,6 +162,9 @@ func (e *Engine) recover(ctx context.Context) error {
 			}
 		}
 	}
+	if n := sandbox.RemoveStaleCgroups(); n > 0 {
+		e.log.Info("removed cgroups of sandboxes of an earlier run", slog.Int("count", n))
+	}
 	// Roots of environments of an earlier run are of no use any more.
 	vols, err := e.o.Snap.List(ctx, launch.VolumePrefix)
 	if err == nil {

@@ -258,3 +258,35 @@ func keyed(path, key string) int64 {
 	}
 	return 0
 }
+
+// RemoveStaleCgroups deletes the cgroups of sandboxes that no longer have
+// processes (left by a server that was killed): every empty directory below
+// arbor/ in each hierarchy Arbor uses that is older than a minute (a younger
+// one may belong to a sandbox another process is starting right now).
+// Groups with processes are kept. It returns how many it removed.
+func RemoveStaleCgroups() int {
+	v2root, _ := unifiedRoot()
+	roots := []string{filepath.Join(v2root, "arbor")}
+	for _, c := range v1Controllers {
+		roots = append(roots, filepath.Join(cgroupRoot, c, "arbor"))
+	}
+	n := 0
+	for _, r := range roots {
+		ents, err := os.ReadDir(r)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < time.Minute {
+				continue
+			}
+			if unix.Rmdir(filepath.Join(r, e.Name())) == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
