@@ -23,6 +23,9 @@ type conn struct {
 	log      *slog.Logger
 	out      chan []byte
 	done     chan struct{} // closed when the connection is gone
+	closing  chan struct{} // closed to make the writer flush and close
+	flushed  chan struct{} // closed when the writer has ended
+	finOnce  sync.Once
 	once     sync.Once
 	authed   atomic.Bool
 	inFlight atomic.Int64
@@ -50,6 +53,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	// sender gets a too_large error; anything bigger drops the connection.
 	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
 	c := &conn{s: s, ws: ws, out: make(chan []byte, 64), done: make(chan struct{}),
+		closing: make(chan struct{}), flushed: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr))}
 	c.authed.Store(authed)
 	s.mu.Lock()
@@ -83,17 +87,46 @@ func (c *conn) shut(code int, reason string) {
 	})
 }
 
+// finish makes the writer send every queued frame, then close the
+// connection with code; it waits up to wait for that.
+func (c *conn) finish(code int, reason string, wait time.Duration) {
+	c.finOnce.Do(func() { close(c.closing) })
+	select {
+	case <-c.flushed:
+	case <-time.After(wait):
+	}
+	c.shut(code, reason)
+}
+
 func (c *conn) writeLoop() {
+	defer close(c.flushed)
+	write := func(b []byte) bool {
+		c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+		if err := c.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
+			c.log.Debug("write", slog.Any("err", err))
+			c.shut(websocket.CloseInternalServerErr, "write failed")
+			return false
+		}
+		return true
+	}
 	for {
 		select {
 		case <-c.done:
 			return
 		case b := <-c.out:
-			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-			if err := c.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
-				c.log.Debug("write", slog.Any("err", err))
-				c.shut(websocket.CloseInternalServerErr, "write failed")
+			if !write(b) {
 				return
+			}
+		case <-c.closing:
+			for {
+				select {
+				case b := <-c.out:
+					if !write(b) {
+						return
+					}
+				default:
+					return
+				}
 			}
 		}
 	}

@@ -249,7 +249,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, c := range conns {
-		c.shut(websocket.CloseGoingAway, "server shutting down")
+		c.finish(websocket.CloseGoingAway, "server shutting down", 5*time.Second)
 	}
 	s.log.Info("drained", slog.Int("connections", len(conns)))
 	return err
