@@ -263,8 +263,8 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	b.h.wg.Add(1)
 	go b.h.closeWhenDone(b)
 	intro = fmt.Sprintf("[new sandbox %s for %s]\n", res.Env.ID, what)
-	if res.Instruction != "" {
-		intro += "[task] " + res.Instruction + "\n"
+	if in := strings.TrimSpace(res.Instruction); in != "" {
+		intro += "[task] " + in + "\n"
 	}
 	t.log.Info("mcp session env", slog.String("env", res.Env.ID), slog.String("task", b.tg.task), slog.String("image", b.tg.image))
 	return b.s, intro + "\n", nil

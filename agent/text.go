@@ -20,7 +20,7 @@ Relative paths start at the shell's current directory. Large files come back wit
 Relative paths start at the shell's current directory. Like bash, the call is saved as a state you can roll back to.
 Prefer it to echo/heredocs for writing source files: nothing gets mangled by shell quoting.`
 
-	descListStates = `List your recent states, oldest first: for each, its state_id, the turn, the tool call and command that produced it, its exit code, and whether it can still be restored.
+	descListStates = `List your recent states in the order they were made: for each, its state_id, the turn, the tool call and command that produced it, its exit code, and whether it can still be restored.
 "current" marks the state the sandbox is in now; "undone" marks states a rollback went back past (they can still be restored).
 Call it when something went wrong and you want to find the last good point to return to.`
 
