@@ -57,6 +57,9 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if _, err := env.gate(ctx); err != nil {
 		return nil, "", err
 	}
+	if env.mustFull {
+		kind, env.mustFull = Full, false
+	}
 	if kind == None && env.head != "" {
 		env.dirty = false
 		return nil, env.head, nil

@@ -253,6 +253,9 @@ type Env struct {
 	// if that checkpoint fails.
 	pendingParent string
 	ckptErr       error // the last background checkpoint's failure, until taken
+	// mustFull: a checkpoint failed, so the next one takes everything,
+	// whatever the turn's classification says.
+	mustFull bool
 	closed        bool
 
 	fsMu  sync.Mutex // guards fsLoc and pubHead, read without env.mu
@@ -328,6 +331,7 @@ func (env *Env) gate(ctx context.Context) (time.Duration, error) {
 		env.ckptErr = err
 		env.setHead(env.pendingParent)
 		env.dirty = true
+		env.mustFull = true
 	}
 	return time.Since(start), nil
 }
