@@ -256,7 +256,7 @@ type Env struct {
 	// mustFull: a checkpoint failed, so the next one takes everything,
 	// whatever the turn's classification says.
 	mustFull bool
-	closed        bool
+	closed   bool
 
 	fsMu  sync.Mutex // guards fsLoc and pubHead, read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
