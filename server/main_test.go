@@ -22,6 +22,7 @@ import (
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -121,7 +122,12 @@ func setup() (cleanup func(), err error) {
 	undo = append(undo, func() { snap.Unmount(context.Background()) })
 	images := &image.Store{Snap: snap, Logger: quiet()}
 	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: init, AutoBuild: true, Logger: quiet()}
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()}
+	in, ierr := inspector.New(inspector.Options{Logger: quiet()})
+	if ierr != nil {
+		in = inspector.NewFallback(inspector.Options{Logger: quiet()})
+	}
+	undo = append(undo, func() { in.Close() })
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet()}
 	engine, err = branch.Open(ctx, o)
 	if err != nil {
 		return nil, err

@@ -193,6 +193,19 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 	}
 	s.m.checkpoints.WithLabelValues(string(kind)).Inc()
 	info.StateID, info.Checkpoint = sid, string(kind)
+	if s.o.VerifySkips && kind != branch.Full {
+		v, err := s.e.Verify(ctx, env, sid)
+		switch {
+		case err != nil:
+			info.VerifyMisses = []string{"verification failed: " + err.Error()}
+			s.m.verified.WithLabelValues("miss").Inc()
+		case len(v.Misses) > 0:
+			info.VerifyMisses = v.Misses
+			s.m.verified.WithLabelValues("miss").Inc()
+		default:
+			s.m.verified.WithLabelValues("ok").Inc()
+		}
+	}
 	info.Turn = env.Turn() - m.base
 	out := &protocol.StepResult{
 		Obs: protocol.Obs{Stdout: protocol.Text(res.Stdout), Stderr: protocol.Text(res.Stderr), ExitCode: res.ExitCode,

@@ -13,6 +13,7 @@ type metrics struct {
 	checkpoint  *prometheus.HistogramVec
 	restore     prometheus.Histogram
 	checkpoints *prometheus.CounterVec
+	verified    *prometheus.CounterVec
 	requests    *prometheus.CounterVec
 	conns       prometheus.Gauge
 	inFlight    prometheus.Gauge
@@ -36,6 +37,9 @@ func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "arbor_checkpoints_total", Help: "Checkpoints queued, by kind (none counts turns that needed none).",
 		}, []string{"kind"}),
+		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "arbor_verify_total", Help: "Turns checked in verification mode, by result (ok or miss).",
+		}, []string{"result"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "arbor_requests_total", Help: "Requests answered, by method and result code (ok or an error code).",
 		}, []string{"method", "code"}),
@@ -46,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
 			Name: "arbor_requests_in_flight", Help: "Requests being served.",
 		}),
 	}
-	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.requests, m.conns, m.inFlight,
+	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.verified, m.requests, m.conns, m.inFlight,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_active_envs", Help: "Open envs handed out to clients."}, activeEnvs),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range []string{"none", "fs", "proc", "full"} {

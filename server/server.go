@@ -28,6 +28,11 @@ type Options struct {
 	Pool Pool
 	// Classifier picks each turn's checkpoint kind; nil: Full.
 	Classifier Classifier
+	// VerifySkips: after every turn checkpointed as none, fs or proc,
+	// restore that state and compare it with the live env (files, shell
+	// state, processes); misses are reported in the step's info and
+	// counted in arbor_verify_misses_total. Costs a restore per turn.
+	VerifySkips bool
 	// Token, when set, must be presented by every connection, as
 	// "Authorization: Bearer TOKEN" or in hello. Listening on anything but
 	// loopback requires one.

@@ -37,6 +37,9 @@ type serveOptions struct {
 	workers     int
 	grace       time.Duration
 	mcp         bool
+	inspect     string
+	verifySkips bool
+	llmUpstream string
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -62,6 +65,9 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
+	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
+	f.BoolVar(&o.verifySkips, "verify-skips", false, "after every turn checkpointed none, fs or proc, restore it and compare with the live env (slow; for tests and benchmarks)")
+	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -126,8 +132,15 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	}
 	images := &image.Store{Snap: snap, Logger: log}
 	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log}
+	in, err := openInspector(o.inspect, log)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		defer in.Close()
+	}
 	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Logger: log})
+		Launcher: l, Workers: o.workers, Inspector: in, Logger: log})
 	if err != nil {
 		return fmt.Errorf("open engine: %w", err)
 	}
@@ -157,7 +170,17 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	defer stopMCP()
+	if o.llmUpstream != "" {
+		if routes, err = addLLMProxy(routes, e, o.llmUpstream, o.token, log); err != nil {
+			return err
+		}
+	}
+	classifier := server.Full
+	if in != nil {
+		classifier = server.Inspected(e, log)
+	}
 	s, err := server.New(server.Options{Engine: e, Pool: server.FromEnvpool(p), Token: o.token, MaxEnvs: o.maxEnvs, Handlers: routes,
+		Classifier: classifier, VerifySkips: o.verifySkips,
 		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})
 	if err != nil {
 		return err

@@ -153,6 +153,9 @@ type Info struct {
 	Limits          []string `msgpack:"limits,omitempty" json:"limits,omitempty"`
 	StdoutBytes     int64    `msgpack:"stdout_bytes,omitempty" json:"stdout_bytes,omitempty"`
 	StderrBytes     int64    `msgpack:"stderr_bytes,omitempty" json:"stderr_bytes,omitempty"`
+	// VerifyMisses, in verification mode (arbor serve --verify-skips),
+	// lists what a restore of StateID lacked compared with the live env.
+	VerifyMisses []string `msgpack:"verify_misses,omitempty" json:"verify_misses,omitempty"`
 }
 
 // ResetResult is what reset returns.

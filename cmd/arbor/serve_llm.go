@@ -1,0 +1,71 @@
+package main
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/llmproxy"
+)
+
+// openInspector makes the turn classifier --inspector asks for; nil for
+// "off" (every turn is then checkpointed full).
+func openInspector(mode string, log *slog.Logger) (*inspector.Inspector, error) {
+	switch mode {
+	case "off":
+		return nil, nil
+	case "fallback":
+		return inspector.NewFallback(inspector.Options{Logger: log}), nil
+	case "ebpf", "auto", "":
+		in, err := inspector.New(inspector.Options{Logger: log})
+		if err == nil {
+			log.Info("inspector: eBPF")
+			return in, nil
+		}
+		if mode == "ebpf" || !errors.Is(err, inspector.ErrUnavailable) {
+			return nil, fmt.Errorf("inspector: %w (arbor doctor says why; --inspector fallback or off to run without)", err)
+		}
+		log.Warn("inspector: eBPF unavailable, using the snapshot backend's change lists", slog.Any("err", err))
+		return inspector.NewFallback(inspector.Options{Logger: log}), nil
+	default:
+		return nil, fmt.Errorf("--inspector %q: want auto, ebpf, fallback or off", mode)
+	}
+}
+
+// TokenHeader carries the server's token on LLM proxy requests, whose
+// Authorization header belongs to the upstream LLM API.
+const TokenHeader = "X-Arbor-Token"
+
+// addLLMProxy mounts the LLM reverse proxy at /v1/llm/.
+func addLLMProxy(routes map[string]http.Handler, e *branch.Engine, upstream, token string, log *slog.Logger) (map[string]http.Handler, error) {
+	u, err := url.Parse(upstream)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return nil, fmt.Errorf("--llm-upstream %q: want an absolute URL such as http://127.0.0.1:8000", upstream)
+	}
+	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: u, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	var h http.Handler = p
+	if token != "" {
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(token)) != 1 {
+				http.Error(w, `{"error":{"code":"unauthorized","message":"send the server's token in `+TokenHeader+`"}}`, http.StatusUnauthorized)
+				return
+			}
+			r.Header.Del(TokenHeader)
+			p.ServeHTTP(w, r)
+		})
+	}
+	if routes == nil {
+		routes = map[string]http.Handler{}
+	}
+	routes[llmproxy.Prefix] = h
+	log.Info("llm proxy", slog.String("path", llmproxy.Prefix+"ENV_ID/..."), slog.String("upstream", u.String()))
+	return routes, nil
+}

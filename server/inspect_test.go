@@ -1,0 +1,73 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/server"
+)
+
+// TestTurnClassesThroughServer runs a suite of turn types through the real
+// server with the inspector as the coordinator's classifier and
+// verification mode on: each turn gets its expected class, and a restore
+// of every skipped or partial checkpoint equals the live env.
+func TestTurnClassesThroughServer(t *testing.T) {
+	_, addr := newServer(t, server.Options{Classifier: server.Inspected(engine, quiet()), VerifySkips: true})
+	ctx := context.Background()
+	c := dial(t, addr, nil)
+	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := reset.EnvID
+	defer c.CloseEnv(ctx, env)
+	turns := []struct {
+		name, cmd, want string
+	}{
+		{"read only", "ls /; cat /etc/passwd; grep root /etc/passwd; find /etc -name 'pass*'", "none"},
+		{"failing test run with temp files", "(echo 'exit 1' > /tmp/t.sh; sh /tmp/t.sh; rm -f /tmp/t.sh) || true", "none"},
+		{"file edit", "mkdir -p /work && echo v1 > /work/app.txt", "fs"},
+		{"install into a directory", "mkdir -p /opt/pkg/bin && echo 'echo hi' > /opt/pkg/bin/tool && chmod +x /opt/pkg/bin/tool", "fs"},
+		{"cd", "cd /work", "proc"},
+		{"export", "export MODE=test", "proc"},
+		{"function", "greet() { echo hi; }", "proc"},
+		{"alias", "alias ll='ls -l'", "proc"},
+		{"create then delete", "echo x > /work/tmp; rm /work/tmp", "none"},
+		{"identical rewrite", "echo v1 > /work/app.txt", "none"},
+	}
+	for _, tt := range turns {
+		r := sh(t, c, env, tt.cmd)
+		if r.Info.Checkpoint != tt.want {
+			t.Errorf("%s: checkpoint %q, want %q", tt.name, r.Info.Checkpoint, tt.want)
+		}
+		if len(r.Info.VerifyMisses) > 0 {
+			t.Errorf("%s: verification misses: %v", tt.name, r.Info.VerifyMisses)
+		}
+	}
+	// Starting a background server that also writes a log is full: the
+	// classification may see only the new process at the end of the turn,
+	// and the checkpoint grows to full when the log write shows up while it
+	// settles, frozen. (Verification is skipped here: the writer keeps
+	// writing between the checkpoint and the comparison.)
+	r := sh(t, c, env, "(while :; do echo tick >> /work/log; sleep 0.05; done) >/dev/null 2>&1 &")
+	if e, err := engine.Env(env); err == nil {
+		engine.WaitCheckpoint(ctx, e)
+	}
+	if st, err := engine.State(r.Info.StateID); err != nil || st.Kind != "full" {
+		t.Errorf("background server with a log: state %s kind %q (%v), want full", r.Info.StateID, st.Kind, err)
+	}
+	sh(t, c, env, "kill %1; wait")
+	// A background process that keeps changing its memory: at least proc
+	// on every turn, and every such state restores to the live env.
+	sh(t, c, env, "(i=0; while :; do i=$((i+1)); done) >/dev/null 2>&1 &")
+	for i := 0; i < 3; i++ {
+		r := sh(t, c, env, "true")
+		if r.Info.Checkpoint == "none" || r.Info.Checkpoint == "fs" {
+			t.Errorf("turn %d with a live memory changer: checkpoint %q", i, r.Info.Checkpoint)
+		}
+		if len(r.Info.VerifyMisses) > 0 {
+			t.Errorf("turn %d: verification misses: %v", i, r.Info.VerifyMisses)
+		}
+	}
+}
