@@ -2,6 +2,9 @@ package server_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
@@ -69,5 +72,34 @@ func TestTurnClassesThroughServer(t *testing.T) {
 		if len(r.Info.VerifyMisses) > 0 {
 			t.Errorf("turn %d: verification misses: %v", i, r.Info.VerifyMisses)
 		}
+	}
+}
+
+// TestMetrics scrapes /metrics after a step: the histograms, the counters
+// by kind and the engine's accounting are there, with no env ids in labels.
+func TestMetrics(t *testing.T) {
+	_, addr := newServer(t, server.Options{})
+	ctx := context.Background()
+	c := dial(t, addr, nil)
+	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseEnv(ctx, reset.EnvID)
+	sh(t, c, reset.EnvID, "echo x > /f")
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"arbor_step_seconds_bucket", "arbor_checkpoints_total{kind=\"full\"}", "arbor_active_envs",
+		"arbor_checkpoint_exposed_seconds_total", "arbor_image_hot_bytes", "arbor_states"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if strings.Contains(string(body), reset.EnvID) {
+		t.Errorf("/metrics mentions an env id")
 	}
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/arbor-env/arbor/branch"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -57,4 +58,33 @@ func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
 		m.checkpoints.WithLabelValues(k)
 	}
 	return m
+}
+
+// registerEngineMetrics exports the coordinator's totals and the engine's
+// disk and memory accounting, read at scrape time.
+func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
+	usage := func(f func(branch.Usage) float64) func() float64 {
+		return func() float64 {
+			u, err := e.Usage()
+			if err != nil {
+				return 0
+			}
+			return f(u)
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_time_seconds_total",
+			Help: "Summed duration of the checkpoints taken."}, usage(func(u branch.Usage) float64 { return u.Coord.CheckpointTime.Seconds() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_exposed_seconds_total",
+			Help: "Part of the checkpoint time operations had to wait for (not hidden behind the policy's thinking)."},
+			usage(func(u branch.Usage) float64 { return u.Coord.Exposed.Seconds() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_image_hot_bytes", Help: "Process images on tmpfs."},
+			usage(func(u branch.Usage) float64 { return float64(u.Images.HotBytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_image_cold_bytes", Help: "Process images on disk."},
+			usage(func(u branch.Usage) float64 { return float64(u.Images.ColdBytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_states", Help: "States in the manifest."},
+			usage(func(u branch.Usage) float64 { return float64(u.Manifest.States) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_warm_copies", Help: "Pre-restored frozen copies kept for branching."},
+			usage(func(u branch.Usage) float64 { return float64(u.Warm) })),
+	)
 }

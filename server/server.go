@@ -149,6 +149,7 @@ func New(o Options) (*Server, error) {
 		defer s.mu.Unlock()
 		return float64(len(s.envs))
 	})
+	registerEngineMetrics(o.Registry, o.Engine)
 	s.up = websocket.Upgrader{
 		ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10,
 		CheckOrigin: s.checkOrigin,
