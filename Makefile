@@ -5,7 +5,7 @@ BIN := bin
 STATE_DIR ?= /var/lib/arbor
 GOTEST_FLAGS ?= -race -count=1 -timeout 18m
 
-.PHONY: help deps build run test generate bench lint
+.PHONY: help deps build run test generate bench gobench lint
 
 help: ## list targets
 	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -34,7 +34,10 @@ test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs,
 generate: ## regenerate committed generated code
 	$(GO) generate ./...
 
-bench: build ## run the benchmarks
+bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces -> benchmarks/results
+	$(BIN)/arbor --log-level warn bench --out benchmarks/results
+
+gobench: build ## the Go micro-benchmarks (go test -bench)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -run '^$$' -bench . -benchtime 20x ./...
 
 lint: ## gofmt and go vet

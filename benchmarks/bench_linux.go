@@ -1,0 +1,251 @@
+package benchmarks
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/branch"
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/server"
+)
+
+// The modes compared.
+const (
+	ModeArbor  = "arbor"
+	ModeFull   = "full"
+	ModeFSOnly = "fsonly"
+	ModeReplay = "replay"
+)
+
+// Run plays every trace in every mode, measures branching and tree
+// rollouts, and returns the report (Write puts it on disk).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o = o.withDefaults()
+	traces, err := LoadTraces(o.TracesDir, o.Only)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	r, err := newRig(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	rep := &Report{Started: start, ThinkMS: ms(o.Think), Host: hostInfo(), BranchN: o.BranchN}
+	if r.inNote != "" {
+		rep.Notes = append(rep.Notes, r.inNote)
+	}
+	if r.in != nil {
+		rep.Classifier = "inspector (eBPF)"
+		if !r.in.UsesBPF() {
+			rep.Classifier = "inspector (btrfs change list, no eBPF)"
+		}
+	} else {
+		rep.Classifier = "full (no inspector)"
+	}
+	for _, t := range traces {
+		if err := r.image(ctx, t.Image); err != nil {
+			return nil, fmt.Errorf("image %s: %w", t.Image, err)
+		}
+		rep.Traces = append(rep.Traces, TraceInfo{Name: t.Name, Description: t.Description, Setup: len(t.Setup), Turns: len(t.Turns)})
+	}
+	var cls server.Classifier = server.Full
+	if r.in != nil {
+		cls = inspectorClassifier(r.e)
+	}
+	ha, err := r.serve(ctx, ModeArbor, r.e, cls)
+	if err != nil {
+		return nil, err
+	}
+	hf, err := r.serve(ctx, ModeFull, r.base, server.Full)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range traces {
+		for _, h := range []*serverHandle{ha, hf} {
+			run, err := r.serverRun(ctx, h, t, o.Think)
+			if err != nil {
+				return nil, err
+			}
+			rep.Runs = append(rep.Runs, *run)
+			o.Progress("%s/%s: %d turns, recovery %d/%d", t.Name, h.name, len(run.Turns), recovered(run.Recovery), len(run.Recovery))
+		}
+		run, err := r.fsOnlyRun(ctx, t, o.Think)
+		if err != nil {
+			return nil, err
+		}
+		rep.Runs = append(rep.Runs, *run)
+		o.Progress("%s/%s: recovery %d/%d", t.Name, ModeFSOnly, recovered(run.Recovery), len(run.Recovery))
+		turns, err := r.playReplay(ctx, t)
+		if err == nil {
+			err = r.recoverReplay(ctx, t, turns, o.ReplayStride)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: %w", t.Name, err)
+		}
+		rep.Runs = append(rep.Runs, TraceRun{Trace: t.Name, Mode: ModeReplay, Turns: turns, Recovery: turns})
+		o.Progress("%s/%s: recovery %d/%d", t.Name, ModeReplay, recovered(turns), checked(turns))
+	}
+	rep.Branch = map[string]map[int][]float64{}
+	if rep.Branch[ModeArbor], err = r.branchBench(ctx, ha, traces, o); err != nil {
+		return nil, fmt.Errorf("branch scaling: %w", err)
+	}
+	o.Progress("branch(n) measured")
+	if !o.SkipRunc {
+		rep.Runc = r.runcBench(ctx, o.BranchN, o.BranchReps)
+		if rep.Runc.Available {
+			rep.Branch["runc"] = rep.Runc.BranchMS
+		}
+		o.Progress("runc: %s", strings.SplitN(rep.Runc.Note, ";", 2)[0])
+	}
+	for _, t := range traces {
+		if t.Name == o.Tree.Trace {
+			rep.Tree = r.treeBench(ctx, ha, t, o.Tree)
+			rep.TreeOptions = o.Tree
+			o.Progress("tree rollouts done")
+		}
+	}
+	rep.DurationS = time.Since(start).Seconds()
+	rep.summarize()
+	return rep, nil
+}
+
+func recovered(ts []Turn) int {
+	n := 0
+	for _, t := range ts {
+		if t.Checked && t.Recovered {
+			n++
+		}
+	}
+	return n
+}
+
+func checked(ts []Turn) int {
+	n := 0
+	for _, t := range ts {
+		if t.Checked {
+			n++
+		}
+	}
+	return n
+}
+
+// serverRun plays t through a server twice: timed with think time, then
+// probed for the recovery check.
+func (r *rig) serverRun(ctx context.Context, h *serverHandle, t Trace, think time.Duration) (*TraceRun, error) {
+	before, err := h.e.Usage()
+	if err != nil {
+		return nil, err
+	}
+	envID, turns, err := r.playServer(ctx, h, t, think, false)
+	if err != nil {
+		return nil, err
+	}
+	after, err := h.e.Usage()
+	if err != nil {
+		return nil, err
+	}
+	h.c.CloseEnv(ctx, envID)
+	proc := func(u branch.Usage) manifest.KindUsage { return u.Manifest.Artifacts[manifest.ArtifactProc] }
+	fs := func(u branch.Usage) manifest.KindUsage { return u.Manifest.Artifacts[manifest.ArtifactFS] }
+	run := &TraceRun{Trace: t.Name, Mode: h.name, Turns: turns,
+		ProcBytes: proc(after).Bytes - proc(before).Bytes, ProcImages: proc(after).Count - proc(before).Count,
+		FSSnapshots: fs(after).Count - fs(before).Count}
+	envID, rec, err := r.playServer(ctx, h, t, 0, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.recoverServer(ctx, h, rec); err != nil {
+		return nil, fmt.Errorf("recovery %s/%s: %w", t.Name, h.name, err)
+	}
+	h.c.CloseEnv(ctx, envID)
+	run.Recovery = rec
+	return run, nil
+}
+
+func (r *rig) fsOnlyRun(ctx context.Context, t Trace, think time.Duration) (*TraceRun, error) {
+	turns, snaps, err := r.playFSOnly(ctx, t, think, false)
+	for _, s := range snaps {
+		if s != "" {
+			r.snap.Destroy(ctx, s)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fs-only %s: %w", t.Name, err)
+	}
+	run := &TraceRun{Trace: t.Name, Mode: ModeFSOnly, Turns: turns, FSSnapshots: len(turns)}
+	rec, snaps, err := r.playFSOnly(ctx, t, 0, true)
+	if err == nil {
+		err = r.recoverFSOnly(ctx, rec, snaps)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fs-only recovery %s: %w", t.Name, err)
+	}
+	run.Recovery = rec
+	return run, nil
+}
+
+// branchBench times branch(n) of a state with a live background server
+// (the service trace's end state, or the first trace's).
+func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, o Options) (map[int][]float64, error) {
+	t := traces[0]
+	for _, x := range traces {
+		if x.Name == "service" {
+			t = x
+		}
+	}
+	envID, _, err := r.playServer(ctx, h, t, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	defer h.c.CloseEnv(ctx, envID)
+	sid, err := h.c.Checkpoint(ctx, envID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int][]float64{}
+	for _, n := range o.BranchN {
+		for i := 0; i < o.BranchReps; i++ {
+			if o.WarmCopies > 0 {
+				waitWarm(ctx, h.e, min(n, o.WarmCopies))
+			}
+			start := time.Now()
+			br, err := h.c.Branch(ctx, arbor.BranchParams{StateID: sid, N: n})
+			if err != nil {
+				return nil, fmt.Errorf("branch(%d): %w", n, err)
+			}
+			out[n] = append(out[n], ms(time.Since(start)))
+			for j, id := range br.EnvIDs {
+				if id == "" {
+					return nil, fmt.Errorf("branch(%d) child %d: %v", n, j, br.Errors)
+				}
+				h.c.CloseEnv(ctx, id)
+			}
+		}
+	}
+	return out, nil
+}
+
+func waitWarm(ctx context.Context, e *branch.Engine, n int) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if u, err := e.Usage(); err == nil && u.Warm >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func hostInfo() string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, Linux %s, %d cores", host, unix.ByteSliceToString(u.Release[:]), runtime.NumCPU())
+}

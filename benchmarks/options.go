@@ -1,0 +1,111 @@
+package benchmarks
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Options configure a benchmark run. Zero values take the defaults.
+type Options struct {
+	// TracesDir holds the trace files (default: the traces built in).
+	TracesDir string
+	// Only keeps the named traces.
+	Only []string
+	// OutDir receives results.json, results.md and the plots.
+	OutDir string
+	// Think is the simulated LLM think time between turns (default 200 ms).
+	Think time.Duration
+	// BranchN are the fan-outs of the branch(n) measurement (default
+	// 1, 2, 4, 8, 16, 32) and BranchReps how often each is timed
+	// (default 3).
+	BranchN    []int
+	BranchReps int
+	// Tree configures the tree rollouts.
+	Tree TreeOptions
+	// ReplayStride checks every ReplayStride-th turn by replay (default
+	// 2; the replay check costs O(turns^2) actions).
+	ReplayStride int
+	// SkipRunc leaves the runc baseline out.
+	SkipRunc bool
+	// WarmCopies is the engine's pre-restored copies per open env (0: none,
+	// the default: every branch is a cold restore).
+	WarmCopies int
+	// WorkDir is where the temporary state directory goes (default: the
+	// system temp dir); KeepWorkDir leaves it behind for inspection.
+	WorkDir     string
+	KeepWorkDir bool
+	// CRIU is the CRIU binary (default: the private CRIU 4.x).
+	CRIU string
+	// InitBinary is arbor-init (default: sandbox.FindInit).
+	InitBinary string
+	// Classifier picks Arbor's classification: "inspector" (the default:
+	// the Inspector when this build wires one into the server, else full)
+	// or "full".
+	Classifier string
+	Logger     *slog.Logger
+	// Progress receives one line per finished stage (nil: none).
+	Progress func(format string, args ...any)
+}
+
+// TreeOptions configure the Tree-GRPO-style rollouts: M trees, each grown
+// from a trace's first Prefix turns; L rounds, each expanding N random
+// nodes of every tree into Factor children that run Steps more actions.
+type TreeOptions struct {
+	Trace   string
+	M       int
+	Prefix  int
+	L       int
+	N       int
+	Steps   int
+	Factors []int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Think == 0 {
+		o.Think = 200 * time.Millisecond
+	}
+	if len(o.BranchN) == 0 {
+		o.BranchN = []int{1, 2, 4, 8, 16, 32}
+	}
+	if o.BranchReps <= 0 {
+		o.BranchReps = 3
+	}
+	if o.ReplayStride <= 0 {
+		o.ReplayStride = 2
+	}
+	if o.OutDir == "" {
+		o.OutDir = "benchmarks/results"
+	}
+	if o.Classifier == "" {
+		o.Classifier = "inspector"
+	}
+	t := &o.Tree
+	if t.Trace == "" {
+		t.Trace = "bugfix"
+	}
+	if t.M <= 0 {
+		t.M = 2
+	}
+	if t.Prefix <= 0 {
+		t.Prefix = 12
+	}
+	if t.L <= 0 {
+		t.L = 2
+	}
+	if t.N <= 0 {
+		t.N = 2
+	}
+	if t.Steps <= 0 {
+		t.Steps = 2
+	}
+	if len(t.Factors) == 0 {
+		t.Factors = []int{1, 2, 3, 4, 5}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Progress == nil {
+		o.Progress = func(string, ...any) {}
+	}
+	return o
+}

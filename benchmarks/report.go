@@ -1,0 +1,472 @@
+package benchmarks
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is the outcome of one benchmark run.
+type Report struct {
+	Started    time.Time     `json:"started"`
+	DurationS  float64       `json:"duration_s"`
+	Host       string        `json:"host"`
+	ThinkMS    float64       `json:"think_ms"`
+	Classifier string        `json:"classifier"`
+	Traces     []TraceInfo   `json:"traces"`
+	Runs       []TraceRun    `json:"runs"`
+	Summary    []ModeSummary `json:"summary"`
+	BranchN    []int         `json:"branch_n"`
+	// Branch: mode -> n -> latencies (ms) of branch(n).
+	Branch      map[string]map[int][]float64 `json:"branch_ms"`
+	Runc        *RuncResult                  `json:"runc,omitempty"`
+	Tree        []TreeResult                 `json:"tree,omitempty"`
+	TreeOptions TreeOptions                  `json:"tree_options"`
+	Goals       []Goal                       `json:"goals"`
+	Notes       []string                     `json:"notes,omitempty"`
+}
+
+// TraceInfo describes a workload.
+type TraceInfo struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Setup       int    `json:"setup_actions"`
+	Turns       int    `json:"turns"`
+}
+
+// Pct are percentiles of a sample, in ms.
+type Pct struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Percentiles of xs (nearest rank).
+func Percentiles(xs []float64) Pct {
+	if len(xs) == 0 {
+		return Pct{}
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	at := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return Pct{N: len(s), P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: s[len(s)-1]}
+}
+
+// ModeSummary aggregates one mode over every trace (agent turns only:
+// setup actions are left out of the shares and latencies, not out of the
+// recovery check).
+type ModeSummary struct {
+	Mode  string `json:"mode"`
+	Turns int    `json:"turns"`
+	// Classes counts turns per checkpoint kind taken.
+	Classes map[string]int `json:"classes"`
+	// Checkpoint: latency per turn (none counts as 0 ms); ByKind: of the
+	// checkpoints taken, per kind.
+	Checkpoint Pct            `json:"checkpoint_ms"`
+	ByKind     map[string]Pct `json:"checkpoint_ms_by_kind"`
+	// ExposedShare is the checkpoint time not hidden by think time over
+	// the turns' total time (think + step); ExposedP95 the 95th
+	// percentile of that share per turn.
+	ExposedShare float64 `json:"exposed_share"`
+	ExposedP95   float64 `json:"exposed_share_p95"`
+	ExposedMS    float64 `json:"exposed_ms_total"`
+	ProcBytes    int64   `json:"checkpoint_proc_bytes"`
+	ProcImages   int     `json:"proc_images"`
+	FSSnapshots  int     `json:"fs_snapshots"`
+	// AvoidedShare: the share of turns that took no checkpoint at all.
+	AvoidedShare float64 `json:"avoided_share"`
+	// ExpectMatch: turns whose class equals the trace author's expectation.
+	ExpectMatch int `json:"expect_match"`
+	ExpectTotal int `json:"expect_total"`
+	// Recovery: states restored and compared with the live reference.
+	Checked    int            `json:"recovery_checked"`
+	Recovered  int            `json:"recovery_ok"`
+	Correct    float64        `json:"recovery_correct"`
+	MismatchBy map[string]int `json:"mismatch_by_part"`
+	Restore    Pct            `json:"restore_ms"`
+}
+
+// Goal is one of the issue's targets, checked.
+type Goal struct {
+	Name   string `json:"name"`
+	Target string `json:"target"`
+	Value  string `json:"value"`
+	Met    bool   `json:"met"`
+}
+
+var modeOrder = []string{ModeArbor, ModeFull, ModeFSOnly, ModeReplay}
+
+var modeTitle = map[string]string{
+	ModeArbor:  "Arbor",
+	ModeFull:   "full every turn",
+	ModeFSOnly: "files only",
+	ModeReplay: "replay",
+	"runc":     "runc",
+}
+
+func (rep *Report) summarize() {
+	rep.Summary = nil
+	for _, m := range modeOrder {
+		s := ModeSummary{Mode: m, Classes: map[string]int{}, ByKind: map[string]Pct{}, MismatchBy: map[string]int{}}
+		var all, restore []float64
+		kinds := map[string][]float64{}
+		var exposed, total float64
+		var shares []float64
+		found := false
+		for _, run := range rep.Runs {
+			if run.Mode != m {
+				continue
+			}
+			found = true
+			s.ProcBytes += run.ProcBytes
+			s.ProcImages += run.ProcImages
+			s.FSSnapshots += run.FSSnapshots
+			for _, t := range run.Turns {
+				if t.Setup {
+					continue
+				}
+				s.Turns++
+				s.Classes[t.Class]++
+				if t.Expect != "" && m == ModeArbor {
+					s.ExpectTotal++
+					if t.Expect == t.Class {
+						s.ExpectMatch++
+					}
+				}
+				all = append(all, t.CkptMS)
+				if t.Class != "none" {
+					kinds[t.Class] = append(kinds[t.Class], t.CkptMS)
+				}
+				tt := rep.ThinkMS + t.StepMS
+				exposed += t.ExposedMS
+				total += tt
+				if tt > 0 {
+					shares = append(shares, t.ExposedMS/tt)
+				}
+			}
+			for _, t := range run.Recovery {
+				if !t.Checked {
+					continue
+				}
+				s.Checked++
+				if t.Recovered {
+					s.Recovered++
+				}
+				for _, p := range t.Mismatch {
+					s.MismatchBy[p]++
+				}
+				restore = append(restore, t.RestoreMS)
+			}
+		}
+		if !found {
+			continue
+		}
+		if m == ModeReplay {
+			all = nil
+		}
+		s.Checkpoint = Percentiles(all)
+		for k, xs := range kinds {
+			s.ByKind[k] = Percentiles(xs)
+		}
+		if total > 0 {
+			s.ExposedShare = exposed / total
+		}
+		s.ExposedMS = exposed
+		s.ExposedP95 = Percentiles(shares).P95
+		if s.Turns > 0 {
+			s.AvoidedShare = float64(s.Classes["none"]) / float64(s.Turns)
+		}
+		if s.Checked > 0 {
+			s.Correct = float64(s.Recovered) / float64(s.Checked)
+		}
+		s.Restore = Percentiles(restore)
+		rep.Summary = append(rep.Summary, s)
+	}
+	rep.goals()
+}
+
+func (rep *Report) mode(m string) *ModeSummary {
+	for i := range rep.Summary {
+		if rep.Summary[i].Mode == m {
+			return &rep.Summary[i]
+		}
+	}
+	return nil
+}
+
+func (rep *Report) branchP50(mode string, n int) float64 {
+	return Percentiles(rep.Branch[mode][n]).P50
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.Inf(1)
+	}
+	return a / b
+}
+
+func (rep *Report) goals() {
+	rep.Goals = nil
+	a, f, fo := rep.mode(ModeArbor), rep.mode(ModeFull), rep.mode(ModeFSOnly)
+	if a != nil {
+		rep.Goals = append(rep.Goals, Goal{Name: "recovery correctness, Arbor", Target: "100%",
+			Value: fmt.Sprintf("%.1f%% (%d/%d)", 100*a.Correct, a.Recovered, a.Checked), Met: a.Checked > 0 && a.Recovered == a.Checked})
+	}
+	if fo != nil {
+		rep.Goals = append(rep.Goals, Goal{Name: "recovery correctness, files only", Target: "reported (expected to fail where processes matter)",
+			Value: fmt.Sprintf("%.1f%% (%d/%d)", 100*fo.Correct, fo.Recovered, fo.Checked), Met: true})
+	}
+	if a != nil && f != nil {
+		r := ratio(f.Checkpoint.P95, a.Checkpoint.P95)
+		rep.Goals = append(rep.Goals, Goal{Name: "checkpoint p95 per turn, full every turn / Arbor", Target: ">= 5x",
+			Value: fmt.Sprintf("%.1fx (%.0f ms vs %.0f ms)", r, f.Checkpoint.P95, a.Checkpoint.P95), Met: r >= 5})
+	}
+	for _, t := range rep.Tree {
+		if t.Factor == 4 {
+			r := ratio(t.ReplayS, t.BranchS)
+			rep.Goals = append(rep.Goals, Goal{Name: "tree rollouts at branching factor 4, replay / branch", Target: ">= 2x",
+				Value: fmt.Sprintf("%.1fx (%.1f s vs %.1f s)", r, t.ReplayS, t.BranchS), Met: r >= 2 && t.Errors == 0})
+		}
+	}
+	if rn, ok := rep.Branch["runc"][8]; ok && len(rn) > 0 {
+		ar, rr := rep.branchP50(ModeArbor, 8), rep.branchP50("runc", 8)
+		rep.Goals = append(rep.Goals, Goal{Name: "branch(8) p50, runc / Arbor", Target: "> 1x",
+			Value: fmt.Sprintf("%.1fx (%.0f ms vs %.0f ms)", ratio(rr, ar), rr, ar), Met: ar < rr})
+	}
+}
+
+// Write puts results.json, results.md and the SVG plots into dir.
+func (rep *Report) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"results.json":       append(b, '\n'),
+		"results.md":         []byte(rep.Markdown()),
+		"checkpoint-cdf.svg": []byte(rep.cdfSVG()),
+		"branch-scaling.svg": []byte(rep.branchSVG()),
+		"turn-classes.svg":   []byte(rep.classesSVG()),
+		"tree-rollouts.svg":  []byte(rep.treeSVG()),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func pctStr(p Pct) string {
+	if p.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f / %.0f / %.0f", p.P50, p.P95, p.P99)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// Headline is the table the README shows.
+func (rep *Report) Headline() string {
+	var b strings.Builder
+	b.WriteString("| | Arbor | full every turn | files only | replay |\n|---|---|---|---|---|\n")
+	row := func(name string, f func(s *ModeSummary) string) {
+		b.WriteString("| " + name)
+		for _, m := range modeOrder {
+			s := rep.mode(m)
+			v := "-"
+			if s != nil {
+				v = f(s)
+			}
+			b.WriteString(" | " + v)
+		}
+		b.WriteString(" |\n")
+	}
+	row("checkpoint per turn p50 / p95 / p99 (ms)", func(s *ModeSummary) string {
+		if s.Mode == ModeReplay {
+			return "0 (none taken)"
+		}
+		return pctStr(s.Checkpoint)
+	})
+	row("turns without checkpoint", func(s *ModeSummary) string { return fmt.Sprintf("%.0f%%", 100*s.AvoidedShare) })
+	row("exposed latency (share of turn time; p95 per turn)", func(s *ModeSummary) string {
+		return fmt.Sprintf("%.2f%%; %.2f%%", 100*s.ExposedShare, 100*s.ExposedP95)
+	})
+	row("CRIU image bytes written", func(s *ModeSummary) string {
+		if s.Mode == ModeFSOnly || s.Mode == ModeReplay {
+			return "0"
+		}
+		return mib(s.ProcBytes)
+	})
+	row("file snapshots", func(s *ModeSummary) string { return fmt.Sprint(s.FSSnapshots) })
+	row("recovery correct", func(s *ModeSummary) string {
+		return fmt.Sprintf("%.0f%% (%d/%d)", 100*s.Correct, s.Recovered, s.Checked)
+	})
+	row("restore p50 / p95 (ms)", func(s *ModeSummary) string {
+		if s.Restore.N == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", s.Restore.P50, s.Restore.P95)
+	})
+	return b.String()
+}
+
+// Markdown is the full report.
+func (rep *Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Arbor benchmark results\n\n")
+	fmt.Fprintf(&b, "Run %s on %s; %.0f s in all. Simulated think time %.0f ms. Arbor's classifier: %s.\n\n",
+		rep.Started.UTC().Format(time.RFC3339), rep.Host, rep.DurationS, rep.ThinkMS, rep.Classifier)
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "- Note: %s\n", n)
+	}
+	b.WriteString("\n## Goals\n\n| goal | target | value | met |\n|---|---|---|---|\n")
+	for _, g := range rep.Goals {
+		met := "yes"
+		if !g.Met {
+			met = "**no**"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", g.Name, g.Target, g.Value, met)
+	}
+	b.WriteString("\n## Headline (all traces)\n\n")
+	b.WriteString(rep.Headline())
+	b.WriteString("\n![checkpoint latency CDF](checkpoint-cdf.svg)\n")
+	b.WriteString("\n## Turns per class\n\n| mode | none | fs | proc | full | matches the trace's expectation |\n|---|---|---|---|---|---|\n")
+	for _, s := range rep.Summary {
+		if s.Mode == ModeReplay {
+			continue
+		}
+		exp := "-"
+		if s.ExpectTotal > 0 {
+			exp = fmt.Sprintf("%d/%d", s.ExpectMatch, s.ExpectTotal)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", modeTitle[s.Mode], s.Classes["none"], s.Classes["fs"], s.Classes["proc"], s.Classes["full"], exp)
+	}
+	b.WriteString("\n![share of turns per class](turn-classes.svg)\n")
+	b.WriteString("\n## Checkpoint latency by kind (ms, p50 / p95 / p99, checkpoints taken)\n\n| mode | fs | proc | full |\n|---|---|---|---|\n")
+	for _, s := range rep.Summary {
+		if s.Mode == ModeReplay {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", modeTitle[s.Mode], pctStr(s.ByKind["fs"]), pctStr(s.ByKind["proc"]), pctStr(s.ByKind["full"]))
+	}
+	if rep.Runc != nil && rep.Runc.Available {
+		fmt.Fprintf(&b, "| runc checkpoint --leave-running (processes only) | - | %s | - |\n", pctStr(Percentiles(rep.Runc.CheckpointMS)))
+	}
+	b.WriteString("\n## Per trace\n\n| trace | mode | turns none/fs/proc/full | checkpoint p50/p95 (ms) | exposed | CRIU bytes | recovery |\n|---|---|---|---|---|---|---|\n")
+	for _, run := range rep.Runs {
+		c := map[string]int{}
+		var ck []float64
+		var ex, tot float64
+		for _, t := range run.Turns {
+			if t.Setup {
+				continue
+			}
+			c[t.Class]++
+			ck = append(ck, t.CkptMS)
+			ex += t.ExposedMS
+			tot += rep.ThinkMS + t.StepMS
+		}
+		p := Percentiles(ck)
+		fmt.Fprintf(&b, "| %s | %s | %d/%d/%d/%d | %.0f / %.0f | %.2f%% | %s | %d/%d |\n", run.Trace, modeTitle[run.Mode],
+			c["none"], c["fs"], c["proc"], c["full"], p.P50, p.P95, 100*ex/math.Max(tot, 1), mib(run.ProcBytes),
+			recovered(run.Recovery), checked(run.Recovery))
+	}
+	b.WriteString("\n## Recovery mismatches by part\n\n| mode | files | shell | processes |\n|---|---|---|---|\n")
+	for _, s := range rep.Summary {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", modeTitle[s.Mode], s.MismatchBy["files"], s.MismatchBy["shell"], s.MismatchBy["procs"])
+	}
+	b.WriteString("\n## branch(n) latency (ms, p50 of ")
+	fmt.Fprintf(&b, "%d runs; cold restores)\n\n| n |", len(rep.Branch[ModeArbor][1]))
+	modes := []string{ModeArbor}
+	if _, ok := rep.Branch["runc"]; ok {
+		modes = append(modes, "runc")
+	}
+	for _, m := range modes {
+		fmt.Fprintf(&b, " %s |", modeTitle[m])
+	}
+	b.WriteString(" ratio |\n|---|")
+	for range modes {
+		b.WriteString("---|")
+	}
+	b.WriteString("---|\n")
+	for _, n := range rep.BranchN {
+		fmt.Fprintf(&b, "| %d |", n)
+		for _, m := range modes {
+			fmt.Fprintf(&b, " %.0f |", rep.branchP50(m, n))
+		}
+		if len(modes) > 1 {
+			fmt.Fprintf(&b, " %.1fx |\n", ratio(rep.branchP50("runc", n), rep.branchP50(ModeArbor, n)))
+		} else {
+			b.WriteString(" - |\n")
+		}
+	}
+	b.WriteString("\n![branch scaling](branch-scaling.svg)\n")
+	if rep.Runc != nil {
+		fmt.Fprintf(&b, "\nrunc: %s", rep.Runc.Note)
+		if rep.Runc.BranchErrors > 0 {
+			fmt.Fprintf(&b, " (%d restores failed)", rep.Runc.BranchErrors)
+		}
+		b.WriteString("\n")
+	}
+	if len(rep.Tree) > 0 {
+		o := rep.TreeOptions
+		fmt.Fprintf(&b, "\n## Tree rollouts\n\nTrace %s; %d trees, each from a %d-turn prefix; %d rounds, each expanding %d random nodes per tree into b children that run %d more actions. Children run concurrently; no think time.\n\n",
+			o.Trace, o.M, o.Prefix, o.L, o.N, o.Steps)
+		b.WriteString("| b | children | branch (s) | replay (s) | speed-up | prefix actions not re-executed |\n|---|---|---|---|---|---|\n")
+		for _, t := range rep.Tree {
+			fmt.Fprintf(&b, "| %d | %d | %.1f | %.1f | %.1fx | %d |\n", t.Factor, t.Children, t.BranchS, t.ReplayS, ratio(t.ReplayS, t.BranchS), t.PrefixActions)
+		}
+		b.WriteString("\n![tree rollouts](tree-rollouts.svg)\n")
+	}
+	b.WriteString("\n## Method\n\n")
+	b.WriteString(method)
+	return b.String()
+}
+
+const method = `Each trace (benchmarks/traces) is played through a real server
+(protocol v1 over a loopback websocket) with the simulated think time
+between turns; setup actions run first and are left out of the shares.
+
+* **Arbor**: the coordinator takes the Inspector's class per turn (none,
+  fs, proc, full) and checkpoints in the background while the model
+  thinks.
+* **full every turn**: the same server on an engine without the
+  Inspector: CRIU dump plus file snapshot after every turn.
+* **files only**: a btrfs snapshot of the sandbox's root after every turn
+  and nothing of the processes; its restore is a fresh sandbox with a new
+  shell on a clone of the snapshot (the "chat + files" recovery).
+* **replay**: no checkpoints; reaching a turn's state means a fresh
+  sandbox and every action up to it again.
+* **runc**: Debian's runc with the same CRIU: runc checkpoint
+  --leave-running of an equivalent container (the debian image's files as
+  rootfs, bash and the service trace's server) and branch(n) as n parallel
+  runc restore, each into a btrfs clone of the rootfs.
+
+Checkpoint latency per turn counts a turn without checkpoint as 0 ms.
+Exposed latency is the part of a turn's checkpoint that ends after the
+next step would have been sent (step return + think time), over the sum
+of think and step times. Recovery correctness: the trace is played again
+without think time; after every turn (once its checkpoint is done) the
+live state is recorded: a digest of the file tree (paths, types, modes,
+owners, sizes, symlink targets, contents; modification times left out;
+system trees by metadata), the shell's cwd, exported variables, functions
+and aliases, and the long-lived processes' command lines plus the counter
+server's in-memory state read through /proc/PID/mem (it does not run for
+it). Then every turn's state is restored (branch(1) of its state id; a
+fresh sandbox on the snapshot for files only; a full replay for replay)
+and compared part by part.
+`

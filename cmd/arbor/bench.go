@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbor-env/arbor/benchmarks"
+)
+
+func init() { subcommands = append(subcommands, newBenchCmd) }
+
+func newBenchCmd(g *globalOptions) *cobra.Command {
+	var o benchmarks.Options
+	var quick bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Compare Arbor with full-every-turn, files-only, replay and runc on agent traces",
+		Long: `Play the agent traces of benchmarks/traces through a real server (in this
+process, on a loopback port, with a temporary btrfs pool) with a simulated think
+time, and compare Arbor against baselines that really run: CRIU plus file
+snapshot every turn, file snapshots only, replay, and runc checkpoint/restore.
+Measures checkpoint latency by kind, turns per class, checkpoint bytes, exposed
+latency, branch(n), recovery correctness of every turn, and Tree-GRPO-style
+rollouts with branch vs replay. Writes results.json, results.md and SVG plots
+to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if quick {
+				o.BranchN = []int{1, 4, 8}
+				o.BranchReps = 1
+				o.Tree.Factors = []int{1, 4}
+				o.Tree.M = 1
+				o.ReplayStride = 4
+			}
+			o.CRIU = g.criuPath
+			o.Logger = slog.Default()
+			start := time.Now()
+			o.Progress = func(format string, args ...any) {
+				fmt.Fprintf(os.Stderr, "bench [%5.0fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+			}
+			rep, err := benchmarks.Run(c.Context(), o)
+			if err != nil {
+				return err
+			}
+			out := o.OutDir
+			if out == "" {
+				out = "benchmarks/results"
+			}
+			if err := rep.Write(out); err != nil {
+				return fmt.Errorf("write results: %w", err)
+			}
+			fmt.Print(rep.Headline())
+			fmt.Println()
+			for _, gl := range rep.Goals {
+				met := "met"
+				if !gl.Met {
+					met = "NOT met"
+				}
+				fmt.Printf("goal %-55s %-10s %s (%s)\n", gl.Name, gl.Target, gl.Value, met)
+			}
+			fmt.Printf("\nresults in %s (%.0f s)\n", out, rep.DurationS)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.OutDir, "out", "benchmarks/results", "folder for results.json, results.md and the plots")
+	f.StringVar(&o.TracesDir, "traces", "", "folder of trace files (default: the traces built in)")
+	f.StringSliceVar(&o.Only, "only", nil, "play only these traces")
+	f.DurationVar(&o.Think, "think", 200*time.Millisecond, "simulated LLM think time between turns")
+	f.IntSliceVar(&o.BranchN, "branch-n", nil, "fan-outs of branch(n) (default 1,2,4,8,16,32)")
+	f.IntVar(&o.BranchReps, "branch-reps", 3, "timings per fan-out")
+	f.IntSliceVar(&o.Tree.Factors, "tree-factors", nil, "branching factors of the tree rollouts (default 1-5)")
+	f.IntVar(&o.ReplayStride, "replay-stride", 2, "check every k-th turn by replay (the replay check costs O(turns^2))")
+	f.BoolVar(&o.SkipRunc, "no-runc", false, "leave the runc baseline out")
+	f.IntVar(&o.WarmCopies, "warm", 0, "pre-restored warm copies per env in Arbor's engine (0: cold branches)")
+	f.StringVar(&o.Classifier, "classifier", "inspector", "Arbor's turn classification: inspector or full")
+	f.StringVar(&o.WorkDir, "work-dir", "", "where the temporary state directory goes (default: the system temp dir)")
+	f.BoolVar(&o.KeepWorkDir, "keep", false, "keep the temporary state directory")
+	f.BoolVar(&quick, "quick", false, "a smaller run (branch 1,4,8 once; tree b=1,4; replay every 4th turn)")
+	return cmd
+}
