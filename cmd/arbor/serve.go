@@ -130,6 +130,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
 	}
+	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
 	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log}
 	in, err := openInspector(o.inspect, log)

@@ -15,7 +15,6 @@ import (
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/arbor-env/arbor/cr"
@@ -30,6 +29,7 @@ type Checkpointer struct {
 	// "skip" (default: a sandbox's net namespace holds only loopback, and
 	// every socket's peer is frozen in the same tree) or "nftables".
 	NetworkLock string
+	spares      *spares
 }
 
 // New resolves the CRIU binary (flag, else the private CRIU 4.x, else PATH)
@@ -55,7 +55,11 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	if err := ensureKdatCache(p); err != nil {
 		log.Warn("criu kernel cache unavailable; every CRIU run probes the kernel again", slog.Any("err", err))
 	}
-	return &Checkpointer{path: p, log: log, NetworkLock: "skip"}, nil
+	n := 1
+	if os.Getenv("ARBOR_CRIU_SPARES") == "0" {
+		n = 0 // start CRIU on demand only (for comparisons)
+	}
+	return &Checkpointer{path: p, log: log, NetworkLock: "skip", spares: newSpares(n)}, nil
 }
 
 // Path is the CRIU binary in use.
@@ -114,9 +118,12 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		return DumpStats{}, err
 	}
 	opts.External = []string{fmt.Sprintf("net[%d]:%s", ino, netKey)}
-	g := gocriu.MakeCriu()
-	g.SetCriuPath(c.path)
-	if err := runCtx(ctx, func() error { return g.Dump(opts, nil) }); err != nil {
+	sp, err := c.take(false)
+	if err != nil {
+		return DumpStats{}, err
+	}
+	defer sp.close()
+	if err := runCtx(ctx, func() error { return sp.g.Dump(opts, nil) }); err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
@@ -182,16 +189,11 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		return 0, fmt.Errorf("open work dir: %w", err)
 	}
 	defer wd.Close()
-	netns, err := newLoopbackNetns()
+	sp, err := c.take(true)
 	if err != nil {
 		return 0, err
 	}
-	defer netns.Close()
-	// CRIU (our child, started by go-criu) inherits the namespace through
-	// a descriptor without close-on-exec.
-	if _, err := unix.FcntlInt(netns.Fd(), unix.F_SETFD, 0); err != nil {
-		return 0, fmt.Errorf("share net namespace with criu: %w", err)
-	}
+	defer sp.close()
 	n := &notify{join: r.Join}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
@@ -205,11 +207,9 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
 		NetworkLock:       c.lock(),
 		NotifyScripts:     proto.Bool(true),
-		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(int32(netns.Fd()))}},
+		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(int32(sp.netns.Fd()))}},
 	}
-	g := gocriu.MakeCriu()
-	g.SetCriuPath(c.path)
-	if err := runCtx(ctx, func() error { return g.Restore(opts, n) }); err != nil {
+	if err := runCtx(ctx, func() error { return sp.g.Restore(opts, n) }); err != nil {
 		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
 	}
 	if n.pid == 0 {
