@@ -136,6 +136,9 @@ func TestTimeoutKeepsShell(t *testing.T) {
 			if !r.TimedOut {
 				t.Fatalf("not reported as timed out: %+v", r)
 			}
+			if r.ShellRestarted {
+				t.Errorf("the timeout cost the shell (stderr %q)", r.Stderr)
+			}
 			if el := time.Since(start); el > 8*time.Second {
 				t.Errorf("timeout took %v to take effect", el)
 			}

@@ -294,17 +294,16 @@ func (s *shell) reap() {
 	}
 }
 
-// killForeground stops the command that is running in the foreground: the
-// terminal's foreground process group is killed when it is a job of its
-// own, and the shell gets SIGINT so that a builtin loop or the rest of the
-// command line is abandoned, as after ^C at a terminal.
-func (s *shell) killForeground() {
+// killJob kills the terminal's foreground process group when it is a job
+// of its own (the command that outlived its timeout), not the shell. With
+// a SIGINT to the shell, as ^C at a terminal, this also stops a loop
+// running inside the shell itself and abandons the rest of the line.
+func (s *shell) killJob() {
 	if s.master >= 0 {
 		if pg, err := unix.IoctlGetInt(s.master, unix.TIOCGPGRP); err == nil && pg > 1 && pg != s.pid {
 			unix.Kill(-pg, unix.SIGKILL)
 		}
 	}
-	unix.Kill(s.pid, unix.SIGINT)
 }
 
 // exec runs one command and returns its result. The command text reaches
@@ -342,26 +341,29 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	seq := s.type_(fmt.Sprintf("{ %s; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", src, s.outW, s.errW))
 	resp := ctl.Response{}
 	deadline := start.Add(timeout)
-	var marker uint64 // status record typed after a timeout
-	var hard time.Time
+	// After a timeout, init types marker lines; the first marker record
+	// to come back (any sequence number from firstMarker on) means the
+	// shell is at its prompt again.
+	var firstMarker uint64
+	var hard, lastInt time.Time
 	got := false
 	for {
 		wait := time.Until(deadline)
-		if marker != 0 {
+		if firstMarker != 0 {
 			wait = 50 * time.Millisecond
 		}
 		recs, dead := s.pumpOnce(max0(wait), out, errb)
+		back := false
 		for _, r := range recs {
-			switch r.seq {
-			case seq:
+			switch {
+			case r.seq == seq:
 				got = true
 				resp.ExitCode, resp.Cwd = r.code, r.pwd
-			case marker:
+			case firstMarker != 0 && r.seq >= firstMarker:
+				back = true
 				if !got {
 					resp.ExitCode, resp.Cwd = 124, r.pwd
 				}
-				got = true
-				marker = 0
 			}
 		}
 		if dead {
@@ -371,18 +373,19 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 			}
 			break
 		}
-		if got && marker == 0 {
+		if (got && firstMarker == 0) || back {
 			break
 		}
 		now := time.Now()
-		if marker == 0 && now.After(deadline) {
+		if firstMarker == 0 && now.After(deadline) {
 			resp.TimedOut = true
-			s.killForeground()
-			marker = s.type_("")
-			hard = now.Add(5 * time.Second)
+			s.killJob()
+			unix.Kill(s.pid, unix.SIGINT)
+			firstMarker = s.type_("")
+			lastInt, hard = now, now.Add(5*time.Second)
 			continue
 		}
-		if marker != 0 {
+		if firstMarker != 0 {
 			if now.After(hard) {
 				// The shell does not come back: replace it.
 				unix.Kill(s.pid, unix.SIGKILL)
@@ -393,8 +396,15 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 				resp.ExitCode = 124
 				break
 			}
-			if !got {
-				s.killForeground()
+			// Later commands of the same line start new jobs: kill them
+			// too. The shell itself gets SIGINT again only when it has
+			// not come back for a second, with a fresh marker line, as a
+			// SIGINT can also discard the marker line it is reading.
+			s.killJob()
+			if now.Sub(lastInt) > time.Second {
+				unix.Kill(s.pid, unix.SIGINT)
+				s.type_("")
+				lastInt = now
 			}
 		}
 	}
