@@ -155,8 +155,11 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 // checkpointing it (full, high priority) when it changed since its head.
 func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 	env.mu.Lock()
-	dirty, head := env.dirty, env.head
+	dirty, head, closed := env.dirty, env.head, env.closed
 	env.mu.Unlock()
+	if closed {
+		return "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	}
 	if !dirty && head != "" {
 		env.mu.Lock()
 		_, err := env.gate(ctx)

@@ -255,7 +255,7 @@ func TestPoolSetupFailureNamesCommand(t *testing.T) {
 func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
 	e, _ := newEngine(t)
 	ctx := context.Background()
-	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask}, envpool.PoolOptions{Warm: -1, IdleTTL: 2 * time.Second, Logger: quiet()})
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask}, envpool.PoolOptions{Warm: -1, IdleTTL: 5 * time.Second, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
 		t.Errorf("promote of a reset env: %v", err)
 	}
 	// Idle: touched envs survive, the rest are closed.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if _, err := e.Env(parent.ID); err != nil && p.Stats().Live == 0 {
 			break
