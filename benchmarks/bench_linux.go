@@ -107,6 +107,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	for _, t := range traces {
 		if t.Name == o.Tree.Trace {
+			if o.Tree.Prefix <= 0 || o.Tree.Prefix > len(t.Turns) {
+				o.Tree.Prefix = len(t.Turns)
+			}
 			rep.Tree = r.treeBench(ctx, ha, t, o.Tree)
 			rep.TreeOptions = o.Tree
 			o.Progress("tree rollouts done")

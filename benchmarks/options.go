@@ -48,8 +48,10 @@ type Options struct {
 }
 
 // TreeOptions configure the Tree-GRPO-style rollouts: M trees, each grown
-// from a trace's first Prefix turns; L rounds, each expanding N random
-// nodes of every tree into Factor children that run Steps more actions.
+// from a chain of the trace's first Prefix turns (0: the whole trace, as
+// Tree-GRPO expands complete trajectories); L rounds, each expanding N
+// random nodes of every tree into Factor children that run Steps more
+// actions.
 type TreeOptions struct {
 	Trace   string
 	M       int
@@ -85,9 +87,6 @@ func (o Options) withDefaults() Options {
 	}
 	if t.M <= 0 {
 		t.M = 2
-	}
-	if t.Prefix <= 0 {
-		t.Prefix = 12
 	}
 	if t.L <= 0 {
 		t.L = 2

@@ -424,7 +424,7 @@ func (rep *Report) Markdown() string {
 	}
 	if len(rep.Tree) > 0 {
 		o := rep.TreeOptions
-		fmt.Fprintf(&b, "\n## Tree rollouts\n\nTrace %s; %d trees, each from a %d-turn prefix; %d rounds, each expanding %d random nodes per tree into b children that run %d more actions. Children run concurrently; no think time.\n\n",
+		fmt.Fprintf(&b, "\n## Tree rollouts\n\nTrace %s; %d trees, each a chain of %d turns (plus setup); %d rounds, each expanding %d random nodes per tree into b children that run %d more actions. Children run concurrently; no think time. Replay starts a fresh sandbox per child and re-runs the node's actions; branch forks the node's state.\n\n",
 			o.Trace, o.M, o.Prefix, o.L, o.N, o.Steps)
 		b.WriteString("| b | children | branch (s) | replay (s) | speed-up | prefix actions not re-executed |\n|---|---|---|---|---|---|\n")
 		for _, t := range rep.Tree {

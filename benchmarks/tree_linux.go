@@ -95,7 +95,10 @@ func (r *rig) treeBench(ctx context.Context, h *serverHandle, tr Trace, o TreeOp
 
 func prefixNodes(tr Trace, prefix int) []treeNode {
 	var nodes []treeNode
-	for k := 0; k <= min(prefix, len(tr.Turns)); k++ {
+	if prefix <= 0 || prefix > len(tr.Turns) {
+		prefix = len(tr.Turns)
+	}
+	for k := 0; k <= prefix; k++ {
 		p := append(append([]Action(nil), tr.Setup...), tr.Turns[:k]...)
 		nodes = append(nodes, treeNode{path: p, next: k})
 	}

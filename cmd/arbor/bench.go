@@ -74,6 +74,7 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 	f.IntSliceVar(&o.BranchN, "branch-n", nil, "fan-outs of branch(n) (default 1,2,4,8,16,32)")
 	f.IntVar(&o.BranchReps, "branch-reps", 3, "timings per fan-out")
 	f.IntSliceVar(&o.Tree.Factors, "tree-factors", nil, "branching factors of the tree rollouts (default 1-5)")
+	f.IntVar(&o.Tree.Prefix, "tree-chain", 0, "turns of the trace in each tree's initial chain (0: the whole trace)")
 	f.IntVar(&o.ReplayStride, "replay-stride", 2, "check every k-th turn by replay (the replay check costs O(turns^2))")
 	f.BoolVar(&o.SkipRunc, "no-runc", false, "leave the runc baseline out")
 	f.IntVar(&o.WarmCopies, "warm", 0, "pre-restored warm copies per env in Arbor's engine (0: cold branches)")
