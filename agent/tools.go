@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -308,7 +309,7 @@ func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	r, err := s.run(ctx, "read_file", "read_file "+a.Path, readFileCmd(a.Path), 30*time.Second, s.t.o.MaxReadBytes, false)
+	r, err := s.run(ctx, "read_file", "read_file "+a.Path, shcmd.ReadFile(a.Path), 30*time.Second, s.t.o.MaxReadBytes, false)
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +342,7 @@ func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileRes
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
 	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
-	r, err := s.run(ctx, "write_file", label, writeFileCmd(a.Path, []byte(a.Content)), 60*time.Second, 4<<10, true)
+	r, err := s.run(ctx, "write_file", label, shcmd.WriteFile(a.Path, []byte(a.Content)), 60*time.Second, 4<<10, true)
 	if err != nil {
 		return nil, err
 	}

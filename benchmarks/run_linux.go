@@ -2,15 +2,14 @@ package benchmarks
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 
 // Turn is one action of a played trace, as one mode saw it.
@@ -64,20 +63,17 @@ func toAction(a Action) arbor.Action {
 	return arbor.Bash(a.Bash, 2*time.Minute)
 }
 
-// shellCmd is the command a direct (serverless) baseline runs for a.
+// shellCmd is the command a direct (serverless) baseline runs for a: the
+// same one the server runs for that tool.
 func shellCmd(a Action) string {
 	switch {
 	case a.WriteFile != "":
-		q := shellQuote(a.WriteFile)
-		return fmt.Sprintf("mkdir -p \"$(dirname %s)\" && printf '%%s' '%s' | base64 -d > %s", q,
-			base64.StdEncoding.EncodeToString([]byte(a.Content)), q)
+		return shcmd.WriteFile(a.WriteFile, []byte(a.Content))
 	case a.ReadFile != "":
-		return "cat -- " + shellQuote(a.ReadFile)
+		return shcmd.ReadFile(a.ReadFile)
 	}
 	return a.Bash
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 

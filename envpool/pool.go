@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/internal/progress"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 
 // PoolOptions configure a Pool. Zero values take the defaults.
@@ -223,12 +224,10 @@ func exportCmd(env map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = "export " + k + "=" + shellQuote(env[k])
+		parts[i] = "export " + k + "=" + shcmd.Quote(env[k])
 	}
 	return strings.Join(parts, "; ")
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func tail(s string, n int) string {
 	if len(s) <= n {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -162,9 +163,9 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 			timeout = time.Duration(a.TimeoutS * float64(time.Second))
 		}
 	case protocol.ToolWriteFile:
-		cmd = writeFileCmd(a.Path, a.Content)
+		cmd = shcmd.WriteFile(a.Path, a.Content)
 	case protocol.ToolReadFile:
-		cmd = readFileCmd(a.Path)
+		cmd = shcmd.ReadFile(a.Path)
 	}
 	timeout = min(timeout, s.o.MaxTimeout)
 	res, err := s.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})

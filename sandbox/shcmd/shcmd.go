@@ -1,26 +1,31 @@
-package server
+// Package shcmd builds the shell commands through which the file tools
+// (read_file, write_file) run in a sandbox's shell, so they see the sandbox
+// exactly as the agent's shell does (its cwd, its mounts) and need nothing
+// beyond printf and cat in the image. The server's step tools and the agent
+// tools both use it.
+package shcmd
 
 import (
 	"strings"
 	"unicode/utf8"
 )
 
-// shellQuote quotes s for any POSIX shell.
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+// Quote quotes s for any POSIX shell.
+func Quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // printfChunk bounds the escaped text of one printf call, below the
 // kernel's 128 KiB cap on one argument in case printf is not a builtin.
 const printfChunk = 32 << 10
 
-// writeFileCmd is a shell command that writes content to path exactly, in
+// WriteFile is a shell command that writes content to path exactly, in
 // any POSIX shell (bash, dash, busybox ash) and with no tool beyond
 // printf: the bytes travel inside single-quoted printf %b arguments, with
 // backslash, quote, control and invalid-UTF-8 bytes as \0NNN escapes. The
 // parent directory is created. The command's exit status is printf's (or
 // the redirection's).
-func writeFileCmd(path string, content []byte) string {
+func WriteFile(path string, content []byte) string {
 	var b strings.Builder
-	q := shellQuote(path)
+	q := Quote(path)
 	b.WriteString("mkdir -p -- \"$(dirname -- " + q + ")\" && { :")
 	chunk := 0
 	b.WriteString("; printf '%b' '")
@@ -64,5 +69,5 @@ func writeOctal(b *strings.Builder, c byte) int {
 	return 5
 }
 
-// readFileCmd is a shell command that prints path's bytes on stdout.
-func readFileCmd(path string) string { return "cat -- " + shellQuote(path) }
+// ReadFile is a shell command that prints path's bytes on stdout.
+func ReadFile(path string) string { return "cat -- " + Quote(path) }
