@@ -2,28 +2,18 @@ package agent_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool"
-	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -35,95 +25,20 @@ var (
 	snap       cr.Snapshotter
 )
 
-func quiet() *slog.Logger {
-	if os.Getenv("ARBOR_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
-	cleanup, err := setup()
+	rig, err := branchtest.New(branchtest.Options{})
 	if err != nil {
 		skipReason = err.Error()
+	} else {
+		engine, snap = rig.Engine, rig.Snap
 	}
 	code := m.Run()
-	if cleanup != nil {
-		cleanup()
+	if rig != nil {
+		rig.Close()
 	}
 	os.Exit(code)
-}
-
-// initBinary is $ARBOR_INIT or arbor-init built into dir.
-func initBinary(dir string) (string, error) {
-	if p := os.Getenv("ARBOR_INIT"); p != "" {
-		return p, nil
-	}
-	_, file, _, _ := runtime.Caller(0)
-	out := filepath.Join(dir, "arbor-init")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/arbor-init")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build arbor-init: %v: %s", err, b)
-	}
-	return out, nil
-}
-
-func setup() (cleanup func(), err error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root: sandboxes use namespaces, cgroups and mounts")
-	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		return nil, errors.New("btrfs-progs not installed: run make deps")
-	}
-	c, err := criu.New("", quiet())
-	if errors.Is(err, cr.ErrUnavailable) {
-		return nil, fmt.Errorf("criu 4.x not installed: run make deps (%v)", err)
-	}
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "arbor-agent-test-")
-	if err != nil {
-		return nil, err
-	}
-	ctx := context.Background()
-	var undo []func()
-	cleanup = func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		os.RemoveAll(dir)
-	}
-	defer func() {
-		if err != nil {
-			cleanup()
-			cleanup = nil
-		}
-	}()
-	init, err := initBinary(dir)
-	if err != nil {
-		return nil, err
-	}
-	bs, err := btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: 2 << 30, Logger: quiet()})
-	if err != nil {
-		return nil, err
-	}
-	snap = bs
-	undo = append(undo, func() { bs.Unmount(context.Background()) })
-	images := &image.Store{Snap: bs, Logger: quiet()}
-	l := &envpool.Launcher{Snap: bs, Images: images, InitBinary: init, AutoBuild: true, Logger: quiet()}
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: bs, CRIU: c, Launcher: l, Logger: quiet()}
-	engine, err = branch.Open(ctx, o)
-	if err != nil {
-		return nil, err
-	}
-	undo = append(undo, func() {
-		engine.Close(context.Background())
-		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
-	})
-	return cleanup, nil
 }
 
 // served is an arbor server (protocol v1 and the MCP endpoint) on the

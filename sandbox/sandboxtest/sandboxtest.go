@@ -3,6 +3,7 @@
 package sandboxtest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +34,19 @@ func InitBinary(t testing.TB) string {
 	if p := os.Getenv("ARBOR_INIT"); p != "" {
 		return p
 	}
+	p, err := BuildInit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// BuildInit is InitBinary for callers without a testing.TB (TestMain):
+// $ARBOR_INIT when set, else arbor-init built once per process.
+func BuildInit() (string, error) {
+	if p := os.Getenv("ARBOR_INIT"); p != "" {
+		return p, nil
+	}
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		modRoot := filepath.Join(filepath.Dir(file), "..", "..")
@@ -46,14 +60,10 @@ func InitBinary(t testing.TB) string {
 		cmd.Dir = modRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = err
-			buildPath = string(out)
+			buildErr = fmt.Errorf("build arbor-init: %v: %s", err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatalf("build arbor-init: %v: %s", buildErr, buildPath)
-	}
-	return buildPath
+	return buildPath, buildErr
 }
 
 // BusyboxRoot makes a root file system from the host's static busybox in a

@@ -1,0 +1,125 @@
+// Package branchtest stands up a real engine (a btrfs pool in a temporary
+// directory, CRIU, the busybox image built on first use) for the tests of
+// packages built on branch, usually once per package from TestMain.
+package branchtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/envpool/launch"
+	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// Logger discards logs unless ARBOR_TEST_LOG is set (then: debug to stderr).
+func Logger() *slog.Logger {
+	if os.Getenv("ARBOR_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Options tune a Rig.
+type Options struct {
+	// Inspector gives the engine an inspector (eBPF, else the fallback).
+	Inspector bool
+	// PoolSize of the btrfs pool file (default 4 GiB, sparse).
+	PoolSize int64
+}
+
+// Rig is an engine and what it stands on.
+type Rig struct {
+	Engine    *branch.Engine
+	Snap      *btrfs.Snapshotter
+	Images    *image.Store
+	Inspector *inspector.Inspector
+	Dir       string
+	undo      []func()
+}
+
+// ErrSkip wraps the reasons a host cannot run a Rig (not root, tools
+// missing); tests skip with its message.
+var ErrSkip = errors.New("cannot run a real engine here")
+
+// New makes a Rig in a fresh temporary directory. On error nothing is
+// left behind.
+func New(o Options) (r *Rig, err error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: needs root (namespaces, cgroups, mounts)", ErrSkip)
+	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		return nil, fmt.Errorf("%w: btrfs-progs not installed: run make deps", ErrSkip)
+	}
+	log := Logger()
+	c, err := criu.New("", log)
+	if errors.Is(err, cr.ErrUnavailable) {
+		return nil, fmt.Errorf("%w: criu 4.2+ not installed: run make deps (%v)", ErrSkip, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "arbor-engine-test-")
+	if err != nil {
+		return nil, err
+	}
+	r = &Rig{Dir: dir}
+	r.undo = append(r.undo, func() { os.RemoveAll(dir) }, func() { c.Close() })
+	defer func() {
+		if err != nil {
+			r.Close()
+			r = nil
+		}
+	}()
+	init, err := sandboxtest.BuildInit()
+	if err != nil {
+		return nil, err
+	}
+	if o.PoolSize <= 0 {
+		o.PoolSize = 4 << 30
+	}
+	ctx := context.Background()
+	if r.Snap, err = btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: o.PoolSize, Logger: log}); err != nil {
+		return nil, err
+	}
+	r.undo = append(r.undo, func() { r.Snap.Unmount(context.Background()) })
+	if o.Inspector {
+		if r.Inspector, err = inspector.New(inspector.Options{Logger: log}); err != nil {
+			r.Inspector, err = inspector.NewFallback(inspector.Options{Logger: log}), nil
+		}
+		r.undo = append(r.undo, func() { r.Inspector.Close() })
+	}
+	r.Images = &image.Store{Snap: r.Snap, Logger: log}
+	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, AutoBuild: true, Logger: log}
+	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.Snap, CRIU: c, Launcher: l, Inspector: r.Inspector, Logger: log}
+	if r.Engine, err = branch.Open(ctx, eo); err != nil {
+		return nil, err
+	}
+	r.undo = append(r.undo, func() {
+		r.Engine.Close(context.Background())
+		// The engine keeps hot images on a tmpfs that outlives it (so a
+		// restarted server finds them); a test must not.
+		unix.Unmount(filepath.Join(eo.StateDir, "images", "hot"), unix.MNT_DETACH)
+	})
+	return r, nil
+}
+
+// Close undoes everything New made, last first.
+func (r *Rig) Close() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		r.undo[i]()
+	}
+	r.undo = nil
+}
