@@ -97,8 +97,12 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
-        # The server unmounts what it mounted; a leftover mount must not
-        # make the clean-up fail the run.
+        # The server keeps its hot-image tmpfs (and may keep its pool)
+        # mounted for the next start: a test must not leave them behind.
+        with open("/proc/self/mounts") as f:
+            points = [line.split()[1] for line in f]
+        for p in sorted((p for p in points if p.startswith(self.dir + "/")), key=len, reverse=True):
+            subprocess.run(["umount", "-l", p], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
