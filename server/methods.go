@@ -230,8 +230,7 @@ func (s *Server) settle(ctx context.Context, sid string) error {
 		if env.Head() != sid {
 			continue
 		}
-		// A checkpoint of kind none waits for the pending one.
-		if _, err := s.e.Checkpoint(ctx, env, branch.None); err != nil {
+		if _, err := s.e.WaitCheckpoint(ctx, env); err != nil {
 			return err
 		}
 		if ckErr := env.TakeCheckpointError(); ckErr != nil {
