@@ -42,6 +42,7 @@ type shell struct {
 
 	seq    uint64
 	status []byte
+	buf    []byte // drain's read buffer
 	// lostIdle is set when the shell died between commands and had to be
 	// replaced; the next command's response says so.
 	lostIdle bool
@@ -215,9 +216,9 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 		time.Sleep(time.Millisecond)
 	}
 	// Output first: everything the command wrote precedes its status record.
-	s.drain(s.outR, out)
-	s.drain(s.errR, errb)
-	s.drain(s.stR, (*statusSink)(s))
+	s.drain(s.outR, capOrDiscard(out))
+	s.drain(s.errR, capOrDiscard(errb))
+	s.drain(s.stR, func(p []byte) { s.status = append(s.status, p...) })
 	s.drain(s.wakeR, nil)
 	if s.master >= 0 {
 		s.drain(s.master, nil)
@@ -245,31 +246,30 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 	return recs, s.exited != nil
 }
 
-type statusSink shell
-
-func (s *statusSink) Write(p []byte) (int, error) {
-	s.status = append(s.status, p...)
-	return len(p), nil
+// capOrDiscard is where drain puts a stream: b, or nowhere when no
+// command is collecting it.
+func capOrDiscard(b *ctl.CapBuffer) func([]byte) {
+	if b == nil {
+		return nil
+	}
+	return func(p []byte) { b.Write(p) }
 }
 
-type writer interface{ Write([]byte) (int, error) }
-
-func (s *shell) drain(fd int, w writer) {
-	var buf [64 << 10]byte
+// drain reads fd (non-blocking) until it is empty, handing what it reads to
+// put, or dropping it when put is nil.
+func (s *shell) drain(fd int, put func([]byte)) {
+	if s.buf == nil {
+		s.buf = make([]byte, 64<<10)
+	}
 	for {
-		n, err := unix.Read(fd, buf[:])
-		if n > 0 && w != nil && !isNilCap(w) {
-			w.Write(buf[:n])
+		n, err := unix.Read(fd, s.buf)
+		if n > 0 && put != nil {
+			put(s.buf[:n])
 		}
 		if err != nil || n <= 0 {
 			return
 		}
 	}
-}
-
-func isNilCap(w writer) bool {
-	c, ok := w.(*ctl.CapBuffer)
-	return ok && c == nil
 }
 
 // reap collects every exited child of init: the shell and orphans that
