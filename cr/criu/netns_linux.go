@@ -6,6 +6,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/internal/loopback"
 )
 
 // netKey names the sandbox's network namespace as an external resource in
@@ -54,26 +56,9 @@ func newLoopbackNetns() (_ *os.File, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := loopbackUp(); err != nil {
+	if err := loopback.Up(); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
-}
-
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	ifr.SetUint16(unix.IFF_UP | unix.IFF_RUNNING)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("bring up lo: %w", err)
-	}
-	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/internal/loopback"
 )
 
 // SetupOptions configure stage one.
@@ -76,7 +78,7 @@ func Setup(o SetupOptions) error {
 	if err := unix.Sethostname([]byte(o.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
-	if err := loopbackUp(); err != nil {
+	if err := loopback.Up(); err != nil {
 		return err
 	}
 	null, err := unix.Open("/dev/null", unix.O_RDWR, 0)
@@ -178,20 +180,3 @@ var bashPaths = []string{"/bin/bash", "/usr/bin/bash"}
 
 // readyFD is where stage two finds the server's ready pipe.
 const readyFD = 3
-
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	ifr.SetUint16(unix.IFF_UP | unix.IFF_RUNNING)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("bring up lo: %w", err)
-	}
-	return nil
-}
