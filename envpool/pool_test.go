@@ -6,23 +6,16 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
 func quiet() *slog.Logger {
@@ -36,35 +29,8 @@ func quiet() *slog.Logger {
 // when the host lacks root, CRIU or btrfs.
 func newEngine(tb testing.TB) (*branch.Engine, *image.Store) {
 	tb.Helper()
-	sandboxtest.RequireRoot(tb)
-	c, err := criu.New("", quiet())
-	if errors.Is(err, cr.ErrUnavailable) {
-		tb.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		tb.Skip("btrfs-progs not installed: run make deps")
-	}
-	dir := tb.TempDir()
-	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 4 << 30, Logger: quiet()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { snap.Unmount(context.Background()) })
-	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()}
-	e, err := branch.Open(context.Background(), o)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		e.Close(context.Background())
-		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
-	})
-	return e, images
+	r := branchtest.ForTest(tb, branchtest.Options{})
+	return r.Engine, r.Images
 }
 
 var helloTask = envpool.Task{

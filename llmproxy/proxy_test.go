@@ -3,31 +3,19 @@ package llmproxy_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool"
-	"github.com/arbor-env/arbor/image"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/llmproxy"
 	"github.com/arbor-env/arbor/sandbox"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
 // upstream is a fake LLM API on loopback: /chat answers JSON, /stream
@@ -56,36 +44,7 @@ func upstream(tb testing.TB) *url.URL {
 
 func engine(tb testing.TB) (*branch.Engine, *branch.Env) {
 	tb.Helper()
-	sandboxtest.RequireRoot(tb)
-	quiet := slog.New(slog.DiscardHandler)
-	c, err := criu.New("", quiet)
-	if errors.Is(err, cr.ErrUnavailable) {
-		tb.Skipf("criu 4.2 not installed: run make deps (%v)", err)
-	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		tb.Skip("btrfs-progs not installed: run make deps")
-	}
-	in, err := inspector.New(inspector.Options{Logger: quiet})
-	if err != nil {
-		in = inspector.NewFallback(inspector.Options{Logger: quiet})
-	}
-	tb.Cleanup(func() { in.Close() })
-	dir := tb.TempDir()
-	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 2 << 30, Logger: quiet})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { snap.Unmount(context.Background()) })
-	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet}
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet}
-	e, err := branch.Open(context.Background(), o)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		e.Close(context.Background())
-		unix.Unmount(filepath.Join(o.StateDir, "images", "hot"), unix.MNT_DETACH)
-	})
+	e := branchtest.ForTest(tb, branchtest.Options{Inspector: true}).Engine
 	env, _, err := e.NewEnv(context.Background(), "busybox")
 	if err != nil {
 		tb.Fatal(err)

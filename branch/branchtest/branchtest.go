@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 
 	"golang.org/x/sys/unix"
 
@@ -122,4 +123,19 @@ func (r *Rig) Close() {
 		r.undo[i]()
 	}
 	r.undo = nil
+}
+
+// ForTest makes a Rig for one test, closed when tb ends; it skips the test
+// when the host cannot run one.
+func ForTest(tb testing.TB, o Options) *Rig {
+	tb.Helper()
+	r, err := New(o)
+	if errors.Is(err, ErrSkip) {
+		tb.Skip(err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(r.Close)
+	return r
 }
