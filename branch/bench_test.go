@@ -149,7 +149,8 @@ func BenchmarkBranch(b *testing.B) {
 	}
 }
 
-func waitWarm(b *testing.B, e *branch.Engine, n int) {
+func waitWarm(tb testing.TB, e *branch.Engine, n int) {
+	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		u, _ := e.Usage()
@@ -158,5 +159,5 @@ func waitWarm(b *testing.B, e *branch.Engine, n int) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	b.Fatalf("warm copies did not reach %d", n)
+	tb.Fatalf("warm copies did not reach %d", n)
 }

@@ -384,14 +384,7 @@ func TestWarmCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		u, _ := e.Usage()
-		if u.Warm >= 2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitWarm(t, e, 2) // fails the test if the warm copies never appear
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 3)
 	if err != nil {
 		t.Fatal(err)
