@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
@@ -35,12 +36,7 @@ type rig struct {
 	images *image.Store
 }
 
-func quiet() *slog.Logger {
-	if os.Getenv("ARBOR_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func quiet() *slog.Logger { return branchtest.Logger() }
 
 func requireCR(tb testing.TB) *criu.Checkpointer {
 	tb.Helper()

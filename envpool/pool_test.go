@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,12 +17,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 )
 
-func quiet() *slog.Logger {
-	if os.Getenv("ARBOR_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func quiet() *slog.Logger { return branchtest.Logger() }
 
 // newEngine opens an engine on a fresh loop-mounted btrfs pool, or skips
 // when the host lacks root, CRIU or btrfs.
