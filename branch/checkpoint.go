@@ -171,7 +171,15 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		}
 		if procArt != nil {
 			t = time.Now()
-			var err error
+			// What init and the shell hold goes with the image: every
+			// restore of it must bring back the same (sandbox.Restore).
+			rec, err := sb.Isolation()
+			if err != nil {
+				return err
+			}
+			if err := sandbox.WriteIsolationRecord(dir, rec); err != nil {
+				return err
+			}
 			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup()})
 			if err != nil {
 				return err

@@ -30,7 +30,7 @@ type restored struct {
 func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err error) {
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("%w: state %s: %v", ErrRestore, sid, err)
+			err = fmt.Errorf("%w: state %s: %w", ErrRestore, sid, err)
 		}
 	}()
 	st, err := e.man.GetState(sid)
@@ -62,7 +62,11 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		}
 	}()
 	root := e.o.Snap.Path(vol)
-	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Logger: e.log},
+	expect, err := sandbox.ReadIsolationRecord(dir)
+	if err != nil {
+		return r, err
+	}
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Logger: e.log}, expect,
 		func(join func(int) error) (int, error) {
 			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
 		})
@@ -70,6 +74,15 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		return r, err
 	}
 	return restored{sb: sb, volume: vol, fsLoc: fsA.Location}, nil
+}
+
+// isolation is the policy restored sandboxes must satisfy: the launcher's
+// (the server's flags), else the hardened default.
+func (e *Engine) isolation() sandbox.Isolation {
+	if e.o.Launcher != nil {
+		return e.o.Launcher.Isolation
+	}
+	return sandbox.Isolation{}
 }
 
 // Source names what to branch: an open environment (its current state is

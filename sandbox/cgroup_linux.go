@@ -27,8 +27,18 @@ type cgroup struct {
 	v2 string
 }
 
-// v1Controllers are the v1 hierarchies a sandbox joins on a hybrid host.
-var v1Controllers = []string{"memory", "pids", "cpu"}
+// v1Controllers are the v1 hierarchies a sandbox joins on a hybrid host;
+// devices only when it is hardened.
+var v1Controllers = []string{"memory", "pids", "cpu", "devices"}
+
+// allowedDevices is the devices cgroup allow-list of a hardened sandbox,
+// in devices.allow syntax: the nodes makeDev creates (null, zero, full,
+// random, urandom, tty), ptmx and the sandbox's own pts. Everything else
+// is denied, so a node made with CAP_MKNOD for a host disk cannot be
+// opened (what Docker does with the same cgroup).
+var allowedDevices = []string{
+	"c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm",
+}
 
 func unifiedRoot() (dir string, pure bool) {
 	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
@@ -38,8 +48,9 @@ func unifiedRoot() (dir string, pure bool) {
 }
 
 // newCgroup creates the groups for name (e.g. "arbor/abc") and applies
-// limits. On failure it removes what it made.
-func newCgroup(name string, l Limits) (cg *cgroup, err error) {
+// limits; devices adds the devices allow-list. On failure it removes what
+// it made.
+func newCgroup(name string, l Limits, devices bool) (cg *cgroup, err error) {
 	v2root, pure := unifiedRoot()
 	if _, err := os.Stat(filepath.Join(v2root, "cgroup.procs")); err != nil {
 		return nil, fmt.Errorf("%w: cgroup v2 tree not found at %s", ErrUnsupported, v2root)
@@ -67,6 +78,9 @@ func newCgroup(name string, l Limits) (cg *cgroup, err error) {
 		return cg, nil
 	}
 	for _, c := range v1Controllers {
+		if c == "devices" && !devices {
+			continue
+		}
 		dir := filepath.Join(cgroupRoot, c, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup %s: %w", dir, err)
@@ -84,6 +98,16 @@ func newCgroup(name string, l Limits) (cg *cgroup, err error) {
 	}
 	if err := writeFile(filepath.Join(cg.v1["pids"], "pids.max"), strconv.FormatInt(l.Pids, 10)); err != nil {
 		return nil, err
+	}
+	if d, ok := cg.v1["devices"]; ok {
+		if err := writeFile(filepath.Join(d, "devices.deny"), "a"); err != nil {
+			return nil, err
+		}
+		for _, a := range allowedDevices {
+			if err := writeFile(filepath.Join(d, "devices.allow"), a); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if l.CPUs > 0 {
 		if err := writeFile(filepath.Join(cg.v1["cpu"], "cpu.cfs_period_us"), "100000"); err != nil {

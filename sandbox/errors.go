@@ -16,4 +16,9 @@ var (
 	ErrClosed = errors.New("sandbox destroyed")
 	// ErrBadCommand: the command was refused before it ran (too large).
 	ErrBadCommand = errors.New("command refused")
+	// ErrIsolation: a sandbox's hardening is not what it must be (a
+	// capability set beyond the policy, a restored child whose
+	// capabilities, no_new_privs or seccomp differ from its dump); such a
+	// sandbox is never handed out.
+	ErrIsolation = errors.New("sandbox isolation check failed")
 )

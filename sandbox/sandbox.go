@@ -43,7 +43,10 @@ type Config struct {
 	// Hostname inside the sandbox; default "arbor".
 	Hostname string
 	Limits   Limits
-	Logger   *slog.Logger
+	// Isolation is the sandbox's in-kernel hardening; the zero value is
+	// the hardened default (docs/sandbox.md, "Isolation").
+	Isolation Isolation
+	Logger    *slog.Logger
 }
 
 // ExecOptions tune one command.

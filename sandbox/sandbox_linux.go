@@ -20,7 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/arbor-env/arbor/sandbox/ctl"
+	"github.com/arbor-env/arbor/sandbox/seccomp"
 )
 
 // Sandbox is one running sandbox. Its methods are safe for concurrent use;
@@ -38,6 +41,9 @@ type Sandbox struct {
 	shellPID int // shell pid inside the sandbox's pid namespace
 	seen     counters
 	closed   bool
+	// iso is what the sandbox was started (or restored) to hold: hardened
+	// or not, and the capability set kept.
+	iso IsolationRecord
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -108,14 +114,29 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 			return nil, err
 		}
 	}
-	if err := installInit(cfg.InitBinary, cfg.Root); err != nil {
-		return nil, err
-	}
-	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
+	kept, err := cfg.Isolation.KeptCaps()
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID))}
+	hardened := !cfg.Isolation.Unhardened
+	capsArg := "unhardened"
+	var prog *os.File
+	if hardened {
+		capsArg = strconv.FormatUint(uint64(kept), 16)
+		if prog, err = seccompFile(kept, cfg.Logger); err != nil {
+			return nil, err
+		}
+		defer prog.Close()
+	}
+	if err := installInit(cfg.InitBinary, cfg.Root); err != nil {
+		return nil, err
+	}
+	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits, hardened)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
+		iso: IsolationRecord{Hardened: hardened, Caps: kept}}
 	defer func() {
 		if err != nil {
 			if derr := s.Destroy(context.Background()); derr != nil {
@@ -140,8 +161,18 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	// written init binary open for writing (until that child execs), so
 	// exec fails with ETXTBSY: retry, as Go's own os/exec tests do.
 	for try := 0; ; try++ {
-		cmd = exec.Command(filepath.Join(cfg.Root, ctl.InitPath), "setup", cfg.Root, cfg.Hostname)
+		cmd = exec.Command(filepath.Join(cfg.Root, ctl.InitPath), "setup", cfg.Root, cfg.Hostname, capsArg)
 		cmd.ExtraFiles = []*os.File{syncR, readyW}
+		if prog != nil {
+			// fd 5: the seccomp program, read once by stage one.
+			if _, err := prog.Seek(0, io.SeekStart); err != nil {
+				syncR.Close()
+				readyW.Close()
+				close(s.exited)
+				return nil, fmt.Errorf("rewind seccomp program: %w", err)
+			}
+			cmd.ExtraFiles = append(cmd.ExtraFiles, prog)
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 			// A crashed server leaves no sandbox behind: killing pid 1 of a
@@ -183,8 +214,113 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	s.shellPID = resp.ShellPID
+	rec, err := s.readIsolation()
+	if err != nil {
+		return nil, err
+	}
+	if err := rec.CheckPolicy(cfg.Isolation); err != nil {
+		return nil, fmt.Errorf("started sandbox: %w", err)
+	}
 	s.log.Debug("sandbox started", slog.Int("init_pid", s.pid), slog.String("shell", resp.ShellPath))
 	return s, nil
+}
+
+// seccompFile compiles (or takes from the cache) the filter for a sandbox
+// keeping caps and puts it in a memfd, which init gets as a descriptor:
+// nothing is written into the root, so no snapshot or restored child ever
+// sees it, and nothing in the sandbox can change it before it is loaded.
+func seccompFile(caps CapSet, log *slog.Logger) (*os.File, error) {
+	p, err := seccomp.Compile(caps.Names(), log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrIsolation, err)
+	}
+	fd, err := unix.MemfdCreate("arbor-seccomp", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp program: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "arbor-seccomp")
+	if _, err := f.Write(p.BPF); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seccomp program: %w", err)
+	}
+	return f, nil
+}
+
+// readIsolation reads what init and the shell hold now
+// (/proc/PID/status), with the expectation the sandbox was made with.
+func (s *Sandbox) readIsolation() (IsolationRecord, error) {
+	rec := IsolationRecord{Hardened: s.iso.Hardened, Caps: s.iso.Caps}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	if err != nil {
+		return rec, fmt.Errorf("%w: read init status: %v", ErrIsolation, err)
+	}
+	if rec.Init, err = ParseTaskIsolation(b); err != nil {
+		return rec, fmt.Errorf("init: %w", err)
+	}
+	if s.shellPID <= 0 {
+		return rec, nil
+	}
+	host, err := s.hostPID(s.shellPID)
+	if err != nil {
+		// The shell died between commands and init replaced it; the next
+		// command learns its pid. Init alone is recorded.
+		s.log.Debug("isolation record without the shell", slog.Any("err", err))
+		return rec, nil
+	}
+	if b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", host)); err != nil {
+		s.log.Debug("isolation record without the shell", slog.Any("err", err))
+		return rec, nil
+	}
+	if rec.Shell, err = ParseTaskIsolation(b); err != nil {
+		return rec, fmt.Errorf("shell: %w", err)
+	}
+	rec.ShellPID = s.shellPID
+	return rec, nil
+}
+
+// hostPID finds the host pid of init's child whose pid in the sandbox is
+// ns, from the children of init's threads (the shell is forked from the
+// main thread, the first listed).
+func (s *Sandbox) hostPID(ns int) (int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", s.pid))
+	if err != nil {
+		return 0, fmt.Errorf("threads of init: %w", err)
+	}
+	var kids []string
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", s.pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		if t.Name() == strconv.Itoa(s.pid) {
+			kids = append(strings.Fields(string(b)), kids...)
+		} else {
+			kids = append(kids, strings.Fields(string(b))...)
+		}
+	}
+	for _, f := range kids {
+		p, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		if n, _ := nsPID(p); n == ns {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no child of init has pid %d in the sandbox", ns)
+}
+
+// Isolation reads what the sandbox's init and shell hold now and checks
+// it against the policy the sandbox was started under; a checkpoint
+// stores it next to the process image (WriteIsolationRecord) so every
+// restore can be compared with it. Call it with the sandbox frozen or
+// exclusive.
+func (s *Sandbox) Isolation() (IsolationRecord, error) {
+	rec, err := s.readIsolation()
+	if err != nil {
+		return rec, err
+	}
+	return rec, rec.CheckPolicy(Isolation{Unhardened: !rec.Hardened, Caps: rec.Caps.Names(), AllowExtraCaps: true})
 }
 
 // waitReady reads init's "ok" line (or its error) from the ready pipe.
@@ -472,7 +608,13 @@ func (s *Sandbox) FreezerCgroup() string { return s.cg.v2 }
 // must call join with the pid of the tree's root task before that task
 // forks, so the whole tree lands in them, and return the host pid of the
 // restored init, which must be a child of this process.
-func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) error) (int, error)) (sb *Sandbox, err error) {
+//
+// expect is the record taken when the tree was dumped (Isolation,
+// ReadIsolationRecord). It must satisfy cfg.Isolation, the policy of the
+// server now (its Caps are ignored: the record says what the sandbox
+// keeps), and what the restore brings back must equal it, init and shell;
+// otherwise the child is destroyed and the error wraps ErrIsolation.
+func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore func(join func(pid int) error) (int, error)) (sb *Sandbox, err error) {
 	if !idPattern.MatchString(cfg.ID) {
 		return nil, fmt.Errorf("sandbox id %q: want 1-64 letters, digits, - or _", cfg.ID)
 	}
@@ -480,11 +622,15 @@ func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) er
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
-	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
+	if err := expect.CheckPolicy(cfg.Isolation); err != nil {
+		return nil, fmt.Errorf("restore: the dumped sandbox: %w", err)
+	}
+	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits, expect.Hardened)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID))}
+	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
+		iso: IsolationRecord{Hardened: expect.Hardened, Caps: expect.Caps}}
 	defer func() {
 		if err != nil {
 			if derr := s.Destroy(context.Background()); derr != nil {
@@ -514,6 +660,18 @@ func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) er
 		return nil, fmt.Errorf("restored sandbox does not answer: %w", err)
 	}
 	s.shellPID = resp.ShellPID
+	if expect.ShellPID != 0 {
+		// Compare the shell the dump saw (the same pid after a restore).
+		s.shellPID = expect.ShellPID
+	}
+	got, err := s.readIsolation()
+	s.shellPID = resp.ShellPID
+	if err != nil {
+		return nil, fmt.Errorf("restored sandbox: %w", err)
+	}
+	if err := expect.Matches(got); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -25,7 +25,11 @@ type Launcher struct {
 	// InitBinary is the static arbor-init; sandbox.FindInit when empty.
 	InitBinary string
 	Limits     sandbox.Limits
-	Logger     *slog.Logger
+	// Isolation is the hardening of every sandbox launched (and the policy
+	// restored ones are checked against); a launch's Options.Caps
+	// replaces its Caps.
+	Isolation sandbox.Isolation
+	Logger    *slog.Logger
 	// AutoBuild lets Launch build a missing image that has a built-in
 	// recipe (busybox, debian), writing progress to Progress.
 	AutoBuild bool
@@ -48,9 +52,21 @@ func NewID() string {
 	return hex.EncodeToString(b)
 }
 
+// Options tune one launch.
+type Options struct {
+	// Caps, when set, is the capability set the sandbox keeps (a task's
+	// caps:); see sandbox.Isolation.Caps.
+	Caps []string
+}
+
 // Launch clones image and boots a sandbox on the clone. On failure nothing
 // is left behind.
-func (l *Launcher) Launch(ctx context.Context, imageName string) (env *Env, err error) {
+func (l *Launcher) Launch(ctx context.Context, imageName string) (*Env, error) {
+	return l.LaunchWith(ctx, imageName, Options{})
+}
+
+// LaunchWith is Launch with per-launch options.
+func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) (env *Env, err error) {
 	log := l.Logger
 	if log == nil {
 		log = slog.Default()
@@ -78,8 +94,12 @@ func (l *Launcher) Launch(ctx context.Context, imageName string) (env *Env, err 
 			}
 		}
 	}()
+	iso := l.Isolation
+	if len(o.Caps) > 0 {
+		iso.Caps = o.Caps
+	}
 	sb, err := sandbox.Start(ctx, sandbox.Config{
-		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Logger: log,
+		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox on %s: %w", imageName, err)

@@ -31,8 +31,6 @@ func Run() error {
 }
 
 func run(ready *os.File) error {
-	// The shell and what it runs may be OOM-killed; init may not.
-	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	// Few threads: CRIU's dump time grows with every thread it seizes.
 	runtime.GOMAXPROCS(1)
 	prewarmThreads(4)

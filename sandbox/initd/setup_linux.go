@@ -21,18 +21,34 @@ type SetupOptions struct {
 	SyncFD int
 	// ReadyFD is passed on to stage two, which reports "ok" or an error on it.
 	ReadyFD int
+	// Harden, when set, is applied before stage two starts; its seccomp
+	// program is read from SeccompFD. Nil leaves the sandbox unhardened.
+	Harden    *Hardening
+	SeccompFD int
 }
 
 // Setup runs as pid 1 of fresh mount, pid, uts, ipc and net namespaces. It
 // mounts /proc, a minimal /dev and devpts, pivots into Root, brings up
-// loopback and re-executes the init binary from inside the root as stage
-// two. It only returns on error.
+// loopback, masks /proc, drops its privileges (o.Harden) and re-executes
+// the init binary from inside the root as stage two. It only returns on
+// error.
 func Setup(o SetupOptions) error {
 	b := make([]byte, 1)
 	if n, err := unix.Read(o.SyncFD, b); err != nil || n != 1 {
 		return fmt.Errorf("wait for cgroup placement: n=%d err=%v", n, err)
 	}
 	unix.Close(o.SyncFD)
+	if o.Harden != nil {
+		var err error
+		if o.Harden.Seccomp, err = readSeccomp(o.SeccompFD); err != nil {
+			return err
+		}
+	}
+	// The shell and what it runs may be OOM-killed; init may not. Lowering
+	// the score needs CAP_SYS_RESOURCE, so it happens before the drop (the
+	// value survives the exec into stage two). Best effort: a server that
+	// lacks the capability itself (some CI containers) cannot grant it.
+	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -81,6 +97,11 @@ func Setup(o SetupOptions) error {
 	if err := loopback.Up(); err != nil {
 		return err
 	}
+	if o.Harden != nil {
+		if err := maskProc(); err != nil {
+			return err
+		}
+	}
 	null, err := unix.Open("/dev/null", unix.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("open /dev/null: %w", err)
@@ -101,6 +122,11 @@ func Setup(o SetupOptions) error {
 	// CRIU dump fail, and it would leak host resources into the sandbox.
 	if err := unix.CloseRange(readyFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close inherited descriptors: %w", err)
+	}
+	if o.Harden != nil {
+		if err := harden(*o.Harden); err != nil {
+			return err
+		}
 	}
 	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
 }
