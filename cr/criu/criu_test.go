@@ -69,12 +69,16 @@ func TestDumpRestore(t *testing.T) {
 		imgs = d
 	}
 	var st criu.DumpStats
+	var rec sandbox.IsolationRecord
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {
 			return err
 		}
 		defer sb.Thaw()
 		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
+			return err
+		}
+		if rec, err = sb.Isolation(); err != nil {
 			return err
 		}
 		st, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
@@ -91,7 +95,7 @@ func TestDumpRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "crchild", Root: snap.Path("child")}, func(join func(int) error) (int, error) {
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "crchild", Root: snap.Path("child")}, rec, func(join func(int) error) (int, error) {
 		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path("child"), Join: join})
 	})
 	if err != nil {
@@ -135,12 +139,16 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 		t.Fatal(err)
 	}
 	imgs := t.TempDir()
+	var rec sandbox.IsolationRecord
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {
 			return err
 		}
 		defer sb.Thaw()
 		if err := snap.Snapshot(ctx, "src", "snap"); err != nil {
+			return err
+		}
+		if rec, err = sb.Isolation(); err != nil {
 			return err
 		}
 		_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
@@ -152,7 +160,7 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 	if err := snap.Clone(ctx, "snap", "child"); err != nil {
 		t.Fatal(err)
 	}
-	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "orphan-child", Root: snap.Path("child")}, func(join func(int) error) (int, error) {
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "orphan-child", Root: snap.Path("child")}, rec, func(join func(int) error) (int, error) {
 		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path("child"), Join: join})
 	})
 	if err != nil {
