@@ -279,7 +279,10 @@ func (r IsolationRecord) Matches(got IsolationRecord) error {
 	if got.Init != r.Init {
 		return fmt.Errorf("%w: restored init has %v, the dump recorded %v", ErrIsolation, got.Init, r.Init)
 	}
-	if r.ShellPID != 0 && (got.ShellPID != r.ShellPID || got.Shell != r.Shell) {
+	if r.ShellPID != 0 && got.ShellPID != r.ShellPID {
+		return fmt.Errorf("%w: the restored tree has no shell with pid %d, which the dump recorded", ErrIsolation, r.ShellPID)
+	}
+	if r.ShellPID != 0 && got.Shell != r.Shell {
 		return fmt.Errorf("%w: restored shell (pid %d) has %v, the dump recorded %v", ErrIsolation, r.ShellPID, got.Shell, r.Shell)
 	}
 	return nil

@@ -165,7 +165,7 @@ func TestMatches(t *testing.T) {
 		{"init gained a cap", func(r *IsolationRecord) { r.Init.CapEff |= 1 << 21 }, "restored init"},
 		{"init no_new_privs gone", func(r *IsolationRecord) { r.Init.NoNewPrivs = 0 }, "restored init"},
 		{"shell differs", func(r *IsolationRecord) { r.Shell.CapBnd = allCaps() }, "restored shell"},
-		{"shell missing", func(r *IsolationRecord) { r.ShellPID, r.Shell = 0, TaskIsolation{} }, "restored shell"},
+		{"shell missing", func(r *IsolationRecord) { r.ShellPID, r.Shell = 0, TaskIsolation{} }, "no shell with pid 2"},
 		{"fewer filters is weaker too", func(r *IsolationRecord) { r.Shell.SeccompFilters = 0 }, "restored shell"},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,222 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// crRig is CRIU and a btrfs pool for dump/restore tests of sandboxes.
+type crRig struct {
+	c    *criu.Checkpointer
+	snap *btrfs.Snapshotter
+	n    int
+}
+
+func newCRRig(t *testing.T) *crRig {
+	t.Helper()
+	sandboxtest.RequireRoot(t)
+	c, err := criu.New("", slog.New(slog.DiscardHandler))
+	if errors.Is(err, cr.ErrUnavailable) {
+		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("btrfs-progs not installed: run make deps")
+	}
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snap.Unmount(context.Background()) })
+	return &crRig{c: c, snap: snap}
+}
+
+// start boots a busybox sandbox on a fresh volume.
+func (r *crRig) start(t *testing.T, iso sandbox.Isolation) (*sandbox.Sandbox, string) {
+	t.Helper()
+	ctx := context.Background()
+	r.n++
+	vol := fmt.Sprintf("src%d", r.n)
+	if err := r.snap.CreateVolume(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	root := sandboxtest.BusyboxRoot(t, "")
+	if out, err := exec.Command("cp", "-a", root+"/.", r.snap.Path(vol)).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: fmt.Sprintf("iso-%d-%s", os.Getpid(), vol), Root: r.snap.Path(vol),
+		InitBinary: sandboxtest.InitBinary(t), Isolation: iso})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy(context.Background()) })
+	return sb, vol
+}
+
+// dump snapshots vol and dumps sb as the engine does (the isolation
+// record next to the images); it returns the snapshot and image dir.
+func (r *crRig) dump(t *testing.T, sb *sandbox.Sandbox, vol string) (string, string) {
+	t.Helper()
+	ctx := context.Background()
+	snapName := vol + "-snap"
+	imgs := t.TempDir()
+	err := sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		if err := r.snap.Snapshot(ctx, vol, snapName); err != nil {
+			return err
+		}
+		rec, err := sb.Isolation()
+		if err != nil {
+			return err
+		}
+		if err := sandbox.WriteIsolationRecord(imgs, rec); err != nil {
+			return err
+		}
+		_, err = r.c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dump: %v", err)
+	}
+	return snapName, imgs
+}
+
+// restore clones snapName and restores imgs into it with the record rec.
+func (r *crRig) restore(t *testing.T, snapName, imgs string, rec sandbox.IsolationRecord, policy sandbox.Isolation) (*sandbox.Sandbox, string, error) {
+	t.Helper()
+	ctx := context.Background()
+	r.n++
+	vol := fmt.Sprintf("child%d", r.n)
+	if err := r.snap.Clone(ctx, snapName, vol); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("iso-%d-%s", os.Getpid(), vol)
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: id, Root: r.snap.Path(vol), Isolation: policy}, rec, func(join func(int) error) (int, error) {
+		return r.c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: r.snap.Path(vol), Join: join})
+	})
+	if err == nil {
+		t.Cleanup(func() { child.Destroy(context.Background()) })
+	}
+	return child, id, err
+}
+
+// inside is what a sandbox says about its own hardening: the isolation
+// fields of init and of the shell, and its mount points.
+func inside(t *testing.T, sb *sandbox.Sandbox) string {
+	t.Helper()
+	r := run(t, sb, "grep -E 'Cap|NoNewPrivs|Seccomp' /proc/1/status /proc/self/status; awk '{print $5, $6}' /proc/self/mountinfo | sort", 5*time.Second)
+	if r.ExitCode != 0 {
+		t.Fatalf("inside: %+v", r)
+	}
+	return string(r.Stdout)
+}
+
+// TestRestoreKeepsHardening: a dump and restore of a hardened sandbox
+// (its seccomp filter, capabilities, no_new_privs and /proc masks) gives a
+// child that holds exactly what its parent held, and passes Restore's
+// check; so does one started with fewer capabilities.
+func TestRestoreKeepsHardening(t *testing.T) {
+	r := newCRRig(t)
+	fewer := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"}
+	for _, tt := range []struct {
+		name string
+		iso  sandbox.Isolation
+	}{{"default", sandbox.Isolation{}}, {"fewer caps", sandbox.Isolation{Caps: fewer}}} {
+		t.Run(tt.name, func(t *testing.T) {
+			sb, vol := r.start(t, tt.iso)
+			want := inside(t, sb)
+			snapName, imgs := r.dump(t, sb, vol)
+			rec, err := sandbox.ReadIsolationRecord(imgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			child, _, err := r.restore(t, snapName, imgs, rec, sandbox.Isolation{})
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if got := inside(t, child); got != want {
+				t.Fatalf("child:\n%s\nparent:\n%s", got, want)
+			}
+			for _, cmd := range []string{"mount -t tmpfs x /mnt", "v=$(cat /proc/sys/kernel/core_pattern); printf '%s\\n' \"$v\" >/proc/sys/kernel/core_pattern", "unshare -U true"} {
+				if res := run(t, child, "mkdir -p /mnt; "+cmd, 5*time.Second); res.ExitCode == 0 {
+					t.Errorf("restored child: %q succeeded", cmd)
+				}
+			}
+		})
+	}
+}
+
+// TestRestoreRefusesMismatch: Restore compares what comes back with the
+// dump's record and refuses (ErrIsolation) when they differ, destroying the
+// child; a record the policy does not allow is refused before CRIU runs.
+func TestRestoreRefusesMismatch(t *testing.T) {
+	r := newCRRig(t)
+	sb, vol := r.start(t, sandbox.Isolation{})
+	snapName, imgs := r.dump(t, sb, vol)
+	good, err := sandbox.ReadIsolationRecord(imgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fewer, _ := sandbox.ParseCaps([]string{"CAP_CHOWN", "CAP_KILL"})
+	tests := []struct {
+		name   string
+		tamper func(rec *sandbox.IsolationRecord)
+		policy sandbox.Isolation
+	}{
+		// Within the policy, but not what the processes hold: the
+		// comparison after the restore catches it.
+		{"expects fewer caps", func(rec *sandbox.IsolationRecord) {
+			rec.Caps = fewer
+			rec.Init.CapInh, rec.Init.CapPrm, rec.Init.CapEff, rec.Init.CapBnd = fewer, fewer, fewer, fewer
+			rec.Shell = rec.Init
+		}, sandbox.Isolation{}},
+		{"expects a second filter", func(rec *sandbox.IsolationRecord) { rec.Init.SeccompFilters, rec.Shell.SeccompFilters = 2, 2 }, sandbox.Isolation{}},
+		{"expects another shell", func(rec *sandbox.IsolationRecord) { rec.ShellPID += 100 }, sandbox.Isolation{}},
+		// Outside the policy: refused up front.
+		{"unhardened record", func(rec *sandbox.IsolationRecord) { rec.Hardened = false }, sandbox.Isolation{}},
+		{"caps beyond the default", func(rec *sandbox.IsolationRecord) { rec.Caps |= 1 << 21 }, sandbox.Isolation{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := good
+			tt.tamper(&rec)
+			child, id, err := r.restore(t, snapName, imgs, rec, tt.policy)
+			if !errors.Is(err, sandbox.ErrIsolation) {
+				if child != nil {
+					child.Destroy(context.Background())
+				}
+				t.Fatalf("restore with a tampered record: %v, want ErrIsolation", err)
+			}
+			t.Logf("refused: %v", err)
+			for _, d := range []string{"/sys/fs/cgroup/unified/arbor/" + id, "/sys/fs/cgroup/pids/arbor/" + id, "/sys/fs/cgroup/devices/arbor/" + id} {
+				if _, err := os.Stat(d); err == nil {
+					t.Errorf("refused restore left %s behind", filepath.Clean(d))
+				}
+			}
+		})
+	}
+	t.Run("the untampered record passes", func(t *testing.T) {
+		if _, _, err := r.restore(t, snapName, imgs, good, sandbox.Isolation{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
