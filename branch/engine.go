@@ -371,7 +371,12 @@ func (e *Engine) Envs() []*Env {
 // NewEnv starts a fresh environment from image and queues the checkpoint
 // of its initial state in the background; it returns that state's id.
 func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, error) {
-	le, err := e.o.Launcher.Launch(ctx, imageName)
+	return e.NewEnvWith(ctx, imageName, launch.Options{})
+}
+
+// NewEnvWith is NewEnv with launch options (a task's capability set).
+func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Options) (*Env, string, error) {
+	le, err := e.o.Launcher.LaunchWith(ctx, imageName, o)
 	if err != nil {
 		return nil, "", err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/internal/progress"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
@@ -162,7 +163,9 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *taskSlot, err error) {
 	start := time.Now()
 	meter.Step(fmt.Sprintf("%s: starting image %s", t.Name, t.Image))
-	env, _, err := p.e.NewEnv(ctx, t.Image)
+	// Resets branch from this env's states, whose isolation records carry
+	// the task's capability set.
+	env, _, err := p.e.NewEnvWith(ctx, t.Image, launch.Options{Caps: t.Caps})
 	if err != nil {
 		return nil, fmt.Errorf("%w: task %s: start image %s: %w", ErrSetup, t.Name, t.Image, err)
 	}

@@ -292,3 +292,34 @@ func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
 		t.Errorf("%d envs still tracked", st.Live)
 	}
 }
+
+// TestPoolTaskCaps: a task's caps: reach every env handed out for it (they
+// are restored from the task's states, whose isolation records carry the
+// set), and a task asking for more than Docker's set does not start on a
+// server without --allow-extra-caps.
+func TestPoolTaskCaps(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	few := envpool.Task{Name: "few", Image: "busybox", Caps: []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}}
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{few}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	want, _ := sandbox.ParseCaps(few.Caps)
+	for i := 0; i < 2; i++ {
+		r, err := p.Reset(ctx, envpool.ResetRequest{Task: "few"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := run(t, e, r.Env, "grep -E '^Cap(Eff|Bnd)' /proc/1/status /proc/self/status | awk '{print $2}' | sort -u")
+		if got != want.String() {
+			t.Errorf("reset %d: caps %q, want %s", i, got, want)
+		}
+	}
+	more := envpool.Task{Name: "more", Image: "busybox", Caps: append(append([]string{}, sandbox.DefaultCaps...), "CAP_SYS_PTRACE")}
+	_, err = envpool.NewPool(ctx, e, []envpool.Task{more}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+	if !errors.Is(err, sandbox.ErrIsolation) || !strings.Contains(err.Error(), "--allow-extra-caps") {
+		t.Fatalf("task asking for CAP_SYS_PTRACE: %v, want an ErrIsolation naming --allow-extra-caps", err)
+	}
+}

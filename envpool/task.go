@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/arbor-env/arbor/sandbox"
 )
 
 // Task is one kind of episode: an image, the commands that prepare it, the
@@ -45,6 +47,10 @@ type Task struct {
 	// Env is exported in the shell before setup, so setup, the agent and
 	// the verifier all see it.
 	Env map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+	// Caps, when set, is the capability set the task's sandboxes keep
+	// (names like CAP_CHOWN); empty means Docker's default set. Fewer is
+	// always allowed; more only on a server run with --allow-extra-caps.
+	Caps []string `json:"caps,omitempty" yaml:"caps,omitempty"`
 }
 
 // taskFile is Task as it is spelled in files (the timeout as seconds or a
@@ -58,11 +64,12 @@ type taskFile struct {
 	MaxTurns       int               `json:"max_turns" yaml:"max_turns"`
 	CommandTimeout flexDuration      `json:"command_timeout" yaml:"command_timeout"`
 	Env            map[string]string `json:"env" yaml:"env"`
+	Caps           []string          `json:"caps" yaml:"caps"`
 }
 
 func (f taskFile) task() Task {
 	return Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
-		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env}
+		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env, Caps: f.Caps}
 }
 
 // MarshalJSON writes the timeout as seconds, as files spell it.
@@ -167,6 +174,11 @@ func (t Task) Validate() error {
 		if strings.ContainsRune(t.Env[k], 0) {
 			bad("env %s: value contains a NUL byte", k)
 		}
+	}
+	// Names only: whether the server grants more than the default set is
+	// decided when a sandbox starts (sandbox.Isolation.KeptCaps).
+	if _, err := sandbox.ParseCaps(t.Caps); err != nil {
+		bad("caps: %v", err)
 	}
 	if len(errs) == 0 {
 		return nil

@@ -38,6 +38,9 @@ func TestLoadTask(t *testing.T) {
 		{name: "bad timeout", file: "k.yaml", body: "image: busybox\ncommand_timeout: soon\n", wantErr: "duration \"soon\""},
 		{name: "empty setup command", file: "l.yaml", body: "image: busybox\nsetup: ['  ']\n", wantErr: "setup[0]: empty"},
 		{name: "wrong extension", file: "m.toml", body: "image = 'busybox'\n", wantErr: "want .yaml"},
+		{name: "fewer caps", file: "n.yaml", body: "image: busybox\ncaps: [CAP_CHOWN, kill]\n",
+			want: envpool.Task{Name: "n", Image: "busybox", Caps: []string{"CAP_CHOWN", "kill"}}},
+		{name: "unknown cap", file: "o.yaml", body: "image: busybox\ncaps: [CAP_FLY]\n", wantErr: `caps: sandbox isolation check failed: unknown capability "CAP_FLY"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
