@@ -27,6 +27,7 @@ type fakeHost struct {
 	softDirty bool
 	free      uint64
 	procs     []string
+	scmpErr   error
 }
 
 type fakeInfo struct{ fs.FileInfo }
@@ -83,11 +84,18 @@ func (f *fakeHost) CgroupChildHas(string, string) (bool, error) {
 func (f *fakeHost) SoftDirty() (bool, error)         { return f.softDirty, nil }
 func (f *fakeHost) FreeBytes(string) (uint64, error) { return f.free, nil }
 func (f *fakeHost) ProcessRunning(c string) bool     { return slices.Contains(f.procs, c) }
+func (f *fakeHost) SeccompFilter() (string, int, error) {
+	if f.scmpErr != nil {
+		return "", 0, f.scmpErr
+	}
+	return "2.5.4", 1400, nil
+}
 
 const hybridMountinfo = `25 1 0:22 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
 26 25 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
 27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 28 25 0:25 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+31 25 0:27 / /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices
 29 25 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
 30 1 0:12 / /sys/kernel/tracing rw - tracefs tracefs rw
 `
@@ -99,9 +107,11 @@ const pureV2Mountinfo = `25 1 0:22 / /sys/fs/cgroup rw shared:9 - cgroup2 cgroup
 func healthy() *fakeHost {
 	return &fakeHost{
 		files: map[string]string{
-			"/proc/filesystems":    "nodev\tsysfs\n\tbtrfs\n\text4\n",
-			"/proc/self/mountinfo": hybridMountinfo,
-			"/var/lib":             "",
+			"/proc/filesystems":                      "nodev\tsysfs\n\tbtrfs\n\text4\n",
+			"/proc/sys/kernel/seccomp/actions_avail": "kill_process kill_thread trap errno user_notif trace log allow\n",
+			"/proc/sys/user/max_user_namespaces":     "96365\n",
+			"/proc/self/mountinfo":                   hybridMountinfo,
+			"/var/lib":                               "",
 		},
 		paths: map[string]string{"mkfs.btrfs": "/usr/sbin/mkfs.btrfs", "zfs": "/usr/sbin/zfs", "zpool": "/usr/sbin/zpool", "zfs-fuse": "/usr/sbin/zfs-fuse"},
 		execs: map[string]bool{"/opt/arbor/criu/bin/criu": true},
@@ -176,6 +186,14 @@ func TestRun(t *testing.T) {
 		{name: "v1 without memory", modify: func(h *fakeHost) {
 			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "rw,memory", "rw,blkio", 1)
 		}, check: "cgroup controllers", want: Fail, detail: "memory"},
+		{name: "hardened", modify: func(*fakeHost) {}, check: "isolation", want: OK, wantOK: true, detail: "libseccomp 2.5.4, Docker's profile: 1400 BPF instructions), masked /proc paths, devices cgroup"},
+		{name: "no libseccomp", modify: func(h *fakeHost) { h.scmpErr = errors.New("built without cgo") }, check: "isolation", want: Fail, detail: "without cgo"},
+		{name: "kernel without seccomp filters", modify: func(h *fakeHost) { delete(h.files, "/proc/sys/kernel/seccomp/actions_avail") }, check: "isolation", want: Fail, detail: "CONFIG_SECCOMP_FILTER"},
+		{name: "no devices cgroup warns", modify: func(h *fakeHost) {
+			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "rw,devices", "rw,blkio", 1)
+		}, check: "isolation", want: Warn, wantOK: true, detail: "not enforced"},
+		{name: "user namespaces", modify: func(*fakeHost) {}, check: "user namespaces", want: OK, wantOK: true, detail: "supported (max 96365)"},
+		{name: "user namespaces off", modify: func(h *fakeHost) { h.files["/proc/sys/user/max_user_namespaces"] = "0\n" }, check: "user namespaces", want: Warn, wantOK: true, detail: "not supported"},
 		{name: "low space warns", modify: func(h *fakeHost) { h.free = 1 << 30 }, check: "free space", want: Warn, wantOK: true, detail: "1.0 GiB free on /var/lib"},
 	}
 	for _, tt := range tests {

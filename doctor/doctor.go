@@ -1,6 +1,6 @@
 // Package doctor checks that a host has what Arbor needs (root, CRIU 4.x,
-// btrfs, ZFS tools, eBPF with tracepoints, cgroups, soft-dirty tracking,
-// free space) and says how to fix what is missing. The checks are plain
+// btrfs, ZFS tools, eBPF with tracepoints, cgroups, sandbox isolation,
+// user namespaces, soft-dirty tracking, free space) and says how to fix what is missing. The checks are plain
 // functions over a Host, so tests can run them against fakes; host_linux.go
 // has the real probes.
 package doctor
@@ -76,6 +76,9 @@ type Host interface {
 	FreeBytes(path string) (uint64, error)
 	// ProcessRunning reports whether a process with this comm exists.
 	ProcessRunning(comm string) bool
+	// SeccompFilter compiles the default sandbox seccomp filter and
+	// reports libseccomp's version and the program's length.
+	SeccompFilter() (libseccomp string, instructions int, err error)
 }
 
 // Run runs every check in a fixed order.
@@ -92,6 +95,7 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	checks = append(checks, tracefs, CheckBPF(h, tracefs.Status == OK))
 	mountinfo, _ := h.ReadFile("/proc/self/mountinfo")
 	checks = append(checks, CheckCgroupV2(h, string(mountinfo)), CheckCgroupControllers(h, string(mountinfo)))
+	checks = append(checks, CheckIsolation(h, string(mountinfo)), CheckUserNS(h))
 	checks = append(checks, CheckSoftDirty(h), CheckFreeSpace(h, o.StateDir, o.MinFreeBytes))
 	r := Report{OK: true, Checks: checks}
 	for _, c := range checks {

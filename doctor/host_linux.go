@@ -19,6 +19,9 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/seccomp"
 )
 
 // dumpTimeout bounds the criu dump probe; a healthy dump takes well
@@ -35,6 +38,18 @@ func (linuxHost) ReadFile(name string) ([]byte, error)   { return os.ReadFile(na
 func (linuxHost) Stat(name string) (fs.FileInfo, error)  { return os.Stat(name) }
 func (linuxHost) LookPath(file string) (string, error)   { return exec.LookPath(file) }
 func (linuxHost) MountTracefs() error                    { return mountTracefs() }
+
+func (linuxHost) SeccompFilter() (string, int, error) {
+	v, err := seccomp.LibraryVersion()
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := seccomp.Compile(sandbox.DefaultCaps, nil)
+	if err != nil {
+		return v, 0, err
+	}
+	return v, p.Instructions(), nil
+}
 func (linuxHost) BPFTracepoint(group, name string) error { return bpfTracepoint(group, name) }
 
 func (linuxHost) Run(ctx context.Context, env []string, name string, args ...string) ([]byte, error) {

@@ -23,6 +23,8 @@ PKGS=(
 	btrfs-progs zfs-fuse e2fsprogs util-linux mount busybox-static debootstrap xz-utils
 	# sandboxes, and runc as a side-by-side peer (its CRIU network lock is iptables)
 	iproute2 iptables nftables runc procps
+	# the sandboxes' seccomp filter, compiled by the server (cgo)
+	libseccomp-dev pkg-config
 	# eBPF code generation (bpf2go) and inspection
 	clang llvm libbpf-dev bpftool
 	# Python client and its tests
