@@ -216,9 +216,14 @@ func sandboxMounts() string {
 	m := []string{"/", "/dev/pts", "/proc"}
 	for _, p := range []string{"acpi", "asound", "interrupts", "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "scsi",
 		"bus", "fs", "irq", "sys", "sysrq-trigger"} {
-		if _, err := os.Stat("/proc/" + p); err == nil {
-			m = append(m, "/proc/"+p)
+		st, err := os.Stat("/proc/" + p)
+		if err != nil {
+			continue
 		}
+		if ents, _ := os.ReadDir("/proc/" + p); st.IsDir() && len(ents) == 0 && p != "bus" && p != "fs" && p != "irq" && p != "sys" {
+			continue // an empty masked directory is left alone
+		}
+		m = append(m, "/proc/"+p)
 	}
 	sort.Strings(m)
 	return strings.Join(m, " ") + " "
