@@ -17,7 +17,12 @@ import (
 func startIso(t *testing.T, iso sandbox.Isolation) (*sandbox.Sandbox, error) {
 	t.Helper()
 	sandboxtest.RequireRoot(t)
-	root := sandboxtest.BusyboxRoot(t, "")
+	var root string
+	if debian() {
+		root = sandboxtest.DebianRoot(t, "")
+	} else {
+		root = sandboxtest.BusyboxRoot(t, "")
+	}
 	testCount++
 	id := fmt.Sprintf("test-%d-%d", os.Getpid(), testCount)
 	sb, err := sandbox.Start(context.Background(), sandbox.Config{ID: id, Root: root, InitBinary: sandboxtest.InitBinary(t), Isolation: iso})
@@ -31,6 +36,9 @@ func startIso(t *testing.T, iso sandbox.Isolation) (*sandbox.Sandbox, error) {
 	})
 	return sb, nil
 }
+
+// debian: the tests run on the Debian image (bash, python3).
+func debian() bool { return os.Getenv("ARBOR_TEST_IMAGE") == "debian" }
 
 // statusInside reads the isolation fields of a /proc/PID/status as seen
 // from the sandbox's shell.
@@ -86,9 +94,20 @@ func TestHardenedByDefault(t *testing.T) {
 		{"mknod of a block device", "mknod /tmp/blk b 7 0 2>/dev/null && echo made || echo denied", "denied\n"},
 		{"mknod of /dev/mem", "mknod /tmp/mem c 1 1 2>/dev/null && echo made || echo denied", "denied\n"},
 		{"mknod of an allowed node", "mknod /tmp/null2 c 1 3 && echo hi >/tmp/null2 && rm /tmp/null2 && echo made", "made\n"},
-		{"no other devices in /dev", "ls /dev | tr '\\n' ' '", "fd full null ptmx pts random shm stderr stdin stdout urandom zero "},
+		{"no other devices in /dev", "ls /dev | tr '\\n' ' '", devList()},
 		{"unshare a user namespace", "unshare -U true 2>/dev/null && echo unshared || echo denied", "denied\n"},
 		{"setns-free chroot still works", "chroot / true && echo ok", "ok\n"},
+	}
+	if debian() {
+		// Arbor's own rule: nothing may type into the shell's terminal,
+		// which the kernel allows a process on its own terminal.
+		tests = append(tests, struct{ name, cmd, want string }{"TIOCSTI on the shell's terminal",
+			`python3 -c 'import fcntl, os, termios
+try:
+    fcntl.ioctl(os.open("/dev/tty", os.O_RDWR), termios.TIOCSTI, b"x")
+    print("injected")
+except PermissionError:
+    print("denied")'`, "denied\n"})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,4 +169,13 @@ func TestUnhardened(t *testing.T) {
 	if r := run(t, sb, "awk '$5 ~ /^\\/proc\\// {print $5}' /proc/self/mountinfo | wc -l | tr -d ' '", 5*time.Second); string(r.Stdout) != "0\n" {
 		t.Fatalf("unhardened sandbox has /proc masks: %q", r.Stdout)
 	}
+}
+
+// devList is what /dev of a sandbox holds: the nodes makeDev creates (tty
+// only where the shell is bash), ptmx, pts, shm and the fd links.
+func devList() string {
+	if debian() {
+		return "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero "
+	}
+	return "fd full null ptmx pts random shm stderr stdin stdout urandom zero "
 }

@@ -59,7 +59,7 @@ func Setup(o SetupOptions) error {
 	// Only /proc and /dev/pts are mounts: /dev itself and /dev/shm are
 	// directories of the root file system, so they are part of its
 	// snapshots and CRIU has no tmpfs to archive at every dump.
-	if err := makeDev(r); err != nil {
+	if err := makeDev(r, o.Harden != nil); err != nil {
 		return err
 	}
 	mounts := []struct {
@@ -134,8 +134,10 @@ func Setup(o SetupOptions) error {
 // makeDev fills root/dev with the device nodes and links a sandbox needs,
 // leaving what is already right alone. Nodes are made, not bind-mounted
 // from the host: bind mounts of host nodes would be external mounts for
-// CRIU.
-func makeDev(r string) error {
+// CRIU. A hardened sandbox also loses every other device node directly in
+// /dev (an image's console, say): the devices cgroup would refuse them
+// anyway, and /dev should show what the sandbox can use.
+func makeDev(r string, hardened bool) error {
 	dev := filepath.Join(r, "dev")
 	for _, d := range []struct {
 		path string
@@ -160,6 +162,11 @@ func makeDev(r string) error {
 		// bash always does.
 		devs = devs[:len(devs)-1]
 		os.Remove(filepath.Join(dev, "tty"))
+	}
+	if hardened {
+		if err := removeOtherDevices(dev, devs); err != nil {
+			return err
+		}
 	}
 	for _, d := range devs {
 		p := filepath.Join(dev, d.name)
@@ -186,6 +193,40 @@ func makeDev(r string) error {
 		os.RemoveAll(p)
 		if err := os.Symlink(l[0], p); err != nil {
 			return fmt.Errorf("symlink /dev/%s: %w", l[1], err)
+		}
+	}
+	return nil
+}
+
+// removeOtherDevices deletes the character and block nodes in dev that
+// are not the ones keep names with the right numbers.
+func removeOtherDevices(dev string, keep []struct {
+	name         string
+	major, minor uint32
+}) error {
+	ents, err := os.ReadDir(dev)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dev, err)
+	}
+	for _, e := range ents {
+		if e.Type()&(os.ModeDevice|os.ModeCharDevice) == 0 {
+			continue
+		}
+		p := filepath.Join(dev, e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			continue
+		}
+		ok := false
+		for _, k := range keep {
+			if k.name == e.Name() && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(k.major, k.minor) {
+				ok = true
+			}
+		}
+		if !ok {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("remove device %s: %w", p, err)
+			}
 		}
 	}
 	return nil
