@@ -16,4 +16,7 @@ var (
 	ErrClosed = errors.New("sandbox destroyed")
 	// ErrBadCommand: the command was refused before it ran (too large).
 	ErrBadCommand = errors.New("command refused")
+	// ErrImpostor: the sandbox's control socket is not served by its init
+	// (a process inside replaced it); the sandbox cannot be driven.
+	ErrImpostor = errors.New("sandbox control socket not served by its init")
 )
