@@ -360,6 +360,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	if len(cmd) > ctl.MaxCommand {
 		return nil, fmt.Errorf("%w: command is %d bytes, limit %d", ErrBadCommand, len(cmd), ctl.MaxCommand)
 	}
+	if strings.IndexByte(cmd, 0) >= 0 {
+		return nil, fmt.Errorf("%w: command contains a NUL byte", ErrBadCommand)
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = ctl.DefaultTimeout
 	}

@@ -19,13 +19,13 @@ const InitPath = "/.arbor/init"
 
 // Ops a Request can carry.
 const (
-	OpExec  = "exec"  // run one command in the persistent shell
+	OpExec = "exec" // run one command in the persistent shell
 	// OpRun runs a script as a fresh child of init, outside the persistent
 	// shell: /bin/sh -c Cmd with the environment Env, in Dir, in a session
 	// of its own, with stdin /dev/null and stdout and stderr on pipes
 	// only init reads. The verifier runs this way, so nothing the agent
 	// defined in its shell (functions, aliases, traps) applies to it.
-	OpRun = "run"
+	OpRun   = "run"
 	OpPing  = "ping"  // liveness; returns shell pid
 	OpShell = "shell" // describe the shell (pid, path)
 	// OpDetach asks init to close this connection; the server waits for

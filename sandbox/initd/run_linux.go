@@ -33,6 +33,11 @@ func Run() error {
 func run(ready *os.File) error {
 	// The shell and what it runs may be OOM-killed; init may not.
 	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	// Non-dumpable: /proc/1/fd, /proc/1/mem, /proc/1/environ and ptrace
+	// of init need CAP_SYS_PTRACE, which the sandbox's processes lack, so
+	// none of them can reopen init's pipes or sockets. The shell needs
+	// none of that: it inherits its descriptors. CRIU restores the flag.
+	setNonDumpable()
 	// Few threads: CRIU's dump time grows with every thread it seizes.
 	runtime.GOMAXPROCS(1)
 	prewarmThreads(4)
@@ -74,6 +79,8 @@ func run(ready *os.File) error {
 				}
 				continue
 			}
+			// A restore brings the flag back; setting it again is cheap.
+			setNonDumpable()
 			if err := checkPeer(c); err != nil {
 				// Only the server, outside the sandbox's pid namespace,
 				// may drive init: a process inside that reaches the
@@ -121,6 +128,8 @@ func ignoreSignals() {
 		}
 	}()
 }
+
+func setNonDumpable() { unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }
 
 // checkPeer refuses a control connection from inside the sandbox. The
 // server is outside init's pid namespace, so its pid reads 0 here; every

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -14,11 +15,20 @@ import (
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
-// statusFD is the descriptor on which the shell holds its end of the
-// status socket. It is high so that the agent's own redirections (exec
-// 3>file) do not clobber it; a command that closes it anyway loses its
-// status, times out and gets a fresh shell.
-const statusFD = 199
+// The descriptors on which the shell holds what init gave it: the command
+// socket (init writes each command's text there, ended by a NUL), the
+// stdout and stderr pipes of commands, and the status socket. They are
+// high so that the agent's own redirections (exec 3>file) do not clobber
+// them; a command that closes one anyway loses its status, times out and
+// gets a fresh shell. The shell never opens anything of init's by path,
+// so init can be non-dumpable (see Run), which closes /proc/1/fd to every
+// process in the sandbox without CAP_SYS_PTRACE.
+const (
+	cmdFD    = 196
+	outFD    = 197
+	errFD    = 198
+	statusFD = 199
+)
 
 // A job is one command waiting for, or running in, the shell.
 type job struct {
@@ -47,6 +57,8 @@ type shell struct {
 	outR, outW int // command stdout
 	errR, errW int // command stderr
 	stR        int // init's end of the status socket; -1 when closed
+	cmdW       int // init's end of the command socket
+	cmdPeer    int // init's copy of the shell's end, to drop leftovers
 	wakeR      int // written on SIGCHLD and on new jobs
 	wakeW      int
 
@@ -83,7 +95,7 @@ func pipeNB() (r, w int, err error) {
 }
 
 func newShell(path string) (*shell, error) {
-	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1, stR: -1, want: expected{}}
+	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1, stR: -1, cmdW: -1, cmdPeer: -1, want: expected{}}
 	var err error
 	for _, p := range []struct{ r, w *int }{{&s.outR, &s.outW}, {&s.errR, &s.errW}, {&s.wakeR, &s.wakeW}} {
 		if *p.r, *p.w, err = pipeNB(); err != nil {
@@ -135,6 +147,10 @@ func (s *shell) start() error {
 		return err
 	}
 	defer unix.Close(stShell)
+	if err := s.newCommandSocket(); err != nil {
+		unix.Close(master)
+		return err
+	}
 	tio, err := unix.IoctlGetTermios(slave, unix.TCGETS)
 	if err != nil {
 		unix.Close(master)
@@ -156,13 +172,14 @@ func (s *shell) start() error {
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/root", "TERM=dumb", "LANG=C.UTF-8", "PS1=", "PS2=", "SHELL=" + s.path,
 	}
-	// The shell gets the pty as 0, 1 and 2 and its end of the status
-	// socket as statusFD; every other descriptor below that is closed.
+	// The shell gets the pty as 0, 1 and 2 and the descriptors above;
+	// every other one below statusFD is closed.
 	files := make([]uintptr, statusFD+1)
 	for i := range files {
 		files[i] = ^uintptr(0)
 	}
-	files[0], files[1], files[2], files[statusFD] = uintptr(slave), uintptr(slave), uintptr(slave), uintptr(stShell)
+	files[0], files[1], files[2] = uintptr(slave), uintptr(slave), uintptr(slave)
+	files[cmdFD], files[outFD], files[errFD], files[statusFD] = uintptr(s.cmdPeer), uintptr(s.outW), uintptr(s.errW), uintptr(stShell)
 	pid, err := syscall.ForkExec(s.path, args, &syscall.ProcAttr{
 		Dir:   "/root",
 		Env:   env,
@@ -214,7 +231,9 @@ func (s *shell) type_(line string) uint64 {
 	s.want[s.seq] = nonce
 	full := statusCmd(nonce, s.seq, statusFD) + "\n"
 	if line != "" {
-		full = line + "; " + full
+		// Clearing the text costs no command lookup and keeps a huge
+		// command from staying in the shell's memory.
+		full = line + "; " + statusCmd(nonce, s.seq, statusFD) + "; __arbor_cmd=\n"
 	}
 	s.writeMaster([]byte(full))
 	return s.seq
@@ -242,6 +261,45 @@ func (s *shell) newStatusSocket() (int, error) {
 	unix.SetNonblock(p[0], true)
 	s.stR = p[0]
 	return p[1], nil
+}
+
+// newCommandSocket makes a fresh command socket pair: init writes to
+// cmdW and keeps a copy of the shell's end (cmdPeer) so that it can drop
+// what a command interrupted mid-read left unread.
+func (s *shell) newCommandSocket() error {
+	for _, fd := range []*int{&s.cmdW, &s.cmdPeer} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("command socket: %w", err)
+	}
+	// Only init's end is non-blocking: the shell's read must block.
+	unix.SetNonblock(p[0], true)
+	s.cmdW, s.cmdPeer = p[0], p[1]
+	return nil
+}
+
+// sendCommand writes a command's text and its terminating NUL to the
+// command socket, draining the pipes while the shell reads it.
+func (s *shell) sendCommand(cmd string) {
+	b := append([]byte(cmd), 0)
+	for len(b) > 0 {
+		n, err := unix.Write(s.cmdW, b)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			if _, dead := s.pumpOnce(10*time.Millisecond, nil, nil); dead {
+				return
+			}
+			continue
+		}
+		if err != nil {
+			return
+		}
+		b = b[n:]
+	}
 }
 
 // readStatus drains the status socket, keeping only bytes the shell
@@ -331,6 +389,9 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 	}
 	s.readStatus()
 	s.drain(s.wakeR, nil)
+	// Holders of the shell's end of the command socket could fill init's
+	// side with bytes nobody reads; drop them.
+	s.drain(s.cmdW, nil)
 	if s.master >= 0 {
 		s.drain(s.master, nil)
 		if fds[4].Revents&(unix.POLLHUP|unix.POLLERR) != 0 && fds[4].Revents&unix.POLLIN == 0 {
@@ -417,8 +478,9 @@ func (s *shell) killJob() {
 }
 
 // exec runs one command and returns its result. The command text reaches
-// the shell through a memfd it sources via /proc/1/fd, so no size limit of
-// the terminal's line discipline applies and nothing is left on disk.
+// the shell through the command socket, so no size limit of the terminal's
+// line discipline applies, nothing is left on disk and nothing in the
+// sandbox can rewrite it on the way (only init writes to that socket).
 func (s *shell) exec(req ctl.Request) ctl.Response {
 	if len(req.Cmd) > ctl.MaxCommand {
 		return ctl.Response{Error: fmt.Sprintf("command is %d bytes, over the %d byte limit", len(req.Cmd), ctl.MaxCommand)}
@@ -431,11 +493,9 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	if max <= 0 {
 		max = ctl.DefaultMaxOutput
 	}
-	mfd, err := commandMemfd(req.Cmd)
-	if err != nil {
-		return ctl.Response{Error: err.Error()}
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return ctl.Response{Error: "command contains a NUL byte"}
 	}
-	defer unix.Close(mfd)
 	// Whatever reached the pipes and the status socket since the last
 	// command (a background job's late output, forged records) belongs
 	// to no command: drop it before this one starts. The socket may have
@@ -445,20 +505,23 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
 	}
 	s.pumpOnce(0, nil, nil)
+	for s.cmdPeer >= 0 {
+		if n, _, err := unix.Recvfrom(s.cmdPeer, s.buf, unix.MSG_DONTWAIT); n <= 0 || err != nil {
+			break
+		}
+	}
 	clear(s.want)
 	rejected0 := s.rejected
 	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	start := time.Now()
-	// bash reads the text with $(<file), which costs no fork, and evals
-	// it, so its messages read as they would at a terminal ("bash: x:
-	// command not found"); other shells source it. "command ." keeps an
-	// error in the text (a syntax error, ${x?}) from abandoning the rest
-	// of the line, the status printf.
-	src := fmt.Sprintf("command . /proc/1/fd/%d", mfd)
-	if s.isBash {
-		src = fmt.Sprintf(`eval "$(</proc/1/fd/%d)"`, mfd)
-	}
-	seq := s.type_(fmt.Sprintf("{ %s; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", src, s.outW, s.errW))
+	// The shell reads the text from the command socket up to its NUL and
+	// evals it in itself, so cd, variables and functions persist and its
+	// messages read as at a terminal ("sh: x: not found"). "command"
+	// keeps an error in the text (a syntax error, ${x?}) from abandoning
+	// the rest of the line, the status printf; the backslashes keep
+	// aliases out. The text never passes the terminal.
+	seq := s.type_(fmt.Sprintf(`IFS= \command read -r -d '' __arbor_cmd <&%d; { \command eval "$__arbor_cmd"; } </dev/null >&%d 2>&%d`, cmdFD, outFD, errFD))
+	s.sendCommand(req.Cmd)
 	resp := ctl.Response{}
 	deadline := start.Add(timeout)
 	// After a timeout, init types marker lines; the first marker record
@@ -551,31 +614,6 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		}
 	}
 	return resp
-}
-
-// commandMemfd puts a command's text into a sealed memfd: once sealed,
-// nothing (not even a process that opens it through /proc/1/fd for
-// writing) can change the text before the shell has read it.
-func commandMemfd(cmd string) (int, error) {
-	mfd, err := unix.MemfdCreate("arbor-cmd", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return -1, fmt.Errorf("memfd: %w", err)
-	}
-	b := []byte(cmd)
-	for len(b) > 0 {
-		n, err := unix.Write(mfd, b)
-		if err != nil {
-			unix.Close(mfd)
-			return -1, fmt.Errorf("write command: %w", err)
-		}
-		b = b[n:]
-	}
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(uintptr(mfd), unix.F_ADD_SEALS, seals); err != nil {
-		unix.Close(mfd)
-		return -1, fmt.Errorf("seal command: %w", err)
-	}
-	return mfd, nil
 }
 
 func max0(d time.Duration) time.Duration {
