@@ -88,6 +88,11 @@ type Result struct {
 	// Limits lists the resource limits the sandbox hit since the previous
 	// command, and what was done about it.
 	Limits []LimitEvent
+	// RejectedStatus counts what init dropped from the status channel
+	// while the command ran: writes by processes other than the shell and
+	// records without the command's nonce. Non-zero means something in the
+	// sandbox tried to forge a result (it did not count).
+	RejectedStatus int
 }
 
 // LimitEvent reports that a sandbox hit a resource limit.

@@ -396,7 +396,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
 		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
 		TimedOut: resp.TimedOut, Duration: resp.Duration,
-		ShellRestarted: resp.ShellExited, Limits: events,
+		ShellRestarted: resp.ShellExited, Limits: events, RejectedStatus: resp.Rejected,
 	}, nil
 }
 
