@@ -191,6 +191,8 @@ func pump(sh *shell, jobs <-chan job) {
 			case ctl.OpRun:
 				resp = sh.runScript(j.req)
 			case ctl.OpPing, ctl.OpShell:
+				// The first request after a restore: see ensureExclusive.
+				sh.ensureExclusive()
 				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}

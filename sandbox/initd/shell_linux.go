@@ -239,6 +239,27 @@ func (s *shell) type_(line string) uint64 {
 	return s.seq
 }
 
+// ensureExclusive puts the shell's terminal back into exclusive mode.
+// CRIU does not restore that flag, so init sets it again before every
+// command and whenever the server connects (which it does first after a
+// restore). A transient open of the slave does it: it fails with EBUSY
+// when the terminal is exclusive already (and init lacks CAP_SYS_ADMIN).
+func (s *shell) ensureExclusive() {
+	if s.master < 0 {
+		return
+	}
+	n, err := unix.IoctlGetInt(s.master, unix.TIOCGPTN)
+	if err != nil {
+		return
+	}
+	fd, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.IoctlSetInt(fd, unix.TIOCEXCL, 0)
+	unix.Close(fd)
+}
+
 // newStatusSocket makes a fresh status socket pair, keeps init's end in
 // s.stR (non-blocking, SO_PASSCRED) and returns the shell's end, which the
 // caller closes once the shell has it. A fresh pair per shell means a
@@ -504,6 +525,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	if s.stR >= 0 {
 		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
 	}
+	s.ensureExclusive()
 	s.pumpOnce(0, nil, nil)
 	for s.cmdPeer >= 0 {
 		if n, _, err := unix.Recvfrom(s.cmdPeer, s.buf, unix.MSG_DONTWAIT); n <= 0 || err != nil {
