@@ -114,5 +114,5 @@ func plant(t *testing.T, e *branch.Engine, env *branch.Env) {
 	sandboxtest.InstallForger(t, env.Sandbox().Root())
 	run(t, e, env, `for m in status signals pty; do forger $m </dev/null >/dev/null 2>&1 & done; sleep 1000 </dev/null >/dev/null 2>&1 &`)
 	// Wait until all four have exec'd.
-	run(t, e, env, `for i in $(seq 200); do [ "$(ps -o args | grep -c -e '^forger' -e '^sleep 1000')" = 4 ] && exit 0; sleep 0.05; done; exit 1`)
+	run(t, e, env, `n=0; for i in $(seq 200); do n=$(ps -o args | grep -c -e '^forger' -e '^sleep 1000'); [ "$n" = 4 ] && break; sleep 0.05; done; [ "$n" = 4 ]`)
 }

@@ -104,6 +104,20 @@ func testForgers(t *testing.T, dockerCaps bool) {
 	if rejected == 0 {
 		t.Errorf("init rejected no status record in 36 steps: the forgers did not reach the status socket")
 	}
+	if dockerCaps {
+		// Shell restarts with the forgers running. (With every capability
+		// a forger can reopen the error pipe of init's fork of the new
+		// shell through /proc/1/fd and wedge init: see docs/sandbox.md.)
+		for i := 0; i < 10; i++ {
+			r := run(t, sb, "exit 3", 20*time.Second)
+			if !r.ShellRestarted || r.ExitCode != 3 {
+				t.Fatalf("exit %d: restarted=%v exit=%d", i, r.ShellRestarted, r.ExitCode)
+			}
+			if r := run(t, sb, "echo fresh; pwd", 20*time.Second); string(r.Stdout) != "fresh\n/root\n" || r.ExitCode != 0 {
+				t.Fatalf("after restart %d: stdout=%.300q exit=%d", i, r.Stdout, r.ExitCode)
+			}
+		}
+	}
 	st := readFile(t, sb, "/tmp/forger-status")
 	t.Logf("status forger: %s; rejected while steps ran: %d", st, rejected)
 	t.Logf("signal forger: %s", readFile(t, sb, "/tmp/forger-signals"))
