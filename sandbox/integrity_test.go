@@ -270,3 +270,17 @@ func TestKillAllButInit(t *testing.T) {
 		t.Errorf("after KillAllButInit: restarted=%v stdout=%q, want a fresh shell and no sleep", r.ShellRestarted, r.Stdout)
 	}
 }
+
+// TestLargeCommand: a command far larger than the command socket's
+// buffer reaches the shell whole, and the next one is not disturbed.
+func TestLargeCommand(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	body := strings.Repeat("0123456789abcdef\n", 40000) // 680 KB
+	r := run(t, sb, "cat <<'EOF' | wc -c\n"+body+"EOF", 60*time.Second)
+	if strings.TrimSpace(string(r.Stdout)) != fmt.Sprint(len(body)) || r.ExitCode != 0 {
+		t.Fatalf("large command: stdout=%q stderr=%.300q exit=%d; want %d", r.Stdout, r.Stderr, r.ExitCode, len(body))
+	}
+	if r := run(t, sb, "echo next", 10*time.Second); string(r.Stdout) != "next\n" {
+		t.Errorf("after a large command: %q", r.Stdout)
+	}
+}

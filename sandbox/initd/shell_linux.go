@@ -59,6 +59,7 @@ type shell struct {
 	stR        int // init's end of the status socket; -1 when closed
 	cmdW       int // init's end of the command socket
 	cmdPeer    int // init's copy of the shell's end, to drop leftovers
+	pending    []byte // command text not yet written to cmdW
 	wakeR      int // written on SIGCHLD and on new jobs
 	wakeW      int
 
@@ -298,28 +299,30 @@ func (s *shell) newCommandSocket() error {
 	if err != nil {
 		return fmt.Errorf("command socket: %w", err)
 	}
+	s.pending = s.pending[:0]
 	// Only init's end is non-blocking: the shell's read must block.
 	unix.SetNonblock(p[0], true)
 	s.cmdW, s.cmdPeer = p[0], p[1]
 	return nil
 }
 
-// sendCommand writes a command's text and its terminating NUL to the
-// command socket, draining the pipes while the shell reads it.
+// sendCommand queues a command's text and its terminating NUL for the
+// command socket; pumpOnce writes it as the shell reads, so a text larger
+// than the socket's buffer neither blocks init nor holds up output and
+// records (and a shell that never reads it cannot wedge init).
 func (s *shell) sendCommand(cmd string) {
-	b := append([]byte(cmd), 0)
-	for len(b) > 0 {
-		n, err := unix.Write(s.cmdW, b)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			if _, dead := s.pumpOnce(10*time.Millisecond, nil, nil); dead {
-				return
-			}
-			continue
-		}
-		if err != nil {
+	s.pending = append(append(s.pending[:0], cmd...), 0)
+	s.flushCommand()
+}
+
+// flushCommand writes what it can of the pending command text.
+func (s *shell) flushCommand() {
+	for len(s.pending) > 0 && s.cmdW >= 0 {
+		n, err := unix.Write(s.cmdW, s.pending)
+		if err != nil || n <= 0 {
 			return
 		}
-		b = b[n:]
+		s.pending = s.pending[n:]
 	}
 }
 
@@ -394,6 +397,10 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 		{Fd: int32(s.stR), Events: unix.POLLIN},
 		{Fd: int32(s.wakeR), Events: unix.POLLIN},
 		{Fd: int32(s.master), Events: unix.POLLIN},
+		{Fd: -1, Events: unix.POLLOUT},
+	}
+	if len(s.pending) > 0 {
+		fds[5].Fd = int32(s.cmdW)
 	}
 	ms := -1
 	if d >= 0 {
@@ -408,6 +415,7 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 	if s.buf == nil {
 		s.buf = make([]byte, 64<<10)
 	}
+	s.flushCommand()
 	s.readStatus()
 	s.drain(s.wakeR, nil)
 	// Holders of the shell's end of the command socket could fill init's
@@ -526,6 +534,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
 	}
 	s.ensureExclusive()
+	s.pending = s.pending[:0]
 	s.pumpOnce(0, nil, nil)
 	for s.cmdPeer >= 0 {
 		if n, _, err := unix.Recvfrom(s.cmdPeer, s.buf, unix.MSG_DONTWAIT); n <= 0 || err != nil {
