@@ -93,6 +93,8 @@ type taskSlot struct {
 	task     Task
 	template *branch.Env
 	state    string
+	// dir is where setup left the shell: the verifier runs there.
+	dir      string
 	prepared time.Duration
 	kick     chan struct{}
 
@@ -102,6 +104,7 @@ type taskSlot struct {
 
 type liveEnv struct {
 	task string
+	seed int64 // the episode's seed (0: none), for the verifier
 	last time.Time
 }
 
@@ -178,8 +181,12 @@ func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *t
 	// checkpoint of the initial state) so that it does not count as
 	// turns: an episode starts at turn 0.
 	sb := env.Sandbox()
+	dir := ""
 	run := func(what, cmd string) error {
 		r, err := sb.Exec(ctx, cmd, sandbox.ExecOptions{Timeout: p.o.SetupTimeout})
+		if err == nil {
+			dir = r.Cwd
+		}
 		switch {
 		case err != nil:
 			return fmt.Errorf("%w: task %s: %s %q: %w", ErrSetup, t.Name, what, cmd, err)
@@ -212,7 +219,13 @@ func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *t
 	if err != nil {
 		return nil, fmt.Errorf("task %s: checkpoint after setup: %w", t.Name, err)
 	}
-	s = &taskSlot{task: t, template: env, state: sid, prepared: time.Since(start), kick: make(chan struct{}, 1)}
+	if dir == "" {
+		// No setup command ran: the shell's first directory.
+		if r, err := sb.Exec(ctx, "true", sandbox.ExecOptions{Timeout: p.o.SetupTimeout}); err == nil {
+			dir = r.Cwd
+		}
+	}
+	s = &taskSlot{task: t, template: env, state: sid, dir: dir, prepared: time.Since(start), kick: make(chan struct{}, 1)}
 	p.log.Info("task prepared", slog.String("task", t.Name), slog.String("image", t.Image),
 		slog.String("state", sid), slog.Duration("took", s.prepared))
 	return s, nil
@@ -431,7 +444,7 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 			return nil, err
 		}
 	}
-	p.track(env.ID, task.Name)
+	p.track(env.ID, task.Name, req.Seed)
 	return &Reset{Env: env, StateID: sid, Task: task, Instruction: task.Instruction}, nil
 }
 
@@ -496,13 +509,21 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evalua
 	if timeout <= 0 {
 		timeout = p.o.VerifierTimeout
 	}
-	// A subshell, so that `exit` or `cd` in the verifier stay in it.
-	r, err := p.e.Exec(ctx, fork, "(\n"+task.Verifier+"\n)", sandbox.ExecOptions{Timeout: timeout})
+	// The verifier's result must be the verifier's: nothing the agent
+	// left running may write to it, so on the fork every process but init
+	// goes first (unless the task needs them), and the verifier runs as a
+	// fresh child of init, not in the agent's shell, whose functions,
+	// aliases and traps would apply to it.
+	sb := fork.Sandbox()
+	killed := 0
+	if !task.VerifierKeepsProcesses {
+		if killed, err = sb.KillAllButInit(ctx); err != nil {
+			return Evaluation{}, fmt.Errorf("%w: stop the agent's processes in fork of %s: %w", ErrVerifier, env.ID, err)
+		}
+	}
+	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: p.verifierEnv(env.ID, task), Dir: p.verifierDir(task), Timeout: timeout})
 	if err != nil {
 		return Evaluation{}, fmt.Errorf("%w: run verifier in fork of %s: %w", ErrVerifier, env.ID, err)
-	}
-	if r.ShellRestarted {
-		return Evaluation{}, fmt.Errorf("%w: the fork's shell died while the verifier ran", ErrVerifier)
 	}
 	reward, from := Reward(string(r.Stdout), r.ExitCode)
 	if r.TimedOut {
@@ -517,9 +538,40 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evalua
 		"reward_from": from,
 		"state_id":    res.State,
 		"fork_s":      forkTook.Seconds(),
+		"killed":      killed,
 	}}
 	p.Touch(env.ID)
 	return ev, nil
+}
+
+// verifierEnv is the verifier's whole environment: the task's variables
+// and the episode's seed, never what the agent exported in its shell.
+func (p *Pool) verifierEnv(envID string, task Task) []string {
+	keys := make([]string, 0, len(task.Env))
+	for k := range task.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	env := make([]string, 0, len(keys)+1)
+	for _, k := range keys {
+		env = append(env, k+"="+task.Env[k])
+	}
+	p.mu.Lock()
+	l, ok := p.live[envID]
+	p.mu.Unlock()
+	if ok && l.seed != 0 {
+		env = append(env, "ARBOR_SEED="+strconv.FormatInt(l.seed, 10))
+	}
+	return env
+}
+
+// verifierDir is where the verifier runs: the directory the task's setup
+// ended in (where the agent started), whatever the agent did since.
+func (p *Pool) verifierDir(task Task) string {
+	if s, ok := p.slots[task.Name]; ok && s.task.Verifier == task.Verifier && s.dir != "" {
+		return s.dir
+	}
+	return "/"
 }
 
 // Reward turns a verifier's stdout and exit status into a reward: the
@@ -566,10 +618,10 @@ func (p *Pool) Touch(envID string) {
 	p.live[envID] = &liveEnv{last: time.Now()}
 }
 
-func (p *Pool) track(envID, task string) {
+func (p *Pool) track(envID, task string, seed int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.live[envID] = &liveEnv{task: task, last: time.Now()}
+	p.live[envID] = &liveEnv{task: task, seed: seed, last: time.Now()}
 }
 
 // Forget stops tracking envID (the server closed it).
@@ -616,11 +668,11 @@ func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.Br
 	if err != nil {
 		return nil, err
 	}
-	task := ""
+	task, seed := "", int64(0)
 	if src.Env != nil {
 		p.mu.Lock()
 		if l, ok := p.live[src.Env.ID]; ok {
-			task = l.task
+			task, seed = l.task, l.seed
 		}
 		p.mu.Unlock()
 	} else {
@@ -636,7 +688,7 @@ func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.Br
 		case p.Internal(c.Origin):
 			c.Origin = ""
 		}
-		p.track(c.ID, task)
+		p.track(c.ID, task, seed)
 	}
 	return res, nil
 }

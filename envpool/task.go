@@ -32,11 +32,19 @@ type Task struct {
 	// checkpoint that every reset starts from.
 	Setup       []string `json:"setup,omitempty" yaml:"setup,omitempty"`
 	Instruction string   `json:"instruction" yaml:"instruction"`
-	// Verifier is a shell command run on a throwaway fork of the
-	// environment. If the last line it prints on stdout is a number, that
-	// number is the reward; otherwise exit status 0 is 1.0 and anything
-	// else 0.0.
+	// Verifier is a /bin/sh script run on a throwaway fork of the
+	// environment, not in the agent's shell: as a fresh child of the
+	// sandbox's init, with the task's Env (plus PATH, HOME and ARBOR_SEED
+	// when the episode has one), in the directory setup ended in, after
+	// every process the agent left running has been killed. If the last
+	// line it prints on stdout is a number, that number is the reward;
+	// otherwise exit status 0 is 1.0 and anything else 0.0.
 	Verifier string `json:"verifier,omitempty" yaml:"verifier,omitempty"`
+	// VerifierKeepsProcesses leaves the agent's processes running while
+	// the verifier runs, for a verifier that talks to a service the agent
+	// started. They can then interfere with the verifier (see
+	// docs/sandbox.md, "Control channel and grader integrity").
+	VerifierKeepsProcesses bool `json:"verifier_keeps_processes,omitempty" yaml:"verifier_keeps_processes,omitempty"`
 	// MaxTurns ends an episode with truncated=true once reached (0: no
 	// limit).
 	MaxTurns int `json:"max_turns,omitempty" yaml:"max_turns,omitempty"`
@@ -65,11 +73,13 @@ type taskFile struct {
 	CommandTimeout flexDuration      `json:"command_timeout" yaml:"command_timeout"`
 	Env            map[string]string `json:"env" yaml:"env"`
 	Caps           []string          `json:"caps" yaml:"caps"`
+	KeepProcesses  bool              `json:"verifier_keeps_processes" yaml:"verifier_keeps_processes"`
 }
 
 func (f taskFile) task() Task {
 	return Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
-		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env, Caps: f.Caps}
+		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env, Caps: f.Caps,
+		VerifierKeepsProcesses: f.KeepProcesses}
 }
 
 // MarshalJSON writes the timeout as seconds, as files spell it.

@@ -21,4 +21,7 @@ var (
 	// capabilities, no_new_privs or seccomp differ from its dump); such a
 	// sandbox is never handed out.
 	ErrIsolation = errors.New("sandbox isolation check failed")
+	// ErrImpostor: the sandbox's control socket is not served by its init
+	// (a process inside replaced it); the sandbox cannot be driven.
+	ErrImpostor = errors.New("sandbox control socket not served by its init")
 )

@@ -59,6 +59,21 @@ type ExecOptions struct {
 	MaxOutput int
 }
 
+// RunOptions tune Sandbox.Run.
+type RunOptions struct {
+	// Env is the script's whole environment ("KEY=VALUE"); PATH and HOME
+	// are added when absent.
+	Env []string
+	// Dir is the working directory ("/" when empty; "/" with a note on
+	// stderr when it does not exist).
+	Dir string
+	// Timeout bounds the script (default 60 s); on expiry its process
+	// group is killed and ExitCode is 124.
+	Timeout time.Duration
+	// MaxOutput caps each of stdout and stderr (default 256 KiB).
+	MaxOutput int
+}
+
 // Result is what one command did.
 type Result struct {
 	Stdout, Stderr []byte
@@ -76,6 +91,11 @@ type Result struct {
 	// Limits lists the resource limits the sandbox hit since the previous
 	// command, and what was done about it.
 	Limits []LimitEvent
+	// RejectedStatus counts what init dropped from the status channel
+	// while the command ran: writes by processes other than the shell and
+	// records without the command's nonce. Non-zero means something in the
+	// sandbox tried to forge a result (it did not count).
+	RejectedStatus int
 }
 
 // LimitEvent reports that a sandbox hit a resource limit.

@@ -375,7 +375,41 @@ func (s *Sandbox) dial(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("dial sandbox control socket: %w", err)
 	}
+	if err := s.checkServer(c); err != nil {
+		c.Close()
+		return err
+	}
 	s.conn, s.rd = c, bufio.NewReader(c)
+	return nil
+}
+
+// checkServer makes sure the socket dialled is served by the sandbox's
+// init: the path lives in the sandbox's root, where any root process
+// inside could remove it and bind a socket of its own to impersonate init.
+// The listener's pid (SO_PEERCRED, recorded by the kernel when it called
+// listen) must be init's host pid.
+func (s *Sandbox) checkServer(c net.Conn) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("%w: control connection is not a unix socket", ErrImpostor)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("check sandbox control socket: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("check sandbox control socket: %w", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("check sandbox control socket: peer credentials: %w", cerr)
+	}
+	if int(cred.Pid) != s.pid {
+		return fmt.Errorf("%w: %s in sandbox %s is served by pid %d, not by its init (pid %d)", ErrImpostor, ctl.SocketPath, s.cfg.ID, cred.Pid, s.pid)
+	}
 	return nil
 }
 
@@ -460,6 +494,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	if len(cmd) > ctl.MaxCommand {
 		return nil, fmt.Errorf("%w: command is %d bytes, limit %d", ErrBadCommand, len(cmd), ctl.MaxCommand)
 	}
+	if strings.IndexByte(cmd, 0) >= 0 {
+		return nil, fmt.Errorf("%w: command contains a NUL byte", ErrBadCommand)
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = ctl.DefaultTimeout
 	}
@@ -480,6 +517,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
 	events = append(events, s.checkLimits()...)
+	if resp.Rejected > 0 {
+		s.log.Debug("init dropped forged or stray status records", slog.Int("count", resp.Rejected))
+	}
 	if resp.ShellExited {
 		if r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil {
 			s.shellPID = r.ShellPID
@@ -490,7 +530,42 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
 		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
 		TimedOut: resp.TimedOut, Duration: resp.Duration,
-		ShellRestarted: resp.ShellExited, Limits: events,
+		ShellRestarted: resp.ShellExited, Limits: events, RejectedStatus: resp.Rejected,
+	}, nil
+}
+
+// Run runs script as `/bin/sh -c` in a fresh child of init, not in the
+// persistent shell: its environment is exactly o.Env (plus PATH and HOME
+// when absent), its directory o.Dir, its stdin /dev/null, and its stdout
+// and stderr go to pipes only init reads. Nothing the agent defined in its
+// shell applies to it. ShellRestarted is never set; Cwd is the directory
+// it started in.
+func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result, error) {
+	if len(script) > ctl.MaxCommand {
+		return nil, fmt.Errorf("%w: script is %d bytes, limit %d", ErrBadCommand, len(script), ctl.MaxCommand)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = ctl.DefaultTimeout
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	events := s.checkLimits()
+	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpRun, Cmd: script, Timeout: o.Timeout, MaxOutput: o.MaxOutput, Env: o.Env, Dir: o.Dir}, o.Timeout+15*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("run in sandbox %s: %w", s.cfg.ID, err)
+	}
+	if resp.Error != "" {
+		return nil, fmt.Errorf("run in sandbox %s: %s", s.cfg.ID, resp.Error)
+	}
+	events = append(events, s.checkLimits()...)
+	return &Result{
+		Stdout: resp.Stdout, Stderr: resp.Stderr,
+		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
+		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
+		TimedOut: resp.TimedOut, Duration: resp.Duration, Limits: events,
 	}, nil
 }
 
@@ -509,7 +584,7 @@ func (s *Sandbox) checkLimits() []LimitEvent {
 		if r, err := s.call(context.Background(), ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil {
 			s.shellPID = r.ShellPID
 		}
-		n, err := s.killAllButShell()
+		n, err := s.killAll(true)
 		msg := fmt.Sprintf("process limit reached (%d forks refused): killed %d processes, the shell was kept", now.pidsMax-s.seen.pidsMax, n)
 		if err != nil {
 			msg += fmt.Sprintf(" (clean-up incomplete: %v)", err)
@@ -524,38 +599,85 @@ func (s *Sandbox) checkLimits() []LimitEvent {
 	return ev
 }
 
-func (s *Sandbox) killAllButShell() (int, error) {
+// KillAllButInit kills every process of the sandbox except init, the
+// shell included, with the cgroup frozen so that nothing forks meanwhile,
+// and waits until init has started a fresh shell. It returns how many
+// processes it killed. Evaluate uses it so that nothing the agent left
+// running can touch the verifier.
+func (s *Sandbox) KillAllButInit(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, ErrClosed
+	}
+	old := s.shellPID
+	n, err := s.killPass(false)
+	if err != nil {
+		return n, err
+	}
+	// Init replaces the shell it lost. Wait for the new one, then sweep
+	// again, keeping it: a task that was being forked while the group
+	// froze is gone too.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+		if err != nil {
+			return n, fmt.Errorf("wait for the new shell: %w", err)
+		}
+		if r.ShellPID != 0 && r.ShellPID != old {
+			s.shellPID = r.ShellPID
+			break
+		}
+		if time.Now().After(deadline) {
+			return n, fmt.Errorf("wait for the new shell: %w", ErrTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m, err := s.killAll(true)
+	return n + m, err
+}
+
+// killAll kills every process but init and, when keepShell, the shell,
+// until no more appear.
+func (s *Sandbox) killAll(keepShell bool) (int, error) {
 	killed := 0
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
-		if err := s.cg.freeze(true); err != nil {
-			return killed, err
-		}
-		pids, err := s.cg.procs()
-		if err != nil {
-			s.cg.freeze(false)
-			return killed, err
-		}
-		n := 0
-		for _, p := range pids {
-			ns, zombie := nsPID(p)
-			if ns == 1 || ns == s.shellPID || ns == 0 || zombie {
-				continue
-			}
-			if syscall.Kill(p, syscall.SIGKILL) == nil {
-				n++
-			}
-		}
-		if err := s.cg.freeze(false); err != nil {
-			return killed, err
-		}
+		n, err := s.killPass(keepShell)
 		killed += n
-		if n == 0 {
-			return killed, nil
+		if err != nil || n == 0 {
+			return killed, err
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return killed, fmt.Errorf("processes kept appearing for 3s")
+}
+
+// killPass freezes the group, sends SIGKILL to every live task but init
+// (and the shell when keepShell), thaws it and returns how many it hit.
+func (s *Sandbox) killPass(keepShell bool) (int, error) {
+	if err := s.cg.freeze(true); err != nil {
+		return 0, err
+	}
+	pids, err := s.cg.procs()
+	if err != nil {
+		s.cg.freeze(false)
+		return 0, err
+	}
+	n := 0
+	for _, p := range pids {
+		ns, zombie := nsPID(p)
+		if ns == 1 || (keepShell && ns == s.shellPID) || ns == 0 || zombie {
+			continue
+		}
+		if syscall.Kill(p, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	if err := s.cg.freeze(false); err != nil {
+		return n, err
+	}
+	return n, nil
 }
 
 // nsPID returns the innermost pid of host pid p (0 when unknown) and

@@ -46,7 +46,7 @@ func protoError(err error) *protocol.Error {
 	case errors.Is(err, branch.ErrCheckpoint):
 		return protocol.Errorf(protocol.CodeCheckpointFail, "%v", err)
 	case errors.Is(err, sandbox.ErrDead), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrClosed),
-		errors.Is(err, sandbox.ErrUnsupported):
+		errors.Is(err, sandbox.ErrUnsupported), errors.Is(err, sandbox.ErrImpostor):
 		return protocol.Errorf(protocol.CodeSandboxFailed, "%v", err)
 	case errors.Is(err, ErrInfra):
 		return protocol.Errorf(protocol.CodeSandboxFailed, "%v", err)

@@ -19,7 +19,13 @@ const InitPath = "/.arbor/init"
 
 // Ops a Request can carry.
 const (
-	OpExec  = "exec"  // run one command in the persistent shell
+	OpExec = "exec" // run one command in the persistent shell
+	// OpRun runs a script as a fresh child of init, outside the persistent
+	// shell: /bin/sh -c Cmd with the environment Env, in Dir, in a session
+	// of its own, with stdin /dev/null and stdout and stderr on pipes
+	// only init reads. The verifier runs this way, so nothing the agent
+	// defined in its shell (functions, aliases, traps) applies to it.
+	OpRun   = "run"
 	OpPing  = "ping"  // liveness; returns shell pid
 	OpShell = "shell" // describe the shell (pid, path)
 	// OpDetach asks init to close this connection; the server waits for
@@ -38,6 +44,11 @@ type Request struct {
 	Timeout time.Duration `json:"timeout,omitempty"`
 	// MaxOutput caps each of stdout and stderr; zero means DefaultMaxOutput.
 	MaxOutput int `json:"max_output,omitempty"`
+	// Env ("KEY=VALUE") is the whole environment of an OpRun child; init
+	// adds PATH and HOME when it lacks them.
+	Env []string `json:"env,omitempty"`
+	// Dir is an OpRun child's working directory ("/" when empty).
+	Dir string `json:"dir,omitempty"`
 }
 
 // Response is the answer to one Request.
@@ -66,6 +77,11 @@ type Response struct {
 	// says how the last one ended ("exit status 3", "signal: killed").
 	ShellRestarts int    `json:"shell_restarts,omitempty"`
 	LastExit      string `json:"last_exit,omitempty"`
+	// Rejected counts what init dropped from the status channel while
+	// this command ran (bytes from processes other than the shell and
+	// records without the command's nonce and sequence number): a sign
+	// that something in the sandbox tried to forge a result.
+	Rejected int `json:"rejected,omitempty"`
 }
 
 // Defaults applied by init when a Request leaves a field zero.

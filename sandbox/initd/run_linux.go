@@ -31,6 +31,11 @@ func Run() error {
 }
 
 func run(ready *os.File) error {
+	// Non-dumpable: /proc/1/fd, /proc/1/mem, /proc/1/environ and ptrace
+	// of init need CAP_SYS_PTRACE, which the sandbox's processes lack, so
+	// none of them can reopen init's pipes or sockets. The shell needs
+	// none of that: it inherits its descriptors. CRIU restores the flag.
+	setNonDumpable()
 	// Few threads: CRIU's dump time grows with every thread it seizes.
 	runtime.GOMAXPROCS(1)
 	prewarmThreads(4)
@@ -43,6 +48,7 @@ func run(ready *os.File) error {
 	}
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGCHLD)
+	ignoreSignals()
 	sh, err := newShell(path)
 	if err != nil {
 		return err
@@ -71,6 +77,17 @@ func run(ready *os.File) error {
 				}
 				continue
 			}
+			// A restore brings the flag back; setting it again is cheap.
+			setNonDumpable()
+			if err := checkPeer(c); err != nil {
+				// Only the server, outside the sandbox's pid namespace,
+				// may drive init: a process inside that reaches the
+				// socket gets this line and nothing else.
+				b, _ := json.Marshal(ctl.Response{Error: err.Error()})
+				c.Write(append(b, '\n'))
+				c.Close()
+				continue
+			}
 			go serve(c, sh, jobs)
 		}
 	}()
@@ -80,6 +97,64 @@ func run(ready *os.File) error {
 	// other members of its session (orphaned background jobs) in the
 	// order it walks init's threads' children.
 	pump(sh, jobs)
+	return nil
+}
+
+// ignoredSignals are every catchable signal a process in the sandbox
+// could send init, but SIGCHLD (which init needs). Init is the pid
+// namespace's init, so the kernel already drops signals from inside it
+// that would take the default action; but the Go runtime installs
+// handlers for most signals and then exits on SIGTERM, SIGHUP, SIGINT,
+// SIGPIPE, SIGUSR1, SIGQUIT, a SIGSEGV sent with kill, and so on.
+var ignoredSignals = []os.Signal{
+	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT, unix.SIGBUS,
+	unix.SIGFPE, unix.SIGUSR1, unix.SIGSEGV, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGTERM,
+	unix.SIGSTKFLT, unix.SIGXCPU, unix.SIGXFSZ, unix.SIGVTALRM, unix.SIGIO, unix.SIGPWR, unix.SIGSYS,
+}
+
+// ignoreSignals makes init survive every signal in ignoredSignals. They
+// are caught and dropped rather than set to SIG_IGN, which children
+// inherit across exec: the shell and the commands it runs must see
+// SIGINT, SIGTERM and SIGPIPE as usual. (Go resets caught signals to the
+// default in a forked child.) A caught SIGSEGV from kill(2) is dropped
+// too; a real fault still crashes init, as it should.
+func ignoreSignals() {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, ignoredSignals...)
+	go func() {
+		for range ch {
+		}
+	}()
+}
+
+func setNonDumpable() { unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }
+
+// checkPeer refuses a control connection from inside the sandbox. The
+// server is outside init's pid namespace, so its pid reads 0 here; every
+// process inside has a pid of its own. SO_PEERCRED is recorded by the
+// kernel at connect time and cannot be forged.
+func checkPeer(c net.Conn) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return errors.New("control connection refused: not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("control connection refused: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("control connection refused: %w", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("control connection refused: peer credentials: %w", cerr)
+	}
+	if cred.Pid != 0 {
+		return fmt.Errorf("control connection refused: peer pid %d is inside the sandbox; only the arbor server may connect", cred.Pid)
+	}
 	return nil
 }
 
@@ -111,7 +186,11 @@ func pump(sh *shell, jobs <-chan job) {
 			switch j.req.Op {
 			case ctl.OpExec:
 				resp = sh.exec(j.req)
+			case ctl.OpRun:
+				resp = sh.runScript(j.req)
 			case ctl.OpPing, ctl.OpShell:
+				// The first request after a restore: see ensureExclusive.
+				sh.ensureExclusive()
 				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}

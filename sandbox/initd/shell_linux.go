@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -14,9 +15,20 @@ import (
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
-// statusEnd terminates the status record the shell prints after each
-// command: "SEQ EXIT PWD" then this byte.
-const statusEnd = '\036'
+// The descriptors on which the shell holds what init gave it: the command
+// socket (init writes each command's text there, ended by a NUL), the
+// stdout and stderr pipes of commands, and the status socket. They are
+// high so that the agent's own redirections (exec 3>file) do not clobber
+// them; a command that closes one anyway loses its status, times out and
+// gets a fresh shell. The shell never opens anything of init's by path,
+// so init can be non-dumpable (see Run), which closes /proc/1/fd to every
+// process in the sandbox without CAP_SYS_PTRACE.
+const (
+	cmdFD    = 196
+	outFD    = 197
+	errFD    = 198
+	statusFD = 199
+)
 
 // A job is one command waiting for, or running in, the shell.
 type job struct {
@@ -25,8 +37,16 @@ type job struct {
 }
 
 // shell is the persistent shell on a pty, plus the pipes through which each
-// command's stdout, stderr and status come back. Only the pump goroutine
-// touches it.
+// command's stdout and stderr come back and the socket through which its
+// status does. Only the pump goroutine touches it.
+//
+// Status records travel on a unix stream socket with SO_PASSCRED rather
+// than on a pipe: a socket cannot be reopened through /proc/1/fd, and the
+// kernel tells init which process wrote each chunk, so init keeps only
+// what the shell itself wrote (printf is a builtin). Each record carries
+// the command's random nonce and sequence number, typed in the same line
+// as the command, so a record can only be accepted for the command it
+// reports (see docs/sandbox.md, "Control channel and grader integrity").
 type shell struct {
 	path   string
 	isBash bool
@@ -36,19 +56,32 @@ type shell struct {
 
 	outR, outW int // command stdout
 	errR, errW int // command stderr
-	stR, stW   int // status records
+	stR        int // init's end of the status socket; -1 when closed
+	cmdW       int // init's end of the command socket
+	cmdPeer    int // init's copy of the shell's end, to drop leftovers
+	pending    []byte // command text not yet written to cmdW
 	wakeR      int // written on SIGCHLD and on new jobs
 	wakeW      int
 
 	seq    uint64
-	status []byte
-	buf    []byte // drain's read buffer
+	want   expected // records the current command waits for
+	status []byte   // unterminated status bytes from the shell
+	// rejected counts status chunks from other processes and records
+	// nobody waits for.
+	rejected int
+	buf      []byte // drain's read buffer
+	oob      []byte // credentials of a status chunk
 	// lostIdle is set when the shell died between commands and had to be
 	// replaced; the next command's response says so.
 	lostIdle bool
 	restarts int
 	lastExit string
 	exited   *syscall.WaitStatus // set when the shell was reaped
+
+	// run is the OpRun child being waited for (0: none) and runStatus
+	// its status once reaped.
+	run       int
+	runStatus *syscall.WaitStatus
 }
 
 func pipeNB() (r, w int, err error) {
@@ -63,9 +96,9 @@ func pipeNB() (r, w int, err error) {
 }
 
 func newShell(path string) (*shell, error) {
-	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1}
+	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1, stR: -1, cmdW: -1, cmdPeer: -1, want: expected{}}
 	var err error
-	for _, p := range []struct{ r, w *int }{{&s.outR, &s.outW}, {&s.errR, &s.errW}, {&s.stR, &s.stW}, {&s.wakeR, &s.wakeW}} {
+	for _, p := range []struct{ r, w *int }{{&s.outR, &s.outW}, {&s.errR, &s.errW}, {&s.wakeR, &s.wakeW}} {
 		if *p.r, *p.w, err = pipeNB(); err != nil {
 			return nil, err
 		}
@@ -101,6 +134,24 @@ func (s *shell) start() error {
 		return fmt.Errorf("open pty slave: %w", err)
 	}
 	defer unix.Close(slave)
+	// Exclusive mode: no process may open this terminal again (by
+	// /dev/pts/N, /dev/tty or /proc/PID/fd) unless it has CAP_SYS_ADMIN,
+	// so nothing can read the lines init types. The shell inherits this
+	// descriptor and needs no open of its own.
+	if err := unix.IoctlSetInt(slave, unix.TIOCEXCL, 0); err != nil {
+		unix.Close(master)
+		return fmt.Errorf("set pty exclusive: %w", err)
+	}
+	stShell, err := s.newStatusSocket()
+	if err != nil {
+		unix.Close(master)
+		return err
+	}
+	defer unix.Close(stShell)
+	if err := s.newCommandSocket(); err != nil {
+		unix.Close(master)
+		return err
+	}
 	tio, err := unix.IoctlGetTermios(slave, unix.TCGETS)
 	if err != nil {
 		unix.Close(master)
@@ -122,16 +173,24 @@ func (s *shell) start() error {
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/root", "TERM=dumb", "LANG=C.UTF-8", "PS1=", "PS2=", "SHELL=" + s.path,
 	}
+	// The shell gets the pty as 0, 1 and 2 and the descriptors above;
+	// every other one below statusFD is closed.
+	files := make([]uintptr, statusFD+1)
+	for i := range files {
+		files[i] = ^uintptr(0)
+	}
+	files[0], files[1], files[2] = uintptr(slave), uintptr(slave), uintptr(slave)
+	files[cmdFD], files[outFD], files[errFD], files[statusFD] = uintptr(s.cmdPeer), uintptr(s.outW), uintptr(s.errW), uintptr(stShell)
 	pid, err := syscall.ForkExec(s.path, args, &syscall.ProcAttr{
 		Dir:   "/root",
 		Env:   env,
-		Files: []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)},
+		Files: files,
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
 	})
 	if errors.Is(err, unix.ENOENT) {
 		pid, err = syscall.ForkExec(s.path, args, &syscall.ProcAttr{
 			Dir: "/", Env: env,
-			Files: []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)},
+			Files: files,
 			Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
 		})
 	}
@@ -142,6 +201,7 @@ func (s *shell) start() error {
 	// init is protected from the OOM killer; the shell and what it runs are not.
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("0"), 0)
 	s.pid, s.master, s.ptsN, s.exited = pid, master, n, nil
+	clear(s.want)
 	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
 	seq := s.type_(setup)
 	deadline := time.Now().Add(10 * time.Second)
@@ -161,16 +221,154 @@ func (s *shell) start() error {
 	}
 }
 
-// type_ writes one line into the shell followed by the status printf, and
-// returns the sequence number its status record will carry.
+// type_ writes one line into the shell, with the status record's printf
+// at its end (the same line, so the shell has read the nonce before the
+// command runs and a command cannot take the status line off the
+// terminal), and returns the sequence number its status record will
+// carry. An empty line types the printf alone (a marker).
 func (s *shell) type_(line string) uint64 {
 	s.seq++
-	full := fmt.Sprintf("%s\nprintf '%%s %%s %%s\\036' %d \"$?\" \"$PWD\" >/proc/1/fd/%d\n", line, s.seq, s.stW)
-	if line == "" {
-		full = fmt.Sprintf("printf '%%s %%s %%s\\036' %d \"$?\" \"$PWD\" >/proc/1/fd/%d\n", s.seq, s.stW)
+	nonce := newNonce()
+	s.want[s.seq] = nonce
+	full := statusCmd(nonce, s.seq, statusFD) + "\n"
+	if line != "" {
+		// Clearing the text costs no command lookup and keeps a huge
+		// command from staying in the shell's memory.
+		full = line + "; " + statusCmd(nonce, s.seq, statusFD) + "; __arbor_cmd=\n"
 	}
 	s.writeMaster([]byte(full))
 	return s.seq
+}
+
+// ensureExclusive puts the shell's terminal back into exclusive mode.
+// CRIU does not restore that flag, so init sets it again before every
+// command and whenever the server connects (which it does first after a
+// restore). A transient open of the slave does it: it fails with EBUSY
+// when the terminal is exclusive already (and init lacks CAP_SYS_ADMIN).
+func (s *shell) ensureExclusive() {
+	if s.master < 0 {
+		return
+	}
+	n, err := unix.IoctlGetInt(s.master, unix.TIOCGPTN)
+	if err != nil {
+		return
+	}
+	fd, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.IoctlSetInt(fd, unix.TIOCEXCL, 0)
+	unix.Close(fd)
+}
+
+// newStatusSocket makes a fresh status socket pair, keeps init's end in
+// s.stR (non-blocking, SO_PASSCRED) and returns the shell's end, which the
+// caller closes once the shell has it. A fresh pair per shell means a
+// process that shut the old one down cannot silence the new shell.
+func (s *shell) newStatusSocket() (int, error) {
+	if s.stR >= 0 {
+		unix.Close(s.stR)
+		s.stR = -1
+	}
+	s.status = s.status[:0]
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("status socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(p[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return -1, fmt.Errorf("status socket credentials: %w", err)
+	}
+	unix.SetNonblock(p[0], true)
+	s.stR = p[0]
+	return p[1], nil
+}
+
+// newCommandSocket makes a fresh command socket pair: init writes to
+// cmdW and keeps a copy of the shell's end (cmdPeer) so that it can drop
+// what a command interrupted mid-read left unread.
+func (s *shell) newCommandSocket() error {
+	for _, fd := range []*int{&s.cmdW, &s.cmdPeer} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("command socket: %w", err)
+	}
+	s.pending = s.pending[:0]
+	// Only init's end is non-blocking: the shell's read must block.
+	unix.SetNonblock(p[0], true)
+	s.cmdW, s.cmdPeer = p[0], p[1]
+	return nil
+}
+
+// sendCommand queues a command's text and its terminating NUL for the
+// command socket; pumpOnce writes it as the shell reads, so a text larger
+// than the socket's buffer neither blocks init nor holds up output and
+// records (and a shell that never reads it cannot wedge init).
+func (s *shell) sendCommand(cmd string) {
+	s.pending = append(append(s.pending[:0], cmd...), 0)
+	s.flushCommand()
+}
+
+// flushCommand writes what it can of the pending command text.
+func (s *shell) flushCommand() {
+	for len(s.pending) > 0 && s.cmdW >= 0 {
+		n, err := unix.Write(s.cmdW, s.pending)
+		if err != nil || n <= 0 {
+			return
+		}
+		s.pending = s.pending[n:]
+	}
+}
+
+// readStatus drains the status socket, keeping only bytes the shell
+// process itself wrote. The kernel never merges chunks of different
+// writers into one read on a SO_PASSCRED socket, and their pid cannot be
+// forged without CAP_SYS_ADMIN.
+func (s *shell) readStatus() {
+	if s.stR < 0 {
+		return
+	}
+	if s.oob == nil {
+		s.oob = make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	}
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(s.stR, s.buf, s.oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			return
+		}
+		if n == 0 {
+			// Every writer is gone (the shell died): stop polling a
+			// socket that would report end of file forever.
+			unix.Close(s.stR)
+			s.stR = -1
+			return
+		}
+		if senderPID(s.oob[:oobn]) != s.pid {
+			s.rejected++
+			continue
+		}
+		s.status = append(s.status, s.buf[:n]...)
+	}
+}
+
+// senderPID returns the pid in a SCM_CREDENTIALS message (0 when absent).
+func senderPID(oob []byte) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for i := range msgs {
+		if c, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
+			return int(c.Pid)
+		}
+	}
+	return 0
 }
 
 func (s *shell) writeMaster(b []byte) {
@@ -187,26 +385,22 @@ func (s *shell) writeMaster(b []byte) {
 	}
 }
 
-type record struct {
-	seq  uint64
-	code int
-	pwd  string
-}
-
 // pumpOnce polls every descriptor once (waiting at most d; forever when
 // d < 0), moves command output into out and errb (discarding it when they
 // are nil), reaps children, and returns the status records that completed.
 // dead reports that the shell has exited.
 func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []record, dead bool) {
+	// A negative fd (no master, no status socket) is skipped by poll.
 	fds := []unix.PollFd{
 		{Fd: int32(s.outR), Events: unix.POLLIN},
 		{Fd: int32(s.errR), Events: unix.POLLIN},
 		{Fd: int32(s.stR), Events: unix.POLLIN},
 		{Fd: int32(s.wakeR), Events: unix.POLLIN},
 		{Fd: int32(s.master), Events: unix.POLLIN},
+		{Fd: -1, Events: unix.POLLOUT},
 	}
-	if s.master < 0 {
-		fds = fds[:4]
+	if len(s.pending) > 0 {
+		fds[5].Fd = int32(s.cmdW)
 	}
 	ms := -1
 	if d >= 0 {
@@ -218,8 +412,15 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 	// Output first: everything the command wrote precedes its status record.
 	s.drain(s.outR, capOrDiscard(out))
 	s.drain(s.errR, capOrDiscard(errb))
-	s.drain(s.stR, func(p []byte) { s.status = append(s.status, p...) })
+	if s.buf == nil {
+		s.buf = make([]byte, 64<<10)
+	}
+	s.flushCommand()
+	s.readStatus()
 	s.drain(s.wakeR, nil)
+	// Holders of the shell's end of the command socket could fill init's
+	// side with bytes nobody reads; drop them.
+	s.drain(s.cmdW, nil)
 	if s.master >= 0 {
 		s.drain(s.master, nil)
 		if fds[4].Revents&(unix.POLLHUP|unix.POLLERR) != 0 && fds[4].Revents&unix.POLLIN == 0 {
@@ -228,20 +429,15 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 		}
 	}
 	s.reap()
-	for {
-		i := bytes.IndexByte(s.status, statusEnd)
-		if i < 0 {
-			break
+	all, rest, junk := splitRecords(s.status)
+	s.status = append(s.status[:0], rest...)
+	s.rejected += junk
+	for _, r := range all {
+		if s.want.take(r) {
+			recs = append(recs, r)
+		} else {
+			s.rejected++
 		}
-		rec := s.status[:i]
-		s.status = s.status[i+1:]
-		f := bytes.SplitN(rec, []byte(" "), 3)
-		if len(f) != 3 {
-			continue
-		}
-		seq, _ := strconv.ParseUint(string(f[0]), 10, 64)
-		code, _ := strconv.Atoi(string(f[1]))
-		recs = append(recs, record{seq: seq, code: code, pwd: string(f[2])})
 	}
 	return recs, s.exited != nil
 }
@@ -281,6 +477,10 @@ func (s *shell) reap() {
 		if pid <= 0 || err != nil {
 			return
 		}
+		if pid == s.run && s.run != 0 {
+			w := ws
+			s.runStatus = &w
+		}
 		if pid == s.pid {
 			w := ws
 			s.exited = &w
@@ -307,8 +507,9 @@ func (s *shell) killJob() {
 }
 
 // exec runs one command and returns its result. The command text reaches
-// the shell through a memfd it sources via /proc/1/fd, so no size limit of
-// the terminal's line discipline applies and nothing is left on disk.
+// the shell through the command socket, so no size limit of the terminal's
+// line discipline applies, nothing is left on disk and nothing in the
+// sandbox can rewrite it on the way (only init writes to that socket).
 func (s *shell) exec(req ctl.Request) ctl.Response {
 	if len(req.Cmd) > ctl.MaxCommand {
 		return ctl.Response{Error: fmt.Sprintf("command is %d bytes, over the %d byte limit", len(req.Cmd), ctl.MaxCommand)}
@@ -321,24 +522,37 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	if max <= 0 {
 		max = ctl.DefaultMaxOutput
 	}
-	mfd, err := unix.MemfdCreate("arbor-cmd", unix.MFD_CLOEXEC)
-	if err != nil {
-		return ctl.Response{Error: fmt.Sprintf("memfd: %v", err)}
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return ctl.Response{Error: "command contains a NUL byte"}
 	}
-	defer unix.Close(mfd)
-	if _, err := unix.Write(mfd, []byte(req.Cmd)); err != nil {
-		return ctl.Response{Error: fmt.Sprintf("write command: %v", err)}
+	// Whatever reached the pipes and the status socket since the last
+	// command (a background job's late output, forged records) belongs
+	// to no command: drop it before this one starts. The socket may have
+	// been restored by CRIU since the last command: make sure it still
+	// reports senders.
+	if s.stR >= 0 {
+		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
 	}
+	s.ensureExclusive()
+	s.pending = s.pending[:0]
+	s.pumpOnce(0, nil, nil)
+	for s.cmdPeer >= 0 {
+		if n, _, err := unix.Recvfrom(s.cmdPeer, s.buf, unix.MSG_DONTWAIT); n <= 0 || err != nil {
+			break
+		}
+	}
+	clear(s.want)
+	rejected0 := s.rejected
 	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	start := time.Now()
-	// bash reads the text with $(<file), which costs no fork, and evals
-	// it, so its messages read as they would at a terminal ("bash: x:
-	// command not found"); other shells source it.
-	src := fmt.Sprintf(". /proc/1/fd/%d", mfd)
-	if s.isBash {
-		src = fmt.Sprintf(`eval "$(</proc/1/fd/%d)"`, mfd)
-	}
-	seq := s.type_(fmt.Sprintf("{ %s; } </dev/null >/proc/1/fd/%d 2>/proc/1/fd/%d", src, s.outW, s.errW))
+	// The shell reads the text from the command socket up to its NUL and
+	// evals it in itself, so cd, variables and functions persist and its
+	// messages read as at a terminal ("sh: x: not found"). "command"
+	// keeps an error in the text (a syntax error, ${x?}) from abandoning
+	// the rest of the line, the status printf; the backslashes keep
+	// aliases out. The text never passes the terminal.
+	seq := s.type_(fmt.Sprintf(`IFS= \command read -r -d '' __arbor_cmd <&%d; { \command eval "$__arbor_cmd"; } </dev/null >&%d 2>&%d`, cmdFD, outFD, errFD))
+	s.sendCommand(req.Cmd)
 	resp := ctl.Response{}
 	deadline := start.Add(timeout)
 	// After a timeout, init types marker lines; the first marker record
@@ -409,6 +623,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		}
 	}
 	resp.Duration = time.Since(start)
+	resp.Rejected = s.rejected - rejected0
 	restart := resp.ShellExited
 	if s.lostIdle {
 		resp.ShellExited, s.lostIdle = true, false

@@ -136,3 +136,47 @@ func DebianRoot(t testing.TB, dir string) string {
 	}
 	return root
 }
+
+var (
+	forgerOnce sync.Once
+	forgerPath string
+	forgerErr  error
+)
+
+// Forger returns a static build of sandboxtest/forger (built once per test
+// process), the helper that attacks init's control channel from inside a
+// sandbox. Copy it into a root with InstallForger.
+func Forger(t testing.TB) string {
+	t.Helper()
+	forgerOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		dir, err := os.MkdirTemp("", "arbor-forger-")
+		if err != nil {
+			forgerErr = err
+			return
+		}
+		forgerPath = filepath.Join(dir, "forger")
+		cmd := exec.Command("go", "build", "-o", forgerPath, "./forger")
+		cmd.Dir = filepath.Dir(file)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			forgerErr = fmt.Errorf("build forger: %v: %s", err, out)
+		}
+	})
+	if forgerErr != nil {
+		t.Fatal(forgerErr)
+	}
+	return forgerPath
+}
+
+// InstallForger copies the forger to root/bin/forger.
+func InstallForger(t testing.TB, root string) {
+	t.Helper()
+	data, err := os.ReadFile(Forger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "forger"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,118 @@
+package envpool_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// agentProcs is a verifier that passes only when none of the agent's
+// processes (its forgers, its background sleep) is left.
+const agentProcs = `! ps -o args | grep -q -e '^forger' -e '^sleep 1000'`
+
+// TestEvaluateCannotBeForged evaluates the unsolved hello task (the real
+// tasks/hello.yaml) while the agent has planted forgers of status records
+// and signals in its sandbox and defined shell functions and aliases named
+// like the verifier's commands: the reward stays 0.0. Solved, it is 1.0.
+func TestEvaluateCannotBeForged(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	hello, err := envpool.LoadTask("../tasks/hello.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := envpool.Task{Name: "procs", Image: "busybox", Verifier: agentProcs}
+	keeps := envpool.Task{Name: "keeps", Image: "busybox", Verifier: agentProcs, VerifierKeepsProcesses: true}
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{hello, procs, keeps}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+
+	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := r.Env
+	plant(t, e, env)
+	// Everything the verifier's commands could be made to mean in the
+	// agent's shell.
+	run(t, e, env, `test() { return 0; }; cat() { echo "$GREETING"; }; alias test=true; alias cat='echo "$GREETING"'; printf() { :; }; cd /; export GREETING=x`)
+	// The forgers hold every capability (no hardening yet), so they may
+	// add bytes to the agent's own output: check by exit status.
+	run(t, e, env, `test 1 = 2`) // fails the test unless the function is in place
+	for try := 0; try < 3; try++ {
+		ev, err := p.Evaluate(ctx, env, r.Task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("unsolved, try %d: %+v", try, ev.Details)
+		if ev.Reward != 0 || ev.Details["exit_code"] != 1 {
+			t.Errorf("unsolved hello, try %d: reward %v (%+v), want 0", try, ev.Reward, ev.Details)
+		}
+		if ev.Details["killed"].(int) < 4 {
+			t.Errorf("try %d: killed %v processes in the fork, want the shell, three forgers and the task's", try, ev.Details["killed"])
+		}
+	}
+	// The forgers still run in the env itself: only the fork was cleared.
+	run(t, e, env, `[ "$(ps -o args | grep -c '^forger')" = 3 ]`)
+	run(t, e, env, `echo "hello, arbor" > /work/hello/greeting.txt`)
+	ev, err := p.Evaluate(ctx, env, r.Task)
+	if err != nil || ev.Reward != 1 {
+		t.Errorf("solved hello: reward %v (%+v), %v; want 1", ev.Reward, ev.Details, err)
+	}
+
+	// The agent's processes are gone when the verifier runs, unless the
+	// task keeps them.
+	for _, tt := range []struct {
+		task string
+		want float64
+	}{{"procs", 1}, {"keeps", 0}} {
+		r, err := p.Reset(ctx, envpool.ResetRequest{Task: tt.task})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plant(t, e, r.Env)
+		ev, err := p.Evaluate(ctx, r.Env, r.Task)
+		if err != nil || ev.Reward != tt.want {
+			t.Errorf("task %s: reward %v (%+v), %v; want %v", tt.task, ev.Reward, ev.Details, err, tt.want)
+		}
+	}
+}
+
+// TestRestoredPtyStaysExclusive: in a sandbox restored from a checkpoint
+// (a reset), a process without CAP_SYS_ADMIN still cannot open the
+// shell's terminal: the exclusive mode survives CRIU.
+func TestRestoredPtyStaysExclusive(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{{Name: "t", Image: "busybox", Verifier: "true"}}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxtest.InstallForger(t, r.Env.Sandbox().Root())
+	// The forger reports after its first round of opens.
+	got := run(t, e, r.Env, `forger -docker-caps pty </dev/null >/dev/null 2>&1 & for i in $(seq 200); do [ -e /tmp/forger-pty ] && break; sleep 0.05; done; cat /tmp/forger-pty; cat /tmp/forger-pty-opened 2>/dev/null; true`)
+	if !strings.HasPrefix(got, "rounds=") || strings.Contains(got, "opened") {
+		t.Errorf("pty forger in a restored sandbox: %q, want a report and no opened terminal", got)
+	}
+}
+
+// plant starts the forgers (status records, signals to init, pty opens)
+// and a background job in env.
+func plant(t *testing.T, e *branch.Engine, env *branch.Env) {
+	t.Helper()
+	sandboxtest.InstallForger(t, env.Sandbox().Root())
+	run(t, e, env, `for m in status signals pty; do forger $m </dev/null >/dev/null 2>&1 & done; sleep 1000 </dev/null >/dev/null 2>&1 &`)
+	// Wait until all four have exec'd.
+	run(t, e, env, `n=0; for i in $(seq 200); do n=$(ps -o args | grep -c -e '^forger' -e '^sleep 1000'); [ "$n" = 4 ] && break; sleep 0.05; done; [ "$n" = 4 ]`)
+}

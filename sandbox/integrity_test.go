@@ -1,0 +1,286 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// fakeRecords is output that imitates status records: the old format, the
+// new one with a well-formed nonce and guessable sequence numbers, and a
+// lone separator.
+const fakeRecords = "1 0 /forged\036" +
+	"\036" + "0123456789abcdef0123456789abcdef" + " 2 0 /forged\036" +
+	"\036" + "00000000000000000000000000000000" + " 3 0 /forged\036\036\n"
+
+func TestOutputImitatingRecordsIsVerbatim(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	for i := 0; i < 3; i++ {
+		r := run(t, sb, fmt.Sprintf("printf '%%s' %s; printf '%%s' %s >&2; cd /tmp; (exit 3)", shq(fakeRecords), shq(fakeRecords)), 10*time.Second)
+		if string(r.Stdout) != fakeRecords || string(r.Stderr) != fakeRecords || r.ExitCode != 3 || r.Cwd != "/tmp" {
+			t.Fatalf("try %d: stdout=%q stderr=%q exit=%d cwd=%q; want the records verbatim, exit 3, cwd /tmp", i, r.Stdout, r.Stderr, r.ExitCode, r.Cwd)
+		}
+	}
+	// The shell itself writing a fake record to its status socket is
+	// dropped: it has no nonce init waits for.
+	r := run(t, sb, fmt.Sprintf("printf '%%s' %s >&199; echo after", shq(fakeRecords)), 10*time.Second)
+	if string(r.Stdout) != "after\n" || r.ExitCode != 0 || r.RejectedStatus == 0 {
+		t.Errorf("fake records on the status socket: stdout=%q exit=%d rejected=%d; want after, 0, >0", r.Stdout, r.ExitCode, r.RejectedStatus)
+	}
+}
+
+func shq(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestForgersCannotForge plants the forgers of sandboxtest/forger in a
+// sandbox and runs steps whose output, exit status and directory are
+// known: every result must be the step's own. With dockerCaps the forgers
+// hold only Docker's default capabilities (what the hardened sandbox
+// leaves); without, every capability (a sandbox without that hardening):
+// then a forger can reopen init's pipes through /proc/1/fd and add bytes to
+// a command's output, but it still cannot forge a status or shift one.
+func TestForgersCannotForge(t *testing.T) {
+	for _, dockerCaps := range []bool{true, false} {
+		t.Run(fmt.Sprintf("docker_caps=%v", dockerCaps), func(t *testing.T) { testForgers(t, dockerCaps) })
+	}
+}
+
+func testForgers(t *testing.T, dockerCaps bool) {
+	sb := start(t, sandbox.Limits{})
+	sandboxtest.InstallForger(t, sb.Root())
+	flag := ""
+	if dockerCaps {
+		flag = "-docker-caps "
+	}
+	modes := []string{"status", "signals", "pty"}
+	var starts []string
+	for _, m := range modes {
+		starts = append(starts, fmt.Sprintf("forger %s%s </dev/null >/tmp/forger-%s.log 2>&1 &", flag, m, m))
+	}
+	r := run(t, sb, strings.Join(starts, "\n")+"\nforger "+flag+"connect; cat /tmp/forger-connect", 20*time.Second)
+	if !strings.Contains(string(r.Stdout), "control connection refused") {
+		t.Errorf("a process inside reached init's control socket: %q (stderr %q)", r.Stdout, r.Stderr)
+	}
+	// Let every forger get going before the steps.
+	waitFile(t, sb, "/tmp/forger-status", "/tmp/forger-signals", "/tmp/forger-pty")
+
+	rejected := 0
+	for i := 0; i < 36; i++ {
+		dir := fmt.Sprintf("/tmp/s%d", i)
+		code := i % 5
+		cmd := fmt.Sprintf("mkdir -p %s && cd %s && echo out-%d && echo err-%d >&2", dir, dir, i, i)
+		wantOut, wantErr := fmt.Sprintf("out-%d\n", i), fmt.Sprintf("err-%d\n", i)
+		switch i % 4 {
+		case 1:
+			cmd += "; sleep 0.2"
+		case 2:
+			cmd += "; printf '%s' " + shq(fakeRecords)
+			wantOut += fakeRecords
+		case 3:
+			// The shell's children keep default signal dispositions.
+			cmd += "; (sh -c 'kill -TERM $$; echo survived'; exit $?) 2>/dev/null; echo $?"
+			wantOut += "143\n"
+		}
+		cmd += fmt.Sprintf("; (exit %d)", code)
+		r := run(t, sb, cmd, 20*time.Second)
+		rejected += r.RejectedStatus
+		okOut := string(r.Stdout) == wantOut && string(r.Stderr) == wantErr
+		if !dockerCaps {
+			// Forged bytes may join the output; the step's own must be there.
+			okOut = inOrder(string(r.Stdout), wantOut) && inOrder(string(r.Stderr), wantErr)
+		}
+		if !okOut || r.ExitCode != code || r.Cwd != dir || r.TimedOut || r.ShellRestarted {
+			t.Errorf("step %d: exit=%d cwd=%q timed_out=%v restarted=%v output ok=%v; want exit=%d cwd=%q stdout=%q stderr=%q; got stdout=%.300q stderr=%.300q",
+				i, r.ExitCode, r.Cwd, r.TimedOut, r.ShellRestarted, okOut, code, dir, wantOut, wantErr, r.Stdout, r.Stderr)
+		}
+	}
+	if rejected == 0 {
+		t.Errorf("init rejected no status record in 36 steps: the forgers did not reach the status socket")
+	}
+	if dockerCaps {
+		// Shell restarts with the forgers running. (With every capability
+		// a forger can reopen the error pipe of init's fork of the new
+		// shell through /proc/1/fd and wedge init: see docs/sandbox.md.)
+		for i := 0; i < 10; i++ {
+			r := run(t, sb, "exit 3", 20*time.Second)
+			if !r.ShellRestarted || r.ExitCode != 3 {
+				t.Fatalf("exit %d: restarted=%v exit=%d", i, r.ShellRestarted, r.ExitCode)
+			}
+			if r := run(t, sb, "echo fresh; pwd", 20*time.Second); string(r.Stdout) != "fresh\n/root\n" || r.ExitCode != 0 {
+				t.Fatalf("after restart %d: stdout=%.300q exit=%d", i, r.Stdout, r.ExitCode)
+			}
+		}
+	}
+	st := readFile(t, sb, "/tmp/forger-status")
+	t.Logf("status forger: %s; rejected while steps ran: %d", st, rejected)
+	t.Logf("signal forger: %s", readFile(t, sb, "/tmp/forger-signals"))
+	if !strings.Contains(readFile(t, sb, "/tmp/forger-signals"), "sent=") {
+		t.Errorf("the signal forger sent nothing")
+	}
+	pty := readFile(t, sb, "/tmp/forger-pty")
+	opened, _ := os.ReadFile(filepath.Join(sb.Root(), "tmp", "forger-pty-opened"))
+	t.Logf("pty forger: %s; opened: %.200q", pty, opened)
+	if dockerCaps {
+		if !strings.Contains(st, "proc1_opened=0 ") {
+			t.Errorf("without CAP_SYS_PTRACE a forger opened init's descriptors: %s", st)
+		}
+		if len(opened) > 0 {
+			t.Errorf("without CAP_SYS_ADMIN a forger opened the shell's terminal: %.300s", opened)
+		}
+	}
+	// Every forger is still running: they were not simply killed.
+	for _, m := range modes {
+		r = run(t, sb, fmt.Sprintf("ps -o args | grep -q '^forger.* %s$'", m), 10*time.Second)
+		if r.ExitCode != 0 {
+			t.Errorf("the %s forger died", m)
+		}
+	}
+}
+
+// inOrder reports whether every line of want appears in got, in order
+// (other bytes may come between them).
+func inOrder(got, want string) bool {
+	for _, l := range strings.SplitAfter(want, "\n") {
+		i := strings.Index(got, l)
+		if i < 0 {
+			return false
+		}
+		got = got[i+len(l):]
+	}
+	return true
+}
+
+// waitFile waits until each of paths (inside the sandbox) exists.
+func waitFile(t *testing.T, sb *sandbox.Sandbox, paths ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, p := range paths {
+		for {
+			if _, err := os.Stat(filepath.Join(sb.Root(), p)); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not appear", p)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func readFile(t *testing.T, sb *sandbox.Sandbox, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(sb.Root(), p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestImpostorControlSocketRefused: a process inside replaces
+// /.arbor/ctl.sock with a socket of its own that answers every request
+// with a forged result. The server's next dial must refuse it.
+func TestImpostorControlSocketRefused(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	sandboxtest.InstallForger(t, sb.Root())
+	run(t, sb, "forger rebind </dev/null >/dev/null 2>&1 &", 10*time.Second)
+	waitFile(t, sb, "/tmp/forger-rebind")
+	if got := readFile(t, sb, "/tmp/forger-rebind"); got != "listening" {
+		t.Fatalf("impostor did not bind: %s", got)
+	}
+	sb.Disconnect()
+	r, err := sb.Exec(context.Background(), "echo real", sandbox.ExecOptions{Timeout: 5 * time.Second})
+	if !errors.Is(err, sandbox.ErrImpostor) {
+		t.Fatalf("exec through the impostor's socket: result %+v, err %v; want ErrImpostor", r, err)
+	}
+	t.Logf("refused: %v", err)
+}
+
+func TestRunOutsideTheShell(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	// The agent's shell state, which a verifier must not see.
+	run(t, sb, "export LEAK=shell; test() { return 0; }; alias cat='echo aliased'; cd /tmp; sleep 300 >/dev/null 2>&1 &", 10*time.Second)
+	ctx := context.Background()
+	tests := []struct {
+		name, script string
+		o            sandbox.RunOptions
+		stdout       string
+		stderr       string // checked when not empty
+		exit         int
+		cwd          string
+		timedOut     bool
+	}{
+		{name: "no functions, aliases or exports of the shell", script: `test 1 = 2; echo "test=$? leak=${LEAK-unset}"; type cat | grep -c alias`,
+			stdout: "test=1 leak=unset\n0\n", exit: 1, cwd: "/"},
+		{name: "environment is the request's plus PATH and HOME", script: `env | grep -v -e '^SHLVL=' -e '^PWD=' -e '^_=' | sort`, o: sandbox.RunOptions{Env: []string{"A=1", "B=two words"}},
+			stdout: "A=1\nB=two words\nHOME=/root\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n", cwd: "/"},
+		{name: "directory", script: `pwd`, o: sandbox.RunOptions{Dir: "/tmp"}, stdout: "/tmp\n", cwd: "/tmp"},
+		{name: "missing directory runs in / with a note", script: `pwd`, o: sandbox.RunOptions{Dir: "/nonexistent"}, stdout: "/\n",
+			stderr: "arbor: directory /nonexistent is missing; running in /\n", cwd: "/"},
+		{name: "stdin is empty, streams separate", script: `cat; echo out; echo err >&2; exit 4`, stdout: "out\n", stderr: "err\n", exit: 4, cwd: "/"},
+		{name: "own session, no terminal", script: `test "$(cut -d' ' -f6 /proc/$$/stat)" = "$$" && echo leader; tty || true`,
+			stdout: "leader\nnot a tty\n", cwd: "/"},
+		{name: "timeout kills its process group", script: `sleep 100 & sleep 100`, o: sandbox.RunOptions{Timeout: 300 * time.Millisecond},
+			exit: 124, cwd: "/", timedOut: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := sb.Run(ctx, tt.script, tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(r.Stdout) != tt.stdout || r.ExitCode != tt.exit || r.Cwd != tt.cwd || r.TimedOut != tt.timedOut ||
+				(tt.stderr != "" && string(r.Stderr) != tt.stderr) || r.ShellRestarted {
+				t.Errorf("got stdout=%q stderr=%q exit=%d cwd=%q timed_out=%v; want stdout=%q stderr=%q exit=%d cwd=%q timed_out=%v",
+					r.Stdout, r.Stderr, r.ExitCode, r.Cwd, r.TimedOut, tt.stdout, tt.stderr, tt.exit, tt.cwd, tt.timedOut)
+			}
+		})
+	}
+	r, err := sb.Run(ctx, "head -c 100000 /dev/zero | tr '\\0' a", sandbox.RunOptions{MaxOutput: 1000})
+	if err != nil || !r.Truncated || r.StdoutBytes != 100000 || len(r.Stdout) > 1100 {
+		t.Errorf("output cap: err %v truncated=%v bytes=%d kept=%d", err, r.Truncated, r.StdoutBytes, len(r.Stdout))
+	}
+	// The timed-out script's background sleep went with its group, and the
+	// agent's shell and its job are untouched.
+	r = run(t, sb, "ps -o args= | grep -c '^sleep 100$'; jobs | grep -c 'sleep 300'; pwd; echo $LEAK", 10*time.Second)
+	if string(r.Stdout) != "0\n1\n/tmp\nshell\n" {
+		t.Errorf("after Run: %q (want no sleep 100, the shell's job, /tmp, shell)", r.Stdout)
+	}
+}
+
+func TestKillAllButInit(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	run(t, sb, "export KEEP=1; for i in 1 2 3; do sleep 300 >/dev/null 2>&1 & done; (setsid sleep 301 >/dev/null 2>&1 &)", 10*time.Second)
+	n, err := sb.KillAllButInit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three sleeps, the orphan and the shell.
+	if n < 5 {
+		t.Errorf("killed %d processes, want at least 5", n)
+	}
+	r := run(t, sb, "ps -o args= | grep -c '^sleep 30'; echo ${KEEP-fresh}", 10*time.Second)
+	if !r.ShellRestarted || string(r.Stdout) != "0\nfresh\n" {
+		t.Errorf("after KillAllButInit: restarted=%v stdout=%q, want a fresh shell and no sleep", r.ShellRestarted, r.Stdout)
+	}
+}
+
+// TestLargeCommand: a command far larger than the command socket's
+// buffer reaches the shell whole, and the next one is not disturbed.
+func TestLargeCommand(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	body := strings.Repeat("0123456789abcdef\n", 40000) // 680 KB
+	r := run(t, sb, "cat <<'EOF' | wc -c\n"+body+"EOF", 60*time.Second)
+	if strings.TrimSpace(string(r.Stdout)) != fmt.Sprint(len(body)) || r.ExitCode != 0 {
+		t.Fatalf("large command: stdout=%q stderr=%.300q exit=%d; want %d", r.Stdout, r.Stderr, r.ExitCode, len(body))
+	}
+	if r := run(t, sb, "echo next", 10*time.Second); string(r.Stdout) != "next\n" {
+		t.Errorf("after a large command: %q", r.Stdout)
+	}
+}

@@ -1,0 +1,252 @@
+// Command forger is a test helper that runs inside a sandbox and attacks
+// init's control channel the ways a hostile agent would (see
+// docs/sandbox.md, "Control channel and grader integrity"). Tests copy a
+// static build into the sandbox root (sandboxtest.Forger). Each mode
+// writes what it managed to do to /tmp/forger-MODE.
+//
+//	forger [-docker-caps] status    fake status records, old and new format, to every fd of pid 1 and to the shell's sockets
+//	forger [-docker-caps] signals   every signal 1-64 to pid 1, in a loop
+//	forger [-docker-caps] pty       open every pty and every other process's fds 0-2 and 255, in a loop
+//	forger [-docker-caps] connect   an exec request on /.arbor/ctl.sock
+//	forger [-docker-caps] rebind    replace /.arbor/ctl.sock with a socket that answers every request with a forged result
+//
+// -docker-caps first drops every capability outside Docker's default set
+// (as the hardened sandbox does), so the test shows what holds then.
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// dockerCaps is Docker's default capability set.
+var dockerCaps = []uint{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID, unix.CAP_KILL,
+	unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP, unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW,
+	unix.CAP_SYS_CHROOT, unix.CAP_MKNOD, unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
+}
+
+func main() {
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "-docker-caps" {
+		if err := dropCaps(); err != nil {
+			fail("drop caps: %v", err)
+		}
+		args = args[1:]
+	}
+	if len(args) != 1 {
+		fail("usage: forger [-docker-caps] status|signals|pty|connect|rebind")
+	}
+	mode := args[0]
+	switch mode {
+	case "status":
+		status()
+	case "signals":
+		signals()
+	case "pty":
+		pty()
+	case "connect":
+		connect()
+	case "rebind":
+		rebind()
+	default:
+		fail("unknown mode %q", mode)
+	}
+}
+
+func fail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "forger: "+format+"\n", a...)
+	os.Exit(2)
+}
+
+// report overwrites /tmp/forger-MODE with one line.
+func report(mode, format string, a ...any) {
+	tmp := "/tmp/forger-" + mode + ".tmp"
+	os.WriteFile(tmp, []byte(fmt.Sprintf(format, a...)+"\n"), 0o644)
+	os.Rename(tmp, "/tmp/forger-"+mode)
+}
+
+func dropCaps() error {
+	keep := uint64(0)
+	for _, c := range dockerCaps {
+		keep |= 1 << c
+	}
+	// Capabilities belong to threads: every thread of this Go process
+	// must drop them (AllThreadsSyscall needs CGO_ENABLED=0).
+	for c := uint(0); c <= 63; c++ {
+		if keep&(1<<c) == 0 {
+			// EINVAL past the kernel's last capability.
+			syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0)
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return err
+	}
+	for i := range data {
+		m := uint32(keep >> (32 * i))
+		data[i].Effective &= m
+		data[i].Permitted &= m
+		data[i].Inheritable &= m
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+func nonce() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// payload is a burst of fake records: the old format ("SEQ EXIT PWD\036")
+// and the new one with random and all-zero nonces, for guessed sequence
+// numbers around round.
+func payload(round int) []byte {
+	var b strings.Builder
+	base := (round % 20) * 10
+	for seq := base; seq < base+20; seq++ {
+		fmt.Fprintf(&b, "%d 0 /forged\036", seq)
+		fmt.Fprintf(&b, "\036%s %d 0 /forged\036", nonce(), seq)
+		fmt.Fprintf(&b, "\036%s %d 0 /forged\036", strings.Repeat("0", 32), seq)
+	}
+	return []byte(b.String())
+}
+
+func status() {
+	var opened, writes, own int
+	for round := 0; ; round++ {
+		p := payload(round)
+		ents, _ := os.ReadDir("/proc/1/fd")
+		for _, e := range ents {
+			fd, err := unix.Open("/proc/1/fd/"+e.Name(), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			if err != nil {
+				continue
+			}
+			opened++
+			if n, _ := unix.Write(fd, p); n > 0 {
+				writes++
+			}
+			unix.Close(fd)
+		}
+		// The sockets the shell holds, inherited by every process it
+		// starts: the status socket and the command socket.
+		for _, fd := range []int{196, 199} {
+			if n, _ := unix.Write(fd, p); n > 0 {
+				own++
+			}
+		}
+		if round%50 == 0 {
+			report("status", "rounds=%d proc1_opened=%d proc1_writes=%d own_socket_writes=%d", round+1, opened, writes, own)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func signals() {
+	sent := 0
+	for round := 0; ; round++ {
+		for sig := 1; sig <= 64; sig++ {
+			if unix.Kill(1, unix.Signal(sig)) == nil {
+				sent++
+			}
+		}
+		if round%50 == 0 {
+			report("signals", "rounds=%d sent=%d", round+1, sent)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func pty() {
+	self := os.Getpid()
+	tries := 0
+	for round := 0; ; round++ {
+		var paths []string
+		if m, _ := filepath.Glob("/dev/pts/[0-9]*"); m != nil {
+			paths = append(paths, m...)
+		}
+		paths = append(paths, "/dev/tty")
+		procs, _ := filepath.Glob("/proc/[0-9]*")
+		for _, p := range procs {
+			pid, _ := strconv.Atoi(filepath.Base(p))
+			if pid == self {
+				continue
+			}
+			for _, fd := range []string{"0", "1", "2", "255"} {
+				if link, err := os.Readlink(p + "/fd/" + fd); err == nil && strings.HasPrefix(link, "/dev/pts/") {
+					paths = append(paths, p+"/fd/"+fd)
+				}
+			}
+		}
+		for _, path := range paths {
+			tries++
+			fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				continue
+			}
+			f, _ := os.OpenFile("/tmp/forger-pty-opened", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+			fmt.Fprintf(f, "opened %s\n", path)
+			f.Close()
+			unix.Close(fd)
+		}
+		if round%20 == 0 {
+			report("pty", "rounds=%d tries=%d", round+1, tries)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func connect() {
+	c, err := net.Dial("unix", "/.arbor/ctl.sock")
+	if err != nil {
+		report("connect", "dial: %v", err)
+		return
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, `{"op":"exec","cmd":"echo pwned > /tmp/pwned"}`+"\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	report("connect", "answer=%q err=%v", strings.TrimSpace(line), err)
+}
+
+func rebind() {
+	os.Remove("/.arbor/ctl.sock")
+	ln, err := net.Listen("unix", "/.arbor/ctl.sock")
+	if err != nil {
+		report("rebind", "listen: %v", err)
+		return
+	}
+	report("rebind", "listening")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func(c net.Conn) {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			for {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				fmt.Fprintf(c, `{"stdout":"cHduZWQK","exit_code":0,"cwd":"/pwned","shell_pid":2}`+"\n")
+			}
+		}(c)
+	}
+}
