@@ -44,6 +44,14 @@ type Snapshotter struct {
 	// directory and for writing while empty parents are pruned, so a prune
 	// cannot remove a directory another call has just made.
 	dirs sync.RWMutex
+
+	// quotaMu guards quotaOn: whether this process has turned qgroups on.
+	quotaMu sync.Mutex
+	quotaOn bool
+	// qdir is the pool's qgroups folder in sysfs, found once.
+	qdirOnce sync.Once
+	qdir     string
+	qdirErr  error
 }
 
 // Backend returns "btrfs".
