@@ -12,21 +12,20 @@ import (
 // info struct 504, fs_info 1024 with the fsid at offset 16, quota_ctl 16,
 // qgroup_limit 48).
 const (
-	iocSubvolCreate    = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	iocSnapDestroy     = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
-	iocSnapCreateV2    = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
-	iocGetSubvolInfo   = 0x81f8943c // _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)
-	iocFSInfo          = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
-	iocQuotaCtl        = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
-	iocQgroupLimit     = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
-	iocQuotaRescanWait = 0x942e     // _IO(0x94, 46)
-	quotaCtlEnable     = 1          // BTRFS_QUOTA_CTL_ENABLE (full accounting, not simple quotas)
-	qgroupLimitMaxRfer = 1 << 0     // BTRFS_QGROUP_LIMIT_MAX_RFER
-	qgroupLimitClear   = ^uint64(0) // CLEAR_VALUE: a limit of this value removes it
-	subvolRdonly       = 1 << 1     // BTRFS_SUBVOL_RDONLY, for SNAP_CREATE_V2
-	rootSubvolRdonly   = 1 << 0     // BTRFS_ROOT_SUBVOL_RDONLY, in subvolInfo.flags
-	firstFreeObjectID  = 256        // inode number of every subvolume's root directory
-	superMagic         = 0x9123683e // BTRFS_SUPER_MAGIC
+	iocSubvolCreate      = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	iocSnapDestroy       = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	iocSnapCreateV2      = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	iocGetSubvolInfo     = 0x81f8943c // _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)
+	iocFSInfo            = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
+	iocQuotaCtl          = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
+	iocQgroupLimit       = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	quotaCtlEnableSimple = 4          // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (Linux 6.7)
+	qgroupLimitMaxRfer   = 1 << 0     // BTRFS_QGROUP_LIMIT_MAX_RFER
+	qgroupLimitClear     = ^uint64(0) // CLEAR_VALUE: a limit of this value removes it
+	subvolRdonly         = 1 << 1     // BTRFS_SUBVOL_RDONLY, for SNAP_CREATE_V2
+	rootSubvolRdonly     = 1 << 0     // BTRFS_ROOT_SUBVOL_RDONLY, in subvolInfo.flags
+	firstFreeObjectID    = 256        // inode number of every subvolume's root directory
+	superMagic           = 0x9123683e // BTRFS_SUPER_MAGIC
 )
 
 type volArgs struct {
