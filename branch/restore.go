@@ -61,8 +61,12 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			}
 		}
 	}()
+	disk, err := launch.SetDiskQuota(ctx, e.o.Snap, vol, e.o.Limits)
+	if err != nil {
+		return r, err
+	}
 	root := e.o.Snap.Path(vol)
-	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Logger: e.log},
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Disk: disk, Logger: e.log},
 		func(join func(int) error) (int, error) {
 			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
 		})

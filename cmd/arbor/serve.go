@@ -16,6 +16,7 @@ import (
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -40,6 +41,7 @@ type serveOptions struct {
 	inspect     string
 	verifySkips bool
 	llmUpstream string
+	disk        string
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -68,6 +70,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
 	f.BoolVar(&o.verifySkips, "verify-skips", false, "after every turn checkpointed none, fs or proc, restore it and compare with the live env (slow; for tests and benchmarks)")
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
+	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -109,6 +112,10 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if o.token == "" && !server.IsLoopback(o.listen) {
 		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
 	}
+	var lim sandbox.Limits
+	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
+		return err
+	}
 	tasks, err := loadTasks(o.tasksDir)
 	if err != nil {
 		return err
@@ -132,7 +139,8 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	}
 	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
-	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log}
+	// The engine takes the launcher's limits for restored sandboxes.
+	l := &envpool.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log}
 	in, err := openInspector(o.inspect, log)
 	if err != nil {
 		return err
