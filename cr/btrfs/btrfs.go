@@ -13,6 +13,9 @@
 // directories are plain directories made on demand and pruned when the last
 // volume in them is destroyed. Volumes do not nest: a name inside an
 // existing volume is refused with cr.ErrInvalidName.
+//
+// SetQuota caps a volume under btrfs simple quotas, turned on for the pool
+// at the first cap (see quota_linux.go and docs/sandbox.md, "Disk quota").
 package btrfs
 
 import (
