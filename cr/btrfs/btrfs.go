@@ -55,6 +55,9 @@ type Snapshotter struct {
 	qdirOnce sync.Once
 	qdir     string
 	qdirErr  error
+	// capped maps the names of the volumes SetQuota capped to their
+	// cappedVolume; Destroy forgets them.
+	capped sync.Map
 }
 
 // Backend returns "btrfs".

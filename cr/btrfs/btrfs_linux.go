@@ -267,6 +267,7 @@ func (s *Snapshotter) Destroy(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("destroy %s: %w", name, err)
 	}
+	s.capped.Delete(name)
 	s.dirs.Lock()
 	defer s.dirs.Unlock()
 	for d := path.Dir(name); d != "."; d = path.Dir(d) {

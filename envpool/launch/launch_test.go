@@ -105,13 +105,25 @@ func BenchmarkCommandRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close(ctx)
-	b.Run("sandbox", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if _, err := e.Sandbox.Exec(ctx, "echo hi", sandbox.ExecOptions{}); err != nil {
-				b.Fatal(err)
+	l.Limits.DiskBytes = -1
+	noQuota, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer noQuota.Close(ctx)
+	// The default quota costs one meter read after each command.
+	for _, tt := range []struct {
+		name string
+		env  *launch.Env
+	}{{"sandbox", e}, {"sandbox-no-disk-quota", noQuota}} {
+		b.Run(tt.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := tt.env.Sandbox.Exec(ctx, "echo hi", sandbox.ExecOptions{}); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+		})
+	}
 	b.Run("host-sh-c", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if err := exec.Command("/bin/sh", "-c", "echo hi").Run(); err != nil {
