@@ -21,6 +21,7 @@ package btrfs
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultPoolSize is the size of a new pool file when Options.PoolSize is 0.
@@ -58,6 +59,8 @@ type Snapshotter struct {
 	// capped maps the names of the volumes SetQuota capped to their
 	// cappedVolume; Destroy forgets them.
 	capped sync.Map
+	// destroys counts Destroy calls, to sweep stale qgroups now and then.
+	destroys atomic.Int64
 }
 
 // Backend returns "btrfs".

@@ -26,8 +26,8 @@ const sysfsBtrfs = "/sys/fs/btrfs"
 // long as the extent exists (see cr.Quotaer). The first cap turns simple
 // quotas on for the whole pool with BTRFS_IOC_QUOTA_CTL; later calls are
 // one BTRFS_IOC_QGROUP_LIMIT (about 12 µs). The kernel drops a subvolume's
-// qgroup a commit or two after it drops the subvolume, so Destroy needs
-// nothing more and qgroups do not pile up.
+// qgroup a commit or two after it drops the subvolume, unless snapshots
+// still hold what it wrote; pruneQgroups sweeps those left behind.
 //
 // Full qgroup accounting is refused, whether asked for or found on the
 // pool: it walks the back references of every changed extent, which made
@@ -252,4 +252,74 @@ func readInt(path string) (int64, error) {
 		return 0, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
 	return strconv.ParseInt(strings.TrimSpace(string(buf[:n])), 10, 64)
+}
+
+// pruneEvery is how many Destroy calls go between two sweeps of stale
+// qgroups (a sweep reads one sysfs file per qgroup: a few ms for a
+// thousand).
+const pruneEvery = 64
+
+// pruneQgroups removes the qgroups of subvolumes that are gone and whose
+// usage has dropped to zero. Under simple quotas the kernel keeps the
+// qgroup of a dropped subvolume while snapshots still hold extents it
+// wrote (a sandbox's data in its checkpoints), and leaves it behind, empty,
+// when the last of them is dropped; without this they would pile up, one
+// per sandbox. The kernel refuses to remove a qgroup that has usage or a
+// subvolume; the look-up first is so that a live subvolume's qgroup, and its
+// limit, is never even tried.
+func (s *Snapshotter) pruneQgroups(ctx context.Context) (removed int, err error) {
+	if mode, err := s.quotaMode(); err != nil || mode == "" {
+		return 0, err
+	}
+	dir, _ := s.qgroupDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	for _, e := range ents {
+		idStr, ok := strings.CutPrefix(e.Name(), "0_")
+		if !ok {
+			continue // a level-1+ qgroup, or a mode/enabled file
+		}
+		id, err := strconv.ParseUint(idStr, 10, 64)
+		if err != nil || id < firstFreeObjectID {
+			continue // 0/5 is the top level
+		}
+		if n, err := readInt(filepath.Join(dir, e.Name(), "referenced")); err != nil || n != 0 {
+			continue
+		}
+		if exists, err := subvolExists(fd, id); err != nil || exists {
+			continue // the subvolume is there, or being deleted (or we cannot tell)
+		}
+		a := qgroupCreateArgs{create: 0, qgroupID: id}
+		if err := ioctl(fd, iocQgroupCreate, unsafe.Pointer(&a)); err != nil {
+			s.log.DebugContext(ctx, "keep qgroup", slog.Uint64("id", id), slog.Any("err", err))
+			continue
+		}
+		removed++
+	}
+	if removed > 0 {
+		s.log.DebugContext(ctx, "removed stale qgroups", slog.Int("n", removed))
+	}
+	return removed, nil
+}
+
+// subvolExists reports whether the root tree still has a root item for
+// subvolume id (a deleted subvolume keeps it until the cleaner has dropped
+// it), searched with BTRFS_IOC_TREE_SEARCH from fd, any file in the pool.
+func subvolExists(fd int, id uint64) (bool, error) {
+	a := searchArgs{key: searchKey{
+		treeID: rootTreeObjectID, minObjectID: id, maxObjectID: id,
+		maxOffset: ^uint64(0), maxTransID: ^uint64(0),
+		minType: rootItemKey, maxType: rootItemKey, nrItems: 1,
+	}}
+	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
+		return false, err
+	}
+	return a.key.nrItems > 0, nil
 }

@@ -27,6 +27,9 @@ func TestIoctlLayouts(t *testing.T) {
 		{"btrfs_ioctl_quota_ctl_args", unsafe.Sizeof(quotaCtlArgs{}), 16},
 		{"btrfs_ioctl_qgroup_limit_args", unsafe.Sizeof(qgroupLimitArgs{}), 48},
 		{"btrfs_ioctl_get_subvol_info_args", unsafe.Sizeof(subvolInfo{}), 504},
+		{"btrfs_ioctl_qgroup_create_args", unsafe.Sizeof(qgroupCreateArgs{}), 16},
+		{"btrfs_ioctl_search_key", unsafe.Sizeof(searchKey{}), 104},
+		{"btrfs_ioctl_search_args", unsafe.Sizeof(searchArgs{}), 4096},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,6 +122,60 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 	must(err)
 	if _, err := os.Stat(filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Under simple quotas a destroyed sandbox whose data a checkpoint holds
+// keeps its qgroup (it is still charged), and the kernel leaves the qgroup
+// behind, empty, once the checkpoint goes too: pruneQgroups removes it,
+// and leaves the qgroups of live volumes and their limits alone.
+func TestQuotaStaleQgroupsPruned(t *testing.T) {
+	s := newPool(t)
+	ctx := t.Context()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.CreateVolume(ctx, "img"))
+	must(s.Snapshot(ctx, "img", "image"))
+	must(s.Clone(ctx, "image", "sandbox"))
+	must(s.SetQuota(ctx, "sandbox", 64<<20))
+	must(s.Clone(ctx, "image", "live"))
+	must(s.SetQuota(ctx, "live", 64<<20))
+	must(os.WriteFile(filepath.Join(s.Path("sandbox"), "data"), make([]byte, 4<<20), 0o644))
+	must(s.Snapshot(ctx, "sandbox", "state"))
+	dir, err := s.qgroupDir()
+	must(err)
+	qgroupOf := func(name string) string {
+		info, err := getSubvolInfo(s.Path(name))
+		must(err)
+		return filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10))
+	}
+	sandboxQG, liveQG := qgroupOf("sandbox"), qgroupOf("live")
+	must(s.Destroy(ctx, "sandbox"))
+	waitDropped(t, s)
+	if n, err := readInt(filepath.Join(sandboxQG, "referenced")); err != nil || n < 4<<20 {
+		t.Fatalf("qgroup of a destroyed sandbox whose data a snapshot holds: referenced %d, %v; want it kept and charged", n, err)
+	}
+	if n, err := s.pruneQgroups(ctx); err != nil || n != 0 {
+		t.Fatalf("prune while the state holds the data: removed %d, %v; want none", n, err)
+	}
+	must(s.Destroy(ctx, "state"))
+	waitDropped(t, s)
+	waitDropped(t, s)
+	if _, err := os.Stat(sandboxQG); err != nil {
+		t.Skipf("the kernel removed the empty qgroup itself (%v): nothing to prune", err)
+	}
+	if n, err := s.pruneQgroups(ctx); err != nil || n != 1 {
+		t.Fatalf("prune after the state was dropped: removed %d, %v; want 1", n, err)
+	}
+	if _, err := os.Stat(sandboxQG); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stale qgroup %s still there (err %v)", sandboxQG, err)
+	}
+	if n, err := readInt(filepath.Join(liveQG, "max_referenced")); err != nil || n != 64<<20 {
+		t.Fatalf("live volume's qgroup after a prune: max_referenced %d, %v", n, err)
 	}
 }
 
