@@ -45,7 +45,9 @@ type Options struct {
 	CRIU     *criu.Checkpointer
 	// Launcher starts fresh environments from images.
 	Launcher *launch.Launcher
-	// Limits apply to restored sandboxes (fresh ones use the launcher's).
+	// Limits apply to restored sandboxes (fresh ones use the launcher's);
+	// the zero value takes the launcher's, so that a restored child gets
+	// the limits and the disk quota of a freshly started sandbox.
 	Limits sandbox.Limits
 	// HotBytes bounds the process images kept on tmpfs (default 1 GiB);
 	// older ones move to disk and are loaded back on demand.
@@ -95,6 +97,9 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	if o.HotBytes <= 0 {
 		o.HotBytes = 1 << 30
+	}
+	if o.Limits == (sandbox.Limits{}) {
+		o.Limits = o.Launcher.Limits
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -66,9 +66,15 @@ func newBtrfs(tb testing.TB, dir string) cr.Snapshotter {
 
 func newRig(tb testing.TB, snap cr.Snapshotter, dir string, warm int) *rig {
 	tb.Helper()
+	return newRigLimits(tb, snap, dir, warm, sandbox.Limits{})
+}
+
+// newRigLimits is newRig with the sandboxes' limits.
+func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim sandbox.Limits) *rig {
+	tb.Helper()
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
+	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), Limits: lim, AutoBuild: true, Logger: quiet()}
 	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, WarmCopies: warm, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {

@@ -61,12 +61,16 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			}
 		}
 	}()
+	disk, err := launch.SetDiskQuota(ctx, e.o.Snap, vol, e.o.Limits)
+	if err != nil {
+		return r, err
+	}
 	root := e.o.Snap.Path(vol)
 	expect, err := sandbox.ReadIsolationRecord(dir)
 	if err != nil {
 		return r, err
 	}
-	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Logger: e.log}, expect,
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log}, expect,
 		func(join func(int) error) (int, error) {
 			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
 		})

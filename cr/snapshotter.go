@@ -52,3 +52,35 @@ type Change struct {
 	Path string
 	Kind ChangeKind
 }
+
+// Quotaer is a Snapshotter that can cap how much a volume may write. Both
+// backends implement it; it is a separate interface so that a caller that
+// sets no quota works on a backend without one.
+//
+// The cap counts the data the volume wrote since it was made (a clone
+// starts at zero, whatever it shares with its source) that still exists,
+// in the volume or in snapshots taken of it (btrfs: simple quotas; zfs: the
+// quota property). So deleting a file gives its room back unless a
+// snapshot still holds it, and a sandbox cannot make the pool hold more
+// than its cap by writing, checkpointing and deleting turn after turn. A
+// cap on the tree's total size (btrfs referenced limits, zfs refquota)
+// would give the room back on every delete, but btrfs's full qgroup
+// accounting that it needs made snapshots and clones 10 times slower with
+// 100 states in the pool (docs/sandbox.md, "Disk quota").
+type Quotaer interface {
+	// SetQuota caps what volume name may write at bytes; writes past the
+	// cap fail with EDQUOT ("Disk quota exceeded"). bytes <= 0 removes
+	// the cap.
+	SetQuota(ctx context.Context, name string, bytes int64) error
+	// Quota reports how much more volume name can take, cheaply enough to
+	// be read after every command (no process is started).
+	Quota(ctx context.Context, name string) (QuotaUsage, error)
+}
+
+// QuotaUsage is how full a volume is.
+type QuotaUsage struct {
+	// Free is how much more can be written before a write fails: the room
+	// left under the cap, or in the pool when that is less (or when the
+	// volume has no cap).
+	Free int64
+}

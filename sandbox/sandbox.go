@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,10 +15,17 @@ type Limits struct {
 	Pids int64
 	// CPUs caps CPU time, in cores.
 	CPUs float64
+	// DiskBytes caps what the sandbox may write to its root: the data it
+	// wrote since its root was cloned that still exists, in the root or in
+	// the checkpoints taken of it (cr.Quotaer). Writes past it fail with
+	// EDQUOT, "Disk quota exceeded". Negative: no quota. The sandbox
+	// package only reports the quota (Config.Disk); whoever makes the
+	// root sets it (envpool/launch.SetDiskQuota).
+	DiskBytes int64
 }
 
 // DefaultLimits are used for zero fields of Config.Limits.
-var DefaultLimits = Limits{MemoryBytes: 1 << 30, Pids: 512, CPUs: 1}
+var DefaultLimits = Limits{MemoryBytes: 1 << 30, Pids: 512, CPUs: 1, DiskBytes: 2 << 30}
 
 func (l Limits) withDefaults() Limits {
 	if l.MemoryBytes <= 0 {
@@ -29,8 +37,26 @@ func (l Limits) withDefaults() Limits {
 	if l.CPUs <= 0 {
 		l.CPUs = DefaultLimits.CPUs
 	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = DefaultLimits.DiskBytes
+	}
 	return l
 }
+
+// DiskQuota is the disk quota in bytes these limits give a sandbox root
+// (DefaultLimits.DiskBytes when DiskBytes is 0), or 0 for none.
+func (l Limits) DiskQuota() int64 {
+	if l = l.withDefaults(); l.DiskBytes < 0 {
+		return 0
+	}
+	return l.DiskBytes
+}
+
+// DiskMeter says how many more bytes a sandbox's root can take before its
+// quota refuses writes; the launcher and the engine pass one bound to the
+// root's volume (cr.Quotaer.Quota). It is read after every command, so it
+// must be cheap.
+type DiskMeter func(ctx context.Context) (free int64, err error)
 
 // Config describes a sandbox to start.
 type Config struct {
@@ -46,7 +72,10 @@ type Config struct {
 	// Isolation is the sandbox's in-kernel hardening; the zero value is
 	// the hardened default (docs/sandbox.md, "Isolation").
 	Isolation Isolation
-	Logger    *slog.Logger
+	// Disk reports the root's room under Limits.DiskBytes, for the "disk"
+	// LimitEvent; nil when the root has no quota.
+	Disk   DiskMeter
+	Logger *slog.Logger
 }
 
 // ExecOptions tune one command.
@@ -100,7 +129,7 @@ type Result struct {
 
 // LimitEvent reports that a sandbox hit a resource limit.
 type LimitEvent struct {
-	Resource string // "pids" or "memory"
+	Resource string // "pids", "memory" or "disk"
 	Limit    int64
 	Message  string
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -346,5 +347,75 @@ func TestStartFailsCleanly(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/unified/arbor", id)); err == nil {
 		t.Errorf("cgroup left behind after failed start")
+	}
+}
+
+// The disk event comes once when the root reaches its quota (the meter
+// says less than a block or two is left), not again while it stays full,
+// and again after it had room and filled up once more. The meter here is
+// a stand-in for the snapshot backend's (envpool/launch tests run dd
+// against a real quota).
+func TestDiskLimitEvent(t *testing.T) {
+	sandboxtest.RequireRoot(t)
+	var free atomic.Int64
+	free.Store(100 << 20)
+	root := sandboxtest.BusyboxRoot(t, "")
+	testCount++
+	sb, err := sandbox.Start(context.Background(), sandbox.Config{
+		ID: fmt.Sprintf("test-%d-%d", os.Getpid(), testCount), Root: root, InitBinary: sandboxtest.InitBinary(t),
+		Limits: sandbox.Limits{DiskBytes: 64 << 20},
+		Disk:   func(context.Context) (int64, error) { return free.Load(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy(context.Background()) })
+	steps := []struct {
+		name  string
+		free  int64 // what the meter says after the command
+		event bool
+	}{
+		{"room left", 100 << 20, false},
+		{"reaches the quota", 16 << 10, true},
+		{"still full", 0, false},
+		{"room again after rm", 10 << 20, false},
+		{"full again", 0, true},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			free.Store(st.free)
+			r := run(t, sb, "true", 10*time.Second)
+			var ev *sandbox.LimitEvent
+			for i := range r.Limits {
+				if r.Limits[i].Resource == "disk" {
+					ev = &r.Limits[i]
+				}
+			}
+			if (ev != nil) != st.event {
+				t.Fatalf("limit events %v, want a disk event: %v", r.Limits, st.event)
+			}
+			if ev != nil && (ev.Limit != 64<<20 || !strings.Contains(ev.Message, "Disk quota exceeded")) {
+				t.Fatalf("disk event %+v: want limit %d and the error writes get", ev, 64<<20)
+			}
+		})
+	}
+}
+
+func TestDiskQuotaDefaults(t *testing.T) {
+	tests := []struct {
+		name string
+		in   int64
+		want int64
+	}{
+		{"zero is the default", 0, sandbox.DefaultLimits.DiskBytes},
+		{"set", 64 << 20, 64 << 20},
+		{"negative is none", -1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := (sandbox.Limits{DiskBytes: tt.in}).DiskQuota(); got != tt.want {
+				t.Fatalf("DiskQuota() = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -39,6 +40,8 @@ type Options struct {
 	Inspector bool
 	// PoolSize of the btrfs pool file (default 4 GiB, sparse).
 	PoolSize int64
+	// Limits of every sandbox, started or restored.
+	Limits sandbox.Limits
 }
 
 // Rig is an engine and what it stands on.
@@ -103,7 +106,7 @@ func New(o Options) (r *Rig, err error) {
 		r.undo = append(r.undo, func() { r.Inspector.Close() })
 	}
 	r.Images = &image.Store{Snap: r.Snap, Logger: log}
-	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, AutoBuild: true, Logger: log}
+	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, Limits: o.Limits, AutoBuild: true, Logger: log}
 	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.Snap, CRIU: c, Launcher: l, Inspector: r.Inspector, Logger: log}
 	if r.Engine, err = branch.Open(ctx, eo); err != nil {
 		return nil, err

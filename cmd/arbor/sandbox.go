@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,6 +27,7 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 		maxOut    int
 		lim       sandbox.Limits
 		memory    string
+		disk      string
 	)
 	exec := &cobra.Command{
 		Use:   "exec --image NAME [--json] -- CMD [CMD...]",
@@ -39,6 +41,10 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 					return fmt.Errorf("parse --memory: %w", err)
 				}
 				lim.MemoryBytes = n
+			}
+			var err error
+			if lim.DiskBytes, err = parseDisk(disk); err != nil {
+				return err
 			}
 			snap, err := openSnapshotter(ctx, g)
 			if err != nil {
@@ -82,8 +88,30 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M (default 1G)")
 	f.Int64Var(&lim.Pids, "pids", 0, "process limit (default 512)")
 	f.Float64Var(&lim.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
+	f.StringVar(&disk, "disk", "", diskFlagHelp)
 	cmd.AddCommand(exec)
 	return cmd
+}
+
+const diskFlagHelp = "disk quota per sandbox: what it may write to its root, checkpointed data included, e.g. 512M (default 2G; none: no quota)"
+
+// parseDisk reads a --disk value into sandbox.Limits.DiskBytes: "" is 0
+// (the default quota), "none" or a negative number is -1 (no quota).
+func parseDisk(s string) (int64, error) {
+	switch t := strings.TrimSpace(s); {
+	case t == "":
+		return 0, nil
+	case strings.EqualFold(t, "none") || strings.HasPrefix(t, "-"):
+		return -1, nil
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("parse --disk: %w", err)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("parse --disk: 0 would refuse every write; use none for no quota")
+	}
+	return n, nil
 }
 
 // execResult is the JSON form of one command's result.

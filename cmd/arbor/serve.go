@@ -42,6 +42,7 @@ type serveOptions struct {
 	verifySkips bool
 	llmUpstream string
 	extraCaps   bool
+	disk        string
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -71,6 +72,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.BoolVar(&o.verifySkips, "verify-skips", false, "after every turn checkpointed none, fs or proc, restore it and compare with the live env (slow; for tests and benchmarks)")
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
+	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -112,6 +114,10 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if o.token == "" && !server.IsLoopback(o.listen) {
 		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
 	}
+	var lim sandbox.Limits
+	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
+		return err
+	}
 	tasks, err := loadTasks(o.tasksDir)
 	if err != nil {
 		return err
@@ -135,7 +141,8 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	}
 	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
-	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log,
+	// The engine takes the launcher's limits for restored sandboxes.
+	l := &envpool.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
 	in, err := openInspector(o.inspect, log)
 	if err != nil {

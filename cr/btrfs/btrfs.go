@@ -13,11 +13,15 @@
 // directories are plain directories made on demand and pruned when the last
 // volume in them is destroyed. Volumes do not nest: a name inside an
 // existing volume is refused with cr.ErrInvalidName.
+//
+// SetQuota caps a volume under btrfs simple quotas, turned on for the pool
+// at the first cap (see quota_linux.go and docs/sandbox.md, "Disk quota").
 package btrfs
 
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultPoolSize is the size of a new pool file when Options.PoolSize is 0.
@@ -44,6 +48,19 @@ type Snapshotter struct {
 	// directory and for writing while empty parents are pruned, so a prune
 	// cannot remove a directory another call has just made.
 	dirs sync.RWMutex
+
+	// quotaMu guards quotaOn: whether this process has turned qgroups on.
+	quotaMu sync.Mutex
+	quotaOn bool
+	// qdir is the pool's qgroups folder in sysfs, found once.
+	qdirOnce sync.Once
+	qdir     string
+	qdirErr  error
+	// capped maps the names of the volumes SetQuota capped to their
+	// cappedVolume; Destroy forgets them.
+	capped sync.Map
+	// destroys counts Destroy calls, to sweep stale qgroups now and then.
+	destroys atomic.Int64
 }
 
 // Backend returns "btrfs".

@@ -57,8 +57,12 @@ func Open(ctx context.Context, opts Options) (*Snapshotter, error) {
 	if ok, err := onBtrfs(s.root); err != nil || !ok {
 		return nil, fmt.Errorf("open btrfs pool: %s is not on btrfs (%v): %w", s.root, err, cr.ErrUnavailable)
 	}
-	// Leftovers of a Changes call interrupted by a crash.
+	// Leftovers of a Changes call interrupted by a crash, and of sandboxes
+	// whose checkpoints are gone.
 	s.pruneTmp()
+	if _, err := s.pruneQgroups(ctx); err != nil {
+		s.log.WarnContext(ctx, "prune stale qgroups", slog.Any("err", err))
+	}
 	return s, nil
 }
 
@@ -266,6 +270,12 @@ func (s *Snapshotter) Destroy(ctx context.Context, name string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("destroy %s: %w", name, err)
+	}
+	s.capped.Delete(name)
+	if s.destroys.Add(1)%pruneEvery == 0 {
+		if _, err := s.pruneQgroups(ctx); err != nil {
+			s.log.WarnContext(ctx, "prune stale qgroups", slog.Any("err", err))
+		}
 	}
 	s.dirs.Lock()
 	defer s.dirs.Unlock()

@@ -9,16 +9,27 @@ import (
 
 // Ioctl numbers and layouts from linux/btrfs.h (checked against the
 // header with a C program: the vol_args structs are 4096 bytes, the subvol
-// info struct 504).
+// info struct 504, fs_info 1024 with the fsid at offset 16, quota_ctl 16,
+// qgroup_limit 48, qgroup_create 16, search_key 104, search_args 4096).
 const (
-	iocSubvolCreate   = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	iocSnapDestroy    = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
-	iocSnapCreateV2   = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
-	iocGetSubvolInfo  = 0x81f8943c // _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)
-	subvolRdonly      = 1 << 1     // BTRFS_SUBVOL_RDONLY, for SNAP_CREATE_V2
-	rootSubvolRdonly  = 1 << 0     // BTRFS_ROOT_SUBVOL_RDONLY, in subvolInfo.flags
-	firstFreeObjectID = 256        // inode number of every subvolume's root directory
-	superMagic        = 0x9123683e // BTRFS_SUPER_MAGIC
+	iocSubvolCreate      = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	iocSnapDestroy       = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	iocSnapCreateV2      = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	iocGetSubvolInfo     = 0x81f8943c // _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)
+	iocFSInfo            = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
+	iocQuotaCtl          = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
+	iocQgroupLimit       = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	iocQgroupCreate      = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
+	iocTreeSearch        = 0xd0009411 // _IOWR(0x94, 17, struct btrfs_ioctl_search_args)
+	rootTreeObjectID     = 1          // BTRFS_ROOT_TREE_OBJECTID
+	rootItemKey          = 132        // BTRFS_ROOT_ITEM_KEY
+	quotaCtlEnableSimple = 4          // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (Linux 6.7)
+	qgroupLimitMaxRfer   = 1 << 0     // BTRFS_QGROUP_LIMIT_MAX_RFER
+	qgroupLimitClear     = ^uint64(0) // CLEAR_VALUE: a limit of this value removes it
+	subvolRdonly         = 1 << 1     // BTRFS_SUBVOL_RDONLY, for SNAP_CREATE_V2
+	rootSubvolRdonly     = 1 << 0     // BTRFS_ROOT_SUBVOL_RDONLY, in subvolInfo.flags
+	firstFreeObjectID    = 256        // inode number of every subvolume's root directory
+	superMagic           = 0x9123683e // BTRFS_SUPER_MAGIC
 )
 
 type volArgs struct {
@@ -44,6 +55,53 @@ type subvolInfo struct {
 	uuid       [16]byte
 	parentUUID [16]byte
 	rest       [504 - 328]byte
+}
+
+type fsInfo struct {
+	maxID      uint64
+	numDevices uint64
+	fsid       [16]byte
+	rest       [1024 - 32]byte
+}
+
+type quotaCtlArgs struct {
+	cmd    uint64
+	status uint64
+}
+
+type qgroupCreateArgs struct {
+	create   uint64 // 0: remove
+	qgroupID uint64
+}
+
+// searchKey and searchArgs are btrfs_ioctl_search_key and
+// btrfs_ioctl_search_args: which items of which tree to return, and the
+// buffer they come back in.
+type searchKey struct {
+	treeID                   uint64
+	minObjectID, maxObjectID uint64
+	minOffset, maxOffset     uint64
+	minTransID, maxTransID   uint64
+	minType, maxType         uint32
+	nrItems                  uint32
+	_                        uint32
+	_                        [4]uint64
+}
+
+type searchArgs struct {
+	key searchKey
+	buf [4096 - 104]byte
+}
+
+// qgroupLimitArgs is btrfs_ioctl_qgroup_limit_args: a qgroup id (0: the
+// subvolume the ioctl is called on) and a struct btrfs_qgroup_limit.
+type qgroupLimitArgs struct {
+	qgroupID uint64
+	flags    uint64
+	maxRfer  uint64
+	maxExcl  uint64
+	rsvRfer  uint64
+	rsvExcl  uint64
 }
 
 func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {

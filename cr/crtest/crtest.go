@@ -35,6 +35,7 @@ func Run(t *testing.T, newSnapshotter NewFunc) {
 		{"InvalidNames", testInvalidNames},
 		{"ListByPrefix", testList},
 		{"Changes", testChanges},
+		{"CloneWithQuotaRefusesWritesPastIt", testQuota},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

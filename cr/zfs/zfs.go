@@ -21,6 +21,8 @@
 //
 // Changes walks both trees (zfs-fuse has no `zfs diff`); see
 // cr/internal/fsdiff for the rule and docs/zfs.md for what it covers.
+//
+// SetQuota sets a volume's quota property (see quota_linux.go).
 package zfs
 
 import (

@@ -94,17 +94,46 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 			}
 		}
 	}()
+	disk, err := SetDiskQuota(ctx, l.Snap, vol, l.Limits)
+	if err != nil {
+		return nil, err
+	}
 	iso := l.Isolation
 	if len(o.Caps) > 0 {
 		iso.Caps = o.Caps
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Config{
-		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Logger: log,
+		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Disk: disk, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox on %s: %w", imageName, err)
 	}
 	return &Env{ID: id, Image: imageName, Volume: vol, Sandbox: sb, snap: l.Snap}, nil
+}
+
+// SetDiskQuota caps volume vol, the root of a sandbox about to start or be
+// restored, at lim's disk quota (sandbox.Limits.DiskQuota) and returns the
+// meter its sandbox.Config.Disk takes; with no quota it sets none and
+// returns nil. Every sandbox root goes through here: launches, and the
+// engine's restores (branch, rollback, promote, warm copies, verify).
+// A backend without quotas is refused with cr.ErrUnavailable when a quota
+// is asked for: a sandbox never runs with less isolation than configured.
+func SetDiskQuota(ctx context.Context, snap cr.Snapshotter, vol string, lim sandbox.Limits) (sandbox.DiskMeter, error) {
+	bytes := lim.DiskQuota()
+	if bytes == 0 {
+		return nil, nil
+	}
+	q, ok := snap.(cr.Quotaer)
+	if !ok {
+		return nil, fmt.Errorf("disk quota of %s: %s backend has no quotas (run with a negative disk limit to go without): %w", vol, snap.Backend(), cr.ErrUnavailable)
+	}
+	if err := q.SetQuota(ctx, vol, bytes); err != nil {
+		return nil, fmt.Errorf("disk quota: %w", err)
+	}
+	return func(ctx context.Context) (int64, error) {
+		u, err := q.Quota(ctx, vol)
+		return u.Free, err
+	}, nil
 }
 
 // Close destroys the sandbox and its volume.

@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/envpool/launch"
@@ -103,13 +105,25 @@ func BenchmarkCommandRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close(ctx)
-	b.Run("sandbox", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if _, err := e.Sandbox.Exec(ctx, "echo hi", sandbox.ExecOptions{}); err != nil {
-				b.Fatal(err)
+	l.Limits.DiskBytes = -1
+	noQuota, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer noQuota.Close(ctx)
+	// The default quota costs one meter read after each command.
+	for _, tt := range []struct {
+		name string
+		env  *launch.Env
+	}{{"sandbox", e}, {"sandbox-no-disk-quota", noQuota}} {
+		b.Run(tt.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := tt.env.Sandbox.Exec(ctx, "echo hi", sandbox.ExecOptions{}); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+		})
+	}
 	b.Run("host-sh-c", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if err := exec.Command("/bin/sh", "-c", "echo hi").Run(); err != nil {
@@ -124,4 +138,74 @@ func BenchmarkCommandRoundTrip(b *testing.B) {
 			}
 		}
 	})
+}
+
+// diskEvent returns r's disk limit event, or nil.
+func diskEvent(r *sandbox.Result) *sandbox.LimitEvent {
+	for i := range r.Limits {
+		if r.Limits[i].Resource == "disk" {
+			return &r.Limits[i]
+		}
+	}
+	return nil
+}
+
+// dd until full inside a sandbox stops at its quota with "Disk quota
+// exceeded" and a disk limit event; another sandbox can still write, a new
+// one can still start, and after rm the first can write again.
+func TestDiskQuota(t *testing.T) {
+	l := newLauncher(t)
+	const quota = 48 << 20
+	l.Limits = sandbox.Limits{DiskBytes: quota}
+	ctx := context.Background()
+	exec := func(e *launch.Env, cmd string) *sandbox.Result {
+		t.Helper()
+		r, err := e.Sandbox.Exec(ctx, cmd, sandbox.ExecOptions{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatalf("exec %q: %v", cmd, err)
+		}
+		return r
+	}
+	a, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	b, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(ctx)
+
+	r := exec(a, "dd if=/dev/zero of=/big bs=1M; echo exit=$?; wc -c < /big")
+	out := string(r.Stdout) + string(r.Stderr)
+	if !strings.Contains(out, "Disk quota exceeded") || !strings.Contains(out, "exit=1") {
+		t.Fatalf("dd past the quota: want it to fail with Disk quota exceeded, got %q", out)
+	}
+	lines := strings.Fields(string(r.Stdout))
+	n, err := strconv.ParseInt(lines[len(lines)-1], 10, 64)
+	if err != nil || n > quota || n < quota-4<<20 {
+		t.Fatalf("dd wrote %s bytes (%v), want a little under the %d byte quota", lines[len(lines)-1], err, quota)
+	}
+	ev := diskEvent(r)
+	if ev == nil || ev.Limit != quota {
+		t.Fatalf("limit events %v: want a disk event with limit %d", r.Limits, quota)
+	}
+	t.Logf("dd stopped after %d bytes; event: %s", n, ev)
+	if r := exec(a, "echo x > /small; echo exit=$?"); !strings.Contains(string(r.Stdout), "exit=1") || diskEvent(r) != nil {
+		t.Fatalf("small write into a full sandbox: %q %q, events %v: want it refused and no second event", r.Stdout, r.Stderr, r.Limits)
+	}
+	// A full sandbox takes nothing from another: b writes most of its own
+	// quota.
+	if r := exec(b, "dd if=/dev/zero of=/big bs=1M count=40 2>&1; echo exit=$?"); !strings.Contains(string(r.Stdout), "exit=0") || diskEvent(r) != nil {
+		t.Fatalf("second sandbox: %q, events %v: want 40 MiB written", r.Stdout, r.Limits)
+	}
+	c, err := l.Launch(ctx, "busybox")
+	if err != nil {
+		t.Fatalf("launch next to a full sandbox: %v", err)
+	}
+	c.Close(ctx)
+	if r := exec(a, "rm /big && dd if=/dev/zero of=/after bs=1M count=8 2>&1; echo exit=$?"); !strings.Contains(string(r.Stdout), "exit=0") {
+		t.Fatalf("write after rm: %q", r.Stdout)
+	}
 }
