@@ -16,4 +16,7 @@ var (
 	ErrClosed = errors.New("sandbox destroyed")
 	// ErrBadCommand: the command was refused before it ran (too large).
 	ErrBadCommand = errors.New("command refused")
+	// ErrUnshiftedRoot: user namespace mode was asked for on a root file
+	// system not owned by the mapped id range.
+	ErrUnshiftedRoot = errors.New("root file system not shifted to the user namespace range")
 )

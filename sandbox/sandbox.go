@@ -44,6 +44,8 @@ type Config struct {
 	Hostname string
 	Limits   Limits
 	Logger   *slog.Logger
+	// UserNS runs the sandbox in its own user namespace (userns.go).
+	UserNS UserNSConfig
 }
 
 // ExecOptions tune one command.

@@ -111,6 +111,12 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	if err := installInit(cfg.InitBinary, cfg.Root); err != nil {
 		return nil, err
 	}
+	cfg.UserNS = cfg.UserNS.WithDefaults() // user namespace mode: userns_linux.go
+	if cfg.UserNS.Enabled {
+		if err := prepareUserNSRoot(cfg.Root, cfg.UserNS); err != nil {
+			return nil, err
+		}
+	}
 	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
 	if err != nil {
 		return nil, err
@@ -136,6 +142,15 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	}
 	defer readyR.Close()
 	var cmd *exec.Cmd
+	ns, err := userNSNetns(cfg.UserNS) // user namespace mode: userns_linux.go
+	if err != nil {
+		syncR.Close()
+		readyW.Close()
+		return nil, err
+	}
+	if ns != nil {
+		defer ns.Close()
+	}
 	// A fork elsewhere in the process can briefly hold the freshly
 	// written init binary open for writing (until that child execs), so
 	// exec fails with ETXTBSY: retry, as Go's own os/exec tests do.
@@ -151,7 +166,12 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 			// inside the pid namespace, or CRIU cannot dump it.
 			Setsid: true,
 		}
-		err = cmd.Start()
+		if cfg.UserNS.Enabled {
+			if err := applyUserNS(cmd.SysProcAttr, cfg.UserNS); err != nil {
+				return nil, err
+			}
+		}
+		err = startInit(cmd, ns)
 		if !errors.Is(err, syscall.ETXTBSY) || try == 50 {
 			break
 		}

@@ -1,0 +1,127 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/internal/netns"
+	"github.com/arbor-env/arbor/sandbox/ctl"
+	"github.com/arbor-env/arbor/sandbox/initd"
+)
+
+// prepareUserNSRoot readies a shifted root for a sandbox in its own user
+// namespace: stage one cannot mknod there, so /dev's nodes are made from the
+// host now (they are files of the root and so part of its snapshots), and
+// what the host wrote into the root (/.arbor, the init binary, the nodes) is
+// given to the range's root, which could not even enter /.arbor otherwise.
+func prepareUserNSRoot(root string, u UserNSConfig) error {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return fmt.Errorf("stat root: %w", err)
+	}
+	if !u.contains(st.Uid) || !u.contains(st.Gid) {
+		return fmt.Errorf("%w: root %s is owned by %d:%d, not by the range %s (use a shifted image)", ErrUnshiftedRoot, root, st.Uid, st.Gid, u)
+	}
+	if err := initd.PrepareDev(root); err != nil {
+		return err
+	}
+	paths := []string{filepath.Join(root, ctl.Dir), filepath.Join(root, ctl.InitPath)}
+	devs, err := os.ReadDir(filepath.Join(root, "dev"))
+	if err != nil {
+		return fmt.Errorf("read /dev: %w", err)
+	}
+	for _, d := range devs {
+		paths = append(paths, filepath.Join(root, "dev", d.Name()))
+	}
+	for _, p := range paths {
+		if err := unix.Lstat(p, &st); err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		if u.contains(st.Uid) && u.contains(st.Gid) {
+			continue
+		}
+		if err := unix.Lchown(p, int(u.HostID), int(u.HostID)); err != nil {
+			return fmt.Errorf("chown %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func (u UserNSConfig) contains(id uint32) bool {
+	return id >= u.HostID && id-u.HostID < u.Size
+}
+
+// applyUserNS adds the user namespace and its id maps to the clone of
+// stage one. Stage one runs as host root, which is unmapped inside: so it
+// can still reach the root through host directories only root may enter
+// (a state dir of mode 0700). Its capabilities in the new namespace would
+// not survive the exec of a non-root (in the namespace) process, so they
+// are passed as ambient capabilities; it becomes the namespace's root after
+// pivot_root and clears them (initd.becomeNSRoot).
+func applyUserNS(a *syscall.SysProcAttr, u UserNSConfig) error {
+	// The network namespace is made beforehand (userNSNetns), owned by
+	// the host's user namespace: CRIU cannot put a restored tree with its
+	// own user namespace into a prepared network namespace it does not
+	// own, so restores and starts both use one the host owns.
+	a.Cloneflags = a.Cloneflags&^syscall.CLONE_NEWNET | syscall.CLONE_NEWUSER
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.HostID), Size: int(u.Size)}}
+	a.UidMappings, a.GidMappings = m, m
+	// Root inside may change its groups, as in a container.
+	a.GidMappingsEnableSetgroups = true
+	last, err := lastCap()
+	if err != nil {
+		return err
+	}
+	a.AmbientCaps = make([]uintptr, 0, last+1)
+	for c := 0; c <= last; c++ {
+		a.AmbientCaps = append(a.AmbientCaps, uintptr(c))
+	}
+	return nil
+}
+
+func lastCap() (int, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return 0, fmt.Errorf("read cap_last_cap: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("parse cap_last_cap: %w", err)
+	}
+	return n, nil
+}
+
+// userNSNetns makes the network namespace a sandbox in user namespace mode
+// is started in (nil when the mode is off). The host's user namespace owns
+// it, as it owns the fresh namespaces restores get (cr/criu), so a started
+// sandbox and a restored one are alike: loopback up, no capability over
+// the namespace, low ports and ICMP echo open to every id.
+func userNSNetns(u UserNSConfig) (*os.File, error) {
+	if !u.Enabled {
+		return nil, nil
+	}
+	ns, err := netns.NewLoopback()
+	if err != nil {
+		return nil, err
+	}
+	if err := netns.Do(ns, netns.AllowUnprivileged); err != nil {
+		ns.Close()
+		return nil, err
+	}
+	return ns, nil
+}
+
+// startInit starts stage one, inside ns when it is set.
+func startInit(cmd *exec.Cmd, ns *os.File) error {
+	if ns == nil {
+		return cmd.Start()
+	}
+	return netns.Do(ns, cmd.Start)
+}
