@@ -197,6 +197,9 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	if err := waitReady(ctx, readyR); err != nil {
 		return nil, err
 	}
+	if err := checkUIDMap(s.pid, cfg.UserNS); err != nil { // userns_linux.go
+		return nil, err
+	}
 	s.seen = cg.counters()
 	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
 	if err != nil {
@@ -500,6 +503,7 @@ func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) er
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
+	cfg.UserNS = cfg.UserNS.WithDefaults() // user namespace mode: userns_linux.go
 	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
 	if err != nil {
 		return nil, err
@@ -528,6 +532,9 @@ func Restore(ctx context.Context, cfg Config, restore func(join func(pid int) er
 		s.log.Debug("restored init exited", slog.Any("state", st), slog.Any("err", err))
 		close(s.exited)
 	}()
+	if err := checkUIDMap(pid, cfg.UserNS); err != nil { // userns_linux.go
+		return nil, fmt.Errorf("restored sandbox: %w", err)
+	}
 	s.seen = cg.counters()
 	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
 	if err != nil {

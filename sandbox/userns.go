@@ -58,3 +58,6 @@ func (u UserNSConfig) String() string {
 	u = u.WithDefaults()
 	return fmt.Sprintf("0-%d -> host %d-%d", u.Size-1, u.HostID, u.HostID+u.Size-1)
 }
+
+// UserNS is the sandbox's user namespace mode (with defaults filled in).
+func (s *Sandbox) UserNS() UserNSConfig { return s.cfg.UserNS }

@@ -125,3 +125,42 @@ func startInit(cmd *exec.Cmd, ns *os.File) error {
 	}
 	return netns.Do(ns, cmd.Start)
 }
+
+// UserNSOfRoot tells the mode a root file system was made for from the
+// owner of its top directory, which is root inside: host root for the
+// normal mode, the first id of the range for user namespace mode (size
+// ids, DefaultUserNSSize when zero). Restores use it, so that a state is
+// brought back in the mode it was made in.
+func UserNSOfRoot(root string, size uint32) (UserNSConfig, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return UserNSConfig{}, fmt.Errorf("stat root: %w", err)
+	}
+	if st.Uid == 0 && st.Gid == 0 {
+		return UserNSConfig{}, nil
+	}
+	if st.Uid != st.Gid {
+		return UserNSConfig{}, fmt.Errorf("%w: root %s is owned by %d:%d, neither host root nor the start of a range", ErrUnshiftedRoot, root, st.Uid, st.Gid)
+	}
+	return UserNSConfig{Enabled: true, HostID: st.Uid, Size: size}.WithDefaults(), nil
+}
+
+// checkUIDMap refuses a sandbox whose init does not have the uid and gid
+// maps its mode asks for: a child restored from a state, or a started one,
+// must never run with weaker (or other) ids than its mode promises.
+func checkUIDMap(pid int, u UserNSConfig) error {
+	want := "0 0 4294967295"
+	if u.Enabled {
+		want = u.UIDMap()
+	}
+	for _, f := range []string{"uid_map", "gid_map"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		if err != nil {
+			return fmt.Errorf("read %s of init: %w", f, err)
+		}
+		if got := strings.Join(strings.Fields(string(b)), " "); got != want {
+			return fmt.Errorf("%w: init's %s is %q, want %q", ErrUIDMap, f, got, want)
+		}
+	}
+	return nil
+}

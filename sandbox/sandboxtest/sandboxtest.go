@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/arbor-env/arbor/image"
 )
 
 var (
@@ -135,4 +137,14 @@ func DebianRoot(t testing.TB, dir string) string {
 		t.Fatalf("unpack debian image: %v: %s", err, out)
 	}
 	return root
+}
+
+// ShiftRoot gives root to the id range base..base+size-1, as
+// image.Store.Shifted does for images, so that a sandbox in user namespace
+// mode can run on it.
+func ShiftRoot(t testing.TB, root string, base, size uint32) {
+	t.Helper()
+	if err := image.Shift(root, base, size); err != nil {
+		t.Fatalf("shift root: %v", err)
+	}
 }

@@ -1,0 +1,106 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+)
+
+// userNS is the mode start boots sandboxes in: off, unless
+// ARBOR_TEST_USERNS=1 runs the whole package in user namespace mode;
+// TestUserNSMode turns it on for a subset.
+var userNS = func() sandbox.UserNSConfig {
+	if os.Getenv("ARBOR_TEST_USERNS") == "1" {
+		return sandbox.UserNSConfig{Enabled: true}.WithDefaults()
+	}
+	return sandbox.UserNSConfig{}
+}()
+
+// TestUserNSMode runs a subset of this package's tests with sandboxes in
+// user namespace mode.
+func TestUserNSMode(t *testing.T) {
+	saved := userNS
+	userNS = sandbox.UserNSConfig{Enabled: true}.WithDefaults()
+	defer func() { userNS = saved }()
+	tests := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"maps root to the host range", testUserNSMapsRoot},
+		{"ShellStatePersists", TestShellStatePersists},
+		{"ResultFields", TestResultFields},
+		{"TimeoutKeepsShell", TestTimeoutKeepsShell},
+		{"ExitRestartsShell", TestExitRestartsShell},
+		{"Isolation", TestIsolation},
+		{"ForkBombStoppedByPidsLimit", TestForkBombStoppedByPidsLimit},
+		{"MemoryHogStoppedByMemoryLimit", TestMemoryHogStoppedByMemoryLimit},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, tt.fn)
+	}
+}
+
+// testUserNSMapsRoot: uid and gid 0 inside are the first host id of the
+// range, a file made inside is owned by it on the host, and the network
+// namespace is the host's to administer but still serves low ports to root
+// inside.
+func testUserNSMapsRoot(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	want := fmt.Sprintf("0 %d %d", userNS.HostID, userNS.Size)
+	tests := []struct{ name, cmd, want string }{
+		{"uid_map", "cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'", want + "\n"},
+		{"gid_map", "cat /proc/1/gid_map | tr -s ' ' | sed 's/^ //'", want + "\n"},
+		{"root inside", "id -u; id -g", "0\n0\n"},
+		{"the init binary belongs to root inside", "ls -ln /.arbor/init | awk '{print $3}'", "0\n"},
+		{"no capability over the network namespace", "ip link set lo down 2>/dev/null && echo changed || echo refused", "refused\n"},
+		{"low port still bindable", "nc -l -p 80 -e true & sleep 0.2; netstat -ltn | grep -c ':80 '; kill %1", "1\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := run(t, sb, tt.cmd, 10*time.Second)
+			if string(r.Stdout) != tt.want {
+				t.Errorf("got %q (stderr %q), want %q", r.Stdout, r.Stderr, tt.want)
+			}
+		})
+	}
+	run(t, sb, "mkdir -p /work/d && echo x > /work/d/f", 5*time.Second)
+	for _, p := range []string{"work/d", "work/d/f"} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(sb.Root(), p), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != userNS.HostID || st.Gid != userNS.HostID {
+			t.Errorf("/%s is owned by %d:%d on the host, want %d:%d", p, st.Uid, st.Gid, userNS.HostID, userNS.HostID)
+		}
+	}
+	for _, f := range []string{"uid_map", "gid_map"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", sb.InitPID(), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(strings.Fields(string(b)), " "); got != want {
+			t.Errorf("init's %s seen from the host: %q, want %q", f, got, want)
+		}
+	}
+}
+
+// TestUserNSRefusesUnshiftedRoot: user namespace mode on a root the range
+// does not own fails before anything starts.
+func TestUserNSRefusesUnshiftedRoot(t *testing.T) {
+	sandboxtest.RequireRoot(t)
+	root := sandboxtest.BusyboxRoot(t, "")
+	_, err := sandbox.Start(context.Background(), sandbox.Config{ID: fmt.Sprintf("unshifted-%d", os.Getpid()), Root: root,
+		InitBinary: sandboxtest.InitBinary(t), UserNS: sandbox.UserNSConfig{Enabled: true}})
+	if !errors.Is(err, sandbox.ErrUnshiftedRoot) {
+		t.Fatalf("got %v, want ErrUnshiftedRoot", err)
+	}
+}
