@@ -62,9 +62,15 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		}
 	}()
 	root := e.o.Snap.Path(vol)
-	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Logger: e.log},
+	// A state is restored in the mode it was made in, which its root's
+	// owner tells (docs/sandbox.md, "User namespace mode").
+	u, err := sandbox.UserNSOfRoot(root, e.o.Launcher.UserNS.Size)
+	if err != nil {
+		return r, err
+	}
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Logger: e.log, UserNS: u},
 		func(join func(int) error) (int, error) {
-			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
+			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled})
 		})
 	if err != nil {
 		return r, err

@@ -40,6 +40,7 @@ type serveOptions struct {
 	inspect     string
 	verifySkips bool
 	llmUpstream string
+	userNS      userNSFlags // userns.go
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -68,6 +69,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
 	f.BoolVar(&o.verifySkips, "verify-skips", false, "after every turn checkpointed none, fs or proc, restore it and compare with the live env (slow; for tests and benchmarks)")
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
+	o.userNS.add(f)
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -133,6 +135,9 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
 	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Progress: os.Stderr, Logger: log}
+	if l.UserNS, err = o.userNS.config(); err != nil {
+		return err
+	}
 	in, err := openInspector(o.inspect, log)
 	if err != nil {
 		return err

@@ -212,6 +212,9 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		if err := netns.Do(sp.netns, netns.AllowUnprivileged); err != nil {
 			return 0, err
 		}
+		if err := allowSearch(dir); err != nil {
+			return 0, err
+		}
 	}
 	n := &notify{join: r.Join}
 	opts := &rpc.CriuOpts{

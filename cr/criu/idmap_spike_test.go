@@ -35,7 +35,9 @@ func idmapMount(t *testing.T, src, dst string, u sandbox.UserNSConfig) {
 	}
 	defer ns.Close()
 	start := time.Now()
-	defer func() { t.Logf("idmapped mount of %s: %v (without making the user namespace)", filepath.Base(src), time.Since(start)) }()
+	defer func() {
+		t.Logf("idmapped mount of %s: %v (without making the user namespace)", filepath.Base(src), time.Since(start))
+	}()
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		t.Fatalf("open_tree: %v", err)

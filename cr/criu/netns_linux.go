@@ -38,3 +38,24 @@ func (c *Checkpointer) dumpInNetns(pid int) (*spare, error) {
 	defer ns.Close()
 	return c.startIn(ns)
 }
+
+// allowSearch lets every id search the image directory d. In a restore of
+// a tree with its own user namespace the root task, already in that
+// namespace, opens images relative to d, and host root's 0700 directory is
+// closed to it (it has no capabilities over files of unmapped owners). The
+// files are still only readable through d, whose parents the engine keeps
+// at 0700 (cr/imgcache), and hold nothing the restored tree does not get
+// anyway.
+func allowSearch(d *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return fmt.Errorf("stat image dir: %w", err)
+	}
+	if st.Mode&0o001 != 0 {
+		return nil
+	}
+	if err := unix.Fchmod(int(d.Fd()), st.Mode&0o7777|0o001); err != nil {
+		return fmt.Errorf("open image dir to the user namespace: %w", err)
+	}
+	return nil
+}
