@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/internal/criubin"
+	"github.com/arbor-env/arbor/sandbox"
 )
 
 // Status is the outcome of one check.
@@ -93,6 +94,7 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	mountinfo, _ := h.ReadFile("/proc/self/mountinfo")
 	checks = append(checks, CheckCgroupV2(h, string(mountinfo)), CheckCgroupControllers(h, string(mountinfo)))
 	checks = append(checks, CheckSoftDirty(h), CheckFreeSpace(h, o.StateDir, o.MinFreeBytes))
+	checks = append(checks, CheckUserNS(ctx, h, sandbox.DefaultUserNSHostID, sandbox.DefaultUserNSSize)) // userns.go
 	r := Report{OK: true, Checks: checks}
 	for _, c := range checks {
 		if c.Status == Fail {

@@ -1,5 +1,0 @@
-package criu_test
-
-import "github.com/arbor-env/arbor/sandbox/initd"
-
-var initdPrepareDev = initd.PrepareDev
