@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/zfs/zfstest"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -116,4 +117,20 @@ func TestUserNSWarmAndPromote(t *testing.T) {
 	if got := run(t, e, parent, "cat /f"); got != "drafted\n" {
 		t.Errorf("parent after promote: %q", got)
 	}
+}
+
+// TestUserNSBranchZFS runs the branch/rollback scenario in user namespace
+// mode on the zfs backend: shifted images need nothing of the backend but
+// chown (zfs-fuse here, see docs/zfs.md).
+func TestUserNSBranchZFS(t *testing.T) {
+	requireCR(t)
+	r := newRig(t, zfstest.NewRoot(t), t.TempDir(), 0)
+	u := sandbox.UserNSConfig{Enabled: true}.WithDefaults()
+	r.opts.Launcher.UserNS = u
+	env, _, err := r.e.NewEnv(context.Background(), "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkUserNS(t, r.e, env, u)
+	branchAndRollback(t, r)
 }

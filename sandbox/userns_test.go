@@ -104,3 +104,30 @@ func TestUserNSRefusesUnshiftedRoot(t *testing.T) {
 		t.Fatalf("got %v, want ErrUnshiftedRoot", err)
 	}
 }
+
+// BenchmarkStartUserNS compares Start on a busybox root with and without
+// user namespace mode (the root is made, and shifted, once).
+func BenchmarkStartUserNS(b *testing.B) {
+	sandboxtest.RequireRoot(b)
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("userns=%v", on), func(b *testing.B) {
+			root := sandboxtest.BusyboxRoot(b, "")
+			u := sandbox.UserNSConfig{Enabled: on}.WithDefaults()
+			if on {
+				sandboxtest.ShiftRoot(b, root, u.HostID, u.Size)
+			}
+			for i := 0; i < b.N; i++ {
+				sb, err := sandbox.Start(context.Background(), sandbox.Config{ID: fmt.Sprintf("bench-%d-%d", os.Getpid(), i), Root: root,
+					InitBinary: sandboxtest.InitBinary(b), UserNS: u})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := sb.Destroy(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
