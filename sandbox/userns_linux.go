@@ -29,10 +29,17 @@ func prepareUserNSRoot(root string, u UserNSConfig) error {
 	if !u.contains(st.Uid) || !u.contains(st.Gid) {
 		return fmt.Errorf("%w: root %s is owned by %d:%d, not by the range %s (use a shifted image)", ErrUnshiftedRoot, root, st.Uid, st.Gid, u)
 	}
+	// The host makes and chowns files below these: a symlink there (an
+	// imported image can hold anything) would point that at host files.
+	for _, d := range []string{"dev", ctl.Dir} {
+		if err := unix.Lstat(filepath.Join(root, d), &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return fmt.Errorf("%w: /%s of root %s is a symlink", ErrBadRoot, d, root)
+		}
+	}
 	if err := initd.PrepareDev(root); err != nil {
 		return err
 	}
-	paths := []string{filepath.Join(root, ctl.Dir), filepath.Join(root, ctl.InitPath)}
+	paths := []string{filepath.Join(root, ctl.Dir), filepath.Join(root, ctl.InitPath), filepath.Join(root, "dev")}
 	devs, err := os.ReadDir(filepath.Join(root, "dev"))
 	if err != nil {
 		return fmt.Errorf("read /dev: %w", err)

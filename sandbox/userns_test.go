@@ -93,15 +93,39 @@ func testUserNSMapsRoot(t *testing.T) {
 	}
 }
 
-// TestUserNSRefusesUnshiftedRoot: user namespace mode on a root the range
-// does not own fails before anything starts.
-func TestUserNSRefusesUnshiftedRoot(t *testing.T) {
+// TestUserNSRefusesBadRoots: user namespace mode on a root the range does
+// not own, or whose /dev is a symlink the host would write through, fails
+// before anything starts.
+func TestUserNSRefusesBadRoots(t *testing.T) {
 	sandboxtest.RequireRoot(t)
-	root := sandboxtest.BusyboxRoot(t, "")
-	_, err := sandbox.Start(context.Background(), sandbox.Config{ID: fmt.Sprintf("unshifted-%d", os.Getpid()), Root: root,
-		InitBinary: sandboxtest.InitBinary(t), UserNS: sandbox.UserNSConfig{Enabled: true}})
-	if !errors.Is(err, sandbox.ErrUnshiftedRoot) {
-		t.Fatalf("got %v, want ErrUnshiftedRoot", err)
+	u := sandbox.UserNSConfig{Enabled: true}.WithDefaults()
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, root string)
+		want    error
+	}{
+		{"unshifted", func(*testing.T, string) {}, sandbox.ErrUnshiftedRoot},
+		{"dev is a symlink", func(t *testing.T, root string) {
+			target := t.TempDir()
+			if err := os.RemoveAll(filepath.Join(root, "dev")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, filepath.Join(root, "dev")); err != nil {
+				t.Fatal(err)
+			}
+			sandboxtest.ShiftRoot(t, root, u.HostID, u.Size)
+		}, sandbox.ErrBadRoot},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := sandboxtest.BusyboxRoot(t, "")
+			tt.prepare(t, root)
+			_, err := sandbox.Start(context.Background(), sandbox.Config{ID: fmt.Sprintf("badroot-%d-%d", os.Getpid(), i), Root: root,
+				InitBinary: sandboxtest.InitBinary(t), UserNS: u})
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want %v", err, tt.want)
+			}
+		})
 	}
 }
 
