@@ -69,6 +69,9 @@ func newRig(tb testing.TB, snap cr.Snapshotter, dir string, warm int) *rig {
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, Logger: quiet()}
 	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
+	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
+		l.UserNS = sandbox.UserNSConfig{Enabled: true}
+	}
 	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, WarmCopies: warm, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {
