@@ -112,11 +112,11 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	cfg.UserNS = cfg.UserNS.WithDefaults() // user namespace mode: userns_linux.go
-	if cfg.UserNS.Enabled {
-		if err := prepareUserNSRoot(cfg.Root, cfg.UserNS); err != nil {
-			return nil, err
-		}
+	uns, err := prepareUserNS(cfg.Root, cfg.UserNS)
+	if err != nil {
+		return nil, err
 	}
+	defer uns.close()
 	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits)
 	if err != nil {
 		return nil, err
@@ -142,15 +142,6 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	}
 	defer readyR.Close()
 	var cmd *exec.Cmd
-	ns, err := userNSNetns(cfg.UserNS) // user namespace mode: userns_linux.go
-	if err != nil {
-		syncR.Close()
-		readyW.Close()
-		return nil, err
-	}
-	if ns != nil {
-		defer ns.Close()
-	}
 	// A fork elsewhere in the process can briefly hold the freshly
 	// written init binary open for writing (until that child execs), so
 	// exec fails with ETXTBSY: retry, as Go's own os/exec tests do.
@@ -166,12 +157,8 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 			// inside the pid namespace, or CRIU cannot dump it.
 			Setsid: true,
 		}
-		if cfg.UserNS.Enabled {
-			if err := applyUserNS(cmd.SysProcAttr, cfg.UserNS); err != nil {
-				return nil, err
-			}
-		}
-		err = startInit(cmd, ns)
+		uns.apply(cmd.SysProcAttr) // user namespace mode: userns_linux.go
+		err = uns.start(cmd)
 		if !errors.Is(err, syscall.ETXTBSY) || try == 50 {
 			break
 		}

@@ -65,32 +65,74 @@ func (u UserNSConfig) contains(id uint32) bool {
 	return id >= u.HostID && id-u.HostID < u.Size
 }
 
-// applyUserNS adds the user namespace and its id maps to the clone of
-// stage one. Stage one runs as host root, which is unmapped inside: so it
-// can still reach the root through host directories only root may enter
-// (a state dir of mode 0700). Its capabilities in the new namespace would
-// not survive the exec of a non-root (in the namespace) process, so they
-// are passed as ambient capabilities; it becomes the namespace's root after
-// pivot_root and clears them (initd.becomeNSRoot).
-func applyUserNS(a *syscall.SysProcAttr, u UserNSConfig) error {
-	// The network namespace is made beforehand (userNSNetns), owned by
-	// the host's user namespace: CRIU cannot put a restored tree with its
-	// own user namespace into a prepared network namespace it does not
-	// own, so restores and starts both use one the host owns.
+// userNSStart is what Start needs in user namespace mode: the network
+// namespace to start init in and the capabilities to hand over. A nil one
+// (the mode is off) changes nothing.
+type userNSStart struct {
+	u       UserNSConfig
+	netns   *os.File
+	ambient []uintptr
+}
+
+// prepareUserNS readies a start in user namespace mode (nil when the mode
+// is off): the root (prepareUserNSRoot), the network namespace
+// (userNSNetns) and the capabilities to hand over (apply).
+func prepareUserNS(root string, u UserNSConfig) (*userNSStart, error) {
+	if !u.Enabled {
+		return nil, nil
+	}
+	if err := prepareUserNSRoot(root, u); err != nil {
+		return nil, err
+	}
+	last, err := lastCap()
+	if err != nil {
+		return nil, err
+	}
+	s := &userNSStart{u: u}
+	for c := 0; c <= last; c++ {
+		s.ambient = append(s.ambient, uintptr(c))
+	}
+	if s.netns, err = userNSNetns(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *userNSStart) close() {
+	if s != nil {
+		s.netns.Close()
+	}
+}
+
+// apply adds the user namespace and its id maps to the clone of stage one.
+// Stage one runs as host root, which is unmapped inside: so it can still
+// reach the root through host directories only root may enter (a state dir
+// of mode 0700). Its capabilities in the new namespace would not survive
+// the exec of a non-root (in the namespace) process, so they are passed as
+// ambient capabilities; it becomes the namespace's root after pivot_root
+// and clears them (initd.becomeNSRoot). The network namespace is made
+// beforehand (userNSNetns), owned by the host's user namespace: CRIU
+// cannot put a restored tree with its own user namespace into a prepared
+// network namespace it does not own, so restores and starts both use one
+// the host owns.
+func (s *userNSStart) apply(a *syscall.SysProcAttr) {
+	if s == nil {
+		return
+	}
 	a.Cloneflags = a.Cloneflags&^syscall.CLONE_NEWNET | syscall.CLONE_NEWUSER
-	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.HostID), Size: int(u.Size)}}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(s.u.HostID), Size: int(s.u.Size)}}
 	a.UidMappings, a.GidMappings = m, m
 	// Root inside may change its groups, as in a container.
 	a.GidMappingsEnableSetgroups = true
-	last, err := lastCap()
-	if err != nil {
-		return err
+	a.AmbientCaps = s.ambient
+}
+
+// start starts stage one, inside the prepared network namespace.
+func (s *userNSStart) start(cmd *exec.Cmd) error {
+	if s == nil {
+		return cmd.Start()
 	}
-	a.AmbientCaps = make([]uintptr, 0, last+1)
-	for c := 0; c <= last; c++ {
-		a.AmbientCaps = append(a.AmbientCaps, uintptr(c))
-	}
-	return nil
+	return netns.Do(s.netns, cmd.Start)
 }
 
 func lastCap() (int, error) {
@@ -106,14 +148,11 @@ func lastCap() (int, error) {
 }
 
 // userNSNetns makes the network namespace a sandbox in user namespace mode
-// is started in (nil when the mode is off). The host's user namespace owns
-// it, as it owns the fresh namespaces restores get (cr/criu), so a started
-// sandbox and a restored one are alike: loopback up, no capability over
-// the namespace, low ports and ICMP echo open to every id.
-func userNSNetns(u UserNSConfig) (*os.File, error) {
-	if !u.Enabled {
-		return nil, nil
-	}
+// is started in. The host's user namespace owns it, as it owns the fresh
+// namespaces restores get (cr/criu), so a started sandbox and a restored
+// one are alike: loopback up, no capability over the namespace, low ports
+// and ICMP echo open to every id.
+func userNSNetns() (*os.File, error) {
 	ns, err := netns.NewLoopback()
 	if err != nil {
 		return nil, err
@@ -123,14 +162,6 @@ func userNSNetns(u UserNSConfig) (*os.File, error) {
 		return nil, err
 	}
 	return ns, nil
-}
-
-// startInit starts stage one, inside ns when it is set.
-func startInit(cmd *exec.Cmd, ns *os.File) error {
-	if ns == nil {
-		return cmd.Start()
-	}
-	return netns.Do(ns, cmd.Start)
 }
 
 // UserNSOfRoot tells the mode a root file system was made for from the
