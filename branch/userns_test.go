@@ -24,15 +24,17 @@ func newUserNSRig(t *testing.T, warm int) (*rig, sandbox.UserNSConfig) {
 }
 
 // checkUserNS fails unless env's sandbox runs in u's user namespace: the
-// maps seen inside and from the host, and the owner on the host of a file
-// made inside.
+// maps seen inside, root inside unable to write a host-wide sysctl, the
+// mode the sandbox reports and the owner on the host of a file made inside.
 func checkUserNS(t *testing.T, e *branch.Engine, env *branch.Env, u sandbox.UserNSConfig) {
 	t.Helper()
 	want := fmt.Sprintf("0 %d %d", u.HostID, u.Size)
-	out := run(t, e, env, "cat /proc/self/uid_map /proc/self/gid_map; id -u; touch /tmp/userns-probe")
+	// The sysctl write puts back the value that is there (and must fail).
+	out := run(t, e, env, "cat /proc/self/uid_map /proc/self/gid_map; id -u; touch /tmp/userns-probe; "+
+		"cat /proc/sys/kernel/core_pattern > /tmp/cp; cat /tmp/cp > /proc/sys/kernel/core_pattern 2>/dev/null && echo written || echo refused")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != want || strings.Join(strings.Fields(lines[1]), " ") != want || lines[2] != "0" {
-		t.Fatalf("env %s: maps and uid %q, want %q twice and uid 0", env.ID, out, want)
+	if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != want || strings.Join(strings.Fields(lines[1]), " ") != want || lines[2] != "0" || lines[3] != "refused" {
+		t.Fatalf("env %s: maps, uid and core_pattern write %q, want %q twice, uid 0, refused", env.ID, out, want)
 	}
 	sb := env.Sandbox()
 	if got := sb.UserNS(); got != u {

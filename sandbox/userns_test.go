@@ -50,9 +50,9 @@ func TestUserNSMode(t *testing.T) {
 }
 
 // testUserNSMapsRoot: uid and gid 0 inside are the first host id of the
-// range, a file made inside is owned by it on the host, and the network
+// range, a file made inside is owned by it on the host, the network
 // namespace is the host's to administer but still serves low ports to root
-// inside.
+// inside, and root inside has no power over host-wide kernel state.
 func testUserNSMapsRoot(t *testing.T) {
 	sb := start(t, sandbox.Limits{})
 	want := fmt.Sprintf("0 %d %d", userNS.HostID, userNS.Size)
@@ -63,6 +63,13 @@ func testUserNSMapsRoot(t *testing.T) {
 		{"the init binary belongs to root inside", "ls -ln /.arbor/init | awk '{print $3}'", "0\n"},
 		{"no capability over the network namespace", "ip link set lo down 2>/dev/null && echo changed || echo refused", "refused\n"},
 		{"low port still bindable", "nc -l -p 80 -e true & sleep 0.2; netstat -ltn | grep -c ':80 '; kill %1", "1\n"},
+		// Even with every capability of its namespace, root inside holds
+		// none over the host's: the value written back is the one there.
+		{"host sysctl not writable", "cat /proc/sys/kernel/core_pattern > /tmp/cp; cat /tmp/cp > /proc/sys/kernel/core_pattern 2>/dev/null && echo written || echo refused", "refused\n"},
+		{"sysfs not mountable", "mkdir -p /mnt; mount -t sysfs s /mnt 2>/dev/null && { umount /mnt; echo mounted; } || echo refused", "refused\n"},
+		{"cgroup2 not mountable", "mount -t cgroup2 c /mnt 2>/dev/null && { umount /mnt; echo mounted; } || echo refused", "refused\n"},
+		{"kernel log unreadable", "dmesg >/dev/null 2>&1 && echo read || echo refused", "refused\n"},
+		{"kernel addresses hidden", "head -1 /proc/kallsyms | cut -c1-16", "0000000000000000\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
