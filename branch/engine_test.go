@@ -75,6 +75,9 @@ func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim 
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, Logger: quiet()}
 	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), Limits: lim, AutoBuild: true, Logger: quiet()}
+	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
+		l.UserNS = sandbox.UserNSConfig{Enabled: true}
+	}
 	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, WarmCopies: warm, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {

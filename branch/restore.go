@@ -66,13 +66,19 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		return r, err
 	}
 	root := e.o.Snap.Path(vol)
+	// A state is restored in the mode it was made in, which its root's
+	// owner tells (docs/sandbox.md, "User namespace mode").
+	u, err := sandbox.UserNSOfRoot(root, e.o.Launcher.UserNS.Size)
+	if err != nil {
+		return r, err
+	}
 	expect, err := sandbox.ReadIsolationRecord(dir)
 	if err != nil {
 		return r, err
 	}
-	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log}, expect,
+	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log, UserNS: u}, expect,
 		func(join func(int) error) (int, error) {
-			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join})
+			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled})
 		})
 	if err != nil {
 		return r, err

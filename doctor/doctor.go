@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/internal/criubin"
+	"github.com/arbor-env/arbor/sandbox"
 )
 
 // Status is the outcome of one check.
@@ -95,8 +96,9 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	checks = append(checks, tracefs, CheckBPF(h, tracefs.Status == OK))
 	mountinfo, _ := h.ReadFile("/proc/self/mountinfo")
 	checks = append(checks, CheckCgroupV2(h, string(mountinfo)), CheckCgroupControllers(h, string(mountinfo)))
-	checks = append(checks, CheckIsolation(h, string(mountinfo)), CheckUserNS(h))
+	checks = append(checks, CheckIsolation(h, string(mountinfo)))
 	checks = append(checks, CheckSoftDirty(h), CheckFreeSpace(h, o.StateDir, o.MinFreeBytes))
+	checks = append(checks, CheckUserNS(ctx, h, sandbox.DefaultUserNSHostID, sandbox.DefaultUserNSSize)) // userns.go
 	r := Report{OK: true, Checks: checks}
 	for _, c := range checks {
 		if c.Status == Fail {

@@ -2,7 +2,6 @@ package doctor
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 )
 
@@ -33,19 +32,4 @@ func CheckIsolation(h Host, mountinfo string) Check {
 			"mount the v1 devices hierarchy at /sys/fs/cgroup/devices (pure cgroup v2 hosts: not supported yet)")
 	}
 	return ok(c, detail+", devices cgroup allow-list")
-}
-
-// CheckUserNS reports whether the kernel lets processes make user
-// namespaces (/proc/sys/user/max_user_namespaces > 0). Optional.
-func CheckUserNS(h Host) Check {
-	c := Check{Name: "user namespaces"}
-	b, err := h.ReadFile("/proc/sys/user/max_user_namespaces")
-	if err != nil {
-		return warn(c, "not supported (no /proc/sys/user/max_user_namespaces)", "a kernel built with CONFIG_USER_NS")
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || n <= 0 {
-		return warn(c, fmt.Sprintf("not supported (max_user_namespaces %q)", strings.TrimSpace(string(b))), "sysctl user.max_user_namespaces=10000")
-	}
-	return ok(c, fmt.Sprintf("supported (max %d)", n))
 }

@@ -170,6 +170,9 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 		}
 		return fmt.Errorf("remove image %s: %w", name, err)
 	}
+	if err := s.removeShifted(ctx, name); err != nil { // user namespace mode: shifted.go
+		return fmt.Errorf("remove image %s: shifted copies: %w", name, err)
+	}
 	return nil
 }
 

@@ -24,4 +24,13 @@ var (
 	// ErrImpostor: the sandbox's control socket is not served by its init
 	// (a process inside replaced it); the sandbox cannot be driven.
 	ErrImpostor = errors.New("sandbox control socket not served by its init")
+	// ErrUnshiftedRoot: user namespace mode was asked for on a root file
+	// system not owned by the mapped id range.
+	ErrUnshiftedRoot = errors.New("root file system not shifted to the user namespace range")
+	// ErrBadRoot: the root file system has a shape the server refuses to
+	// prepare (a symlink where it writes).
+	ErrBadRoot = errors.New("root file system refused")
+	// ErrUIDMap: a started or restored sandbox's init does not have the
+	// uid/gid maps its mode asks for; the sandbox is not handed out.
+	ErrUIDMap = errors.New("sandbox uid map does not match its mode")
 )

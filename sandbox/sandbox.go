@@ -76,6 +76,8 @@ type Config struct {
 	// LimitEvent; nil when the root has no quota.
 	Disk   DiskMeter
 	Logger *slog.Logger
+	// UserNS runs the sandbox in its own user namespace (userns.go).
+	UserNS UserNSConfig
 }
 
 // ExecOptions tune one command.

@@ -132,6 +132,12 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	if err := installInit(cfg.InitBinary, cfg.Root); err != nil {
 		return nil, err
 	}
+	cfg.UserNS = cfg.UserNS.WithDefaults() // user namespace mode: userns_linux.go
+	uns, err := prepareUserNS(cfg.Root, cfg.UserNS)
+	if err != nil {
+		return nil, err
+	}
+	defer uns.close()
 	cg, err := newCgroup("arbor/"+cfg.ID, cfg.Limits, hardened)
 	if err != nil {
 		return nil, err
@@ -183,7 +189,8 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 			// inside the pid namespace, or CRIU cannot dump it.
 			Setsid: true,
 		}
-		err = cmd.Start()
+		uns.apply(cmd.SysProcAttr) // user namespace mode: userns_linux.go
+		err = uns.start(cmd)
 		if !errors.Is(err, syscall.ETXTBSY) || try == 50 {
 			break
 		}
@@ -207,6 +214,9 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("release init: %w", err)
 	}
 	if err := waitReady(ctx, readyR); err != nil {
+		return nil, err
+	}
+	if err := checkUIDMap(s.pid, cfg.UserNS); err != nil { // userns_linux.go
 		return nil, err
 	}
 	s.seen = cg.counters()
@@ -775,6 +785,7 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
+	cfg.UserNS = cfg.UserNS.WithDefaults() // user namespace mode: userns_linux.go
 	if err := expect.CheckPolicy(cfg.Isolation); err != nil {
 		return nil, fmt.Errorf("restore: the dumped sandbox: %w", err)
 	}
@@ -807,6 +818,9 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		s.log.Debug("restored init exited", slog.Any("state", st), slog.Any("err", err))
 		close(s.exited)
 	}()
+	if err := checkUIDMap(pid, cfg.UserNS); err != nil { // userns_linux.go
+		return nil, fmt.Errorf("restored sandbox: %w", err)
+	}
 	s.seen = cg.counters()
 	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
 	if err != nil {

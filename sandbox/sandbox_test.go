@@ -30,9 +30,12 @@ func start(t *testing.T, lim sandbox.Limits) *sandbox.Sandbox {
 	} else {
 		root = sandboxtest.BusyboxRoot(t, "")
 	}
+	if userNS.Enabled {
+		sandboxtest.ShiftRoot(t, root, userNS.HostID, userNS.Size)
+	}
 	testCount++
 	id := fmt.Sprintf("test-%d-%d", os.Getpid(), testCount)
-	sb, err := sandbox.Start(context.Background(), sandbox.Config{ID: id, Root: root, InitBinary: sandboxtest.InitBinary(t), Limits: lim})
+	sb, err := sandbox.Start(context.Background(), sandbox.Config{ID: id, Root: root, InitBinary: sandboxtest.InitBinary(t), Limits: lim, UserNS: userNS})
 	if err != nil {
 		t.Fatalf("start sandbox: %v", err)
 	}

@@ -107,6 +107,9 @@ func New(o Options) (r *Rig, err error) {
 	}
 	r.Images = &image.Store{Snap: r.Snap, Logger: log}
 	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, Limits: o.Limits, AutoBuild: true, Logger: log}
+	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the tests in user namespace mode (docs/sandbox.md)
+		l.UserNS = sandbox.UserNSConfig{Enabled: true}
+	}
 	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.Snap, CRIU: c, Launcher: l, Inspector: r.Inspector, Logger: log}
 	if r.Engine, err = branch.Open(ctx, eo); err != nil {
 		return nil, err

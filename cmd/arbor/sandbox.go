@@ -28,6 +28,7 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 		lim       sandbox.Limits
 		memory    string
 		disk      string
+		userNS    userNSFlags
 	)
 	exec := &cobra.Command{
 		Use:   "exec --image NAME [--json] -- CMD [CMD...]",
@@ -53,6 +54,9 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 			l := &envpool.Launcher{
 				Snap: snap, Images: &image.Store{Snap: snap, Logger: slog.Default()},
 				Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: slog.Default(),
+			}
+			if l.UserNS, err = userNS.config(); err != nil {
+				return err
 			}
 			env, err := l.Launch(ctx, imageName)
 			if err != nil {
@@ -83,6 +87,7 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 	f := exec.Flags()
 	f.StringVar(&imageName, "image", "busybox", "image to start (built on first use if it has a recipe)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per command")
+	userNS.add(f)
 	f.DurationVar(&timeout, "timeout", 60*time.Second, "per-command timeout")
 	f.IntVar(&maxOut, "max-output", 0, "cap on each of stdout and stderr in bytes (default 256 KiB)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512M (default 1G)")

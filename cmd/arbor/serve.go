@@ -43,6 +43,7 @@ type serveOptions struct {
 	llmUpstream string
 	extraCaps   bool
 	disk        string
+	userNS      userNSFlags // userns.go
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -73,6 +74,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
+	o.userNS.add(f)
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -144,6 +146,9 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	// The engine takes the launcher's limits for restored sandboxes.
 	l := &envpool.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
+	if l.UserNS, err = o.userNS.config(); err != nil {
+		return err
+	}
 	in, err := openInspector(o.inspect, log)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/internal/criubin"
+	"github.com/arbor-env/arbor/internal/netns"
 )
 
 // Checkpointer runs CRIU.
@@ -81,6 +82,10 @@ type DumpRequest struct {
 	// FreezeCgroup, when set, is the cgroup CRIU freezes the tree with.
 	// A tree the caller already froze stays frozen after the dump.
 	FreezeCgroup string
+	// UserNS: the tree has its own user namespace (sandbox user namespace
+	// mode). Its network namespace, owned by the host's, is then not named
+	// external: CRIU runs inside it, so it is not in the images at all.
+	UserNS bool
 }
 
 // DumpStats are CRIU's own figures for one dump.
@@ -113,12 +118,17 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	if r.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(r.FreezeCgroup)
 	}
-	ino, err := netnsInode(r.PID)
-	if err != nil {
-		return DumpStats{}, err
+	var sp *spare
+	if r.UserNS {
+		sp, err = c.dumpInNetns(r.PID)
+	} else {
+		var ino uint64
+		if ino, err = netnsInode(r.PID); err != nil {
+			return DumpStats{}, err
+		}
+		opts.External = []string{fmt.Sprintf("net[%d]:%s", ino, netKey)}
+		sp, err = c.take(false)
 	}
-	opts.External = []string{fmt.Sprintf("net[%d]:%s", ino, netKey)}
-	sp, err := c.take(false)
 	if err != nil {
 		return DumpStats{}, err
 	}
@@ -149,6 +159,10 @@ type RestoreRequest struct {
 	// Join, when set, is called with the pid of the restored root task
 	// before it forks the rest of the tree (to place it in cgroups).
 	Join func(pid int) error
+	// UserNS: the images are of a tree in its own user namespace
+	// (DumpRequest.UserNS); the tree inherits CRIU's fresh network
+	// namespace, opened up for unprivileged ids as at the start.
+	UserNS bool
 }
 
 type notify struct {
@@ -194,6 +208,14 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		return 0, err
 	}
 	defer sp.close()
+	if r.UserNS {
+		if err := netns.Do(sp.netns, netns.AllowUnprivileged); err != nil {
+			return 0, err
+		}
+		if err := allowSearch(dir); err != nil {
+			return 0, err
+		}
+	}
 	n := &notify{join: r.Join}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),

@@ -3,11 +3,10 @@ package criu
 import (
 	"fmt"
 	"os"
-	"runtime"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/arbor-env/arbor/internal/loopback"
+	"github.com/arbor-env/arbor/internal/netns"
 )
 
 // netKey names the sandbox's network namespace as an external resource in
@@ -26,39 +25,37 @@ func netnsInode(pid int) (uint64, error) {
 }
 
 // newLoopbackNetns makes a network namespace whose loopback is up and
-// returns a descriptor of it. The calling thread enters the new namespace
-// only for a moment and is put back before it is unlocked. It must not
-// simply exit instead: restored sandboxes are children of whatever thread
-// forked CRIU, and their parent-death signal (SIGKILL) fires when that
-// thread ends.
-func newLoopbackNetns() (_ *os.File, err error) {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
+// returns a descriptor of it.
+func newLoopbackNetns() (*os.File, error) { return netns.NewLoopback() }
+
+// dumpInNetns starts a CRIU inside the network namespace of pid, for a
+// tree in its own user namespace (DumpRequest.UserNS).
+func (c *Checkpointer) dumpInNetns(pid int) (*spare, error) {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("open own net namespace: %w", err)
+		return nil, fmt.Errorf("open net namespace of %d: %w", pid, err)
 	}
-	defer orig.Close()
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("unshare net namespace: %w", err)
+	defer ns.Close()
+	return c.startIn(ns)
+}
+
+// allowSearch lets every id search the image directory d. In a restore of
+// a tree with its own user namespace the root task, already in that
+// namespace, opens images relative to d, and host root's 0700 directory is
+// closed to it (it has no capabilities over files of unmapped owners). The
+// files are still only readable through d, whose parents the engine keeps
+// at 0700 (cr/imgcache), and hold nothing the restored tree does not get
+// anyway.
+func allowSearch(d *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return fmt.Errorf("stat image dir: %w", err)
 	}
-	defer func() {
-		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
-			// Left in the wrong namespace, this thread must die with its
-			// locked goroutine rather than run other goroutines.
-			err = fmt.Errorf("return to own net namespace: %w", serr)
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	f, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return nil, err
+	if st.Mode&0o001 != 0 {
+		return nil
 	}
-	if err := loopback.Up(); err != nil {
-		f.Close()
-		return nil, err
+	if err := unix.Fchmod(int(d.Fd()), st.Mode&0o7777|0o001); err != nil {
+		return fmt.Errorf("open image dir to the user namespace: %w", err)
 	}
-	return f, nil
+	return nil
 }

@@ -7,6 +7,8 @@ import (
 
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/internal/netns"
 )
 
 // A spare is a CRIU process started ahead of time in swrk mode, waiting
@@ -60,10 +62,28 @@ func (c *Checkpointer) startSpare(restore bool) (*spare, error) {
 		}
 		defer unix.FcntlInt(ns.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
 	}
-	if err := s.g.Prepare(); err != nil {
+	prepare := s.g.Prepare
+	if restore {
+		// CRIU itself runs in the namespace: a tree in its own user
+		// namespace may not setns into it, and inherits it instead
+		// (RestoreRequest.UserNS).
+		prepare = func() error { return netns.Do(s.netns, s.g.Prepare) }
+	}
+	if err := prepare(); err != nil {
 		if s.netns != nil {
 			s.netns.Close()
 		}
+		return nil, fmt.Errorf("start criu: %w", err)
+	}
+	return s, nil
+}
+
+// startIn starts a CRIU for one dump inside network namespace ns (no spare:
+// the namespace is the sandbox's own).
+func (c *Checkpointer) startIn(ns *os.File) (*spare, error) {
+	s := &spare{g: gocriu.MakeCriu()}
+	s.g.SetCriuPath(c.path)
+	if err := netns.Do(ns, s.g.Prepare); err != nil {
 		return nil, fmt.Errorf("start criu: %w", err)
 	}
 	return s, nil

@@ -34,6 +34,9 @@ type Launcher struct {
 	// recipe (busybox, debian), writing progress to Progress.
 	AutoBuild bool
 	Progress  io.Writer
+	// UserNS starts sandboxes in user namespace mode, on copies of the
+	// images shifted to its range (image.Store.Shifted).
+	UserNS sandbox.UserNSConfig
 }
 
 // Env is a running sandbox plus the volume that is its root.
@@ -82,6 +85,12 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	if err != nil {
 		return nil, fmt.Errorf("launch %s: %w", imageName, err)
 	}
+	u := l.UserNS.WithDefaults()
+	if u.Enabled {
+		if img, err = l.Images.Shifted(ctx, imageName, u.HostID, u.Size); err != nil {
+			return nil, fmt.Errorf("launch %s: %w", imageName, err)
+		}
+	}
 	id := NewID()
 	vol := VolumePrefix + id
 	if err := l.Snap.Clone(ctx, img.Snapshot, vol); err != nil {
@@ -103,7 +112,7 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 		iso.Caps = o.Caps
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Config{
-		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Disk: disk, Logger: log,
+		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Disk: disk, Logger: log, UserNS: u,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox on %s: %w", imageName, err)

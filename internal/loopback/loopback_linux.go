@@ -20,6 +20,11 @@ func Up() error {
 	if err != nil {
 		return err
 	}
+	// A namespace made up ahead (sandboxes in user namespace mode, whose
+	// init may not change it) already has lo up.
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err == nil && ifr.Uint16()&unix.IFF_UP != 0 {
+		return nil
+	}
 	ifr.SetUint16(unix.IFF_UP | unix.IFF_RUNNING)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("bring up lo: %w", err)

@@ -91,6 +91,11 @@ func Setup(o SetupOptions) error {
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("chdir /: %w", err)
 	}
+	// User namespace mode (userns_linux.go): from here on root of the
+	// sandbox's own user namespace.
+	if err := becomeNSRoot(); err != nil {
+		return err
+	}
 	if err := unix.Sethostname([]byte(o.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}

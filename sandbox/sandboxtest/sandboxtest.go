@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/arbor-env/arbor/image"
 )
 
 var (
@@ -178,5 +180,15 @@ func InstallForger(t testing.TB, root string) {
 	}
 	if err := os.WriteFile(filepath.Join(root, "bin", "forger"), data, 0o755); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ShiftRoot gives root to the id range base..base+size-1, as
+// image.Store.Shifted does for images, so that a sandbox in user namespace
+// mode can run on it.
+func ShiftRoot(t testing.TB, root string, base, size uint32) {
+	t.Helper()
+	if err := image.Shift(root, base, size); err != nil {
+		t.Fatalf("shift root: %v", err)
 	}
 }
