@@ -33,11 +33,11 @@ func NewHost() Host { return linuxHost{} }
 
 type linuxHost struct{}
 
-func (linuxHost) Euid() int                              { return os.Geteuid() }
-func (linuxHost) ReadFile(name string) ([]byte, error)   { return os.ReadFile(name) }
-func (linuxHost) Stat(name string) (fs.FileInfo, error)  { return os.Stat(name) }
-func (linuxHost) LookPath(file string) (string, error)   { return exec.LookPath(file) }
-func (linuxHost) MountTracefs() error                    { return mountTracefs() }
+func (linuxHost) Euid() int                             { return os.Geteuid() }
+func (linuxHost) ReadFile(name string) ([]byte, error)  { return os.ReadFile(name) }
+func (linuxHost) Stat(name string) (fs.FileInfo, error) { return os.Stat(name) }
+func (linuxHost) LookPath(file string) (string, error)  { return exec.LookPath(file) }
+func (linuxHost) MountTracefs() error                   { return mountTracefs() }
 
 func (linuxHost) SeccompFilter() (string, int, error) {
 	v, err := seccomp.LibraryVersion()

@@ -112,12 +112,16 @@ func TestIdmappedRootRestores(t *testing.T) {
 	probe(sb, "x")
 	rawOwner("src", "x")
 	imgs := t.TempDir()
+	var rec sandbox.IsolationRecord
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {
 			return err
 		}
 		defer sb.Thaw()
 		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
+			return err
+		}
+		if rec, err = sb.Isolation(); err != nil {
 			return err
 		}
 		_, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup(), UserNS: true})
@@ -131,7 +135,7 @@ func TestIdmappedRootRestores(t *testing.T) {
 	}
 	cm := filepath.Join(t.TempDir(), "mnt-child")
 	idmapMount(t, snap.Path("child"), cm, u)
-	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "idchild", Root: cm, UserNS: u}, func(join func(int) error) (int, error) {
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "idchild", Root: cm, UserNS: u}, rec, func(join func(int) error) (int, error) {
 		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: cm, Join: join, UserNS: true})
 	})
 	if err != nil {

@@ -64,12 +64,16 @@ func TestUserNSDumpRestore(t *testing.T) {
 		t.Fatalf("%v %+v", err, r)
 	}
 	imgs := t.TempDir()
+	var rec sandbox.IsolationRecord
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {
 			return err
 		}
 		defer sb.Thaw()
 		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
+			return err
+		}
+		if rec, err = sb.Isolation(); err != nil {
 			return err
 		}
 		_, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup(), UserNS: true})
@@ -81,7 +85,7 @@ func TestUserNSDumpRestore(t *testing.T) {
 	if err := snap.Clone(ctx, "snap1", "child"); err != nil {
 		t.Fatal(err)
 	}
-	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "uchild", Root: snap.Path("child"), UserNS: u}, func(join func(int) error) (int, error) {
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "uchild", Root: snap.Path("child"), UserNS: u}, rec, func(join func(int) error) (int, error) {
 		return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path("child"), Join: join, UserNS: true})
 	})
 	if err != nil {
