@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/sandbox"
 )
 
 // latencies collects per-operation durations and reports percentiles as
@@ -160,4 +162,83 @@ func waitWarm(tb testing.TB, e *branch.Engine, n int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	tb.Fatalf("warm copies did not reach %d", n)
+}
+
+// BenchmarkIsolation measures what the hardening and user namespace mode
+// cost, side by side in one run: the step round trip, checkpoints by kind,
+// a restore and branch(8), for sandboxes started unhardened, hardened (the
+// default) and hardened in user namespace mode (docs/security.md).
+func BenchmarkIsolation(b *testing.B) {
+	modes := []struct {
+		name   string
+		adjust func(*envpool.Launcher)
+	}{
+		{"unhardened", func(l *envpool.Launcher) { l.Isolation.Unhardened = true; l.UserNS = sandbox.UserNSConfig{} }},
+		{"hardened", func(l *envpool.Launcher) { l.UserNS = sandbox.UserNSConfig{} }},
+		{"hardened-userns", func(l *envpool.Launcher) { l.UserNS = sandbox.UserNSConfig{Enabled: true} }},
+	}
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			dir := b.TempDir()
+			r := newRigLauncher(b, newBtrfs(b, dir), dir, 0, m.adjust)
+			env, _ := benchEnv(b, r)
+			ctx := context.Background()
+			if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
+				b.Fatal(err)
+			}
+			b.Run("step", func(b *testing.B) {
+				var lat latencies
+				for i := 0; i < b.N; i++ {
+					t := time.Now()
+					run(b, r.e, env, "true")
+					lat = append(lat, time.Since(t))
+				}
+				lat.report(b, "")
+			})
+			for _, kind := range []branch.Kind{branch.FS, branch.Proc, branch.Full} {
+				b.Run("checkpoint-"+string(kind), func(b *testing.B) {
+					var lat latencies
+					for i := 0; i < b.N; i++ {
+						run(b, r.e, env, fmt.Sprintf("echo %d > /work/turn", i))
+						t := time.Now()
+						if _, err := r.e.Checkpoint(ctx, env, kind); err != nil {
+							b.Fatal(err)
+						}
+						lat = append(lat, time.Since(t))
+					}
+					lat.report(b, "")
+				})
+			}
+			sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range []int{1, 8} {
+				name := "restore"
+				if n > 1 {
+					name = fmt.Sprintf("branch%d", n)
+				}
+				b.Run(name, func(b *testing.B) {
+					var lat latencies
+					for i := 0; i < b.N; i++ {
+						t := time.Now()
+						res, err := r.e.Branch(ctx, branch.Source{State: sid}, n)
+						if err != nil {
+							b.Fatal(err)
+						}
+						lat = append(lat, time.Since(t))
+						b.StopTimer()
+						for j, c := range res.Children {
+							if res.Errors[j] != nil {
+								b.Fatalf("child %d: %v", j, res.Errors[j])
+							}
+							r.e.CloseEnv(ctx, c)
+						}
+						b.StartTimer()
+					}
+					lat.report(b, "")
+				})
+			}
+		})
+	}
 }

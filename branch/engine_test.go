@@ -72,12 +72,20 @@ func newRig(tb testing.TB, snap cr.Snapshotter, dir string, warm int) *rig {
 // newRigLimits is newRig with the sandboxes' limits.
 func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim sandbox.Limits) *rig {
 	tb.Helper()
+	return newRigLauncher(tb, snap, dir, warm, func(l *envpool.Launcher) { l.Limits = lim })
+}
+
+// newRigLauncher is newRig with adjust applied to the launcher (limits,
+// isolation, user namespace mode).
+func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, adjust func(*envpool.Launcher)) *rig {
+	tb.Helper()
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), Limits: lim, AutoBuild: true, Logger: quiet()}
+	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
 	}
+	adjust(l)
 	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, WarmCopies: warm, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {
