@@ -618,7 +618,7 @@ const diskSlack = 1 << 20
 
 // checkDisk reports a "disk" event when the root has reached its quota
 // since the previous check. It runs after each command only (one meter read,
-// about 50 µs on btrfs): a background writer that fills the root between
+// about 20 µs on btrfs): a background writer that fills the root between
 // commands is reported after the next one.
 func (s *Sandbox) checkDisk(ctx context.Context) []LimitEvent {
 	if s.cfg.Disk == nil {

@@ -139,10 +139,20 @@ func SetDiskQuota(ctx context.Context, snap cr.Snapshotter, vol string, lim sand
 	if err := q.SetQuota(ctx, vol, bytes); err != nil {
 		return nil, fmt.Errorf("disk quota: %w", err)
 	}
-	return func(ctx context.Context) (int64, error) {
+	meter := func(ctx context.Context) (int64, error) {
 		u, err := q.Quota(ctx, vol)
 		return u.Free, err
-	}, nil
+	}
+	// Read it back, as every restore checks what it hands out: a root
+	// with more room than its quota is not capped.
+	free, err := meter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("disk quota of %s: %w", vol, err)
+	}
+	if free > bytes {
+		return nil, fmt.Errorf("disk quota of %s: %d bytes free under a %d byte quota: %w", vol, free, bytes, ErrQuotaNotSet)
+	}
+	return meter, nil
 }
 
 // Close destroys the sandbox and its volume.
