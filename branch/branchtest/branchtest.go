@@ -42,6 +42,8 @@ type Options struct {
 	PoolSize int64
 	// Limits of every sandbox, started or restored.
 	Limits sandbox.Limits
+	// Isolation of every sandbox (the zero value: hardened).
+	Isolation sandbox.Isolation
 }
 
 // Rig is an engine and what it stands on.
@@ -106,7 +108,7 @@ func New(o Options) (r *Rig, err error) {
 		r.undo = append(r.undo, func() { r.Inspector.Close() })
 	}
 	r.Images = &image.Store{Snap: r.Snap, Logger: log}
-	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, Limits: o.Limits, AutoBuild: true, Logger: log}
+	l := &launch.Launcher{Snap: r.Snap, Images: r.Images, InitBinary: init, Limits: o.Limits, Isolation: o.Isolation, AutoBuild: true, Logger: log}
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the tests in user namespace mode (docs/sandbox.md)
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
 	}

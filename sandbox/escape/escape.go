@@ -83,6 +83,7 @@ var Routes = []Route{
 	{"init-exe", "open /proc/1/exe and /.arbor/init for writing", "init's executable is busy and /proc/1 is not accessible", false, ""},
 	{"chroot-breakout", "chroot into a subdirectory, climb out with .. and chroot(.) (the classic breakout)", "pivot_root into a private mount namespace: the top is the sandbox root", false, ""},
 	{"host-paths", "look for Arbor's state directory and another sandbox's files", "private mount namespace rooted at the sandbox's clone", false, ""},
+	{"btrfs-subvolume", "create a btrfs subvolume or snapshot inside the root (the disk quota would not cover it)", "seccomp denies the btrfs subvolume and snapshot ioctls", true, ""},
 	{"network", "list network interfaces", "own network namespace with loopback only", false, ""},
 }
 

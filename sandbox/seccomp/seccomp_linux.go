@@ -75,10 +75,21 @@ func LibraryVersion() (string, error) {
 	return fmt.Sprintf("%d.%d.%d", maj, min, mic), nil
 }
 
-// tty ioctls nobody in a sandbox may issue: TIOCSTI pushes bytes into a
+// ioctls nobody in a sandbox may issue. TIOCSTI pushes bytes into a
 // terminal's input queue (typing into the persistent shell), TIOCLINUX
-// has a selection-paste subcommand that does the same on a console.
-var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+// has a selection-paste subcommand that does the same on a console. The
+// btrfs subvolume and snapshot creation ioctls need no capability, and a
+// subvolume made inside a sandbox root would escape its disk quota
+// (docs/sandbox.md, Disk quota); their numbers are from linux/btrfs.h.
+var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX,
+	btrfsIocSnapCreate, btrfsIocSubvolCreate, btrfsIocSnapCreateV2, btrfsIocSubvolCreateV2}
+
+const (
+	btrfsIocSnapCreate     = 0x50009401
+	btrfsIocSubvolCreate   = 0x5000940e
+	btrfsIocSnapCreateV2   = 0x50009417
+	btrfsIocSubvolCreateV2 = 0x50009418
+)
 
 func compile(caps []string) (*Program, error) {
 	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}}

@@ -17,6 +17,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -73,6 +75,7 @@ var attempts = map[string]attempt{
 	"chroot-breakout": chrootBreakout,
 	"host-paths":      hostPaths,
 	"network":         network,
+	"btrfs-subvolume": btrfsSubvolume,
 }
 
 func main() {
@@ -414,7 +417,7 @@ func kernelModule() (escape.Verdict, string) {
 
 func swapon() (escape.Verdict, string) {
 	p, _ := unix.BytePtrFromString("/nonexistent-escape-swap")
-	_, _, e := unix.Syscall(unix.SYS_SWAPON, uintptr(unsafePointer(p)), 0, 0)
+	_, _, e := unix.Syscall(unix.SYS_SWAPON, uintptr(unsafe.Pointer(p)), 0, 0)
 	if e == unix.EPERM || e == unix.ENOSYS {
 		return escape.Blocked, "swapon: " + e.Error()
 	}
@@ -556,4 +559,73 @@ func network() (escape.Verdict, string) {
 		}
 	}
 	return escape.Blocked, "interfaces: " + strings.Join(ifs, ", ")
+}
+
+// btrfs ioctls that make a subvolume (which a sandbox's disk quota does not
+// cover) and the one that removes one; from linux/btrfs.h.
+const (
+	btrfsSnapCreate     = 0x50009401
+	btrfsSubvolCreate   = 0x5000940e
+	btrfsSnapCreateV2   = 0x50009417
+	btrfsSubvolCreateV2 = 0x50009418
+	btrfsSnapDestroy    = 0x5000940f
+)
+
+// btrfsVolArgs is struct btrfs_ioctl_vol_args; the v2 struct has the same
+// size (4096 bytes) with the name at offset 40 instead of 8, and an fd at 0
+// in both.
+type btrfsVolArgs [4096]byte
+
+func volArgs(v2 bool, fd int, name string) *btrfsVolArgs {
+	var a btrfsVolArgs
+	binary.LittleEndian.PutUint64(a[0:8], uint64(fd))
+	off := 8
+	if v2 {
+		off = 40
+	}
+	copy(a[off:], name)
+	return &a
+}
+
+func btrfsSubvolume() (escape.Verdict, string) {
+	dir := "/tmp/escape-subvol"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return escape.Blocked, "mkdir: " + err.Error()
+	}
+	defer os.Remove(dir)
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return escape.Blocked, "open dir: " + err.Error()
+	}
+	defer unix.Close(dfd)
+	rootfd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return escape.Blocked, "open /: " + err.Error()
+	}
+	defer unix.Close(rootfd)
+	var seen []string
+	for _, c := range []struct {
+		name string
+		req  uintptr
+		v2   bool
+		fd   int
+	}{
+		{"SUBVOL_CREATE", btrfsSubvolCreate, false, 0},
+		{"SUBVOL_CREATE_V2", btrfsSubvolCreateV2, true, 0},
+		{"SNAP_CREATE", btrfsSnapCreate, false, rootfd},
+		{"SNAP_CREATE_V2", btrfsSnapCreateV2, true, rootfd},
+	} {
+		name := "sv-" + strings.ToLower(c.name)
+		a := volArgs(c.v2, c.fd, name)
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dfd), c.req, uintptr(unsafe.Pointer(a)))
+		if e == 0 {
+			// Undo: an empty subvolume can be removed like a directory.
+			if err := unix.Rmdir(filepath.Join(dir, name)); err != nil {
+				unix.Syscall(unix.SYS_IOCTL, uintptr(dfd), btrfsSnapDestroy, uintptr(unsafe.Pointer(volArgs(false, 0, name))))
+			}
+			return escape.Open, "made a subvolume with " + c.name
+		}
+		seen = append(seen, c.name+": "+e.Error())
+	}
+	return escape.Blocked, strings.Join(seen, "; ")
 }
