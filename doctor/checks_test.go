@@ -186,12 +186,12 @@ func TestRun(t *testing.T) {
 		{name: "v1 without memory", modify: func(h *fakeHost) {
 			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "rw,memory", "rw,blkio", 1)
 		}, check: "cgroup controllers", want: Fail, detail: "memory"},
-		{name: "hardened", modify: func(*fakeHost) {}, check: "isolation", want: OK, wantOK: true, detail: "libseccomp 2.5.4, Docker's profile: 1400 BPF instructions), masked /proc paths, devices cgroup"},
+		{name: "hardened", modify: func(*fakeHost) {}, check: "isolation", want: OK, wantOK: true, detail: "libseccomp 2.5.4, Docker's profile: 1400 BPF instructions), masked /proc paths, device allow-list (eBPF on the v2 cgroup and the v1 devices cgroup)"},
 		{name: "no libseccomp", modify: func(h *fakeHost) { h.scmpErr = errors.New("built without cgo") }, check: "isolation", want: Fail, detail: "without cgo"},
 		{name: "kernel without seccomp filters", modify: func(h *fakeHost) { delete(h.files, "/proc/sys/kernel/seccomp/actions_avail") }, check: "isolation", want: Fail, detail: "CONFIG_SECCOMP_FILTER"},
-		{name: "no devices cgroup warns", modify: func(h *fakeHost) {
+		{name: "no v1 devices cgroup", modify: func(h *fakeHost) {
 			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "rw,devices", "rw,blkio", 1)
-		}, check: "isolation", want: Warn, wantOK: true, detail: "not enforced"},
+		}, check: "isolation", want: OK, wantOK: true, detail: "device allow-list (eBPF on the v2 cgroup)"},
 		{name: "user namespaces", modify: func(*fakeHost) {}, check: "user namespaces", want: OK, wantOK: true, detail: "supported (max 96365)"},
 		{name: "user namespaces off", modify: func(h *fakeHost) { h.files["/proc/sys/user/max_user_namespaces"] = "0\n" }, check: "user namespaces", want: Warn, wantOK: true, detail: "not supported"},
 		{name: "low space warns", modify: func(h *fakeHost) { h.free = 1 << 30 }, check: "free space", want: Warn, wantOK: true, detail: "1.0 GiB free on /var/lib"},

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,7 +33,7 @@ type cgroup struct {
 var v1Controllers = []string{"memory", "pids", "cpu", "devices"}
 
 // allowedDevices is the devices cgroup allow-list of a hardened sandbox,
-// in devices.allow syntax: the nodes makeDev creates (null, zero, full,
+// in devices.allow syntax (allowedDeviceRules is the same for eBPF): the nodes makeDev creates (null, zero, full,
 // random, urandom, tty), ptmx and the sandbox's own pts. Everything else
 // is denied, so a node made with CAP_MKNOD for a host disk cannot be
 // opened (what Docker does with the same cgroup).
@@ -66,6 +67,17 @@ func newCgroup(name string, l Limits, devices bool) (cg *cgroup, err error) {
 	}
 	if err := os.MkdirAll(cg.v2, 0o755); err != nil {
 		return nil, fmt.Errorf("create cgroup %s: %w", cg.v2, err)
+	}
+	if devices {
+		// The eBPF allow-list works on every host with a v2 tree (the v1
+		// devices controller, below, only on hybrid ones); on a hybrid
+		// host either one refusing is enough.
+		if err := attachDeviceFilter(cg.v2); err != nil {
+			if _, serr := os.Stat(filepath.Join(cgroupRoot, "devices")); pure || serr != nil {
+				return nil, err
+			}
+			slog.Debug("device filter not attached; the v1 devices cgroup enforces the allow-list", slog.Any("err", err))
+		}
 	}
 	if pure {
 		sets := map[string]string{"memory.max": strconv.FormatInt(l.MemoryBytes, 10), "memory.swap.max": "0", "pids.max": strconv.FormatInt(l.Pids, 10),
