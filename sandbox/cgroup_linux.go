@@ -93,6 +93,9 @@ func newCgroup(name string, l Limits, devices bool) (cg *cgroup, err error) {
 		if c == "devices" && !devices {
 			continue
 		}
+		if _, err := os.Stat(filepath.Join(cgroupRoot, c, "cgroup.procs")); c == "devices" && err != nil {
+			continue // not mounted: the eBPF filter alone enforces the list
+		}
 		dir := filepath.Join(cgroupRoot, c, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup %s: %w", dir, err)
