@@ -243,7 +243,7 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 func seccompFile(caps CapSet, log *slog.Logger) (*os.File, error) {
 	p, err := seccomp.Compile(caps.Names(), log)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrIsolation, err)
+		return nil, fmt.Errorf("%w: %w", ErrIsolation, err)
 	}
 	fd, err := unix.MemfdCreate("arbor-seccomp", unix.MFD_CLOEXEC)
 	if err != nil {
