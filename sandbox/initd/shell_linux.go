@@ -57,13 +57,13 @@ type shell struct {
 	master int // pty master; -1 after hang-up until restart
 	ptsN   int
 
-	outR, outW int // command stdout
-	errR, errW int // command stderr
-	stR        int // init's end of the status socket; -1 when closed
-	cmdW       int // init's end of the command socket
-	cmdPeer    int // init's copy of the shell's end, to drop leftovers
+	outR, outW int    // command stdout
+	errR, errW int    // command stderr
+	stR        int    // init's end of the status socket; -1 when closed
+	cmdW       int    // init's end of the command socket
+	cmdPeer    int    // init's copy of the shell's end, to drop leftovers
 	pending    []byte // command text not yet written to cmdW
-	wakeR      int // written on SIGCHLD and on new jobs
+	wakeR      int    // written on SIGCHLD and on new jobs
 	wakeW      int
 
 	seq    uint64
