@@ -40,6 +40,9 @@ type job struct {
 // command's stdout and stderr come back and the socket through which its
 // status does. Only the pump goroutine touches it.
 //
+// Commands run with the two sockets closed, so nothing they start holds
+// them; the shell's own saved copies can still be dup'ed by code the agent
+// runs in the shell, which is why the checks below exist.
 // Status records travel on a unix stream socket with SO_PASSCRED rather
 // than on a pipe: a socket cannot be reopened through /proc/1/fd, and the
 // kernel tells init which process wrote each chunk, so init keeps only
@@ -551,7 +554,9 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	// keeps an error in the text (a syntax error, ${x?}) from abandoning
 	// the rest of the line, the status printf; the backslashes keep
 	// aliases out. The text never passes the terminal.
-	seq := s.type_(fmt.Sprintf(`IFS= \command read -r -d '' __arbor_cmd <&%d; { \command eval "$__arbor_cmd"; } </dev/null >&%d 2>&%d`, cmdFD, outFD, errFD))
+	// The command itself runs without the two sockets, so what it
+	// starts does not inherit them.
+	seq := s.type_(fmt.Sprintf(`IFS= \command read -r -d '' __arbor_cmd <&%d; { \command eval "$__arbor_cmd"; } </dev/null >&%d 2>&%d %d<&- %d>&-`, cmdFD, outFD, errFD, cmdFD, statusFD))
 	s.sendCommand(req.Cmd)
 	resp := ctl.Response{}
 	deadline := start.Add(timeout)
