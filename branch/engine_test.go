@@ -229,8 +229,11 @@ func branchAndRollback(t *testing.T, r *rig) {
 	// Branching from an env with changes checkpoints it first.
 	run(t, e, parent, "echo later > /work/later")
 	res2, err := e.Branch(ctx, branch.Source{Env: parent}, 1)
-	if err != nil || res2.Errors[0] != nil {
-		t.Fatalf("branch of a live env: %v %v", err, res2.Errors)
+	if err != nil {
+		t.Fatalf("branch of a live env: %v", err)
+	}
+	if res2.Errors[0] != nil {
+		t.Fatalf("branch of a live env: %v", res2.Errors[0])
 	}
 	if res2.State == sid {
 		t.Errorf("branch of a changed env reused the old state")

@@ -192,8 +192,6 @@ func TestRun(t *testing.T) {
 		{name: "no v1 devices cgroup", modify: func(h *fakeHost) {
 			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "rw,devices", "rw,blkio", 1)
 		}, check: "isolation", want: OK, wantOK: true, detail: "device allow-list (eBPF on the v2 cgroup)"},
-		{name: "user namespaces", modify: func(*fakeHost) {}, check: "user namespaces", want: OK, wantOK: true, detail: "supported (max 96365)"},
-		{name: "user namespaces off", modify: func(h *fakeHost) { h.files["/proc/sys/user/max_user_namespaces"] = "0\n" }, check: "user namespaces", want: Warn, wantOK: true, detail: "not supported"},
 		{name: "low space warns", modify: func(h *fakeHost) { h.free = 1 << 30 }, check: "free space", want: Warn, wantOK: true, detail: "1.0 GiB free on /var/lib"},
 	}
 	for _, tt := range tests {

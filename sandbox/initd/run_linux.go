@@ -127,7 +127,19 @@ func ignoreSignals() {
 	}()
 }
 
-func setNonDumpable() { unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }
+// setNonDumpable makes init non-dumpable (see run), except in user
+// namespace mode: a restored init there has the host's user
+// namespace as its memory's owner (CRIU forks it, nothing execs), and
+// CRIU, which checks namespace ownership from inside the sandbox's user
+// namespace, can then not open a non-dumpable init's namespaces, so the
+// sandbox could be checkpointed once after each restore and never again.
+// docs/security.md says what that leaves open in that mode.
+func setNonDumpable() {
+	if own, err := inOwnUserNS(); err != nil || own {
+		return
+	}
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+}
 
 // checkPeer refuses a control connection from inside the sandbox. The
 // server is outside init's pid namespace, so its pid reads 0 here; every

@@ -18,11 +18,11 @@ func PrepareDev(root string) error { return makeDev(root, true) }
 // stage two and the shell run as uid 0 inside and as the mapped host id
 // outside. Outside user namespace mode it does nothing.
 func becomeNSRoot() error {
-	b, err := os.ReadFile("/proc/self/uid_map")
+	own, err := inOwnUserNS()
 	if err != nil {
-		return fmt.Errorf("read uid_map: %w", err)
+		return err
 	}
-	if f := strings.Fields(string(b)); len(f) == 3 && f[0] == "0" && f[1] == "0" {
+	if !own {
 		return nil // the initial user namespace (or an identity map)
 	}
 	// syscall's set*id calls change every thread of the process, which
@@ -53,4 +53,15 @@ func becomeNSRoot() error {
 		return fmt.Errorf("clear inheritable capabilities: %w", err)
 	}
 	return nil
+}
+
+// inOwnUserNS reports whether this process runs in a user namespace of its
+// own (user namespace mode) rather than the host's.
+func inOwnUserNS() (bool, error) {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return false, fmt.Errorf("read uid_map: %w", err)
+	}
+	f := strings.Fields(string(b))
+	return !(len(f) == 3 && f[0] == "0" && f[1] == "0"), nil
 }
