@@ -26,8 +26,11 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	procs := envpool.Task{Name: "procs", Image: "busybox", Verifier: agentProcs}
+	// The verifier gets the episode's seed and starts where setup ended.
+	seeded := envpool.Task{Name: "seeded", Image: "busybox", Setup: []string{"mkdir -p /work/s && cd /work/s"},
+		Verifier: `[ "$(pwd)" = /work/s ] && [ -z "$AGENT" ] && echo "0.$ARBOR_SEED"`}
 	keeps := envpool.Task{Name: "keeps", Image: "busybox", Verifier: agentProcs, VerifierKeepsProcesses: true}
-	p, err := envpool.NewPool(ctx, e, []envpool.Task{hello, procs, keeps}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{hello, procs, keeps, seeded}, envpool.PoolOptions{Warm: -1, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +41,8 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := r.Env
-	plant(t, e, env)
+	// Every capability: they are killed on the fork before the verifier.
+	plant(t, e, env, false)
 	// Everything the verifier's commands could be made to mean in the
 	// agent's shell.
 	run(t, e, env, `test() { return 0; }; cat() { echo "$GREETING"; }; alias test=true; alias cat='echo "$GREETING"'; printf() { :; }; cd /; export GREETING=x`)
@@ -66,6 +70,15 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		t.Errorf("solved hello: reward %v (%+v), %v; want 1", ev.Reward, ev.Details, err)
 	}
 
+	rs, err := p.Reset(ctx, envpool.ResetRequest{Task: "seeded", Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, rs.Env, `cd /; export AGENT=1`)
+	if ev, err := p.Evaluate(ctx, rs.Env, rs.Task); err != nil || ev.Reward != 0.7 {
+		t.Errorf("seeded task: reward %v (%+v), %v; want 0.7", ev.Reward, ev.Details, err)
+	}
+
 	// The agent's processes are gone when the verifier runs, unless the
 	// task keeps them.
 	for _, tt := range []struct {
@@ -76,7 +89,10 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		plant(t, e, r.Env)
+		// Docker's capabilities: with every capability, forgers that stay
+		// next to the verifier can wedge init's fork of it through
+		// /proc/1/fd (docs/sandbox.md, "Limits that remain").
+		plant(t, e, r.Env, true)
 		ev, err := p.Evaluate(ctx, r.Env, r.Task)
 		if err != nil || ev.Reward != tt.want {
 			t.Errorf("task %s: reward %v (%+v), %v; want %v", tt.task, ev.Reward, ev.Details, err, tt.want)
@@ -109,10 +125,16 @@ func TestRestoredPtyStaysExclusive(t *testing.T) {
 
 // plant starts the forgers (status records, signals to init, pty opens)
 // and a background job in env.
-func plant(t *testing.T, e *branch.Engine, env *branch.Env) {
+// With dockerCaps they hold only Docker's default capabilities, as in the
+// hardened sandbox; else every capability.
+func plant(t *testing.T, e *branch.Engine, env *branch.Env, dockerCaps bool) {
 	t.Helper()
 	sandboxtest.InstallForger(t, env.Sandbox().Root())
-	run(t, e, env, `for m in status signals pty; do forger $m </dev/null >/dev/null 2>&1 & done; sleep 1000 </dev/null >/dev/null 2>&1 &`)
+	flag := ""
+	if dockerCaps {
+		flag = "-docker-caps "
+	}
+	run(t, e, env, `for m in status signals pty; do forger `+flag+`$m </dev/null >/dev/null 2>&1 & done; sleep 1000 </dev/null >/dev/null 2>&1 &`)
 	// Wait until all four have exec'd.
 	run(t, e, env, `n=0; for i in $(seq 200); do n=$(ps -o args | grep -c -e '^forger' -e '^sleep 1000'); [ "$n" = 4 ] && break; sleep 0.05; done; [ "$n" = 4 ]`)
 }

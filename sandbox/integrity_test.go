@@ -295,4 +295,13 @@ func TestLargeCommand(t *testing.T) {
 	if r := run(t, sb, "echo next", 10*time.Second); string(r.Stdout) != "next\n" {
 		t.Errorf("after a large command: %q", r.Stdout)
 	}
+	// Without head on PATH the shell reads the text itself; trailing
+	// newlines survive either way.
+	text := strings.Repeat("a", 5000)
+	for _, path := range []string{"/nonexistent", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"} {
+		r := run(t, sb, "PATH="+path+"; v='"+text+"\n\n'; echo ${#v}\n\n", 20*time.Second)
+		if string(r.Stdout) != "5002\n" || r.ExitCode != 0 {
+			t.Errorf("PATH=%s: stdout=%q stderr=%.300q exit=%d; want 5002", path, r.Stdout, r.Stderr, r.ExitCode)
+		}
+	}
 }
