@@ -200,6 +200,15 @@ func pty() {
 			if err != nil {
 				continue
 			}
+			// A /proc/PID/fd/N that pointed at the terminal when it was
+			// read may point at a command's pipe or /dev/null by the time
+			// it is opened (the shell redirects its own 0-2 while a
+			// command runs): only a terminal counts.
+			var st unix.Stat_t
+			if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 136 {
+				unix.Close(fd)
+				continue
+			}
 			f, _ := os.OpenFile("/tmp/forger-pty-opened", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 			fmt.Fprintf(f, "opened %s\n", path)
 			f.Close()
