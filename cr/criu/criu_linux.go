@@ -43,7 +43,10 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	}
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(p)
+	// GetCriuVersion starts a CRIU of its own: one at a time (startMu).
+	startMu.Lock()
 	v, err := c.GetCriuVersion()
+	startMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("%w: criu %s: %v", cr.ErrUnavailable, p, err)
 	}

@@ -28,6 +28,33 @@ func (s *spare) close() {
 	}
 }
 
+// startMu serialises starting CRIU processes. go-criu's Prepare makes the
+// swrk socket pair without close-on-exec and sets it on the client end only
+// after the pair exists: a CRIU started at the same moment by another
+// goroutine inherits that end, and then closing ours never ends the first
+// CRIU (it waits for a request forever, and so does whoever waits for it to
+// exit). The window is short; a restore spare also makes its network
+// namespace inheritable for the duration of its start.
+var startMu sync.Mutex
+
+// prepare starts CRIU in swrk mode for g, in network namespace ns when ns
+// is not nil.
+func prepare(g *gocriu.Criu, ns *os.File) error {
+	startMu.Lock()
+	defer startMu.Unlock()
+	if ns == nil {
+		return g.Prepare()
+	}
+	// CRIU (our child) also holds the namespace through a descriptor
+	// without close-on-exec; it is set again right after the start so
+	// that later children do not.
+	if _, err := unix.FcntlInt(ns.Fd(), unix.F_SETFD, 0); err != nil {
+		return fmt.Errorf("share net namespace with criu: %w", err)
+	}
+	defer unix.FcntlInt(ns.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
+	return netns.Do(ns, g.Prepare)
+}
+
 // spares keeps one ready CRIU for dumps and one for restores, refilled in
 // the background after each use.
 type spares struct {
@@ -53,23 +80,11 @@ func (c *Checkpointer) startSpare(restore bool) (*spare, error) {
 			return nil, err
 		}
 		s.netns = ns
-		// CRIU (our child) inherits the namespace through a descriptor
-		// without close-on-exec; it is set again right after the start
-		// so that later children do not.
-		if _, err := unix.FcntlInt(ns.Fd(), unix.F_SETFD, 0); err != nil {
-			ns.Close()
-			return nil, fmt.Errorf("share net namespace with criu: %w", err)
-		}
-		defer unix.FcntlInt(ns.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
 	}
-	prepare := s.g.Prepare
-	if restore {
-		// CRIU itself runs in the namespace: a tree in its own user
-		// namespace may not setns into it, and inherits it instead
-		// (RestoreRequest.UserNS).
-		prepare = func() error { return netns.Do(s.netns, s.g.Prepare) }
-	}
-	if err := prepare(); err != nil {
+	// A restore's CRIU itself runs in the namespace: a tree in its own
+	// user namespace may not setns into it, and inherits it instead
+	// (RestoreRequest.UserNS).
+	if err := prepare(s.g, s.netns); err != nil {
 		if s.netns != nil {
 			s.netns.Close()
 		}
@@ -83,7 +98,7 @@ func (c *Checkpointer) startSpare(restore bool) (*spare, error) {
 func (c *Checkpointer) startIn(ns *os.File) (*spare, error) {
 	s := &spare{g: gocriu.MakeCriu()}
 	s.g.SetCriuPath(c.path)
-	if err := netns.Do(ns, s.g.Prepare); err != nil {
+	if err := netns.Do(ns, func() error { return prepare(s.g, nil) }); err != nil {
 		return nil, fmt.Errorf("start criu: %w", err)
 	}
 	return s, nil
@@ -108,6 +123,9 @@ func (c *Checkpointer) take(restore bool) (*spare, error) {
 	return c.startSpare(restore)
 }
 
+// refill starts a replacement spare in the background. No lock is held
+// while a CRIU starts or is waited for: a CRIU that does not exit must not
+// stop every other dump and restore.
 func (c *Checkpointer) refill(restore bool, ch chan *spare) {
 	c.spares.mu.Lock()
 	defer c.spares.mu.Unlock()
@@ -122,14 +140,16 @@ func (c *Checkpointer) refill(restore bool, ch chan *spare) {
 			return // the next take starts one itself and reports
 		}
 		c.spares.mu.Lock()
-		defer c.spares.mu.Unlock()
-		if c.spares.closed {
-			s.close()
-			return
+		kept := false
+		if !c.spares.closed {
+			select {
+			case ch <- s:
+				kept = true
+			default:
+			}
 		}
-		select {
-		case ch <- s:
-		default:
+		c.spares.mu.Unlock()
+		if !kept {
 			s.close()
 		}
 	}()
