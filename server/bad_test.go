@@ -225,3 +225,48 @@ func engineClose(id string) {
 		engine.CloseEnv(context.Background(), env)
 	}
 }
+
+// TestDuplicateMsgIDRefused: a second request with the id of one still in
+// flight is refused at once (the client could not tell the answers apart);
+// the first still gets its answer, and the id is free again after it.
+func TestDuplicateMsgIDRefused(t *testing.T) {
+	_, addr := newServer(t, server.Options{})
+	r := dialRaw(t, addr, nil)
+	r.req(1, "reset", map[string]any{"image": "busybox"})
+	f := r.recv()
+	if f.Error != nil {
+		t.Fatalf("reset: %+v", f.Error)
+	}
+	var reset struct {
+		EnvID string `msgpack:"env_id"`
+	}
+	if err := msgpack.Unmarshal(f.Result, &reset); err != nil || reset.EnvID == "" {
+		t.Fatalf("reset result: %v %q", err, reset.EnvID)
+	}
+	defer engineClose(reset.EnvID)
+	r.req(2, "step", map[string]any{"env_id": reset.EnvID, "action": map[string]any{"tool": "bash", "cmd": "sleep 1; echo slept"}})
+	r.req(2, "envs", nil)
+	first := r.recv()
+	if first.MsgID != 2 || first.Error == nil || first.Error.Code != protocol.CodeBadRequest || first.Error.Retryable {
+		t.Fatalf("duplicate msgid: got %+v (error %+v), want a bad_request refusal, not retryable", first, first.Error)
+	}
+	if !strings.Contains(first.Error.Message, "already in flight") {
+		t.Errorf("refusal says %q", first.Error.Message)
+	}
+	step := r.recv()
+	if step.MsgID != 2 || step.Error != nil {
+		t.Fatalf("the first request's answer: %+v (error %+v)", step, step.Error)
+	}
+	var res struct {
+		Obs struct {
+			Stdout []byte `msgpack:"stdout"`
+		} `msgpack:"obs"`
+	}
+	if err := msgpack.Unmarshal(step.Result, &res); err != nil || string(res.Obs.Stdout) != "slept\n" {
+		t.Fatalf("step result: %v %q", err, res.Obs.Stdout)
+	}
+	r.req(2, "envs", nil)
+	if got := r.errCode(2); got != "ok" {
+		t.Errorf("msgid 2 after its request was answered: %s", got)
+	}
+}

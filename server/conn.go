@@ -29,6 +29,31 @@ type conn struct {
 	once     sync.Once
 	authed   atomic.Bool
 	inFlight atomic.Int64
+	idsMu    sync.Mutex
+	ids      map[uint32]bool // msgids of the requests in flight
+}
+
+// claim records msgid as in flight; false when it already is (a client
+// that reused an id could not tell the two answers apart).
+func (c *conn) claim(msgid uint32) bool {
+	c.idsMu.Lock()
+	defer c.idsMu.Unlock()
+	if c.ids[msgid] {
+		return false
+	}
+	if c.ids == nil {
+		c.ids = map[uint32]bool{}
+	}
+	c.ids[msgid] = true
+	return true
+}
+
+// unclaim frees msgid for reuse; it runs before the request's answer is
+// sent, so a client may reuse the id as soon as it has the answer.
+func (c *conn) unclaim(msgid uint32) {
+	c.idsMu.Lock()
+	delete(c.ids, msgid)
+	c.idsMu.Unlock()
 }
 
 // writeWait bounds one frame write: a client that stops reading is
@@ -240,13 +265,19 @@ func (c *conn) dispatch(b []byte) {
 		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeUnauthorized, "this server needs a token: send hello {token} first or an Authorization: Bearer header"))
 		return
 	}
+	if !c.claim(f.MsgID) {
+		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeBadRequest, "msgid %d is already in flight on this connection: give every pending request an id of its own", f.MsgID))
+		return
+	}
 	if n := c.inFlight.Add(1); n > int64(c.s.o.MaxInFlight) {
 		c.inFlight.Add(-1)
+		c.unclaim(f.MsgID)
 		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeTooManyReqs, "%d requests in flight on this connection, the limit is %d", n-1, c.s.o.MaxInFlight))
 		return
 	}
 	if !c.s.begin() {
 		c.inFlight.Add(-1)
+		c.unclaim(f.MsgID)
 		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
 		return
 	}
@@ -258,6 +289,7 @@ func (c *conn) dispatch(b []byte) {
 		defer c.inFlight.Add(-1)
 		defer c.s.m.inFlight.Dec()
 		result, err := c.s.run(h, req)
+		c.unclaim(f.MsgID)
 		c.respond(f.MsgID, f.Method, result, err)
 	}()
 }
