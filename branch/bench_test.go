@@ -90,15 +90,7 @@ func BenchmarkRestore(b *testing.B) {
 	}
 	var lat latencies
 	for i := 0; i < b.N; i++ {
-		t := time.Now()
-		res, err := r.e.Branch(ctx, branch.Source{State: sid}, 1)
-		if err != nil || res.Errors[0] != nil {
-			b.Fatal(err, res.Errors)
-		}
-		lat = append(lat, time.Since(t))
-		b.StopTimer()
-		r.e.CloseEnv(ctx, res.Children[0])
-		b.StartTimer()
+		lat = append(lat, branchOnce(b, r.e, sid, 1))
 	}
 	lat.report(b, "")
 }
@@ -126,20 +118,7 @@ func BenchmarkBranch(b *testing.B) {
 							waitWarm(b, r.e, warm)
 							b.StartTimer()
 						}
-						t := time.Now()
-						res, err := r.e.Branch(ctx, branch.Source{State: sid}, n)
-						if err != nil {
-							b.Fatal(err)
-						}
-						lat = append(lat, time.Since(t))
-						b.StopTimer()
-						for j, c := range res.Children {
-							if res.Errors[j] != nil {
-								b.Fatalf("child %d: %v", j, res.Errors[j])
-							}
-							r.e.CloseEnv(ctx, c)
-						}
-						b.StartTimer()
+						lat = append(lat, branchOnce(b, r.e, sid, n))
 					}
 					lat.report(b, "")
 					s := append(latencies(nil), lat...)
@@ -149,6 +128,28 @@ func BenchmarkBranch(b *testing.B) {
 			}
 		})
 	}
+}
+
+// branchOnce branches state sid into n children, closes them outside the
+// timer and returns how long the branch took.
+func branchOnce(b *testing.B, e *branch.Engine, sid string, n int) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	t := time.Now()
+	res, err := e.Branch(ctx, branch.Source{State: sid}, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	took := time.Since(t)
+	b.StopTimer()
+	defer b.StartTimer()
+	for j, c := range res.Children {
+		if res.Errors[j] != nil {
+			b.Fatalf("child %d: %v", j, res.Errors[j])
+		}
+		e.CloseEnv(ctx, c)
+	}
+	return took
 }
 
 func waitWarm(tb testing.TB, e *branch.Engine, n int) {
@@ -165,7 +166,7 @@ func waitWarm(tb testing.TB, e *branch.Engine, n int) {
 }
 
 // BenchmarkIsolation measures what the hardening and user namespace mode
-// cost, side by side in one run: the step round trip, checkpoints by kind,
+// cost, side by side in one run: sandbox start, the step round trip, checkpoints by kind,
 // a restore and branch(8), for sandboxes started unhardened, hardened (the
 // default) and hardened in user namespace mode (docs/security.md).
 func BenchmarkIsolation(b *testing.B) {
@@ -181,11 +182,28 @@ func BenchmarkIsolation(b *testing.B) {
 		b.Run(m.name, func(b *testing.B) {
 			dir := b.TempDir()
 			r := newRigLauncher(b, newBtrfs(b, dir), dir, 0, m.adjust)
-			env, _ := benchEnv(b, r)
+			t := time.Now()
+			env, img := benchEnv(b, r) // the first launch (in user namespace mode it also shifts the image)
+			b.Logf("image %s, first launch with set-up %v", img, time.Since(t))
 			ctx := context.Background()
 			if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
 				b.Fatal(err)
 			}
+			b.Run("start", func(b *testing.B) {
+				var lat latencies
+				for i := 0; i < b.N; i++ {
+					t := time.Now()
+					e, _, err := r.e.NewEnv(ctx, img)
+					if err != nil {
+						b.Fatal(err)
+					}
+					lat = append(lat, time.Since(t))
+					b.StopTimer()
+					r.e.CloseEnv(ctx, e)
+					b.StartTimer()
+				}
+				lat.report(b, "")
+			})
 			b.Run("step", func(b *testing.B) {
 				var lat latencies
 				for i := 0; i < b.N; i++ {
@@ -221,20 +239,7 @@ func BenchmarkIsolation(b *testing.B) {
 				b.Run(name, func(b *testing.B) {
 					var lat latencies
 					for i := 0; i < b.N; i++ {
-						t := time.Now()
-						res, err := r.e.Branch(ctx, branch.Source{State: sid}, n)
-						if err != nil {
-							b.Fatal(err)
-						}
-						lat = append(lat, time.Since(t))
-						b.StopTimer()
-						for j, c := range res.Children {
-							if res.Errors[j] != nil {
-								b.Fatalf("child %d: %v", j, res.Errors[j])
-							}
-							r.e.CloseEnv(ctx, c)
-						}
-						b.StartTimer()
+						lat = append(lat, branchOnce(b, r.e, sid, n))
 					}
 					lat.report(b, "")
 				})
