@@ -68,25 +68,7 @@ func TestDumpRestore(t *testing.T) {
 	if d := os.Getenv("ARBOR_TEST_KEEP_IMAGES"); d != "" {
 		imgs = d
 	}
-	var st criu.DumpStats
-	var rec sandbox.IsolationRecord
-	err = sb.Exclusive(func() error {
-		if err := sb.Freeze(); err != nil {
-			return err
-		}
-		defer sb.Thaw()
-		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
-			return err
-		}
-		if rec, err = sb.Isolation(); err != nil {
-			return err
-		}
-		st, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, rec := dump(t, c, snap, sb, "snap1", imgs, false)
 	t.Logf("dump: %+v", st)
 	if r, _ := sb.Exec(ctx, "echo $K; cat /tmp/count", sandbox.ExecOptions{}); !strings.HasPrefix(string(r.Stdout), "v\n") {
 		t.Fatalf("source after dump: %q %q", r.Stdout, r.Stderr)
@@ -139,24 +121,7 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 		t.Fatal(err)
 	}
 	imgs := t.TempDir()
-	var rec sandbox.IsolationRecord
-	err = sb.Exclusive(func() error {
-		if err := sb.Freeze(); err != nil {
-			return err
-		}
-		defer sb.Thaw()
-		if err := snap.Snapshot(ctx, "src", "snap"); err != nil {
-			return err
-		}
-		if rec, err = sb.Isolation(); err != nil {
-			return err
-		}
-		_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rec := dump(t, c, snap, sb, "snap", imgs, false)
 	if err := snap.Clone(ctx, "snap", "child"); err != nil {
 		t.Fatal(err)
 	}
@@ -171,4 +136,33 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(r.Stdout)) != "1" {
 		t.Fatalf("restored orphan: %v %q %q", err, r.Stdout, r.Stderr)
 	}
+}
+
+// dump freezes sb, snapshots its root (volume "src") as name and dumps the
+// tree into imgs, as the engine's checkpoint does, returning CRIU's figures
+// and the isolation record a restore is checked against.
+func dump(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, sb *sandbox.Sandbox, name, imgs string, userNS bool) (criu.DumpStats, sandbox.IsolationRecord) {
+	t.Helper()
+	ctx := context.Background()
+	var st criu.DumpStats
+	var rec sandbox.IsolationRecord
+	err := sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		if err := snap.Snapshot(ctx, "src", name); err != nil {
+			return err
+		}
+		var err error
+		if rec, err = sb.Isolation(); err != nil {
+			return err
+		}
+		st, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup(), UserNS: userNS})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dump: %v", err)
+	}
+	return st, rec
 }

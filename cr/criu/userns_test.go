@@ -64,24 +64,7 @@ func TestUserNSDumpRestore(t *testing.T) {
 		t.Fatalf("%v %+v", err, r)
 	}
 	imgs := t.TempDir()
-	var rec sandbox.IsolationRecord
-	err = sb.Exclusive(func() error {
-		if err := sb.Freeze(); err != nil {
-			return err
-		}
-		defer sb.Thaw()
-		if err := snap.Snapshot(ctx, "src", "snap1"); err != nil {
-			return err
-		}
-		if rec, err = sb.Isolation(); err != nil {
-			return err
-		}
-		_, err = c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup(), UserNS: true})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rec := dump(t, c, snap, sb, "snap1", imgs, true)
 	if err := snap.Clone(ctx, "snap1", "child"); err != nil {
 		t.Fatal(err)
 	}
