@@ -82,7 +82,7 @@ func (s *Snapshotter) setQuota(ctx context.Context, name, p string, bytes int64)
 	if err != nil {
 		return err
 	}
-	s.capped.Store(name, cappedVolume{qgroup: filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10)), path: p, limit: bytes})
+	s.capped.Store(name, cappedVolume{qgroup: qgroupPath(dir, info.treeid), path: p, limit: bytes})
 	return nil
 }
 
@@ -152,6 +152,12 @@ func (s *Snapshotter) enableQuota(ctx context.Context) error {
 
 // qgroupDir is the pool's qgroups directory in sysfs (present only while
 // quotas are on), found once from the pool's fsid.
+// qgroupPath is the sysfs directory, below dir (qgroupDir), of the level-0
+// qgroup of subvolume treeid.
+func qgroupPath(dir string, treeid uint64) string {
+	return filepath.Join(dir, "0_"+strconv.FormatUint(treeid, 10))
+}
+
 func (s *Snapshotter) qgroupDir() (string, error) {
 	s.qdirOnce.Do(func() {
 		fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -204,7 +210,7 @@ func (s *Snapshotter) quota(name string) (cr.QuotaUsage, error) {
 	if err != nil {
 		return cr.QuotaUsage{}, mapErrno(name, err)
 	}
-	c := cappedVolume{qgroup: filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10)), path: p}
+	c := cappedVolume{qgroup: qgroupPath(dir, info.treeid), path: p}
 	if c.limit, err = readInt(filepath.Join(c.qgroup, "max_referenced")); err != nil {
 		return cr.QuotaUsage{}, qgroupErr(err)
 	}

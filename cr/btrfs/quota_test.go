@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -99,7 +98,7 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 	must(err)
 	dir, err := s.qgroupDir()
 	must(err)
-	qg := filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10))
+	qg := qgroupPath(dir, info.treeid)
 	if n, err := readInt(filepath.Join(qg, "max_referenced")); err != nil || n != 64<<20 {
 		t.Fatalf("qgroup %s max_referenced = %d, %v; want %d", qg, n, err, 64<<20)
 	}
@@ -120,7 +119,7 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 	// The other volumes keep theirs.
 	info, err = getSubvolInfo(s.Path("snap"))
 	must(err)
-	if _, err := os.Stat(filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10))); err != nil {
+	if _, err := os.Stat(qgroupPath(dir, info.treeid)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -151,7 +150,7 @@ func TestQuotaStaleQgroupsPruned(t *testing.T) {
 	qgroupOf := func(name string) string {
 		info, err := getSubvolInfo(s.Path(name))
 		must(err)
-		return filepath.Join(dir, "0_"+strconv.FormatUint(info.treeid, 10))
+		return qgroupPath(dir, info.treeid)
 	}
 	sandboxQG, liveQG := qgroupOf("sandbox"), qgroupOf("live")
 	must(s.Destroy(ctx, "sandbox"))
