@@ -135,11 +135,19 @@ func ignoreSignals() {
 // sandbox could be checkpointed once after each restore and never again.
 // docs/security.md says what that leaves open in that mode.
 func setNonDumpable() {
-	if own, err := inOwnUserNS(); err != nil || own {
+	if ownUserNS() {
 		return
 	}
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 }
+
+// ownUserNS is inOwnUserNS, read once (a sandbox never changes mode; an
+// unreadable uid_map counts as user namespace mode, the safe side for
+// CRIU).
+var ownUserNS = sync.OnceValue(func() bool {
+	own, err := inOwnUserNS()
+	return err != nil || own
+})
 
 // checkPeer refuses a control connection from inside the sandbox. The
 // server is outside init's pid namespace, so its pid reads 0 here; every
@@ -201,8 +209,8 @@ func pump(sh *shell, jobs <-chan job) {
 			case ctl.OpRun:
 				resp = sh.runScript(j.req)
 			case ctl.OpPing, ctl.OpShell:
-				// The first request after a restore: see ensureExclusive.
-				sh.ensureExclusive()
+				// The first request after a restore (see afterRestore).
+				sh.afterRestore()
 				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}

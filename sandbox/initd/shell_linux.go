@@ -243,12 +243,17 @@ func (s *shell) type_(line string) uint64 {
 	return s.seq
 }
 
-// ensureExclusive puts the shell's terminal back into exclusive mode.
-// CRIU does not restore that flag, so init sets it again before every
-// command and whenever the server connects (which it does first after a
-// restore). A transient open of the slave does it: it fails with EBUSY
-// when the terminal is exclusive already (and init lacks CAP_SYS_ADMIN).
-func (s *shell) ensureExclusive() {
+// afterRestore puts back what a CRIU restore does not bring back: the
+// terminal's exclusive mode and SO_PASSCRED on init's end of the status
+// socket. The server's first request to a restored init is OpShell
+// (sandbox.Restore), which runs it; a started init has both from the
+// start. The exclusive mode is set through a transient open of the slave,
+// which fails with EBUSY when the terminal is exclusive already (init
+// lacks CAP_SYS_ADMIN).
+func (s *shell) afterRestore() {
+	if s.stR >= 0 {
+		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	}
 	if s.master < 0 {
 		return
 	}
@@ -530,13 +535,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	}
 	// Whatever reached the pipes and the status socket since the last
 	// command (a background job's late output, forged records) belongs
-	// to no command: drop it before this one starts. The socket may have
-	// been restored by CRIU since the last command: make sure it still
-	// reports senders.
-	if s.stR >= 0 {
-		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
-	}
-	s.ensureExclusive()
+	// to no command: drop it before this one starts.
 	s.pending = s.pending[:0]
 	s.pumpOnce(0, nil, nil)
 	for s.cmdPeer >= 0 {
