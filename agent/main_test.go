@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/server"
 )
@@ -54,12 +55,18 @@ func newServer(t testing.TB, token string) *served {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
-	tools, err := agent.New(agent.Options{Engine: engine, Snap: snap, Logger: quiet()})
+	// One coordinator behind both the protocol and the MCP endpoint.
+	co, err := coordinator.New(coordinator.Options{Engine: engine, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(co.Close)
+	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := tools.Handler(agent.HandlerOptions{Token: token, Logger: quiet()})
-	s, err := server.New(server.Options{Engine: engine, Token: token, Logger: quiet(),
+	s, err := server.New(server.Options{Coordinator: co, Token: token, Logger: quiet(),
 		Handlers: map[string]http.Handler{agent.MCPPath: h, agent.MCPPath + "/": h}})
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/coordinator"
 )
 
 // MCPPath is where Handler is mounted: MCPPath + "/{env_id}" attaches to
@@ -103,7 +103,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case rest != "":
 		tg.envID = rest
-		if _, err := h.t.e.Env(rest); err != nil || h.t.o.Pool.Internal(rest) {
+		if !h.t.c.Has(rest) {
 			http.Error(w, fmt.Sprintf("no open env %q (make one with reset, or use %s?task=NAME or ?image=NAME)", rest, MCPPath), http.StatusNotFound)
 			return
 		}
@@ -115,8 +115,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, fmt.Sprintf("%s needs exactly one of ?task=NAME and ?image=NAME (or use %s/ENV_ID for an open env)", MCPPath, MCPPath), http.StatusBadRequest)
 				return
 			}
-			if tg.task != "" && !slices.Contains(h.t.o.Pool.TaskNames(), tg.task) {
-				http.Error(w, fmt.Sprintf("unknown task %q (tasks: %s)", tg.task, strings.Join(h.t.o.Pool.TaskNames(), ", ")), http.StatusBadRequest)
+			if tg.task != "" && !slices.Contains(h.t.c.TaskNames(), tg.task) {
+				http.Error(w, fmt.Sprintf("unknown task %q (tasks: %s)", tg.task, strings.Join(h.t.c.TaskNames(), ", ")), http.StatusBadRequest)
 				return
 			}
 			if tg.image != "" && !imageName.MatchString(tg.image) {
@@ -228,7 +228,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	defer b.mu.Unlock()
 	t := b.h.t
 	if b.tg.envID != "" {
-		env, err := t.e.Env(b.tg.envID)
+		env, err := t.c.Env(b.tg.envID)
 		if err != nil {
 			return nil, "", fmt.Errorf("%w: env %s is closed", ErrInfra, b.tg.envID)
 		}
@@ -238,7 +238,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 		return b.s, "", nil
 	}
 	if b.s != nil {
-		if _, err := t.e.Env(b.s.env.ID); err != nil {
+		if !t.c.Has(b.s.env.ID) {
 			return nil, "", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session", ErrInfra, b.s.env.ID)
 		}
 		return b.s, "", nil
@@ -246,13 +246,10 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	if err := b.h.adopt(b); err != nil {
 		return nil, "", err
 	}
-	res, err := t.o.Pool.Reset(ctx, server.ResetRequest{Task: b.tg.task, Image: b.tg.image})
+	res, err := t.c.Reset(ctx, coordinator.ResetRequest{Task: b.tg.task, Image: b.tg.image})
 	if err != nil {
 		b.h.disown(b)
-		if errors.Is(err, server.ErrUnknownTask) || errors.Is(err, server.ErrBadRequest) {
-			return nil, "", fmt.Errorf("%w: %v", ErrBadArgument, err)
-		}
-		return nil, "", fmt.Errorf("%w: start env: %v", ErrInfra, err)
+		return nil, "", infra("start env", err)
 	}
 	what := "image " + res.Env.Image
 	if b.tg.task != "" {
@@ -298,7 +295,11 @@ func (h *Handler) closeWhenDone(b *binding) {
 	h.disown(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := h.t.o.Pool.Discard(ctx, env); err != nil {
+	wait, release := h.t.c.Ticket(env.ID)
+	wait()
+	err := h.t.c.Discard(ctx, env.ID)
+	release()
+	if err != nil && !errors.Is(err, coordinator.ErrUnknownEnv) {
 		h.log.Warn("close env of ended mcp session", slog.String("env", env.ID), slog.Any("err", err))
 	}
 	h.t.Forget(env.ID)

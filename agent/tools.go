@@ -11,25 +11,21 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
-	"github.com/arbor-env/arbor/sandbox/shcmd"
-	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 // Options configure Tools. Zero values take the defaults.
 type Options struct {
-	Engine *branch.Engine
-	// Pool hands out the envs of MCP sessions that start their own (from a
-	// task or an image) and keeps the idle TTL of every env the tools
-	// touch; nil: server.EnginePool (images only, no TTL).
-	Pool server.Pool
+	// Coordinator owns the envs (the ones MCP sessions start too, from a
+	// task or an image), their idle TTL and the turn rule: bash and
+	// write_file are turns it classifies, read_file a turn of kind none.
+	Coordinator *coordinator.Coordinator
 	// Snap lists the files fork_try changed; nil: fork_try reports no
 	// change list.
 	Snap cr.Snapshotter
-	// Classifier picks the checkpoint kind after bash; nil: server.Full.
-	// write_file always takes FS-or-more (Full), read_file none.
-	Classifier server.Classifier
 	// DefaultTimeout is a bash command's timeout when the agent gives none
 	// (default 60 s); MaxTimeout caps any (default 10 min).
 	DefaultTimeout, MaxTimeout time.Duration
@@ -45,12 +41,6 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.Pool == nil {
-		o.Pool = server.EnginePool{E: o.Engine}
-	}
-	if o.Classifier == nil {
-		o.Classifier = server.Full
-	}
 	if o.DefaultTimeout <= 0 {
 		o.DefaultTimeout = 60 * time.Second
 	}
@@ -77,7 +67,8 @@ func (o Options) withDefaults() Options {
 // the same environment share it.
 type Tools struct {
 	o   Options
-	e   *branch.Engine
+	c   *coordinator.Coordinator
+	e   *branch.Engine // for reads and for fork_try's throwaway branches
 	log *slog.Logger
 
 	mu   sync.Mutex
@@ -86,11 +77,11 @@ type Tools struct {
 
 // New makes the tool set on an open engine.
 func New(o Options) (*Tools, error) {
-	if o.Engine == nil {
-		return nil, fmt.Errorf("%w: agent.Options.Engine is required", ErrBadArgument)
+	if o.Coordinator == nil {
+		return nil, fmt.Errorf("%w: agent.Options.Coordinator is required", ErrBadArgument)
 	}
 	o = o.withDefaults()
-	return &Tools{o: o, e: o.Engine, log: o.Logger, logs: map[string]*history{}}, nil
+	return &Tools{o: o, c: o.Coordinator, e: o.Coordinator.Engine(), log: o.Logger, logs: map[string]*history{}}, nil
 }
 
 // Entry is one state the tools made (or found when first attached).
@@ -150,7 +141,7 @@ func (t *Tools) Attach(env *branch.Env, note string) *Session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id := range t.logs {
-		if _, err := t.e.Env(id); err != nil {
+		if !t.c.Has(id) {
 			delete(t.logs, id) // closed elsewhere
 		}
 	}
@@ -176,15 +167,38 @@ func (t *Tools) Forget(envID string) {
 // Env is the environment the session drives.
 func (s *Session) Env() *branch.Env { return s.env }
 
-// infra wraps an engine or sandbox failure.
+// infra words a failure of the coordinator, the engine or the sandbox for
+// the agent, by the one error mapping (coordinator.ProtoError): the
+// client's kind of mistake is the agent's (ErrBadArgument,
+// ErrUnknownState), anything else is not its doing (ErrInfra).
 func infra(what string, err error) error {
-	if errors.Is(err, sandbox.ErrBadCommand) {
-		return fmt.Errorf("%w: %s: %v", ErrBadArgument, what, err)
-	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	switch pe := coordinator.ProtoError(err); {
+	case pe.Infra:
+	case pe.Code == protocol.CodeUnknownState:
+		return fmt.Errorf("%w: %s: %v", ErrUnknownState, what, err)
+	case pe.Code == protocol.CodeTooLarge, pe.Code == protocol.CodeBadRequest, pe.Code == protocol.CodeInvalidParams,
+		pe.Code == protocol.CodeUnknownTask:
+		return fmt.Errorf("%w: %s: %v", ErrBadArgument, what, err)
+	}
 	return fmt.Errorf("%w: %s: %v", ErrInfra, what, err)
+}
+
+// lock takes the env's ticket (the coordinator's per-env FIFO, shared
+// with protocol requests) and then the log's mutex; the returned func
+// releases both. It fails when the env is no longer open.
+func (s *Session) lock() (func(), error) {
+	wait, release := s.t.c.Ticket(s.env.ID)
+	wait()
+	s.h.mu.Lock()
+	unlock := func() { s.h.mu.Unlock(); release() }
+	if _, err := s.t.c.Env(s.env.ID); err != nil {
+		unlock()
+		return nil, infra("env "+s.env.ID, err)
+	}
+	return unlock, nil
 }
 
 func (s *Session) timeout(seconds float64) (time.Duration, error) {
@@ -207,37 +221,23 @@ type ran struct {
 	warning  string
 }
 
-// run executes cmd as one turn and checkpoints the result in the
-// background with the kind mutating calls need; the caller holds s.h.mu.
-// label is what list_states will show for it.
-func (s *Session) run(ctx context.Context, tool, label, cmd string, timeout time.Duration, maxOutput int, mutating bool) (*ran, error) {
-	e, env := s.t.e, s.env
-	s.t.o.Pool.Touch(env.ID)
-	prev := env.Head()
-	res, err := e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: maxOutput})
+// run executes a as one turn of the coordinator (which classifies it,
+// unless read-only, and checkpoints it in the background); the caller
+// holds the lock. label is what list_states will show for it.
+func (s *Session) run(ctx context.Context, label string, a coordinator.Action) (*ran, error) {
+	prev := s.env.Head()
+	r, err := s.t.c.Turn(ctx, s.env.ID, a)
 	if err != nil {
-		return nil, infra("run "+tool, err)
+		return nil, infra("run "+a.Tool, err)
 	}
-	kind := branch.None
-	if mutating {
-		kind = s.t.o.Classifier.Classify(ctx, env, server.Turn{Tool: tool, Cmd: cmd, Result: res})
+	res := r.Result
+	out := &ran{res: res, sid: r.StateID, turn: s.env.Turn() - s.h.base}
+	if r.CheckpointError != nil {
+		out.warning = "the previous state could not be saved (" + r.CheckpointError.Error() + "); this call's state includes its changes"
 	}
-	out := &ran{res: res}
-	if ckErr := env.TakeCheckpointError(); ckErr != nil {
-		// The previous state never came to be: this one holds changes no
-		// state has.
-		kind = branch.Full
-		out.warning = "the previous state could not be saved (" + ckErr.Error() + "); this call's state includes its changes"
-		s.t.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
-	}
-	sid, err := e.CheckpointAsync(env, kind)
-	if err != nil {
-		return nil, infra("checkpoint after "+tool, err)
-	}
-	out.sid, out.turn = sid, env.Turn()-s.h.base
-	if sid != prev {
+	if r.StateID != prev {
 		out.newState = true
-		s.h.add(Entry{StateID: sid, Turn: out.turn, Tool: tool, Command: label, ExitCode: res.ExitCode, Cwd: res.Cwd, Time: time.Now()})
+		s.h.add(Entry{StateID: r.StateID, Turn: out.turn, Tool: a.Tool, Command: label, ExitCode: res.ExitCode, Cwd: res.Cwd, Time: time.Now()})
 	}
 	return out, nil
 }
@@ -275,9 +275,12 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	r, err := s.run(ctx, "bash", a.Cmd, a.Cmd, timeout, s.t.o.MaxOutput, true)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	r, err := s.run(ctx, a.Cmd, coordinator.Action{Tool: protocol.ToolBash, Cmd: a.Cmd, Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
 	if err != nil {
 		return nil, err
 	}
@@ -307,9 +310,13 @@ func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult
 	if a.Path == "" {
 		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
 	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	r, err := s.run(ctx, "read_file", "read_file "+a.Path, shcmd.ReadFile(a.Path), 30*time.Second, s.t.o.MaxReadBytes, false)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	r, err := s.run(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
+		Timeout: 30 * time.Second, MaxOutput: s.t.o.MaxReadBytes, ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -339,10 +346,14 @@ func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileRes
 	if a.Path == "" {
 		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
 	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
-	r, err := s.run(ctx, "write_file", label, shcmd.WriteFile(a.Path, []byte(a.Content)), 60*time.Second, 4<<10, true)
+	r, err := s.run(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
+		Timeout: 60 * time.Second, MaxOutput: 4 << 10})
 	if err != nil {
 		return nil, err
 	}
@@ -382,19 +393,15 @@ type ListStatesResult struct {
 
 // settle waits for the environment's background checkpoint, so that the
 // newest state is either committed or known to have failed (in which
-// case the changes it held are checkpointed again). The caller holds
-// s.h.mu.
+// case the coordinator checkpointed the changes it held again, and the
+// log's newest entry moves to that state). The caller holds the lock.
 func (s *Session) settle(ctx context.Context) error {
-	e, env := s.t.e, s.env
-	if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+	sid, remade, err := s.t.c.Head(ctx, s.env.ID)
+	if err != nil {
 		return infra("wait for checkpoint", err)
 	}
-	if ckErr := env.TakeCheckpointError(); ckErr != nil {
-		s.t.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
-		sid, err := e.Checkpoint(ctx, env, branch.Full)
-		if err != nil {
-			return infra("checkpoint again", err)
-		}
+	if remade {
+		s.t.log.Warn("background checkpoint failed; checkpointed again", slog.String("env", s.env.ID), slog.String("state", sid))
 		last := s.h.last()
 		last.StateID, last.Time = sid, time.Now()
 		s.h.add(last)
@@ -421,9 +428,11 @@ func (s *Session) ListStates(ctx context.Context, a ListStatesArgs) (*ListStates
 	if a.Limit == 0 {
 		a.Limit = 20
 	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	s.t.o.Pool.Touch(s.env.ID)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
@@ -504,9 +513,11 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 		return nil, fmt.Errorf("%w: state_id is empty: pass one from list_states", ErrBadArgument)
 	}
 	start := time.Now()
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	s.t.o.Pool.Touch(s.env.ID)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	onPath := s.lineage()
 	if !s.allowed(a.StateID, onPath) {
 		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",
@@ -523,13 +534,9 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 			undone++
 		}
 	}
-	if err := s.t.e.Rollback(ctx, s.env, a.StateID); err != nil {
-		if errors.Is(err, branch.ErrUnknownState) {
-			return nil, fmt.Errorf("%w: %v", ErrUnknownState, err)
-		}
+	if _, err := s.t.c.Rollback(ctx, s.env.ID, a.StateID); err != nil {
 		return nil, infra("rollback", err)
 	}
-	s.env.TakeCheckpointError() // that state went with the sandbox that made it
 	out := &RollbackResult{StateID: a.StateID, Turn: st.Turn - s.h.base, Undone: undone}
 	if en, ok := s.h.find(a.StateID); ok {
 		out.Tool, out.Command, out.Cwd = en.Tool, en.Command, en.Cwd
@@ -595,9 +602,13 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 	}
 	start := time.Now()
 	e := s.t.e
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	s.t.o.Pool.Touch(s.env.ID)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	// The branch is the call's own, never handed out: it goes straight to
+	// the engine and is closed before the call returns.
 	br, err := e.Branch(ctx, branch.Source{Env: s.env}, 1)
 	if err != nil {
 		return nil, infra("branch", err)

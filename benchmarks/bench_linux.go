@@ -12,8 +12,8 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr/manifest"
-	"github.com/arbor-env/arbor/server"
 )
 
 // The modes compared.
@@ -56,15 +56,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		rep.Traces = append(rep.Traces, TraceInfo{Name: t.Name, Description: t.Description, Setup: len(t.Setup), Turns: len(t.Turns)})
 	}
-	var cls server.Classifier = server.Full
-	if r.in != nil {
-		cls = inspectorClassifier(r.e)
-	}
-	ha, err := r.serve(ctx, ModeArbor, r.e, cls)
+	// The arbor mode classifies with the engine's inspector (full without
+	// one); the baseline checkpoints every turn whole.
+	ha, err := r.serve(ctx, ModeArbor, r.e, nil)
 	if err != nil {
 		return nil, err
 	}
-	hf, err := r.serve(ctx, ModeFull, r.base, server.Full)
+	hf, err := r.serve(ctx, ModeFull, r.base, coordinator.Full)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
@@ -47,6 +48,7 @@ type rig struct {
 type serverHandle struct {
 	name   string
 	e      *branch.Engine
+	co     *coordinator.Coordinator
 	c      *arbor.Client
 	cancel context.CancelFunc
 	done   chan error
@@ -108,11 +110,17 @@ func (r *rig) image(ctx context.Context, name string) error {
 	return r.images.Build(ctx, name, nil)
 }
 
-// serve starts a server on the rig's engine with classifier c and
-// connects a client to it.
-func (r *rig) serve(ctx context.Context, name string, e *branch.Engine, c server.Classifier) (*serverHandle, error) {
-	s, err := server.New(server.Options{Engine: e, Classifier: c, Logger: r.log, MaxEnvs: 1024, Version: "bench"})
+// serve starts a server on engine e (its coordinator classifies with
+// classify; nil: the engine's inspector) and connects a client to it.
+func (r *rig) serve(ctx context.Context, name string, e *branch.Engine,
+	classify func(context.Context, *branch.Env, string) (branch.Turn, error)) (*serverHandle, error) {
+	co, err := coordinator.New(coordinator.Options{Engine: e, Classify: classify, Logger: r.log, MaxEnvs: 1024})
 	if err != nil {
+		return nil, err
+	}
+	s, err := server.New(server.Options{Coordinator: co, Logger: r.log, Version: "bench"})
+	if err != nil {
+		co.Close()
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -120,7 +128,7 @@ func (r *rig) serve(ctx context.Context, name string, e *branch.Engine, c server
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(context.Background())
-	h := &serverHandle{name: name, e: e, cancel: cancel, done: make(chan error, 1)}
+	h := &serverHandle{name: name, e: e, co: co, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- s.Serve(sctx, ln, 10*time.Second) }()
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
@@ -141,6 +149,7 @@ func (h *serverHandle) close() {
 	case <-h.done:
 	case <-time.After(30 * time.Second):
 	}
+	h.co.Close()
 }
 
 // Close stops the servers and the engine and removes the pool.
@@ -177,15 +186,3 @@ func (r *rig) Close() {
 }
 
 var _ cr.Snapshotter = (*btrfs.Snapshotter)(nil)
-
-// inspectorClassifier is the coordinator's classification: the engine's
-// Inspector says what the turn changed for good.
-func inspectorClassifier(e *branch.Engine) server.Classifier {
-	return server.ClassifierFunc(func(ctx context.Context, env *branch.Env, t server.Turn) branch.Kind {
-		turn, err := e.Classify(ctx, env, t.Cmd)
-		if err != nil {
-			return branch.Full
-		}
-		return turn.Kind
-	})
-}

@@ -93,7 +93,7 @@ func BenchmarkPrepareDebianTask(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ev, err := p.Evaluate(ctx, r.Env, r.Task)
+		ev, err := p.Evaluate(ctx, r.Env, r.Task, 0)
 		if err != nil || ev.Reward != 0 {
 			b.Fatalf("unsolved fizzbuzz: %+v %v", ev, err)
 		}

@@ -50,7 +50,7 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 	// add bytes to the agent's own output: check by exit status.
 	run(t, e, env, `test 1 = 2`) // fails the test unless the function is in place
 	for try := 0; try < 3; try++ {
-		ev, err := p.Evaluate(ctx, env, r.Task)
+		ev, err := p.Evaluate(ctx, env, r.Task, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 	// The forgers still run in the env itself: only the fork was cleared.
 	run(t, e, env, `[ "$(ps -o args | grep -c '^forger')" = 3 ]`)
 	run(t, e, env, `echo "hello, arbor" > /work/hello/greeting.txt`)
-	ev, err := p.Evaluate(ctx, env, r.Task)
+	ev, err := p.Evaluate(ctx, env, r.Task, 0)
 	if err != nil || ev.Reward != 1 {
 		t.Errorf("solved hello: reward %v (%+v), %v; want 1", ev.Reward, ev.Details, err)
 	}
@@ -75,7 +75,7 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, rs.Env, `cd /; export AGENT=1`)
-	if ev, err := p.Evaluate(ctx, rs.Env, rs.Task); err != nil || ev.Reward != 0.7 {
+	if ev, err := p.Evaluate(ctx, rs.Env, rs.Task, 7); err != nil || ev.Reward != 0.7 {
 		t.Errorf("seeded task: reward %v (%+v), %v; want 0.7", ev.Reward, ev.Details, err)
 	}
 
@@ -93,7 +93,7 @@ func TestEvaluateCannotBeForged(t *testing.T) {
 		// next to the verifier can wedge init's fork of it through
 		// /proc/1/fd (docs/sandbox.md, "Limits that remain").
 		plant(t, e, r.Env, true)
-		ev, err := p.Evaluate(ctx, r.Env, r.Task)
+		ev, err := p.Evaluate(ctx, r.Env, r.Task, 0)
 		if err != nil || ev.Reward != tt.want {
 			t.Errorf("task %s: reward %v (%+v), %v; want %v", tt.task, ev.Reward, ev.Details, err, tt.want)
 		}

@@ -26,10 +26,6 @@ type PoolOptions struct {
 	// Warm is how many ready environments are kept per task (default 2;
 	// negative: none, every reset restores on demand).
 	Warm int
-	// IdleTTL closes handed-out environments nobody touched for this long
-	// (default 30 min; negative: never). It should exceed the longest
-	// command timeout, since a running command does not count as a touch.
-	IdleTTL time.Duration
 	// SetupTimeout bounds each setup command (default 10 min).
 	SetupTimeout time.Duration
 	// VerifierTimeout bounds a verifier when its task sets no
@@ -48,9 +44,6 @@ func (o PoolOptions) withDefaults() PoolOptions {
 	if o.Warm < 0 {
 		o.Warm = 0
 	}
-	if o.IdleTTL == 0 {
-		o.IdleTTL = 30 * time.Minute
-	}
 	if o.SetupTimeout <= 0 {
 		o.SetupTimeout = 10 * time.Minute
 	}
@@ -65,8 +58,10 @@ func (o PoolOptions) withDefaults() PoolOptions {
 
 // Pool prepares tasks once and hands out environments restored from their
 // post-setup checkpoints. The environments it holds in reserve (each
-// task's template and its warm copies) are engine environments too; the
-// server should hide them (see Internal).
+// task's template and its warm copies) are engine environments too, never
+// handed to the coordinator, so no client can name them. What becomes of
+// an environment once handed out (its turns, branches, idle TTL, close)
+// is the coordinator's (package coordinator).
 type Pool struct {
 	e     *branch.Engine
 	o     PoolOptions
@@ -79,11 +74,9 @@ type Pool struct {
 	wg     sync.WaitGroup
 	fill   *progress.Meter
 
-	mu       sync.Mutex
-	closed   bool
-	live     map[string]*liveEnv // handed out (and their branches)
-	internal map[string]bool     // templates and warm copies
-	filled   int                 // warm environments made so far
+	mu     sync.Mutex
+	closed bool
+	filled int // warm environments made so far
 }
 
 // taskSlot is one prepared task: its template environment (kept open so
@@ -102,12 +95,6 @@ type taskSlot struct {
 	ready []*branch.Env
 }
 
-type liveEnv struct {
-	task string
-	seed int64 // the episode's seed (0: none), for the verifier
-	last time.Time
-}
-
 // NewPool prepares every task (image, exported env, setup commands, then a
 // full checkpoint: the post-setup state) and starts filling the warm pool
 // in the background. A task whose setup fails fails NewPool, with an error
@@ -124,8 +111,7 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 		}
 		seen[t.Name] = true
 	}
-	p := &Pool{e: e, o: o, log: o.Logger, tasks: slices.Clone(tasks), slots: map[string]*taskSlot{},
-		live: map[string]*liveEnv{}, internal: map[string]bool{}}
+	p := &Pool{e: e, o: o, log: o.Logger, tasks: slices.Clone(tasks), slots: map[string]*taskSlot{}}
 	defer func() {
 		if err != nil {
 			for _, s := range p.slots {
@@ -141,7 +127,6 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 			return nil, err
 		}
 		p.slots[t.Name] = s
-		p.internal[s.template.ID] = true
 		meter.Add(1, fmt.Sprintf("%s ready in %s", t.Name, s.prepared.Round(time.Millisecond)))
 	}
 	if len(tasks) > 0 {
@@ -154,10 +139,6 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 			p.wg.Add(1)
 			go p.fillLoop(s)
 		}
-	}
-	if o.IdleTTL > 0 {
-		p.wg.Add(1)
-		go p.janitor()
 	}
 	return p, nil
 }
@@ -310,7 +291,6 @@ func (p *Pool) addReady(s *taskSlot, env *branch.Env) bool {
 		p.closeQuietly(env, "warm env after close")
 		return false
 	}
-	p.internal[env.ID] = true
 	p.filled++
 	initialDone := p.filled == p.o.Warm*len(p.tasks)
 	p.mu.Unlock()
@@ -341,9 +321,6 @@ func (p *Pool) take(s *taskSlot) *branch.Env {
 		env := s.ready[0]
 		s.ready = s.ready[1:]
 		s.mu.Unlock()
-		p.mu.Lock()
-		delete(p.internal, env.ID)
-		p.mu.Unlock()
 		select {
 		case <-env.Sandbox().Exited():
 			p.log.Warn("warm env died in reserve", slog.String("task", s.task.Name), slog.String("env", env.ID))
@@ -444,7 +421,6 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 			return nil, err
 		}
 	}
-	p.track(env.ID, task.Name, req.Seed)
 	return &Reset{Env: env, StateID: sid, Task: task, Instruction: task.Instruction}, nil
 }
 
@@ -483,10 +459,11 @@ type Evaluation struct {
 }
 
 // Evaluate runs task's verifier on a throwaway fork of env's current
-// state; env itself is untouched. A verifier that fails or times out is a
+// state; env itself is untouched. seed is the episode's (0: none), given
+// to the verifier as ARBOR_SEED. A verifier that fails or times out is a
 // reward (0 unless it printed a number); a fork or sandbox that fails is
 // an error (ErrVerifier), never a reward.
-func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evaluation, error) {
+func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed int64) (Evaluation, error) {
 	if task.Verifier == "" {
 		name := task.Name
 		if name == "" {
@@ -521,7 +498,7 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evalua
 			return Evaluation{}, fmt.Errorf("%w: stop the agent's processes in fork of %s: %w", ErrVerifier, env.ID, err)
 		}
 	}
-	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: p.verifierEnv(env.ID, task), Dir: p.verifierDir(task), Timeout: timeout})
+	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: verifierEnv(task, seed), Dir: p.verifierDir(task), Timeout: timeout})
 	if err != nil {
 		return Evaluation{}, fmt.Errorf("%w: run verifier in fork of %s: %w", ErrVerifier, env.ID, err)
 	}
@@ -540,13 +517,12 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task) (Evalua
 		"fork_s":      forkTook.Seconds(),
 		"killed":      killed,
 	}}
-	p.Touch(env.ID)
 	return ev, nil
 }
 
 // verifierEnv is the verifier's whole environment: the task's variables
 // and the episode's seed, never what the agent exported in its shell.
-func (p *Pool) verifierEnv(envID string, task Task) []string {
+func verifierEnv(task Task, seed int64) []string {
 	keys := make([]string, 0, len(task.Env))
 	for k := range task.Env {
 		keys = append(keys, k)
@@ -556,11 +532,8 @@ func (p *Pool) verifierEnv(envID string, task Task) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+task.Env[k])
 	}
-	p.mu.Lock()
-	l, ok := p.live[envID]
-	p.mu.Unlock()
-	if ok && l.seed != 0 {
-		env = append(env, "ARBOR_SEED="+strconv.FormatInt(l.seed, 10))
+	if seed != 0 {
+		env = append(env, "ARBOR_SEED="+strconv.FormatInt(seed, 10))
 	}
 	return env
 }
@@ -602,139 +575,21 @@ func parseReward(s string) (float64, error) {
 	return v, nil
 }
 
-// Touch records that envID was used now; the janitor closes environments
-// untouched for longer than IdleTTL. The server calls it on every request
-// that names an environment, including new branches.
-func (p *Pool) Touch(envID string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.internal[envID] {
-		return
-	}
-	if l, ok := p.live[envID]; ok {
-		l.last = time.Now()
-		return
-	}
-	p.live[envID] = &liveEnv{last: time.Now()}
-}
-
-func (p *Pool) track(envID, task string, seed int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.live[envID] = &liveEnv{task: task, seed: seed, last: time.Now()}
-}
-
-// Forget stops tracking envID (the server closed it).
-func (p *Pool) Forget(envID string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.live, envID)
-}
-
-// TaskOf returns the task of a handed-out environment or of a branch made
-// through Pool.Branch from one.
-func (p *Pool) TaskOf(envID string) (Task, bool) {
-	p.mu.Lock()
-	l, ok := p.live[envID]
-	p.mu.Unlock()
-	if !ok || l.task == "" {
-		return Task{}, false
-	}
-	return p.Task(l.task)
-}
-
-// Internal reports whether envID is one the pool holds in reserve (a
-// task's template or a warm environment not yet handed out). The server
-// should neither list nor accept such ids.
-func (p *Pool) Internal(envID string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.internal[envID]
-}
-
-// Branch is branch.Engine.Branch plus the pool's bookkeeping: children of
-// an environment get it as their Origin (so Promote hands their state
-// back to it, not to whatever environment first made that state), inherit
-// its task (children of a state id, the task whose post-setup state it
-// descends from), and are tracked for the idle TTL.
-func (p *Pool) Branch(ctx context.Context, src branch.Source, n int) (*branch.BranchResult, error) {
-	if src.Env != nil && p.Internal(src.Env.ID) {
-		return nil, fmt.Errorf("%w: env %s is held by the pool", ErrBadRequest, src.Env.ID)
-	}
-	if src.Env != nil {
-		p.Touch(src.Env.ID)
-	}
-	res, err := p.e.Branch(ctx, src, n)
-	if err != nil {
-		return nil, err
-	}
-	task, seed := "", int64(0)
-	if src.Env != nil {
-		p.mu.Lock()
-		if l, ok := p.live[src.Env.ID]; ok {
-			task, seed = l.task, l.seed
-		}
-		p.mu.Unlock()
-	} else {
-		task = p.taskOfState(res.State)
-	}
-	for _, c := range res.Children {
-		if c == nil {
-			continue
-		}
-		switch {
-		case src.Env != nil:
-			c.Origin = src.Env.ID
-		case p.Internal(c.Origin):
-			c.Origin = ""
-		}
-		p.track(c.ID, task, seed)
-	}
-	return res, nil
-}
-
-// taskOfState names the task whose post-setup state is sid or one of its
-// ancestors ("" when there is none).
-func (p *Pool) taskOfState(sid string) string {
+// TaskOfState returns the task whose post-setup state is sid or one of
+// its ancestors.
+func (p *Pool) TaskOfState(sid string) (Task, bool) {
 	lineage, err := p.e.Lineage(sid)
 	if err != nil {
-		return ""
+		return Task{}, false
 	}
 	for _, st := range lineage {
 		for _, s := range p.slots {
 			if s.state == st.ID {
-				return s.task.Name
+				return s.task, true
 			}
 		}
 	}
-	return ""
-}
-
-// Promote adopts child's current state as the state of the environment it
-// was branched from (a draft/verify loop keeps a draft) and closes child;
-// it returns the adopted state id.
-func (p *Pool) Promote(ctx context.Context, child *branch.Env) (string, error) {
-	if child.Origin == "" || p.Internal(child.Origin) {
-		return "", fmt.Errorf("%w: env %s was not branched from an open env, so there is nothing to promote it into",
-			ErrBadRequest, child.ID)
-	}
-	sid, err := p.e.Promote(ctx, child)
-	if err != nil {
-		return "", err
-	}
-	p.Forget(child.ID)
-	p.Touch(child.Origin)
-	return sid, nil
-}
-
-// Discard throws a branch away (a rejected draft): it is closed and its
-// states released.
-func (p *Pool) Discard(ctx context.Context, child *branch.Env) error {
-	if p.Internal(child.ID) {
-		return fmt.Errorf("%w: env %s is held by the pool", ErrBadRequest, child.ID)
-	}
-	p.Forget(child.ID)
-	return p.e.CloseEnv(ctx, child)
+	return Task{}, false
 }
 
 // TaskStats describe one task's reserve.
@@ -748,11 +603,9 @@ type TaskStats struct {
 // Stats is what the pool holds.
 type Stats struct {
 	Tasks []TaskStats
-	// Live is the number of handed-out environments being tracked.
-	Live int
 }
 
-// Stats reports each task's reserve and the tracked environments.
+// Stats reports each task's reserve.
 func (p *Pool) Stats() Stats {
 	var st Stats
 	for _, t := range p.tasks {
@@ -761,9 +614,6 @@ func (p *Pool) Stats() Stats {
 		st.Tasks = append(st.Tasks, TaskStats{Name: t.Name, State: s.state, Ready: len(s.ready), Prepared: s.prepared})
 		s.mu.Unlock()
 	}
-	p.mu.Lock()
-	st.Live = len(p.live)
-	p.mu.Unlock()
 	return st
 }
 
@@ -786,58 +636,6 @@ func (p *Pool) WaitWarm(ctx context.Context) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-// janitor closes environments left idle and forgets ones closed elsewhere.
-func (p *Pool) janitor() {
-	defer p.wg.Done()
-	every := min(max(p.o.IdleTTL/4, 50*time.Millisecond), time.Minute)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-t.C:
-		}
-		p.sweep(time.Now())
-	}
-}
-
-func (p *Pool) sweep(now time.Time) {
-	p.mu.Lock()
-	var idle, gone []string
-	for id, l := range p.live {
-		if now.Sub(l.last) > p.o.IdleTTL {
-			idle = append(idle, id)
-		}
-	}
-	ids := make([]string, 0, len(p.live))
-	for id := range p.live {
-		ids = append(ids, id)
-	}
-	p.mu.Unlock()
-	for _, id := range ids {
-		if _, err := p.e.Env(id); err != nil {
-			gone = append(gone, id)
-		}
-	}
-	for _, id := range idle {
-		env, err := p.e.Env(id)
-		if err != nil {
-			continue
-		}
-		p.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", p.o.IdleTTL))
-		if err := p.e.CloseEnv(p.ctx, env); err != nil {
-			p.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
-		}
-		gone = append(gone, id)
-	}
-	p.mu.Lock()
-	for _, id := range gone {
-		delete(p.live, id)
-	}
-	p.mu.Unlock()
 }
 
 func (p *Pool) isClosed() bool {
@@ -886,8 +684,5 @@ func (p *Pool) Close(ctx context.Context) error {
 			}
 		}
 	}
-	p.mu.Lock()
-	p.internal = map[string]bool{}
-	p.mu.Unlock()
 	return errors.Join(errs...)
 }

@@ -104,14 +104,17 @@ func TestPoolResetEvaluate(t *testing.T) {
 	if env.Turn() != 0 {
 		t.Errorf("an episode starts at turn %d, want 0 (setup is not a turn)", env.Turn())
 	}
-	if p.Internal(env.ID) || env.Origin != "" {
-		t.Errorf("handed-out env still internal (%v) or has origin %q", p.Internal(env.ID), env.Origin)
+	if env.Origin != "" {
+		t.Errorf("handed-out env has origin %q (the task's template)", env.Origin)
+	}
+	if tk, ok := p.TaskOfState(r.StateID); !ok || tk.Name != "hello" {
+		t.Errorf("TaskOfState(post-setup state) = %v %v, want hello", tk, ok)
 	}
 	if got := run(t, e, env, `echo "$(pwd) $GREETING $(cat README)"; cat /proc/[0-9]*/cmdline | tr '\0' ' ' | grep -q '[s]leep 1000' && echo bg`); got != "/work/hello it's here prepared\nbg" {
 		t.Errorf("post-setup state not restored: %q", got)
 	}
 
-	ev, err := p.Evaluate(ctx, env, r.Task)
+	ev, err := p.Evaluate(ctx, env, r.Task, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +122,7 @@ func TestPoolResetEvaluate(t *testing.T) {
 		t.Errorf("unsolved task: %+v", ev)
 	}
 	run(t, e, env, `echo "$GREETING" > greeting.txt`)
-	ev, err = p.Evaluate(ctx, env, r.Task)
+	ev, err = p.Evaluate(ctx, env, r.Task, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +146,7 @@ func TestPoolResetEvaluate(t *testing.T) {
 		t.Errorf("a seeded reset kept the unseeded state id %s", rs.StateID)
 	}
 	run(t, e, rs.Env, `echo 7 > /work/n`)
-	ev, err = p.Evaluate(ctx, rs.Env, rs.Task)
+	ev, err = p.Evaluate(ctx, rs.Env, rs.Task, 42)
 	if err != nil || ev.Reward != 0.7 || ev.Details["reward_from"] != "stdout" {
 		t.Errorf("numeric verifier: %+v, %v", ev, err)
 	}
@@ -152,10 +155,10 @@ func TestPoolResetEvaluate(t *testing.T) {
 	if err := e.CloseEnv(ctx, rs.Env); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Evaluate(ctx, rs.Env, rs.Task); !errors.Is(err, envpool.ErrVerifier) {
+	if _, err := p.Evaluate(ctx, rs.Env, rs.Task, 0); !errors.Is(err, envpool.ErrVerifier) {
 		t.Errorf("evaluate of a closed env: %v, want ErrVerifier", err)
 	}
-	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}); !errors.Is(err, envpool.ErrNoVerifier) {
+	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}, 0); !errors.Is(err, envpool.ErrNoVerifier) {
 		t.Errorf("evaluate without verifier: %v", err)
 	}
 	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "nope"}); !errors.Is(err, envpool.ErrUnknownTask) || !strings.Contains(err.Error(), "hello") {
@@ -209,87 +212,6 @@ func TestPoolSetupFailureNamesCommand(t *testing.T) {
 	}
 	if n := len(e.Envs()); n != 0 {
 		t.Errorf("%d envs left behind by a failed pool", n)
-	}
-}
-
-func TestPoolBranchPromoteDiscardAndIdle(t *testing.T) {
-	e, _ := newEngine(t)
-	ctx := context.Background()
-	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask}, envpool.PoolOptions{Warm: -1, IdleTTL: 5 * time.Second, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close(ctx)
-	t0 := time.Now()
-	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("reset restored on demand (no warm pool): %s", time.Since(t0))
-	parent := r.Env
-	// Branching straight after reset: the state was made by the task's
-	// template, but the children belong to the env they were branched from.
-	res, err := p.Branch(ctx, branch.Source{Env: parent}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range res.Children {
-		if res.Errors[i] != nil {
-			t.Fatal(res.Errors[i])
-		}
-		if c.Origin != parent.ID {
-			t.Errorf("child origin %q, want %s", c.Origin, parent.ID)
-		}
-		if tk, ok := p.TaskOf(c.ID); !ok || tk.Name != "hello" {
-			t.Errorf("child task %v %v", tk, ok)
-		}
-	}
-	byState, err := p.Branch(ctx, branch.Source{State: res.State}, 1)
-	if err != nil || byState.Errors[0] != nil {
-		t.Fatal(err, byState.Errors)
-	}
-	if tk, ok := p.TaskOf(byState.Children[0].ID); !ok || tk.Name != "hello" {
-		t.Errorf("child of a state id: task %v %v", tk, ok)
-	}
-	if byState.Children[0].Origin != "" {
-		t.Errorf("child of the post-setup state has origin %q (a pool template)", byState.Children[0].Origin)
-	}
-	if err := p.Discard(ctx, byState.Children[0]); err != nil {
-		t.Fatal(err)
-	}
-	keep, drop := res.Children[0], res.Children[1]
-	run(t, e, keep, `echo "$GREETING" > greeting.txt`)
-	run(t, e, drop, `echo wrong > greeting.txt`)
-	if err := p.Discard(ctx, drop); err != nil {
-		t.Fatal(err)
-	}
-	sid, err := p.Promote(ctx, keep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if parent.Head() != sid {
-		t.Errorf("parent head %s after promote, want %s", parent.Head(), sid)
-	}
-	ev, err := p.Evaluate(ctx, parent, r.Task)
-	if err != nil || ev.Reward != 1 {
-		t.Errorf("promoted draft: %+v %v", ev, err)
-	}
-	if _, err := p.Promote(ctx, parent); !errors.Is(err, envpool.ErrBadRequest) {
-		t.Errorf("promote of a reset env: %v", err)
-	}
-	// Idle: touched envs survive, the rest are closed.
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := e.Env(parent.ID); err != nil && p.Stats().Live == 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if _, err := e.Env(parent.ID); !errors.Is(err, branch.ErrUnknownEnv) {
-		t.Errorf("idle env still open: %v", err)
-	}
-	if st := p.Stats(); st.Live != 0 {
-		t.Errorf("%d envs still tracked", st.Live)
 	}
 }
 

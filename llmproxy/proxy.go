@@ -1,9 +1,10 @@
-// Package llmproxy is the coordinator as an HTTP reverse proxy, for agents
-// that are not driven through step: every request an agent sends to its LLM
-// through /v1/llm/{env_id}/... marks a turn boundary of that environment.
-// The turn is classified and its checkpoint started while the request is
-// forwarded; the response (server-sent-event streams included) is held
-// only if the checkpoint is not done when the upstream answers.
+// Package llmproxy is an HTTP reverse proxy in front of the coordinator,
+// for agents that are not driven through step: every request an agent
+// sends to its LLM through /v1/llm/{env_id}/... marks a turn boundary of
+// that environment (coordinator.Boundary: the turn is classified and its
+// checkpoint started while the request is forwarded); the response
+// (server-sent-event streams included) is held only if the checkpoint is
+// not done when the upstream answers (coordinator.WaitTurn).
 package llmproxy
 
 import (
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 )
 
 // Prefix is where the proxy is mounted.
@@ -35,7 +37,8 @@ const (
 
 // Options configure the proxy.
 type Options struct {
-	Engine *branch.Engine
+	// Coordinator owns the envs and the turn rule.
+	Coordinator *coordinator.Coordinator
 	// Upstream is the LLM API's base URL; /v1/llm/{env}/REST goes to
 	// Upstream/REST.
 	Upstream *url.URL
@@ -63,8 +66,8 @@ type Stats struct {
 
 // New returns the proxy handler.
 func New(o Options) (*Proxy, error) {
-	if o.Engine == nil || o.Upstream == nil {
-		return nil, errors.New("llm proxy needs an engine and an upstream URL")
+	if o.Coordinator == nil || o.Upstream == nil {
+		return nil, errors.New("llm proxy needs a coordinator and an upstream URL")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -95,11 +98,14 @@ type boundaryKey struct{}
 
 // boundary is one turn boundary's checkpoint, running in the background.
 type boundary struct {
-	env  *branch.Env
-	done chan struct{}
-	sid  string
-	kind branch.Kind
-	err  error
+	envID string
+	// wait and release are the env's ticket: the boundary is ordered with
+	// the other operations on the env.
+	wait, release func()
+	done          chan struct{}
+	sid           string
+	kind          branch.Kind
+	err           error
 }
 
 // ServeHTTP forwards /v1/llm/{env_id}/rest to the upstream.
@@ -111,12 +117,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "bad_path", "use "+Prefix+"{env_id}/...")
 		return
 	}
-	env, err := p.o.Engine.Env(envID)
-	if err != nil {
-		writeError(w, http.StatusNotFound, "unknown_env", err.Error())
+	c := p.o.Coordinator
+	if _, err := c.Env(envID); err != nil {
+		writeError(w, http.StatusNotFound, coordinator.ProtoError(err).Code, err.Error())
 		return
 	}
-	b := &boundary{env: env, done: make(chan struct{})}
+	b := &boundary{envID: envID, done: make(chan struct{})}
+	b.wait, b.release = c.Ticket(envID)
 	go p.checkpoint(b)
 	out := r.Clone(context.WithValue(r.Context(), boundaryKey{}, b))
 	out.URL.Path = "/" + tail
@@ -125,19 +132,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.rp.ServeHTTP(w, out)
 }
 
-// checkpoint classifies the turn that ended and queues its checkpoint. It
-// does not depend on the request: a client that goes away still leaves a
-// consistent checkpoint behind.
+// checkpoint ends the turn (coordinator.Boundary). It does not depend on
+// the request: a client that goes away still leaves a consistent
+// checkpoint behind.
 func (p *Proxy) checkpoint(b *boundary) {
 	defer close(b.done)
-	ctx := context.Background()
-	t, err := p.o.Engine.Classify(ctx, b.env, "")
+	b.wait()
+	defer b.release()
+	r, err := p.o.Coordinator.Boundary(context.Background(), b.envID)
 	if err != nil {
 		b.err = err
 		return
 	}
-	b.kind = t.Kind
-	b.sid, b.err = p.o.Engine.CheckpointAsync(b.env, t.Kind)
+	b.sid, b.kind = r.StateID, r.Kind
 }
 
 // hold runs when the upstream's response headers have arrived: it waits
@@ -155,10 +162,7 @@ func (p *Proxy) hold(resp *http.Response) error {
 		return ctx.Err()
 	}
 	if b.err == nil {
-		_, b.err = p.o.Engine.WaitCheckpoint(ctx, b.env)
-	}
-	if b.err == nil {
-		b.err = b.env.TakeCheckpointError()
+		b.err = p.o.Coordinator.WaitTurn(ctx, b.envID)
 	}
 	held := time.Since(start)
 	p.stats.turns.Add(1)
@@ -168,8 +172,8 @@ func (p *Proxy) hold(resp *http.Response) error {
 		// The LLM's answer still goes through; the failure is said in a
 		// header and logged, never hidden.
 		p.stats.failures.Add(1)
-		p.o.Logger.Error("turn checkpoint failed", slog.String("env", b.env.ID), slog.Any("err", b.err))
-		resp.Header.Set(HeaderCheckpoint, "failed: "+b.err.Error())
+		p.o.Logger.Error("turn checkpoint failed", slog.String("env", b.envID), slog.Any("err", b.err))
+		resp.Header.Set(HeaderCheckpoint, "failed: "+coordinator.ProtoError(b.err).Code+": "+b.err.Error())
 		return nil
 	}
 	resp.Header.Set(HeaderState, b.sid)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/llmproxy"
 	"github.com/arbor-env/arbor/sandbox"
 )
@@ -42,19 +43,26 @@ func upstream(tb testing.TB) *url.URL {
 	return u
 }
 
-func engine(tb testing.TB) (*branch.Engine, *branch.Env) {
+// engine is a coordinator on a real engine (eBPF inspector) and an env it
+// handed out.
+func engine(tb testing.TB) (*branch.Engine, *coordinator.Coordinator, *branch.Env) {
 	tb.Helper()
 	e := branchtest.ForTest(tb, branchtest.Options{Inspector: true}).Engine
-	env, _, err := e.NewEnv(context.Background(), "busybox")
+	c, err := coordinator.New(coordinator.Options{Engine: e, Logger: branchtest.Logger()})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return e, env
+	tb.Cleanup(c.Close)
+	r, err := c.Reset(context.Background(), coordinator.ResetRequest{Image: "busybox"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return e, c, r.Env
 }
 
 func TestProxyCheckpointsEachTurn(t *testing.T) {
-	e, env := engine(t)
-	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t)})
+	e, c, env := engine(t)
+	p, err := llmproxy.New(llmproxy.Options{Coordinator: c, Upstream: upstream(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,9 +140,9 @@ func TestProxyCheckpointsEachTurn(t *testing.T) {
 // boundary whose turn changed nothing) with the same request sent
 // straight to the upstream.
 func BenchmarkProxyOverhead(b *testing.B) {
-	e, env := engine(b)
+	_, c, env := engine(b)
 	up := upstream(b)
-	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: up})
+	p, err := llmproxy.New(llmproxy.Options{Coordinator: c, Upstream: up})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -84,7 +85,7 @@ func (r *raw) errCode(wantID uint32) string {
 }
 
 func TestBadInputs(t *testing.T) {
-	_, addr := newServer(t, server.Options{MaxFrameBytes: 64 << 10, MaxEnvs: 300})
+	_, addr := newServerWith(t, server.Options{MaxFrameBytes: 64 << 10}, coordinator.Options{MaxEnvs: 300})
 	r := dialRaw(t, addr, nil)
 	big := map[string]any{"env_id": "x", "action": map[string]any{"tool": "write_file", "path": "p", "content": make([]byte, 100<<10)}}
 	tests := []struct {

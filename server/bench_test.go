@@ -10,6 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server"
 )
@@ -25,8 +26,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // checkpoint runs between them and the difference is the server's own
 // overhead.
 func BenchmarkStepRoundTrip(b *testing.B) {
-	none := server.ClassifierFunc(func(context.Context, *branchEnv, server.Turn) branchKind { return kindNone })
-	_, addr := newServer(b, server.Options{Classifier: none})
+	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(branch.None)})
 	ctx := context.Background()
 	c := dial(b, addr, nil)
 	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
@@ -99,10 +99,10 @@ func BenchmarkBranch8(b *testing.B) {
 func BenchmarkSteps64(b *testing.B) {
 	for _, tt := range []struct {
 		name string
-		cl   server.Classifier
-	}{{"full", nil}, {"none", server.ClassifierFunc(func(context.Context, *branchEnv, server.Turn) branchKind { return kindNone })}} {
+		kind branch.Kind
+	}{{"full", branch.Full}, {"none", branch.None}} {
 		b.Run(tt.name, func(b *testing.B) {
-			_, addr := newServer(b, server.Options{Classifier: tt.cl})
+			_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(tt.kind)})
 			ctx := context.Background()
 			c := dial(b, addr, nil)
 			const n = 64
@@ -145,10 +145,3 @@ func BenchmarkSteps64(b *testing.B) {
 		})
 	}
 }
-
-type (
-	branchEnv  = branch.Env
-	branchKind = branch.Kind
-)
-
-const kindNone = branch.None

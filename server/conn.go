@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -169,7 +170,7 @@ func (c *conn) respond(msgid uint32, method string, result any, err error) {
 	var pe *protocol.Error
 	code := "ok"
 	if err != nil {
-		pe = protoError(err)
+		pe = coordinator.ProtoError(err)
 		code = pe.Code
 		lvl := slog.LevelDebug
 		if pe.Infra {
@@ -282,7 +283,7 @@ func (c *conn) dispatch(b []byte) {
 		return
 	}
 	req := &request{c: c, msgid: f.MsgID, method: f.Method, p: newParams(f.ParamsMap)}
-	req.wait, req.release = c.s.ticket(h.envs(c.s, req)...)
+	req.wait, req.release = c.s.c.Ticket(h.envs(c.s, req)...)
 	c.s.m.inFlight.Inc()
 	go func() {
 		defer c.s.ops.Done()

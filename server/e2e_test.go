@@ -12,6 +12,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -216,8 +217,7 @@ func TestEpisode(t *testing.T) {
 func TestConcurrentEnvs(t *testing.T) {
 	// Files-only checkpoints keep 64 envs cheap, and exercise the
 	// coordinator's non-full path.
-	fsOnly := server.ClassifierFunc(func(context.Context, *branch.Env, server.Turn) branch.Kind { return branch.FS })
-	_, addr := newServer(t, server.Options{Classifier: fsOnly})
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: classifyAs(branch.FS)})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	const n = 64

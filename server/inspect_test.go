@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -16,7 +17,7 @@ import (
 // verification mode on: each turn gets its expected class, and a restore
 // of every skipped or partial checkpoint equals the live env.
 func TestTurnClassesThroughServer(t *testing.T) {
-	_, addr := newServer(t, server.Options{Classifier: server.Inspected(engine, quiet()), VerifySkips: true})
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: engine.Classify, VerifySkips: true})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})

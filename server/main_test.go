@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/server"
 )
@@ -64,20 +67,49 @@ func setup() (cleanup func(), err error) {
 	}, nil
 }
 
+// classifyAs is a Classify that gives every turn kind k.
+func classifyAs(k branch.Kind) func(context.Context, *branch.Env, string) (branch.Turn, error) {
+	return func(context.Context, *branch.Env, string) (branch.Turn, error) { return branch.Turn{Kind: k}, nil }
+}
+
+// newServer makes a server on the shared engine and task pool whose
+// coordinator checkpoints every turn full.
 func newServer(t testing.TB, o server.Options) (*server.Server, string) {
+	t.Helper()
+	return newServerWith(t, o, coordinator.Options{})
+}
+
+// newServerWith makes a server on the shared engine whose coordinator
+// has options co (Classify nil: every turn full; Tasks nil: the shared
+// task pool).
+func newServerWith(t testing.TB, o server.Options, co coordinator.Options) (*server.Server, string) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
-	o.Engine = engine
-	if o.Pool == nil {
-		o.Pool = server.FromEnvpool(pool)
+	co.Engine = engine
+	if co.Tasks == nil {
+		co.Tasks = coordinator.FromEnvpool(pool)
+	}
+	if co.Classify == nil {
+		co.Classify = coordinator.Full
 	}
 	if o.Logger == nil {
 		o.Logger = quiet()
 	}
+	co.Logger = o.Logger
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	co.Registry = o.Registry
+	c, err := coordinator.New(co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Coordinator = c
 	s, err := server.New(o)
 	if err != nil {
+		c.Close()
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(s.Handler())
@@ -86,6 +118,7 @@ func newServer(t testing.TB, o server.Options) (*server.Server, string) {
 		defer cancel()
 		s.Shutdown(ctx)
 		hs.Close()
+		c.Close()
 	})
 	return s, strings.TrimPrefix(hs.URL, "http://")
 }

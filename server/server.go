@@ -10,29 +10,20 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/coordinator"
 )
 
 // Options configure a Server. Zero values take the defaults.
 type Options struct {
-	Engine *branch.Engine
-	// Pool hands out envs; nil: EnginePool (image resets, no tasks).
-	Pool Pool
-	// Classifier picks each turn's checkpoint kind; nil: Full.
-	Classifier Classifier
-	// VerifySkips: after every turn checkpointed as none, fs or proc,
-	// restore that state and compare it with the live env (files, shell
-	// state, processes); misses are reported in the step's info and
-	// counted in arbor_verify_misses_total. Costs a restore per turn.
-	VerifySkips bool
+	// Coordinator runs every operation: the turn, the envs' life, the
+	// errors' codes. The server only speaks the protocol.
+	Coordinator *coordinator.Coordinator
 	// Token, when set, must be presented by every connection, as
 	// "Authorization: Bearer TOKEN" or in hello. Listening on anything but
 	// loopback requires one.
@@ -42,18 +33,15 @@ type Options struct {
 	// MaxInFlight bounds the requests one connection has outstanding
 	// (default 256).
 	MaxInFlight int
-	// MaxEnvs bounds the envs handed out (default 256).
-	MaxEnvs int
 	// MaxBatch bounds the items of one step_batch (default 1024).
 	MaxBatch int
-	// DefaultTimeout is a bash step's timeout when neither the action nor
-	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
-	DefaultTimeout, MaxTimeout time.Duration
 	// AllowedOrigins are the browser origins that may open a websocket;
 	// requests with any other Origin header are refused (programs send
 	// none), so a web page cannot drive a local server.
 	AllowedOrigins []string
-	// Registry receives the metrics; nil: a registry of the server's own.
+	// Registry receives the server's metrics (give the coordinator's the
+	// same registry to serve them at one /metrics); nil: a registry of the
+	// server's own.
 	Registry *prometheus.Registry
 	// Version is reported by hello.
 	Version string
@@ -70,23 +58,8 @@ func (o Options) withDefaults() Options {
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 256
 	}
-	if o.MaxEnvs <= 0 {
-		o.MaxEnvs = 256
-	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
-	}
-	if o.DefaultTimeout <= 0 {
-		o.DefaultTimeout = 60 * time.Second
-	}
-	if o.MaxTimeout <= 0 {
-		o.MaxTimeout = time.Hour
-	}
-	if o.Classifier == nil {
-		o.Classifier = Full
-	}
-	if o.Pool == nil {
-		o.Pool = EnginePool{E: o.Engine}
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
@@ -102,12 +75,11 @@ func (o Options) withDefaults() Options {
 
 // Server serves protocol v1. Make one with New.
 type Server struct {
-	o    Options
-	e    *branch.Engine
-	pool Pool
-	log  *slog.Logger
-	m    *metrics
-	up   websocket.Upgrader
+	o   Options
+	c   *coordinator.Coordinator
+	log *slog.Logger
+	m   *metrics
+	up  websocket.Upgrader
 
 	// ctx bounds every operation; it ends when Shutdown gives up waiting.
 	ctx    context.Context
@@ -115,41 +87,19 @@ type Server struct {
 	ops    sync.WaitGroup
 
 	mu       sync.Mutex
-	envs     map[string]*envMeta // envs handed out, by id
-	reserved int                 // env slots promised to resets and branches in progress
 	conns    map[*conn]struct{}
 	draining bool
 }
 
-// envMeta is what the server keeps per env.
-type envMeta struct {
-	// tail is closed when the newest operation queued on the env ends;
-	// the next one waits for it (FIFO per env). Guarded by Server.mu.
-	tail chan struct{}
-	// The fields below are touched only by operations holding the env's
-	// ticket.
-	task TaskInfo
-	base int // the engine's turn count when the episode began
-	// pending is the state whose background checkpoint was queued last;
-	// its timing is read once the next operation has waited for it.
-	pending string
-	used    atomic.Int64 // unix nanoseconds of the last request naming it
-}
-
-// New makes a server on an open engine.
+// New makes a server on a coordinator.
 func New(o Options) (*Server, error) {
-	if o.Engine == nil {
-		return nil, errors.New("server: Options.Engine is required")
+	if o.Coordinator == nil {
+		return nil, errors.New("server: Options.Coordinator is required")
 	}
 	o = o.withDefaults()
-	s := &Server{o: o, e: o.Engine, pool: o.Pool, log: o.Logger, envs: map[string]*envMeta{}, conns: map[*conn]struct{}{}}
+	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.m = newMetrics(o.Registry, func() float64 {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return float64(len(s.envs))
-	})
-	registerEngineMetrics(o.Registry, o.Engine)
+	s.m = newMetrics(o.Registry)
 	s.up = websocket.Upgrader{
 		ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10,
 		CheckOrigin: s.checkOrigin,
@@ -232,7 +182,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 // Shutdown drains the server: new requests are refused with
 // shutting_down, running operations get until ctx ends to finish (then
 // they are cancelled), and every connection is closed. The envs stay with
-// the engine, whose Close destroys them.
+// the coordinator and the engine, whose Close destroys them.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
@@ -274,94 +224,4 @@ func (s *Server) begin() bool {
 
 func (s *Server) authorized(token string) bool {
 	return s.o.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(s.o.Token)) == 1
-}
-
-// ticket queues an operation on the envs ids (in the order the server
-// received it): wait blocks until the operations queued before it on
-// those envs have ended, release lets the next one run. Ids the server
-// did not hand out take no ticket.
-func (s *Server) ticket(ids ...string) (wait, release func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var prevs, nexts []chan struct{}
-	for _, id := range ids {
-		m, ok := s.envs[id]
-		if !ok || id == "" {
-			continue
-		}
-		next := make(chan struct{})
-		prevs, m.tail = append(prevs, m.tail), next
-		nexts = append(nexts, next)
-	}
-	wait = func() {
-		for _, p := range prevs {
-			<-p
-		}
-	}
-	release = func() {
-		for _, n := range nexts {
-			close(n)
-		}
-	}
-	return wait, release
-}
-
-// adopt records an env the pool handed out.
-func (s *Server) adopt(env *branch.Env, task TaskInfo, base int) *envMeta {
-	closed := make(chan struct{})
-	close(closed)
-	m := &envMeta{tail: closed, task: task, base: base}
-	m.used.Store(time.Now().UnixNano())
-	s.mu.Lock()
-	s.envs[env.ID] = m
-	s.mu.Unlock()
-	return m
-}
-
-// forget drops an env from the server's books.
-func (s *Server) forget(id string) {
-	s.mu.Lock()
-	delete(s.envs, id)
-	s.mu.Unlock()
-	s.pool.Forget(id)
-}
-
-// lookup finds an env handed out to clients. An env the engine no longer
-// has (the pool's TTL closed it) is forgotten.
-func (s *Server) lookup(id string) (*branch.Env, *envMeta, error) {
-	if id == "" {
-		return nil, nil, protocol.Errorf(protocol.CodeInvalidParams, "env_id: required string is missing")
-	}
-	s.mu.Lock()
-	m, ok := s.envs[id]
-	s.mu.Unlock()
-	if !ok {
-		return nil, nil, protocol.Errorf(protocol.CodeUnknownEnv, "no open env %q", id)
-	}
-	env, err := s.e.Env(id)
-	if err != nil {
-		s.forget(id)
-		return nil, nil, protocol.Errorf(protocol.CodeUnknownEnv, "env %q is closed", id)
-	}
-	m.used.Store(time.Now().UnixNano())
-	s.pool.Touch(id)
-	return env, m, nil
-}
-
-// reserve promises n env slots; release with unreserve.
-func (s *Server) reserve(n int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if have := len(s.envs) + s.reserved; have+n > s.o.MaxEnvs {
-		return protocol.Errorf(protocol.CodeTooManyEnvs, "%d envs open or being made, %d more would pass the limit of %d; close some",
-			have, n, s.o.MaxEnvs)
-	}
-	s.reserved += n
-	return nil
-}
-
-func (s *Server) unreserve(n int) {
-	s.mu.Lock()
-	s.reserved -= n
-	s.mu.Unlock()
 }

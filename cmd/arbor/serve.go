@@ -10,9 +10,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
@@ -171,7 +173,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	for _, t := range tasks {
 		log.Info("task", slog.String("name", t.Name), slog.String("image", t.Image))
 	}
-	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, IdleTTL: o.idleTTL, Progress: os.Stderr, Logger: log})
+	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log})
 	if err != nil {
 		return fmt.Errorf("prepare tasks: %w", err)
 	}
@@ -182,22 +184,26 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			log.Warn("close pool", slog.Any("err", cerr))
 		}
 	}()
-	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), e, server.FromEnvpool(p), snap, o.token, log)
+	// One coordinator owns the turn and the envs; the protocol server,
+	// the agent tools and the LLM proxy are its adapters.
+	reg := prometheus.NewRegistry()
+	co, err := coordinator.New(coordinator.Options{Engine: e, Tasks: coordinator.FromEnvpool(p), VerifySkips: o.verifySkips,
+		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer co.Close()
+	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, snap, o.token, log)
 	if err != nil {
 		return err
 	}
 	defer stopMCP()
 	if o.llmUpstream != "" {
-		if routes, err = addLLMProxy(routes, e, o.llmUpstream, o.token, log); err != nil {
+		if routes, err = addLLMProxy(routes, co, o.llmUpstream, o.token, log); err != nil {
 			return err
 		}
 	}
-	classifier := server.Full
-	if in != nil {
-		classifier = server.Inspected(e, log)
-	}
-	s, err := server.New(server.Options{Engine: e, Pool: server.FromEnvpool(p), Token: o.token, MaxEnvs: o.maxEnvs, Handlers: routes,
-		Classifier: classifier, VerifySkips: o.verifySkips,
+	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
 		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})
 	if err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/llmproxy"
 )
@@ -42,12 +42,12 @@ func openInspector(mode string, log *slog.Logger) (*inspector.Inspector, error) 
 const TokenHeader = "X-Arbor-Token"
 
 // addLLMProxy mounts the LLM reverse proxy at /v1/llm/.
-func addLLMProxy(routes map[string]http.Handler, e *branch.Engine, upstream, token string, log *slog.Logger) (map[string]http.Handler, error) {
+func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, upstream, token string, log *slog.Logger) (map[string]http.Handler, error) {
 	u, err := url.Parse(upstream)
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		return nil, fmt.Errorf("--llm-upstream %q: want an absolute URL such as http://127.0.0.1:8000", upstream)
 	}
-	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: u, Logger: log})
+	p, err := llmproxy.New(llmproxy.Options{Coordinator: co, Upstream: u, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -10,18 +10,17 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/agent"
-	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/server"
 )
 
 // mcpRoutes is the agent tools' MCP endpoint of arbor serve --mcp (none
 // when on is false) and a function that ends its sessions.
-func mcpRoutes(on bool, addr net.Addr, e *branch.Engine, pool server.Pool, snap cr.Snapshotter, token string, log *slog.Logger) (map[string]http.Handler, func(), error) {
+func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, token string, log *slog.Logger) (map[string]http.Handler, func(), error) {
 	if !on {
 		return nil, func() {}, nil
 	}
-	tools, err := agent.New(agent.Options{Engine: e, Pool: pool, Snap: snap, Logger: log})
+	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,402 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// Options configure a Coordinator. Zero values take the defaults.
+type Options struct {
+	Engine *branch.Engine
+	// Tasks makes new episodes' envs and runs verifiers; nil: Images
+	// (image resets, no tasks).
+	Tasks Tasks
+	// Classify is the seam tests use to pick turn kinds; nil: the
+	// engine's Classify (its inspector; none: every turn full). It is the
+	// only classification entry point.
+	Classify func(ctx context.Context, env *branch.Env, cmd string) (branch.Turn, error)
+	// VerifySkips: after every turn checkpointed as none, fs or proc,
+	// restore that state and compare it with the live env (files, shell
+	// state, processes); misses are reported in the turn's result and
+	// counted. Costs a restore per turn.
+	VerifySkips bool
+	// MaxEnvs bounds the envs handed out (default 256).
+	MaxEnvs int
+	// IdleTTL closes handed-out envs nobody touched for this long (0 or
+	// negative: never). It should exceed the longest command timeout: a
+	// running command holds its env's gate, and the janitor waits for it.
+	IdleTTL time.Duration
+	// DefaultTimeout is a bash turn's timeout when neither the action nor
+	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
+	DefaultTimeout, MaxTimeout time.Duration
+	// Registry receives the metrics; nil: a registry of the coordinator's
+	// own.
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxEnvs <= 0 {
+		o.MaxEnvs = 256
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = 60 * time.Second
+	}
+	if o.MaxTimeout <= 0 {
+		o.MaxTimeout = time.Hour
+	}
+	if o.Tasks == nil {
+		o.Tasks = Images{E: o.Engine}
+	}
+	if o.Classify == nil {
+		o.Classify = o.Engine.Classify
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Coordinator owns the turn (Turn, Boundary) and the life of every env it
+// hands out: its creation (Reset, Branch), its task, its per-env gate
+// (Ticket), its idle TTL and its end (CloseEnv, Discard, Promote). Envs it
+// did not hand out (a task pool's templates and warm copies, throwaway
+// forks) are not in its registry, so no caller can name them.
+//
+// Methods that name an env expect the caller to hold the env's ticket.
+type Coordinator struct {
+	o     Options
+	e     *branch.Engine
+	tasks Tasks
+	log   *slog.Logger
+	m     *metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	envs     map[string]*entry // envs handed out, by id
+	reserved int               // env slots promised to resets and branches in progress
+	closed   bool
+}
+
+// entry is what the coordinator keeps per env.
+type entry struct {
+	env *branch.Env
+	// tail is closed when the newest operation queued on the env ends;
+	// the next one waits for it (FIFO per env). Guarded by
+	// Coordinator.mu, as is failed.
+	tail chan struct{}
+	// failed is a background checkpoint failure a waiter took from the
+	// engine (WaitTurn): the next turn must still checkpoint full.
+	failed error
+	// The fields below are set at registration or touched only by
+	// operations holding the env's ticket.
+	task TaskInfo
+	seed int64
+	base int // the engine's turn count when the episode began
+	// pending is the state whose background checkpoint was queued last;
+	// its timing is read once the next operation has waited for it.
+	pending string
+	used    atomic.Int64 // unix nanoseconds of the last operation naming it
+}
+
+// New makes a coordinator on an open engine and starts its idle-TTL
+// janitor; Close stops it.
+func New(o Options) (*Coordinator, error) {
+	if o.Engine == nil {
+		return nil, errors.New("coordinator: Options.Engine is required")
+	}
+	o = o.withDefaults()
+	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.m = newMetrics(o.Registry, o.Engine, func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return float64(len(c.envs))
+	})
+	if o.IdleTTL > 0 {
+		c.wg.Add(1)
+		go c.janitor()
+	}
+	return c, nil
+}
+
+// Close stops the janitor. The envs stay with the engine, whose Close
+// destroys them.
+func (c *Coordinator) Close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+}
+
+// Engine is the engine the coordinator drives (for throwaway forks that
+// are never handed out, such as the agent's fork_try).
+func (c *Coordinator) Engine() *branch.Engine { return c.e }
+
+// MaxEnvs is the bound on the envs handed out.
+func (c *Coordinator) MaxEnvs() int { return c.o.MaxEnvs }
+
+// TaskNames lists the tasks Reset accepts.
+func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
+
+// Ticket queues an operation on the envs ids in the order of the calls:
+// wait blocks until the operations queued before it on those envs have
+// ended, release lets the next one run. Ids not handed out take no
+// ticket.
+func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var prevs, nexts []chan struct{}
+	for _, id := range ids {
+		m, ok := c.envs[id]
+		if !ok || id == "" {
+			continue
+		}
+		next := make(chan struct{})
+		prevs, m.tail = append(prevs, m.tail), next
+		nexts = append(nexts, next)
+	}
+	wait = func() {
+		for _, p := range prevs {
+			<-p
+		}
+	}
+	release = func() {
+		for _, n := range nexts {
+			close(n)
+		}
+	}
+	return wait, release
+}
+
+// register records an env handed out.
+func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int) *entry {
+	closed := make(chan struct{})
+	close(closed)
+	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
+	m.used.Store(time.Now().UnixNano())
+	c.mu.Lock()
+	c.envs[env.ID] = m
+	c.mu.Unlock()
+	return m
+}
+
+// forget drops an env from the registry.
+func (c *Coordinator) forget(id string) {
+	c.mu.Lock()
+	delete(c.envs, id)
+	c.mu.Unlock()
+}
+
+// lookup finds an env handed out and marks it used. An env the engine no
+// longer has is forgotten.
+func (c *Coordinator) lookup(id string) (*branch.Env, *entry, error) {
+	if id == "" {
+		return nil, nil, fmt.Errorf("%w: env_id: required string is missing", ErrInvalidParams)
+	}
+	c.mu.Lock()
+	m, ok := c.envs[id]
+	c.mu.Unlock()
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: no open env %q", ErrUnknownEnv, id)
+	}
+	if _, err := c.e.Env(id); err != nil {
+		c.forget(id)
+		return nil, nil, fmt.Errorf("%w: env %q is closed", ErrUnknownEnv, id)
+	}
+	m.used.Store(time.Now().UnixNano())
+	return m.env, m, nil
+}
+
+// Env returns an env handed out (and marks it used).
+func (c *Coordinator) Env(id string) (*branch.Env, error) {
+	env, _, err := c.lookup(id)
+	return env, err
+}
+
+// Task returns the task of an env handed out.
+func (c *Coordinator) Task(id string) (TaskInfo, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.envs[id]
+	if !ok {
+		return TaskInfo{}, false
+	}
+	return m.task, true
+}
+
+// reserve promises n env slots; release with unreserve.
+func (c *Coordinator) reserve(n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if have := len(c.envs) + c.reserved; have+n > c.o.MaxEnvs {
+		return fmt.Errorf("%w: %d envs open or being made, %d more would pass the limit of %d; close some",
+			ErrTooManyEnvs, have, n, c.o.MaxEnvs)
+	}
+	c.reserved += n
+	return nil
+}
+
+func (c *Coordinator) unreserve(n int) {
+	c.mu.Lock()
+	c.reserved -= n
+	c.mu.Unlock()
+}
+
+// observePending reads the timing of the env's last background checkpoint
+// (which the operation now running has waited for) into the metrics.
+func (c *Coordinator) observePending(m *entry) {
+	if m.pending == "" {
+		return
+	}
+	if st, err := c.e.State(m.pending); err == nil {
+		if d, ok := st.Timings["total"]; ok {
+			c.m.checkpoint.WithLabelValues("background").Observe(d.Seconds())
+		}
+	}
+	m.pending = ""
+}
+
+// ResetResult is a new episode's env, registered.
+type ResetResult struct {
+	Env         *branch.Env
+	StateID     string
+	Task        TaskInfo
+	Instruction string
+}
+
+// Reset starts an episode (of a task or an image) and hands out its env.
+func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult, error) {
+	if req.Image == "" && req.Task == "" {
+		return nil, fmt.Errorf("%w: reset needs image or task", ErrInvalidParams)
+	}
+	if err := c.reserve(1); err != nil {
+		return nil, err
+	}
+	defer c.unreserve(1)
+	res, err := c.tasks.Reset(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	task := res.Task
+	if task.Image == "" {
+		task.Image = res.Env.Image
+	}
+	c.register(res.Env, task, req.Seed, res.Env.Turn())
+	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
+	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
+	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil
+}
+
+// EnvInfo is one env handed out.
+type EnvInfo struct {
+	Env  *branch.Env
+	Task TaskInfo
+	Turn int // since its episode began
+	Idle time.Duration
+}
+
+// Envs lists the envs handed out, by id.
+func (c *Coordinator) Envs() []EnvInfo {
+	c.mu.Lock()
+	metas := make([]*entry, 0, len(c.envs))
+	for _, m := range c.envs {
+		metas = append(metas, m)
+	}
+	c.mu.Unlock()
+	now := time.Now()
+	out := make([]EnvInfo, 0, len(metas))
+	for _, m := range metas {
+		if _, err := c.e.Env(m.env.ID); err != nil {
+			continue // closed under us; the next lookup forgets it
+		}
+		out = append(out, EnvInfo{Env: m.env, Task: m.task, Turn: m.env.Turn() - m.base,
+			Idle: now.Sub(time.Unix(0, m.used.Load()))})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Env.ID < out[j].Env.ID })
+	return out
+}
+
+// janitor closes envs left idle longer than IdleTTL.
+func (c *Coordinator) janitor() {
+	defer c.wg.Done()
+	every := min(max(c.o.IdleTTL/4, 50*time.Millisecond), time.Minute)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.sweep(time.Now())
+	}
+}
+
+// sweep closes the envs idle at now. Each close takes the env's ticket,
+// so it waits for an operation that is running, and rechecks the idle
+// time once it holds it.
+func (c *Coordinator) sweep(now time.Time) {
+	c.mu.Lock()
+	var idle []string
+	for id, m := range c.envs {
+		if now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
+			idle = append(idle, id)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range idle {
+		wait, release := c.Ticket(id)
+		wait()
+		c.mu.Lock()
+		m, ok := c.envs[id]
+		c.mu.Unlock()
+		if ok && now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
+			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
+			c.forget(id)
+			if err := c.e.CloseEnv(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
+				c.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
+			}
+		}
+		release()
+	}
+}
+
+// Has reports whether id is an env handed out and still open, without
+// counting as a use of it.
+func (c *Coordinator) Has(id string) bool {
+	c.mu.Lock()
+	_, ok := c.envs[id]
+	c.mu.Unlock()
+	if !ok {
+		return false
+	}
+	_, err := c.e.Env(id)
+	return err == nil
+}
+
+// Full is a Classify that checkpoints every turn whole (baselines and
+// tests).
+func Full(context.Context, *branch.Env, string) (branch.Turn, error) {
+	return branch.Turn{Kind: branch.Full, Reasons: []string{"every turn full"}}, nil
+}

@@ -1,0 +1,253 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// Checkpoint takes a full checkpoint of env now (high priority) and
+// returns its state id; the caller holds the env's ticket.
+func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return "", err
+	}
+	c.observePending(m)
+	t := time.Now()
+	sid, err := c.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		return "", err
+	}
+	c.m.checkpoint.WithLabelValues("forced").Observe(time.Since(t).Seconds())
+	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
+	return sid, nil
+}
+
+// BranchRequest names the source of a branch: an env handed out (its
+// current state) or a state id, and how many children to make.
+type BranchRequest struct {
+	EnvID, StateID string
+	N              int
+}
+
+// BranchResult is what Branch made. Children[i] is nil where Errors[i]
+// says why.
+type BranchResult struct {
+	State    string
+	Children []*branch.Env
+	Errors   []error
+	Took     time.Duration
+}
+
+// Branch makes N envs whose state equals the source's and hands them
+// out. Children inherit the task, the seed and the episode's turn base of
+// the env they come from (for a state id: of the env that made it while
+// it is open, else the task whose prepared state it descends from), and
+// have it as origin when it is an env handed out (promote hands their
+// state back to it). The caller holds the source env's ticket.
+func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchResult, error) {
+	if (req.EnvID == "") == (req.StateID == "") {
+		return nil, fmt.Errorf("%w: branch needs exactly one of env_id and state_id", ErrInvalidParams)
+	}
+	if req.N < 1 {
+		return nil, fmt.Errorf("%w: n: want at least 1, got %d", ErrInvalidParams, req.N)
+	}
+	if req.N > c.o.MaxEnvs {
+		return nil, fmt.Errorf("%w: n=%d is over the server's limit of %d envs", ErrTooManyEnvs, req.N, c.o.MaxEnvs)
+	}
+	src := branch.Source{State: req.StateID}
+	var parent *entry
+	if req.EnvID != "" {
+		env, m, err := c.lookup(req.EnvID)
+		if err != nil {
+			return nil, err
+		}
+		c.observePending(m)
+		src, parent = branch.Source{Env: env}, m
+	} else {
+		if err := c.settle(ctx, req.StateID); err != nil {
+			return nil, err
+		}
+		st, err := c.e.State(req.StateID)
+		if err != nil {
+			return nil, err
+		}
+		c.mu.Lock()
+		parent = c.envs[st.Env]
+		c.mu.Unlock()
+	}
+	if err := c.reserve(req.N); err != nil {
+		return nil, err
+	}
+	defer c.unreserve(req.N)
+	res, err := c.e.Branch(ctx, src, req.N)
+	if err != nil {
+		return nil, err
+	}
+	c.m.branch.Observe(res.Took.Seconds())
+	var (
+		task TaskInfo
+		seed int64
+		base int
+	)
+	if parent != nil {
+		task, seed, base = parent.task, parent.seed, parent.base
+	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
+		task = t
+	}
+	out := &BranchResult{State: res.State, Children: res.Children, Errors: res.Errors, Took: res.Took}
+	failed := 0
+	for i, ch := range res.Children {
+		if res.Errors[i] != nil || ch == nil {
+			if res.Errors[i] == nil {
+				res.Errors[i] = errors.New("no env")
+			}
+			out.Children[i] = nil
+			failed++
+			continue
+		}
+		if src.Env != nil {
+			ch.Origin = src.Env.ID
+		} else if _, _, err := c.lookup(ch.Origin); err != nil {
+			// A state of an env not handed out (a task's template): there
+			// is no env to promote into.
+			ch.Origin = ""
+		}
+		c.register(ch, task, seed, base)
+	}
+	if failed == req.N {
+		return nil, res.Errors[0]
+	}
+	return out, nil
+}
+
+// Promote adopts child's current state as the state of the env it was
+// branched from and closes child; it returns the origin's id and the
+// adopted state. The caller holds both envs' tickets.
+func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid string, err error) {
+	child, m, err := c.lookup(envID)
+	if err != nil {
+		return "", "", err
+	}
+	c.observePending(m)
+	origin = child.Origin
+	if origin == "" {
+		return "", "", fmt.Errorf("%w: env %s was not branched from an env: nothing to promote it into", ErrBadRequest, child.ID)
+	}
+	if _, _, err := c.lookup(origin); err != nil {
+		return "", "", fmt.Errorf("%w: origin env %s of %s is not open", ErrBadRequest, origin, child.ID)
+	}
+	if sid, err = c.e.Promote(ctx, child); err != nil {
+		return "", "", err
+	}
+	c.forget(child.ID)
+	return origin, sid, nil
+}
+
+// Discard throws an env away: it is closed and its states released (a
+// rejected draft). The caller holds the env's ticket.
+func (c *Coordinator) Discard(ctx context.Context, envID string) error {
+	env, _, err := c.lookup(envID)
+	if err != nil {
+		return err
+	}
+	c.forget(env.ID)
+	return c.e.CloseEnv(ctx, env)
+}
+
+// CloseEnv ends an env handed out. The caller holds the env's ticket.
+func (c *Coordinator) CloseEnv(ctx context.Context, envID string) error {
+	// Discard and close are one operation today: the engine releases the
+	// states only a closed env held.
+	return c.Discard(ctx, envID)
+}
+
+// Evaluate runs the verifier of env's task on a fork of its current
+// state; env itself is untouched. The caller holds the env's ticket.
+func (c *Coordinator) Evaluate(ctx context.Context, envID string) (Evaluation, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return Evaluation{}, err
+	}
+	c.observePending(m)
+	ev, err := c.tasks.Evaluate(ctx, env, m.task, m.seed)
+	if err != nil {
+		return Evaluation{}, err
+	}
+	m.used.Store(time.Now().UnixNano())
+	if ev.Details == nil {
+		ev.Details = map[string]any{}
+	}
+	return ev, nil
+}
+
+// Head returns env's head as a committed state, waiting (at high
+// priority) for its background checkpoint; when that failed, the changes
+// it held are checkpointed again (remade). The caller holds the env's
+// ticket.
+func (c *Coordinator) Head(ctx context.Context, envID string) (head string, remade bool, err error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return "", false, err
+	}
+	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+		return "", false, err
+	}
+	ckErr := env.TakeCheckpointError()
+	c.mu.Lock()
+	if ckErr == nil {
+		ckErr = m.failed
+	}
+	m.failed = nil
+	c.mu.Unlock()
+	if ckErr != nil {
+		// It failed; the env has changes no state holds.
+		if head, err = c.e.Checkpoint(ctx, env, branch.Full); err != nil {
+			return "", false, err
+		}
+		remade = true
+	}
+	c.observePending(m)
+	return head, remade, nil
+}
+
+// StateInfo is one state of an env's lineage.
+type StateInfo struct {
+	ID, Parent, Env string
+	Turn            int // since the env's episode began
+	Kind            branch.Kind
+	Created         time.Time
+}
+
+// States returns env's committed head and its lineage, oldest first. The
+// caller holds the env's ticket.
+func (c *Coordinator) States(ctx context.Context, envID string) (string, []StateInfo, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return "", nil, err
+	}
+	head := env.Head()
+	l, err := c.e.Lineage(head)
+	if errors.Is(err, branch.ErrUnknownState) {
+		// The head's checkpoint is still running: wait for it. (A failure
+		// the head already survived stays for the next turn to report.)
+		if head, _, err = c.Head(ctx, envID); err != nil {
+			return "", nil, err
+		}
+		l, err = c.e.Lineage(head)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	c.observePending(m)
+	base := m.base
+	out := make([]StateInfo, 0, len(l))
+	for _, st := range l {
+		out = append(out, StateInfo{ID: st.ID, Parent: st.Parent, Env: st.Env, Turn: st.Turn - base, Kind: st.Kind, Created: st.Created})
+	}
+	return head, out, nil
+}

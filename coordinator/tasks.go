@@ -1,0 +1,150 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool"
+)
+
+// TaskInfo is what the coordinator knows of an env's task.
+type TaskInfo struct {
+	Name, Image string
+	// MaxTurns sets truncated once an episode reaches it (0: no limit).
+	MaxTurns int
+	// CommandTimeout is the default timeout of a bash step (0: the
+	// coordinator's default).
+	CommandTimeout time.Duration
+}
+
+// ResetRequest asks for a new episode: of a task, or of a bare image.
+type ResetRequest struct {
+	Task, Image string
+	Seed        int64
+}
+
+// Reset is a new episode's env, as the task pool made it.
+type Reset struct {
+	Env         *branch.Env
+	StateID     string
+	Task        TaskInfo
+	Instruction string
+}
+
+// Evaluation is a verifier's verdict.
+type Evaluation struct {
+	Reward  float64
+	Details map[string]any
+}
+
+// Tasks is what the coordinator needs of a task pool: it makes new
+// episodes' envs, runs verifiers and knows which task a state descends
+// from. The envs it keeps in reserve (templates, warm copies) are never
+// handed to the coordinator, so no client sees them. Errors wrap the
+// coordinator's sentinels or the engine's.
+type Tasks interface {
+	Reset(ctx context.Context, req ResetRequest) (*Reset, error)
+	// Evaluate runs task's verifier on a fork of env; seed is the
+	// episode's (0: none).
+	Evaluate(ctx context.Context, env *branch.Env, task TaskInfo, seed int64) (Evaluation, error)
+	// TaskOfState names the task whose prepared state sid descends from.
+	TaskOfState(sid string) (TaskInfo, bool)
+	// TaskNames lists the tasks reset accepts.
+	TaskNames() []string
+}
+
+// Images is the Tasks of a server without tasks: reset starts a fresh env
+// from an image and nothing has a verifier.
+type Images struct{ E *branch.Engine }
+
+var _ Tasks = Images{}
+
+// Reset implements Tasks.
+func (p Images) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
+	if req.Task != "" {
+		return nil, fmt.Errorf("%w: %q (this server has no tasks)", ErrUnknownTask, req.Task)
+	}
+	if req.Image == "" {
+		return nil, fmt.Errorf("%w: reset needs an image or a task", ErrBadRequest)
+	}
+	env, sid, err := p.E.NewEnv(ctx, req.Image)
+	if err != nil {
+		return nil, fmt.Errorf("reset image %s: %w", req.Image, err)
+	}
+	return &Reset{Env: env, StateID: sid, Task: TaskInfo{Image: req.Image}}, nil
+}
+
+// Evaluate implements Tasks: without tasks there is no verifier.
+func (Images) Evaluate(_ context.Context, env *branch.Env, _ TaskInfo, _ int64) (Evaluation, error) {
+	return Evaluation{}, fmt.Errorf("%w: env %s runs image %s without a task", ErrNoVerifier, env.ID, env.Image)
+}
+
+// TaskOfState implements Tasks.
+func (Images) TaskOfState(string) (TaskInfo, bool) { return TaskInfo{}, false }
+
+// TaskNames implements Tasks.
+func (Images) TaskNames() []string { return nil }
+
+// FromEnvpool adapts an envpool.Pool (tasks, warm pool, verifiers) to
+// Tasks.
+func FromEnvpool(p *envpool.Pool) Tasks { return envpoolTasks{p} }
+
+type envpoolTasks struct{ p *envpool.Pool }
+
+func taskInfo(t envpool.Task) TaskInfo {
+	return TaskInfo{Name: t.Name, Image: t.Image, MaxTurns: t.MaxTurns, CommandTimeout: t.CommandTimeout}
+}
+
+// poolError wraps the pool's sentinels in the coordinator's.
+func poolError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, envpool.ErrUnknownTask):
+		return fmt.Errorf("%w: %w", ErrUnknownTask, err)
+	case errors.Is(err, envpool.ErrNoVerifier):
+		return fmt.Errorf("%w: %w", ErrNoVerifier, err)
+	case errors.Is(err, envpool.ErrBadRequest):
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	case errors.Is(err, envpool.ErrClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, branch.ErrRestore), errors.Is(err, branch.ErrCheckpoint):
+		return err // reported with the engine's own codes
+	case errors.Is(err, envpool.ErrVerifier), errors.Is(err, envpool.ErrSetup):
+		return fmt.Errorf("%w: %w", ErrInfra, err)
+	}
+	return err
+}
+
+func (a envpoolTasks) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
+	r, err := a.p.Reset(ctx, envpool.ResetRequest{Task: req.Task, Image: req.Image, Seed: req.Seed})
+	if err != nil {
+		return nil, poolError(err)
+	}
+	return &Reset{Env: r.Env, StateID: r.StateID, Task: taskInfo(r.Task), Instruction: r.Instruction}, nil
+}
+
+func (a envpoolTasks) Evaluate(ctx context.Context, env *branch.Env, task TaskInfo, seed int64) (Evaluation, error) {
+	t, ok := a.p.Task(task.Name)
+	if !ok {
+		t = envpool.Task{Image: env.Image}
+	}
+	ev, err := a.p.Evaluate(ctx, env, t, seed)
+	return Evaluation{Reward: ev.Reward, Details: ev.Details}, poolError(err)
+}
+
+func (a envpoolTasks) TaskOfState(sid string) (TaskInfo, bool) {
+	t, ok := a.p.TaskOfState(sid)
+	return taskInfo(t), ok
+}
+
+func (a envpoolTasks) TaskNames() []string {
+	var names []string
+	for _, t := range a.p.Tasks() {
+		names = append(names, t.Name)
+	}
+	return names
+}

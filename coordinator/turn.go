@@ -1,0 +1,324 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/shcmd"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// Action is one turn's command.
+type Action struct {
+	// Tool is protocol.ToolBash, ToolWriteFile, ToolReadFile or
+	// ToolRollback; it labels the metrics.
+	Tool string
+	Cmd  string // bash
+	Path string // write_file, read_file
+	// Content is write_file's.
+	Content []byte
+	// StateID is rollback's target.
+	StateID string
+	// Timeout bounds the command (0: the task's command timeout, else the
+	// coordinator's default); MaxTimeout caps it.
+	Timeout time.Duration
+	// MaxOutput caps each of stdout and stderr (0: the sandbox's default).
+	MaxOutput int
+	// ReadOnly: the caller vouches that the command changes nothing, so
+	// the turn is checkpointed none without classifying it (unless a
+	// failed checkpoint forces full).
+	ReadOnly bool
+}
+
+// command is the shell command of an action.
+func (a Action) command() string {
+	switch a.Tool {
+	case protocol.ToolWriteFile:
+		return shcmd.WriteFile(a.Path, a.Content)
+	case protocol.ToolReadFile:
+		return shcmd.ReadFile(a.Path)
+	}
+	return a.Cmd
+}
+
+// TurnResult is what a turn did.
+type TurnResult struct {
+	Env    *branch.Env
+	Task   TaskInfo
+	Result *sandbox.Result
+	// StateID is the state after the turn (its checkpoint may still run);
+	// Kind what that checkpoint captures.
+	StateID string
+	Kind    branch.Kind
+	// Turn counts the turns since the episode began.
+	Turn int
+	// Truncated: the episode reached its task's MaxTurns.
+	Truncated bool
+	// CheckpointError is the failure of the previous turn's background
+	// checkpoint, which made this turn's checkpoint full.
+	CheckpointError error
+	// VerifyMisses are what VerifySkips found the state lacks.
+	VerifyMisses []string
+	// Restored is the state a rollback turn restored; Rejected, when set,
+	// says why the rollback was refused (the agent's mistake, reported in
+	// the observation: Result holds it).
+	Restored string
+	Rejected string
+}
+
+// Turn runs one action in env as one turn: exec, classify, force full
+// after a failed background checkpoint, queue the checkpoint, verify
+// (VerifySkips), count the turn against the task's MaxTurns. It is the
+// only place that rule is written; the caller holds the env's ticket.
+func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnResult, error) {
+	start := time.Now()
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return nil, err
+	}
+	if a.Tool == protocol.ToolRollback {
+		return c.rollbackTurn(ctx, env, m, a, start)
+	}
+	cmd := a.command()
+	timeout := a.Timeout
+	if timeout <= 0 {
+		timeout = m.task.CommandTimeout
+	}
+	if timeout <= 0 {
+		timeout = c.o.DefaultTimeout
+	}
+	timeout = min(timeout, c.o.MaxTimeout)
+	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
+	if err != nil {
+		return nil, fmt.Errorf("step in env %s: %w", envID, err)
+	}
+	c.observePending(m)
+	out := &TurnResult{Env: env, Task: m.task, Result: res}
+	kind := branch.None
+	if !a.ReadOnly {
+		kind = c.classify(ctx, env, cmd)
+	}
+	if err := c.commit(env, m, kind, out); err != nil {
+		return nil, err
+	}
+	if c.o.VerifySkips && out.Kind != branch.Full {
+		v, err := c.e.Verify(ctx, env, out.StateID)
+		switch {
+		case err != nil:
+			out.VerifyMisses = []string{"verification failed: " + err.Error()}
+			c.m.verified.WithLabelValues("miss").Inc()
+		case len(v.Misses) > 0:
+			out.VerifyMisses = v.Misses
+			c.m.verified.WithLabelValues("miss").Inc()
+		default:
+			c.m.verified.WithLabelValues("ok").Inc()
+		}
+	}
+	out.Turn = env.Turn() - m.base
+	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
+	c.m.step.WithLabelValues(a.Tool).Observe(time.Since(start).Seconds())
+	return out, nil
+}
+
+// classify is the one classification entry: the engine's inspector (or
+// the test seam). Its failures make the turn full.
+func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) branch.Kind {
+	t, err := c.o.Classify(ctx, env, cmd)
+	if err != nil {
+		c.log.Warn("classify turn", slog.String("env", env.ID), slog.Any("err", err))
+		return branch.Full
+	}
+	c.log.Debug("turn classified", slog.String("env", env.ID), slog.String("kind", string(t.Kind)),
+		slog.Any("reasons", t.Reasons), slog.Duration("took", t.Took))
+	return t.Kind
+}
+
+// commit queues the turn's checkpoint of kind (full when the previous
+// one failed) and fills out's StateID, Kind and CheckpointError.
+func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
+	ckErr := env.TakeCheckpointError()
+	c.mu.Lock()
+	if ckErr == nil {
+		ckErr = m.failed
+	}
+	m.failed = nil
+	c.mu.Unlock()
+	if ckErr != nil {
+		// The previous turn's state never came to be: this one holds
+		// changes no state has, whatever the classifier saw.
+		out.CheckpointError = ckErr
+		kind = branch.Full
+		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
+	}
+	sid, err := c.e.CheckpointAsync(env, kind)
+	if err != nil {
+		return fmt.Errorf("queue checkpoint of env %s: %w", env.ID, err)
+	}
+	if kind != branch.None {
+		m.pending = sid
+	}
+	c.m.checkpoints.WithLabelValues(string(kind)).Inc()
+	out.StateID, out.Kind = sid, kind
+	return nil
+}
+
+// Boundary is a turn without a command, for callers that see only where
+// turns end (the LLM proxy: each LLM request ends the agent's turn): the
+// turn is classified and its checkpoint queued by the same rule as Turn's.
+// The caller holds the env's ticket; WaitTurn waits for the checkpoint.
+func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return nil, err
+	}
+	c.observePending(m)
+	out := &TurnResult{Env: env, Task: m.task}
+	if err := c.commit(env, m, c.classify(ctx, env, ""), out); err != nil {
+		return nil, err
+	}
+	out.Turn = env.Turn() - m.base
+	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
+	return out, nil
+}
+
+// WaitTurn waits for env's background checkpoint and reports its failure
+// (which also makes the next turn's checkpoint full). It needs no ticket.
+func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
+	c.mu.Lock()
+	m, ok := c.envs[envID]
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: no open env %q", ErrUnknownEnv, envID)
+	}
+	if _, err := c.e.WaitCheckpoint(ctx, m.env); err != nil {
+		return err
+	}
+	if ckErr := m.env.TakeCheckpointError(); ckErr != nil {
+		c.mu.Lock()
+		m.failed = ckErr
+		c.mu.Unlock()
+		return ckErr
+	}
+	return nil
+}
+
+// settle waits until state sid is committed when it is the head of an
+// open env whose background checkpoint still runs: a client may branch
+// from or roll back to a state id the moment a turn returned it. The
+// wait raises the checkpoint's priority.
+func (c *Coordinator) settle(ctx context.Context, sid string) error {
+	if _, err := c.e.State(sid); err == nil {
+		return nil
+	}
+	for _, env := range c.e.Envs() {
+		if env.Head() != sid {
+			continue
+		}
+		if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+			return err
+		}
+		if ckErr := env.TakeCheckpointError(); ckErr != nil {
+			// The env has changes no state holds: checkpoint them now, so
+			// that its head is a real state again.
+			if _, err := c.e.Checkpoint(ctx, env, branch.Full); err != nil {
+				return err
+			}
+			return fmt.Errorf("state %s: %w", sid, ckErr)
+		}
+		return nil
+	}
+	return nil // unknown: the caller reports it
+}
+
+// Seen reports whether sid is a state env may address: an ancestor of its
+// head or any state it made (including ones a rollback left behind).
+func (c *Coordinator) Seen(env *branch.Env, sid string) bool {
+	if l, err := c.e.Lineage(env.Head()); err == nil {
+		for _, st := range l {
+			if st.ID == sid {
+				return true
+			}
+		}
+	}
+	if sts, err := c.e.States(env.ID); err == nil {
+		for _, st := range sts {
+			if st.ID == sid {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Restored is where a rollback left an env.
+type Restored struct {
+	Env     *branch.Env
+	Task    TaskInfo
+	StateID string
+	Turn    int // since the episode began
+}
+
+// Rollback returns env to state sid (files, processes, shell state); the
+// caller holds the env's ticket.
+func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restored, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return nil, err
+	}
+	if sid == "" {
+		return nil, fmt.Errorf("%w: state_id: required string is missing", ErrInvalidParams)
+	}
+	if err := c.settle(ctx, sid); err != nil {
+		return nil, err
+	}
+	return c.restore(ctx, env, m, sid)
+}
+
+func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, sid string) (*Restored, error) {
+	t := time.Now()
+	if err := c.e.Rollback(ctx, env, sid); err != nil {
+		return nil, err
+	}
+	c.m.restore.Observe(time.Since(t).Seconds())
+	c.observePending(m)
+	env.TakeCheckpointError() // that state is gone with the sandbox that made it
+	c.mu.Lock()
+	m.failed = nil
+	c.mu.Unlock()
+	return &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base}, nil
+}
+
+// rollbackTurn is the rollback tool: the agent's own rollback. A state
+// the agent has not seen is its mistake, reported in the result
+// (Rejected); a restore that fails is an infrastructure error.
+func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entry, a Action, start time.Time) (*TurnResult, error) {
+	out := &TurnResult{Env: env, Task: m.task, Kind: branch.None}
+	if err := c.settle(ctx, a.StateID); err != nil {
+		return nil, err
+	}
+	if _, err := c.e.State(a.StateID); err != nil || !c.Seen(env, a.StateID) {
+		out.Rejected = fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)
+		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
+		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
+		return out, nil
+	}
+	r, err := c.restore(ctx, env, m, a.StateID)
+	if err != nil {
+		return nil, err
+	}
+	out.StateID, out.Restored, out.Turn = r.StateID, r.StateID, r.Turn
+	msg := fmt.Sprintf("rolled back to state %s (turn %d): files, processes and shell state are as they were then\n", a.StateID, r.Turn)
+	out.Result = &sandbox.Result{Stdout: []byte(msg)}
+	// The shell's working directory, read without counting a turn.
+	if res, err := env.Sandbox().Exec(ctx, "pwd", sandbox.ExecOptions{Timeout: 5 * time.Second}); err == nil {
+		out.Result.Cwd = res.Cwd
+	}
+	out.Result.Duration = time.Since(start)
+	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
+	c.m.step.WithLabelValues(a.Tool).Observe(out.Result.Duration.Seconds())
+	return out, nil
+}
