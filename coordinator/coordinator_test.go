@@ -1,0 +1,191 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// TestTurnKinds: a turn is checkpointed with the kind its classification
+// says (an error of the classifier makes it full), a read-only turn is
+// none without asking, and the state after a turn restores to what the
+// turn left.
+func TestTurnKinds(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.FS, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ctx := context.Background()
+
+	t1 := bash(t, c, r.Env.ID, "echo one > /tmp/f")
+	if t1.Kind != branch.FS || t1.StateID == r.StateID || t1.Turn != 1 || t1.Result.ExitCode != 0 {
+		t.Errorf("turn 1: kind %s state %s turn %d exit %d, want fs, a new state, turn 1, exit 0", t1.Kind, t1.StateID, t1.Turn, t1.Result.ExitCode)
+	}
+	t2 := bash(t, c, r.Env.ID, "true")
+	if t2.Kind != branch.None || t2.StateID != t1.StateID {
+		t.Errorf("turn 2: kind %s state %s, want none and %s", t2.Kind, t2.StateID, t1.StateID)
+	}
+	rd, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolReadFile, Path: "/tmp/f", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rd.Kind != branch.None || string(rd.Result.Stdout) != "one\n" {
+		t.Errorf("read-only turn: kind %s stdout %q", rd.Kind, rd.Result.Stdout)
+	}
+	// The classifier has no kind left: its error makes the turn full.
+	t4 := bash(t, c, r.Env.ID, "echo two > /tmp/f")
+	if t4.Kind != branch.Full {
+		t.Errorf("turn whose classification failed: kind %s, want full", t4.Kind)
+	}
+	if want := []string{"echo one > /tmp/f", "true", "echo two > /tmp/f"}; !slices.Equal(k.seen, want) {
+		t.Errorf("classified %q, want %q (read-only turns are not classified)", k.seen, want)
+	}
+	// Turn 1's state restores with its file.
+	back, err := c.Rollback(ctx, r.Env.ID, t1.StateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Turn != 1 {
+		t.Errorf("rollback to turn 1's state: turn %d", back.Turn)
+	}
+	if got := bash(t, c, r.Env.ID, "cat /tmp/f").Result.Stdout; string(got) != "one\n" {
+		t.Errorf("after rollback /tmp/f = %q, want one", got)
+	}
+}
+
+// TestTurnInspector: without a seam the engine's inspector classifies
+// (the one entry point): a turn that changed nothing is none, one that
+// wrote a file is not.
+func TestTurnInspector(t *testing.T) {
+	c := newCoordinator(t, Options{})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	bash(t, c, r.Env.ID, "true") // the first turn after reset settles the baseline
+	if got := bash(t, c, r.Env.ID, "echo hi > /tmp/x").Kind; got == branch.None {
+		t.Errorf("a turn that wrote a file was checkpointed %s", got)
+	}
+	if got := bash(t, c, r.Env.ID, "true").Kind; got != branch.None {
+		t.Errorf("a turn that changed nothing was checkpointed %s, want none", got)
+	}
+}
+
+// TestTurnAfterFailedCheckpoint: when the previous turn's background
+// checkpoint failed, the next turn is checkpointed full whatever its
+// classification, and says why. The failure is the one WaitTurn (the LLM
+// proxy's wait) took from the engine; the engine's own path is the same
+// branch of commit.
+func TestTurnAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.None, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	c.mu.Lock()
+	c.envs[r.Env.ID].failed = errors.New("disk full")
+	c.mu.Unlock()
+	t1 := bash(t, c, r.Env.ID, "true")
+	if t1.Kind != branch.Full || t1.CheckpointError == nil || !strings.Contains(t1.CheckpointError.Error(), "disk full") {
+		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and the failure", t1.Kind, t1.CheckpointError)
+	}
+	if err := c.WaitTurn(context.Background(), r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.State(t1.StateID); err != nil {
+		t.Errorf("the full state %s is not committed: %v", t1.StateID, err)
+	}
+	if t2 := bash(t, c, r.Env.ID, "true"); t2.Kind != branch.None || t2.CheckpointError != nil {
+		t.Errorf("the turn after: kind %s, error %v; want none and no error", t2.Kind, t2.CheckpointError)
+	}
+}
+
+// TestTurnMaxTurnsAndTimeouts: the task's MaxTurns truncates the episode
+// at its last turn; the task's command timeout, an action's own timeout
+// and the coordinator's cap reach the result.
+func TestTurnMaxTurnsAndTimeouts(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full, MaxTimeout: 3 * time.Second})
+	r := reset(t, c, ResetRequest{Task: "count"})
+	ctx := context.Background()
+	if r.Task.Name != "count" || r.Task.MaxTurns != 3 {
+		t.Fatalf("reset task %+v", r.Task)
+	}
+	// The task's timeout (2 s) applies when the action gives none.
+	t1 := bash(t, c, r.Env.ID, "sleep 10")
+	if !t1.Result.TimedOut || t1.Truncated {
+		t.Errorf("turn 1 (sleep 10, task timeout 2 s): timed out %v, truncated %v", t1.Result.TimedOut, t1.Truncated)
+	}
+	// The action's own timeout, under the cap, wins over the task's.
+	t2, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 2.5; echo done", Timeout: 2900 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if t2.Result.TimedOut || string(t2.Result.Stdout) != "done\n" || t2.Truncated {
+		t.Errorf("turn 2 (own timeout 2.9 s): timed out %v, stdout %q, truncated %v", t2.Result.TimedOut, t2.Result.Stdout, t2.Truncated)
+	}
+	// Over the cap (3 s): cut at the cap. This is turn 3 of 3: truncated.
+	t3, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 10", Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !t3.Result.TimedOut || t3.Turn != 3 || !t3.Truncated {
+		t.Errorf("turn 3 (timeout over the cap): timed out %v, turn %d, truncated %v; want true, 3, true", t3.Result.TimedOut, t3.Turn, t3.Truncated)
+	}
+}
+
+// TestRollbackTurn: the rollback tool refuses a state the env never had
+// (in the result, not as an error) and restores one it had.
+func TestRollbackTurn(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ctx := context.Background()
+	t1 := bash(t, c, r.Env.ID, "cd /tmp && echo a > f")
+	bash(t, c, r.Env.ID, "echo b > f")
+	bad, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: "s-nope"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad.Rejected == "" || bad.Result.ExitCode != 2 || bad.Restored != "" {
+		t.Errorf("rollback to an unknown state: %+v", bad)
+	}
+	// t1's state id is returned while its checkpoint may still run: the
+	// rollback waits for it.
+	ok, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: t1.StateID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok.Rejected != "" || ok.Restored != t1.StateID || ok.Turn != 1 || ok.Result.Cwd != "/tmp" {
+		t.Errorf("rollback to turn 1: rejected %q restored %s turn %d cwd %q", ok.Rejected, ok.Restored, ok.Turn, ok.Result.Cwd)
+	}
+	if got := bash(t, c, r.Env.ID, "cat f").Result.Stdout; string(got) != "a\n" {
+		t.Errorf("after rollback f = %q", got)
+	}
+}
+
+// TestBoundary: a turn without a command (the LLM proxy's) is classified
+// by the inspector and checkpointed; WaitTurn returns once it is
+// committed.
+func TestBoundary(t *testing.T) {
+	c := newCoordinator(t, Options{})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ctx := context.Background()
+	if _, err := engine.Exec(ctx, r.Env, "echo edited > /tmp/b", sandboxOpts()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Boundary(ctx, r.Env.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Kind == branch.None || b.StateID == r.StateID {
+		t.Errorf("boundary after an edit: kind %s state %s", b.Kind, b.StateID)
+	}
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.State(b.StateID); err != nil {
+		t.Errorf("state %s not committed after WaitTurn: %v", b.StateID, err)
+	}
+	if _, err := c.Boundary(ctx, "e-nope"); !errors.Is(err, ErrUnknownEnv) {
+		t.Errorf("boundary of an unknown env: %v", err)
+	}
+}

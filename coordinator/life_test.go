@@ -1,0 +1,204 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+func sandboxOpts() sandbox.ExecOptions { return sandbox.ExecOptions{Timeout: 10 * time.Second} }
+
+// TestBranchChildren: children of an env inherit its task, seed and turn
+// count and have it as origin; children of a task's post-setup state get
+// that task and no origin (the template is not handed out); promote and
+// discard end children; a reset env has nothing to promote into.
+func TestBranchChildren(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Task: "count", Seed: 7})
+	parent := r.Env.ID
+	bash(t, c, parent, "echo 1 > /work/n")
+	res, err := c.Branch(ctx, BranchRequest{EnvID: parent, N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range res.Children {
+		if ch == nil {
+			t.Fatal(res.Errors[i])
+		}
+		if ch.Origin != parent {
+			t.Errorf("child %s origin %q, want %s", ch.ID, ch.Origin, parent)
+		}
+		if tk, ok := c.Task(ch.ID); !ok || tk.Name != "count" {
+			t.Errorf("child %s task %+v %v", ch.ID, tk, ok)
+		}
+	}
+	keep, drop := res.Children[0].ID, res.Children[1].ID
+	// The child's turn count goes on from the parent's episode, and the
+	// episode's seed reaches its verifier.
+	if tr := bash(t, c, keep, "echo 3 > /work/n"); tr.Turn != 2 {
+		t.Errorf("child's first turn is turn %d, want 2", tr.Turn)
+	}
+	ev, err := c.Evaluate(ctx, keep)
+	if err != nil || ev.Reward != 1 {
+		t.Errorf("evaluate child: %+v %v", ev, err)
+	}
+	if tail, _ := ev.Details["stderr_tail"].(string); tail != "seed=7\n" {
+		t.Errorf("verifier of the child saw %q, want the episode's seed 7", tail)
+	}
+
+	// A child of the task's post-setup state (made by the pool's
+	// template, which is not handed out).
+	post := pool.Stats().Tasks[0].State
+	byState, err := c.Branch(ctx, BranchRequest{StateID: post, N: 1})
+	if err != nil || byState.Children[0] == nil {
+		t.Fatal(err, byState.Errors)
+	}
+	orphan := byState.Children[0]
+	if orphan.Origin != "" {
+		t.Errorf("child of the post-setup state has origin %q (a pool template)", orphan.Origin)
+	}
+	if tk, ok := c.Task(orphan.ID); !ok || tk.Name != "count" {
+		t.Errorf("child of the post-setup state: task %+v %v, want count", tk, ok)
+	}
+	if _, _, err := c.Promote(ctx, orphan.ID); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("promote of a child without origin: %v", err)
+	}
+	if err := c.Discard(ctx, orphan.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Discard(ctx, drop); err != nil {
+		t.Fatal(err)
+	}
+	origin, sid, err := c.Promote(ctx, keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if origin != parent || r.Env.Head() != sid {
+		t.Errorf("promote: origin %s state %s, parent head %s", origin, sid, r.Env.Head())
+	}
+	for _, id := range []string{keep, drop, orphan.ID} {
+		if c.Has(id) {
+			t.Errorf("env %s still registered after promote/discard", id)
+		}
+		if _, err := engine.Env(id); !errors.Is(err, branch.ErrUnknownEnv) {
+			t.Errorf("env %s still open in the engine: %v", id, err)
+		}
+	}
+	if got := bash(t, c, parent, "cat /work/n").Result.Stdout; string(got) != "3\n" {
+		t.Errorf("parent after promote: n = %q, want 3", got)
+	}
+	if _, _, err := c.Promote(ctx, parent); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("promote of a reset env: %v", err)
+	}
+}
+
+// TestInternalEnvsInvisible: the pool's template and warm copies are
+// engine envs, but the coordinator never handed them out: it neither
+// lists nor accepts them, and they take no ticket.
+func TestInternalEnvsInvisible(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	ctx := context.Background()
+	if err := pool.WaitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := reset(t, c, ResetRequest{Task: "count"})
+	listed := map[string]bool{}
+	for _, e := range c.Envs() {
+		listed[e.Env.ID] = true
+	}
+	if len(listed) != 1 || !listed[r.Env.ID] {
+		t.Errorf("Envs lists %v, want only %s", listed, r.Env.ID)
+	}
+	hidden := 0
+	for _, env := range engine.Envs() {
+		if env.ID == r.Env.ID {
+			continue
+		}
+		hidden++
+		if _, err := c.Turn(ctx, env.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("turn on the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if c.Has(env.ID) {
+			t.Errorf("pool env %s is registered", env.ID)
+		}
+		wait, release := c.Ticket(env.ID)
+		done := make(chan struct{})
+		go func() { wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("ticket of an env not handed out blocks")
+		}
+		release()
+	}
+	if hidden == 0 {
+		t.Error("the engine has no env besides the reset one: no template or warm copy to check")
+	}
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: pool.Stats().Tasks[0].Name, N: 1}); !errors.Is(err, ErrUnknownEnv) {
+		t.Errorf("branch of a name that is no env: %v", err)
+	}
+}
+
+// TestIdleTTL: the janitor closes an env nobody used for IdleTTL and
+// forgets it; an env in use stays. sweep is called with a chosen clock so
+// the test does not depend on timing; the janitor itself is checked to
+// run by one real expiry.
+func TestIdleTTL(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full, IdleTTL: time.Hour})
+	idle := reset(t, c, ResetRequest{Image: "busybox"}).Env
+	used := reset(t, c, ResetRequest{Image: "busybox"}).Env
+	later := time.Now().Add(90 * time.Minute)
+	c.mu.Lock()
+	c.envs[used.ID].used.Store(later.Add(-time.Minute).UnixNano())
+	c.mu.Unlock()
+	c.sweep(later)
+	if c.Has(idle.ID) {
+		t.Error("idle env still registered")
+	}
+	if _, err := engine.Env(idle.ID); !errors.Is(err, branch.ErrUnknownEnv) {
+		t.Errorf("idle env still open: %v", err)
+	}
+	if !c.Has(used.ID) {
+		t.Error("env used a minute ago was closed")
+	}
+	if _, err := c.Turn(context.Background(), idle.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
+		t.Errorf("turn on the closed env: %v", err)
+	}
+
+	// The janitor runs on its own.
+	c2 := newCoordinator(t, Options{Classify: Full, IdleTTL: 100 * time.Millisecond})
+	env := reset(t, c2, ResetRequest{Image: "busybox"}).Env
+	deadline := time.Now().Add(30 * time.Second)
+	for c2.Has(env.ID) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c2.Has(env.ID) {
+		t.Error("the janitor did not close an env idle for 100 ms within 30 s")
+	}
+}
+
+// TestLimitsAndErrors: MaxEnvs bounds resets and branches; an unknown
+// image and an unknown task are the client's mistakes.
+func TestLimitsAndErrors(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full, MaxEnvs: 2})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 2}); !errors.Is(err, ErrTooManyEnvs) {
+		t.Errorf("branch past MaxEnvs: %v", err)
+	}
+	if _, err := c.Reset(ctx, ResetRequest{Task: "nope"}); ProtoError(err).Code != "unknown_task" {
+		t.Errorf("unknown task: %v", err)
+	}
+	_, err := c.Reset(ctx, ResetRequest{Image: "nope"})
+	if pe := ProtoError(err); pe == nil || pe.Code != "bad_request" || pe.Infra {
+		t.Errorf("unknown image: %v (%+v), want bad_request, not infra", err, pe)
+	}
+	if _, err := c.Reset(ctx, ResetRequest{}); !errors.Is(err, ErrInvalidParams) {
+		t.Errorf("reset of nothing: %v", err)
+	}
+}
