@@ -1,7 +1,8 @@
 // Package agent is the tool set an agent (a model, not a trainer) uses on
 // one Arbor environment: bash, read_file, write_file, list_states,
-// rollback and fork_try. Every call that may change the sandbox is
-// checkpointed in the background, and the package keeps its own log of
+// rollback and fork_try. Every call that runs a command is a turn of the
+// coordinator (package coordinator), checkpointed in the background by the
+// same rule as a protocol step, and the package keeps its own log of
 // (turn, state id, command) per environment so that list_states can tell
 // the agent which command produced each state and rollback can say what it
 // restored. fork_try runs a command on a throwaway branch of the

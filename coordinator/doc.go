@@ -1,0 +1,21 @@
+// Package coordinator is the middle of Arbor's three parts (coordinator,
+// inspector, C/R engine; docs/engine.md, The path of a step). It owns:
+//
+//   - the turn: Turn runs a command, classifies it (the engine's inspector,
+//     the one classification entry), makes it full after a failed
+//     background checkpoint, queues its checkpoint, verifies skipped
+//     checkpoints (VerifySkips) and counts it against the task's MaxTurns.
+//     Boundary is a turn without a command (the LLM proxy's).
+//   - the life of every env it hands out: Reset (through Tasks: envpool,
+//     or Images for bare images), Branch (children inherit task, seed and
+//     turn count), Promote, Discard, CloseEnv, the idle TTL, and the
+//     per-env FIFO of operations (Ticket). Envs it did not hand out (a task
+//     pool's templates and warm copies, throwaway forks) are not in its
+//     registry, so no caller can name them.
+//   - the errors: its sentinels, and ProtoError, the one mapping of any
+//     error (its own, the task pool's, the engine's, the sandbox's) to a
+//     protocol code with its infra and retryable flags.
+//
+// Package server (protocol v1), package agent (tools, MCP) and package
+// llmproxy are adapters over it.
+package coordinator
