@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -45,10 +46,10 @@ func DecodeParams(raw msgpack.RawMessage, p Params) error {
 type checker struct {
 	path  string // prefix of field names: "items[2].action."
 	probs *[]string
-	bad   map[string]bool
+	bad   *map[string]bool // made at the first problem
 }
 
-func newChecker() *checker { return &checker{probs: new([]string), bad: map[string]bool{}} }
+func newChecker() *checker { return &checker{probs: new([]string), bad: new(map[string]bool)} }
 
 // sub is the checker of a nested map or array element.
 func (c *checker) sub(name string) *checker {
@@ -60,16 +61,21 @@ func (c *checker) sub(name string) *checker {
 func (c *checker) fail(field, format string, args ...any) {
 	name := strings.TrimSuffix(c.path+field, ".")
 	for i := range len(name) + 1 {
-		if (i == len(name) || name[i] == '.' || name[i] == '[') && c.bad[name[:i]] {
+		if (i == len(name) || name[i] == '.' || name[i] == '[') && c.isBad(name[:i]) {
 			return // that field, or the map or array holding it, is reported
 		}
 	}
-	c.bad[name] = true
+	if *c.bad == nil {
+		*c.bad = map[string]bool{}
+	}
+	(*c.bad)[name] = true
 	if name != "" {
 		name += ": "
 	}
 	*c.probs = append(*c.probs, name+fmt.Sprintf(format, args...))
 }
+
+func (c *checker) isBad(name string) bool { return (*c.bad)[name] }
 
 // ok reports whether no problem was found so far; checks of the request
 // as a whole (one of two fields) run only on fields that are each fine.
@@ -148,7 +154,13 @@ type field struct {
 	index int
 }
 
+// fields caches fieldsOf by type.
+var fields sync.Map // reflect.Type -> []field
+
 func fieldsOf(t reflect.Type) []field {
+	if fs, ok := fields.Load(t); ok {
+		return fs.([]field)
+	}
 	var fs []field
 	for i := range t.NumField() {
 		sf := t.Field(i)
@@ -158,6 +170,7 @@ func fieldsOf(t reflect.Type) []field {
 		}
 		fs = append(fs, field{name, i})
 	}
+	fields.Store(t, fs)
 	return fs
 }
 
@@ -245,7 +258,7 @@ func (c *checker) decode(d *msgpack.Decoder, v reflect.Value, name string) error
 		if err := c.decode(d, e.Elem(), name); err != nil {
 			return err
 		}
-		if !c.bad[name] {
+		if !c.isBad(name) {
 			v.Set(e)
 		}
 		return nil

@@ -273,3 +273,16 @@ func FuzzDecodeParams(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDecodeParams: a step's params decoded and validated, the work
+// the server does per request (and per step_batch item).
+func BenchmarkDecodeParams(b *testing.B) {
+	raw := sorted(b, m{"env_id": "0123456789ab", "action": m{"tool": "bash", "cmd": "pytest -x tests/", "timeout_s": 30, "max_output": 65536}})
+	b.ReportAllocs()
+	for b.Loop() {
+		var p StepParams
+		if err := DecodeParams(raw, &p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
