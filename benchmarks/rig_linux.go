@@ -17,9 +17,9 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
 )
 

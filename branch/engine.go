@@ -18,9 +18,9 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // Kind is what a checkpoint captures (see DESIGN.md).

@@ -11,10 +11,10 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -25,7 +25,7 @@ type rig struct {
 	t    *testing.T
 	ins  *inspector.Inspector
 	snap cr.Snapshotter
-	env  *envpool.Env
+	env  *launch.Env
 	last string // the last filesystem artifact
 	n    int
 }
@@ -47,7 +47,7 @@ func newRig(t *testing.T, ins *inspector.Inspector) *rig {
 		}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true}
+	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true}
 	env, err := l.Launch(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)

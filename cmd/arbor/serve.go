@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -144,7 +145,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
 	// The engine takes the launcher's limits for restored sandboxes.
-	l := &envpool.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
+	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
 	if l.UserNS, err = o.userNS.config(); err != nil {
 		return err
