@@ -11,7 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/image"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
@@ -21,10 +21,10 @@ import (
 // restores to what was live at its turn.
 func TestInspectorDrivenCheckpoints(t *testing.T) {
 	c := requireCR(t)
-	in, err := inspector.New(inspector.Options{Logger: quiet()})
-	if errors.Is(err, inspector.ErrUnavailable) {
+	in, err := watch.New(watch.Options{Logger: quiet()})
+	if errors.Is(err, watch.ErrUnavailable) {
 		t.Logf("eBPF unavailable (%v): fallback inspector", err)
-		in = inspector.NewFallback(inspector.Options{Logger: quiet()})
+		in = watch.NewFallback(watch.Options{Logger: quiet()})
 	} else if err != nil {
 		t.Fatal(err)
 	}

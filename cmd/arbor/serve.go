@@ -154,11 +154,13 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	if in != nil {
+	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
+		Launcher: l, Workers: o.workers, Logger: log}
+	if in != nil { // not a typed nil in the interface
 		defer in.Close()
+		eo.Inspector = in
 	}
-	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Inspector: in, Logger: log})
+	e, err := branch.Open(ctx, eo)
 	if err != nil {
 		return fmt.Errorf("open engine: %w", err)
 	}
