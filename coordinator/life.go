@@ -86,7 +86,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	defer c.unreserve(req.N)
 	res, err := c.e.Branch(ctx, src, req.N)
 	if err != nil {
-		return nil, err
+		return nil, c.released(req.StateID, err)
 	}
 	c.m.branch.Observe(res.Took.Seconds())
 	var (
@@ -106,6 +106,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			if res.Errors[i] == nil {
 				res.Errors[i] = errors.New("no env")
 			}
+			res.Errors[i] = c.released(res.State, res.Errors[i])
 			out.Children[i] = nil
 			failed++
 			continue

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -234,6 +235,19 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 	return nil // unknown: the caller reports it
 }
 
+// released words a restore of sid that failed because sid was released
+// meanwhile (a concurrent close dropped the last env holding it) as the
+// client's unknown state, not as an infrastructure failure.
+func (c *Coordinator) released(sid string, err error) error {
+	if !errors.Is(err, branch.ErrRestore) {
+		return err
+	}
+	if _, serr := c.e.State(sid); !errors.Is(serr, branch.ErrUnknownState) {
+		return err
+	}
+	return fmt.Errorf("%w: state %s was released while it was being restored: %w", ErrUnknownState, sid, err)
+}
+
 // Seen reports whether sid is a state env may address: an ancestor of its
 // head or any state it made (including ones a rollback left behind).
 func (c *Coordinator) Seen(env *branch.Env, sid string) bool {
@@ -281,7 +295,7 @@ func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restore
 func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, sid string) (*Restored, error) {
 	t := time.Now()
 	if err := c.e.Rollback(ctx, env, sid); err != nil {
-		return nil, err
+		return nil, c.released(sid, err)
 	}
 	c.m.restore.Observe(time.Since(t).Seconds())
 	c.observePending(m)
