@@ -108,7 +108,11 @@ func (r *request) reset(ctx context.Context) (any, error) {
 		task.Image = env.Image
 	}
 	base := env.Turn()
-	s.adopt(env, task, base)
+	var seedp *int64
+	if r.p.has("seed") {
+		seedp = &seed
+	}
+	s.adopt(env, task, base, seedp)
 	s.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: task.Name, Image: task.Image, MaxTurns: task.MaxTurns}
 	if r.p.has("seed") {
@@ -170,11 +174,11 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 	timeout = min(timeout, s.o.MaxTimeout)
 	res, err := s.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
 	if err != nil {
-		return nil, fmt.Errorf("step in env %s: %w", envID, err)
+		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}
 	s.observePending(m)
 	info := protocol.Info{Tool: a.Tool, Task: m.task.Name, MaxTurns: m.task.MaxTurns,
-		ShellRestarted: res.ShellRestarted, StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes}
+		ShellRestarted: res.ShellRestarted, StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes, Recovered: m.takeRecovered()}
 	for _, l := range res.Limits {
 		info.Limits = append(info.Limits, l.String())
 	}
@@ -276,7 +280,7 @@ func (s *Server) restore(ctx context.Context, env *branch.Env, m *envMeta, sid s
 	s.observePending(m)
 	env.TakeCheckpointError() // that state is gone with the sandbox that made it
 	return protocol.Info{StateID: sid, Turn: env.Turn() - m.base, Checkpoint: string(branch.None), Restored: sid,
-		Task: m.task.Name, MaxTurns: m.task.MaxTurns}, nil
+		Task: m.task.Name, MaxTurns: m.task.MaxTurns, Recovered: m.takeRecovered()}, nil
 }
 
 // stepRollback is the rollback tool: the agent's own rollback. A state
@@ -388,7 +392,7 @@ func (r *request) branch(ctx context.Context) (any, error) {
 		if pt, ok := s.pool.TaskOf(c.ID); ok {
 			t = pt
 		}
-		s.adopt(c, t, base)
+		s.adopt(c, t, base, nil)
 	}
 	if failed == n {
 		return nil, res.Errors[0]
@@ -522,9 +526,19 @@ func (r *request) envs(ctx context.Context) (any, error) {
 		if !ok {
 			continue // the pool's reserve, verifier forks
 		}
-		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: env.ID, Image: env.Image, Task: m.task.Name, Origin: env.Origin,
-			Head: env.Head(), Turn: env.Turn() - m.base, IdleS: now.Sub(time.Unix(0, m.used.Load())).Seconds()})
+		info := protocol.EnvInfo{EnvID: env.ID, Image: env.Image, Task: m.task.Name, Origin: env.Origin,
+			Head: env.Head(), Turn: env.Turn() - m.base, IdleS: now.Sub(time.Unix(0, m.used.Load())).Seconds()}
+		if rec := env.Recovered(); rec != nil {
+			info.Recovered = &protocol.Recovered{StateID: rec.State, Turn: rec.Turn - m.base}
+		}
+		out.Envs = append(out.Envs, info)
 	}
+	s.mu.Lock()
+	for _, l := range s.lost {
+		task, _ := taskFromLabels(l.Labels)
+		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: l.ID, Image: l.Image, Task: task.Name, Head: l.Head, Lost: lostError(l).Message})
+	}
+	s.mu.Unlock()
 	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].EnvID < out.Envs[j].EnvID })
 	return out, nil
 }
