@@ -201,7 +201,7 @@ func dead(sb *sandbox.Sandbox, err error) bool {
 		return true
 	}
 	wait := time.Duration(0)
-	if err != nil && !errors.Is(err, sandbox.ErrBadCommand) && !errors.Is(err, context.Canceled) {
+	if err != nil && !errors.Is(err, sandbox.ErrBadCommand) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		wait = time.Second
 	}
 	select {
