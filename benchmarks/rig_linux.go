@@ -17,9 +17,9 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -37,7 +37,7 @@ type rig struct {
 	// e is Arbor's engine (with the Inspector when one can run); base is
 	// an engine without one, for the full-every-turn baseline.
 	e, base *branch.Engine
-	in      *inspector.Inspector
+	in      *watch.Inspector
 	inNote  string
 
 	servers []*serverHandle
@@ -77,16 +77,20 @@ func newRig(ctx context.Context, o Options) (r *rig, err error) {
 	r.images = &image.Store{Snap: r.snap, Logger: r.log}
 	r.launch = &launch.Launcher{Snap: r.snap, Images: r.images, InitBinary: o.InitBinary, AutoBuild: true, Logger: r.log}
 	if o.Classifier != "full" {
-		r.in, err = inspector.New(inspector.Options{Logger: r.log})
+		r.in, err = watch.New(watch.Options{Logger: r.log})
 		if err != nil {
 			r.inNote = fmt.Sprintf("eBPF unavailable (%v): the Inspector ran on the btrfs change list", err)
-			r.in = inspector.NewFallback(inspector.Options{Logger: r.log})
+			r.in = watch.NewFallback(watch.Options{Logger: r.log})
 		}
 	} else {
 		r.inNote = "--classifier full: Arbor ran without the Inspector, full every turn"
 	}
-	r.e, err = branch.Open(ctx, branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.snap, CRIU: r.criu,
-		Launcher: r.launch, WarmCopies: o.WarmCopies, Inspector: r.in, Logger: r.log})
+	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.snap, CRIU: r.criu,
+		Launcher: r.launch, WarmCopies: o.WarmCopies, Logger: r.log}
+	if r.in != nil { // not a typed nil in the interface
+		eo.Inspector = r.in
+	}
+	r.e, err = branch.Open(ctx, eo)
 	if err != nil {
 		return r, fmt.Errorf("open engine: %w", err)
 	}

@@ -7,8 +7,8 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 

@@ -2,8 +2,8 @@ package bpf
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
+	"unsafe"
 )
 
 // EventType says what an Event reports.
@@ -30,13 +30,9 @@ const (
 	FlagNoFD     = 1 << 8 // an fd did not resolve to a file
 )
 
-// Layout of struct event in tracker.c.
-const (
-	slotSize   = 1024
-	headerSize = 80
-	// EventSize is the size of one ring buffer record.
-	EventSize = headerSize + 4*slotSize
-)
+// EventSize is the size of one ring buffer record: struct event of
+// tracker.c, whose layout bpf2go generates as trackerEvent.
+const EventSize = int(unsafe.Sizeof(trackerEvent{}))
 
 // Event is one record from the kernel.
 type Event struct {
@@ -62,23 +58,20 @@ type Event struct {
 	Path [4]string
 }
 
-// Decode parses a ring buffer record.
+// Decode parses a ring buffer record: the record's bytes are struct event
+// of tracker.c in host byte order, copied into bpf2go's trackerEvent.
 func Decode(b []byte) (Event, error) {
 	if len(b) < EventSize {
 		return Event{}, fmt.Errorf("decode event of %d bytes: %w", len(b), ErrShortEvent)
 	}
-	le := binary.LittleEndian
+	var r trackerEvent
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), EventSize), b)
 	e := Event{
-		TS: le.Uint64(b[0:]), CgroupID: le.Uint64(b[8:]), Type: EventType(le.Uint32(b[16:])),
-		Nr: le.Uint32(b[20:]), PID: le.Uint32(b[24:]), TGID: le.Uint32(b[28:]),
-		Ret: int64(le.Uint64(b[32:])), Arg: le.Uint64(b[40:]),
-		DirFD: [2]int32{int32(le.Uint32(b[48:])), int32(le.Uint32(b[52:]))},
-		Flags: le.Uint32(b[56:]), Mode: le.Uint32(b[60:]), Ino: le.Uint64(b[64:]),
-		Dev: le.Uint32(b[72:]),
+		TS: r.Ts, CgroupID: r.Cgid, Type: EventType(r.Type), Nr: r.Nr, PID: r.Pid, TGID: r.Tgid,
+		Ret: r.Ret, Arg: r.Arg, DirFD: r.Dirfd, Flags: r.Flags, Mode: r.Mode, Ino: r.Ino, Dev: r.Dev,
 	}
-	for i := range e.Path {
-		off := headerSize + i*slotSize
-		s := b[off : off+slotSize]
+	for i := range r.Path {
+		s := unsafe.Slice((*byte)(unsafe.Pointer(&r.Path[i][0])), len(r.Path[i]))
 		if n := bytes.IndexByte(s, 0); n >= 0 {
 			s = s[:n]
 		}

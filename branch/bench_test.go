@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // latencies collects per-operation durations and reports percentiles as
@@ -172,11 +172,11 @@ func waitWarm(tb testing.TB, e *branch.Engine, n int) {
 func BenchmarkIsolation(b *testing.B) {
 	modes := []struct {
 		name   string
-		adjust func(*envpool.Launcher)
+		adjust func(*launch.Launcher)
 	}{
-		{"unhardened", func(l *envpool.Launcher) { l.Isolation.Unhardened = true; l.UserNS = sandbox.UserNSConfig{} }},
-		{"hardened", func(l *envpool.Launcher) { l.UserNS = sandbox.UserNSConfig{} }},
-		{"hardened-userns", func(l *envpool.Launcher) { l.UserNS = sandbox.UserNSConfig{Enabled: true} }},
+		{"unhardened", func(l *launch.Launcher) { l.Isolation.Unhardened = true; l.UserNS = sandbox.UserNSConfig{} }},
+		{"hardened", func(l *launch.Launcher) { l.UserNS = sandbox.UserNSConfig{} }},
+		{"hardened-userns", func(l *launch.Launcher) { l.UserNS = sandbox.UserNSConfig{Enabled: true} }},
 	}
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) {

@@ -18,9 +18,8 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool/launch"
-	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // Kind is what a checkpoint captures (see DESIGN.md).
@@ -62,8 +61,9 @@ type Options struct {
 	WarmCopies int
 	// Inspector, when set, classifies turns (Classify) and keeps its
 	// baselines in step with every checkpoint and restore; without it
-	// every turn is a full checkpoint.
-	Inspector *inspector.Inspector
+	// every turn is a full checkpoint. *watch.Inspector (package
+	// inspector/watch) is the real one.
+	Inspector Inspector
 	// NoRecover makes Open close the environments a crash left open, as
 	// a fresh start, instead of restoring them at their last committed
 	// state (docs/engine.md, "Crash safety").

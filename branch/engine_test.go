@@ -20,9 +20,9 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -72,16 +72,16 @@ func newRig(tb testing.TB, snap cr.Snapshotter, dir string, warm int) *rig {
 // newRigLimits is newRig with the sandboxes' limits.
 func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim sandbox.Limits) *rig {
 	tb.Helper()
-	return newRigLauncher(tb, snap, dir, warm, func(l *envpool.Launcher) { l.Limits = lim })
+	return newRigLauncher(tb, snap, dir, warm, func(l *launch.Launcher) { l.Limits = lim })
 }
 
 // newRigLauncher is newRig with adjust applied to the launcher (limits,
 // isolation, user namespace mode).
-func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, adjust func(*envpool.Launcher)) *rig {
+func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, adjust func(*launch.Launcher)) *rig {
 	tb.Helper()
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
+	l := &launch.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
 	}
@@ -496,7 +496,7 @@ func crashHelper(t *testing.T) {
 	}
 	c := requireCR(t)
 	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, AutoBuild: true, Logger: quiet()}
+	l := &launch.Launcher{Snap: snap, Images: images, AutoBuild: true, Logger: quiet()}
 	e, err := branch.Open(context.Background(), branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

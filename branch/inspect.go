@@ -10,6 +10,29 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 )
 
+// Inspector is what the engine needs of the Inspector (docs/engine.md,
+// "Packages"): per-environment bookkeeping kept in step with turns,
+// checkpoints and restores. *watch.Inspector implements it; the engine
+// does not import it, so it does not pull in the eBPF tracker.
+type Inspector interface {
+	// Track starts watching envID's sandbox, whose cgroup is cgroupID.
+	Track(envID string, cgroupID uint64) error
+	// Untrack stops watching envID.
+	Untrack(envID string)
+	// Baseline records t as envID's last checkpoint (after a start or
+	// restore, when the live state equals the artifacts).
+	Baseline(ctx context.Context, envID string, t inspector.Target) error
+	// BeginTurn marks the start of a turn of envID.
+	BeginTurn(envID string) error
+	// EndTurn classifies the turn since BeginTurn.
+	EndTurn(ctx context.Context, envID string, t inspector.Target) (inspector.Result, error)
+	// Settle re-checks, with the sandbox frozen, what a checkpoint of kind
+	// k must capture; it returns the kind to take and why.
+	Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error)
+	// Checkpointed records that a checkpoint of kind k of t was taken.
+	Checkpointed(envID string, k inspector.Kind, t inspector.Target) error
+}
+
 // Turn is what Classify found about a turn.
 type Turn struct {
 	Kind    Kind

@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -21,10 +21,10 @@ import (
 // restores to what was live at its turn.
 func TestInspectorDrivenCheckpoints(t *testing.T) {
 	c := requireCR(t)
-	in, err := inspector.New(inspector.Options{Logger: quiet()})
-	if errors.Is(err, inspector.ErrUnavailable) {
+	in, err := watch.New(watch.Options{Logger: quiet()})
+	if errors.Is(err, watch.ErrUnavailable) {
 		t.Logf("eBPF unavailable (%v): fallback inspector", err)
-		in = inspector.NewFallback(inspector.Options{Logger: quiet()})
+		in = watch.NewFallback(watch.Options{Logger: quiet()})
 	} else if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 	dir := t.TempDir()
 	snap := newBtrfs(t, dir)
 	images := &image.Store{Snap: snap, Logger: quiet()}
-	l := &envpool.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	l := &launch.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
 	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {

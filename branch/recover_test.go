@@ -18,9 +18,9 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/manifest"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -209,7 +209,7 @@ func recoverHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := requireCR(t)
-	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet()}, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet()}, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
 	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

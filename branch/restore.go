@@ -13,8 +13,8 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // restored is a sandbox brought back from a state, with its root volume.

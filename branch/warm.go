@@ -6,7 +6,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/envpool/launch"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // warmCopy is a sandbox restored from a state ahead of time and kept

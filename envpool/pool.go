@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/internal/progress"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 

@@ -19,13 +19,13 @@ const (
 // Has reports whether k includes the part o (FS or Proc).
 func (k Kind) Has(o Kind) bool { return k == o || k == Full }
 
-// join combines two kinds.
-func join(a, b Kind) Kind {
+// Join combines two kinds: what a checkpoint must capture for both.
+func (k Kind) Join(o Kind) Kind {
 	switch {
-	case a == b || b == None:
-		return a
-	case a == None:
-		return b
+	case k == o || o == None:
+		return k
+	case k == None:
+		return o
 	default:
 		return Full
 	}
@@ -70,8 +70,8 @@ type Result struct {
 	Reasons []string
 }
 
-// maxReasons bounds Result.Reasons; the rest is summarised.
-const maxReasons = 32
+// MaxReasons bounds Result.Reasons; the rest is summarised.
+const MaxReasons = 32
 
 // Classify applies the net-change rules to the facts of one turn:
 // changed files make it fs, process or shell changes proc, anything
@@ -107,8 +107,8 @@ func Classify(facts []Fact) Result {
 		if f.Kind == Unaccounted {
 			why = f.Detail + " -> full"
 		}
-		r.Kind = join(r.Kind, k)
-		if len(r.Reasons) < maxReasons {
+		r.Kind = r.Kind.Join(k)
+		if len(r.Reasons) < MaxReasons {
 			r.Reasons = append(r.Reasons, why)
 		} else {
 			more++

@@ -1,12 +1,9 @@
-// Package inspector tells, at the end of each turn of an environment, what
-// the turn changed for good: nothing, files, process state, or both
-// (DESIGN.md, "Net change"). It watches the sandbox through the eBPF
-// programs of package bpf, then checks the touched paths against the last
-// filesystem artifact, the long-lived processes against the last process
-// artifact and the managed shell's state against its digest at that
-// checkpoint. Where eBPF cannot be used it falls back to the filesystem
-// backend's change list and is conservative about processes.
-//
-// The rules themselves (Classify, EventPaths, CompareProcs,
-// NormalizeShellState) are pure functions over facts, testable anywhere.
+// Package inspector holds the rules of net change (docs/inspector.md,
+// "Net change"): what a turn of an environment changed for
+// good, nothing, files, process state, or both. The rules (Classify,
+// CompareProcs, NormalizeShellState, PathChanged, TreeDiff) are pure
+// functions over facts, testable anywhere, and the types (Kind, Fact,
+// Target) are what the engine and the Inspector speak. Nothing here uses
+// eBPF: the Inspector that gathers the facts through package bpf is
+// package inspector/watch.
 package inspector

@@ -24,7 +24,7 @@ func TreeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) 
 				return ctx.Err()
 			}
 			rel := "/" + strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
-			if len(keep(rel)) == 0 {
+			if len(SnapshotPath(rel)) == 0 {
 				if d.IsDir() {
 					return filepath.SkipDir
 				}

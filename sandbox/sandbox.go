@@ -20,7 +20,7 @@ type Limits struct {
 	// the checkpoints taken of it (cr.Quotaer). Writes past it fail with
 	// EDQUOT, "Disk quota exceeded". Negative: no quota. The sandbox
 	// package only reports the quota (Config.Disk); whoever makes the
-	// root sets it (envpool/launch.SetDiskQuota).
+	// root sets it (sandbox/launch.SetDiskQuota).
 	DiskBytes int64
 }
 

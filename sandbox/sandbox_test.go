@@ -356,7 +356,7 @@ func TestStartFailsCleanly(t *testing.T) {
 // The disk event comes once when the root reaches its quota (the meter
 // says less than a block or two is left), not again while it stays full,
 // and again after it had room and filled up once more. The meter here is
-// a stand-in for the snapshot backend's (envpool/launch tests run dd
+// a stand-in for the snapshot backend's (sandbox/launch tests run dd
 // against a real quota).
 func TestDiskLimitEvent(t *testing.T) {
 	sandboxtest.RequireRoot(t)

@@ -270,3 +270,79 @@ func TestDuplicateMsgIDRefused(t *testing.T) {
 		t.Errorf("msgid 2 after its request was answered: %s", got)
 	}
 }
+
+// resp reads the next frame, which must be the response to wantID.
+func (r *raw) resp(wantID uint32) protocol.Frame {
+	r.t.Helper()
+	f := r.recv()
+	if f.Type != protocol.Response || f.MsgID != wantID {
+		r.t.Fatalf("got %+v, want the response to %d", f, wantID)
+	}
+	return f
+}
+
+// TestParamsOverTheWire: params decode as docs/protocol.md says whatever
+// msgpack types a client picks (bin for strings, any integer kind, a
+// float without fraction), unknown fields are ignored, and a bad request
+// is refused with every bad field named.
+func TestParamsOverTheWire(t *testing.T) {
+	_, addr := newServer(t, server.Options{MaxBatch: 2})
+	r := dialRaw(t, addr, nil)
+	r.req(1, "reset", map[string]any{"image": []byte("busybox"), "seed": 7.0, "options": map[string]any{"x": 1}, "later": true})
+	f := r.resp(1)
+	if f.Error != nil {
+		t.Fatalf("reset: %+v", f.Error)
+	}
+	var reset protocol.ResetResult
+	if err := msgpack.Unmarshal(f.Result, &reset); err != nil || reset.EnvID == "" {
+		t.Fatalf("reset result: %v %+v", err, reset)
+	}
+	defer engineClose(reset.EnvID)
+	if reset.Info.Seed == nil || *reset.Info.Seed != 7 {
+		t.Errorf("reset info.seed %v, want 7", reset.Info.Seed)
+	}
+	r.req(2, "step", map[string]any{"env_id": []byte(reset.EnvID), "action": map[string]any{
+		"tool": []byte("bash"), "cmd": []byte("echo $ARBOR_SEED; echo 0123456789"), "timeout_s": uint8(30), "max_output": 4.0, "nice": 1}})
+	f = r.resp(2)
+	if f.Error != nil {
+		t.Fatalf("step with bin strings: %+v", f.Error)
+	}
+	var step protocol.StepResult
+	if err := msgpack.Unmarshal(f.Result, &step); err != nil {
+		t.Fatal(err)
+	}
+	if !step.Obs.Truncated || !strings.HasPrefix(string(step.Obs.Stdout), "7") {
+		t.Errorf("step: stdout %q truncated %v, want max_output 4 applied to the seed's output", step.Obs.Stdout, step.Obs.Truncated)
+	}
+
+	bad := []struct {
+		name   string
+		method string
+		params any
+		want   []string // in the message
+	}{
+		{"every field", "step", map[string]any{"env_id": 1, "action": map[string]any{"tool": "bash", "cmd": 2, "timeout_s": -1}},
+			[]string{"env_id: want string, got integer", "action.cmd: want string, got integer"}},
+		{"fraction", "branch", map[string]any{"state_id": reset.Info.StateID, "n": 1.5}, []string{"n: want integer, got float 1.5"}},
+		{"batch limit", "step_batch", map[string]any{"items": []any{
+			map[string]any{"env_id": reset.EnvID, "action": map[string]any{"tool": "bash", "cmd": "true"}},
+			map[string]any{"env_id": reset.EnvID, "action": map[string]any{"tool": "bash", "cmd": "true"}},
+			map[string]any{"env_id": reset.EnvID, "action": map[string]any{"tool": "bash", "cmd": "true"}},
+		}}, []string{"items: 3 items, the limit is 2"}},
+	}
+	for i, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			id := uint32(10 + i)
+			r.req(id, tt.method, tt.params)
+			f := r.resp(id)
+			if f.Error == nil || f.Error.Code != protocol.CodeInvalidParams {
+				t.Fatalf("got %+v, want invalid_params", f.Error)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(f.Error.Message, w) {
+					t.Errorf("message %q does not say %q", f.Error.Message, w)
+				}
+			}
+		})
+	}
+}

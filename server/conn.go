@@ -281,8 +281,8 @@ func (c *conn) dispatch(b []byte) {
 		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
 		return
 	}
-	req := &request{c: c, msgid: f.MsgID, method: f.Method, p: newParams(f.ParamsMap)}
-	req.wait, req.release = c.s.ticket(h.envs(c.s, req)...)
+	req := &request{c: c, msgid: f.MsgID, method: f.Method}
+	req.wait, req.release = c.s.ticket(h.parse(c.s, req, f.Params)...)
 	c.s.m.inFlight.Inc()
 	go func() {
 		defer c.s.ops.Done()
@@ -308,16 +308,16 @@ func (s *Server) run(h handler, req *request) (result any, err error) {
 			req.release()
 		}
 	}()
-	if err := req.p.err(); err != nil {
+	if req.err != nil {
 		req.wait()
-		return nil, err
+		return nil, req.err
 	}
 	if h.self {
 		// The handler takes and releases its own tickets (step_batch).
 		req.release()
 		released = true
-		return h.fn(req, s.ctx)
+		return req.serve(s.ctx)
 	}
 	req.wait()
-	return h.fn(req, s.ctx)
+	return req.serve(s.ctx)
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
@@ -17,10 +19,13 @@ import (
 
 // request is one request being served.
 type request struct {
-	c             *conn
-	msgid         uint32
-	method        string
-	p             *params
+	c      *conn
+	msgid  uint32
+	method string
+	// serve serves the request with its decoded params; err, when set, is
+	// why its params were refused (and serve is nil).
+	serve         func(ctx context.Context) (any, error)
+	err           error
 	wait, release func()
 	// batch holds the parsed items of a step_batch, each with its ticket.
 	batch []batchItem
@@ -32,44 +37,76 @@ type batchItem struct {
 	wait, release func()
 }
 
-// handler serves one method. envs names the envs whose tickets the request
-// takes; it runs on the read loop (parse only, no blocking).
+// handler serves one method. parse runs on the read loop (decoding only,
+// no blocking): it decodes and validates the params into r (r.serve or
+// r.err) and names the envs whose tickets the request takes.
 type handler struct {
-	envs func(s *Server, r *request) []string
-	fn   func(r *request, ctx context.Context) (any, error)
+	parse func(s *Server, r *request, params msgpack.RawMessage) []string
 	// self: the handler orders itself (per-item tickets).
 	self bool
 }
 
+// method is the handler of a method whose params are a P: envs (nil for
+// none) names the envs whose tickets a request takes, fn serves it.
+func method[P any, PP interface {
+	*P
+	protocol.Params
+}](envs func(s *Server, r *request, p PP) ([]string, error), fn func(r *request, ctx context.Context, p PP) (any, error)) handler {
+	return handler{parse: func(s *Server, r *request, params msgpack.RawMessage) []string {
+		p := PP(new(P))
+		if r.err = protocol.DecodeParams(params, p); r.err != nil {
+			return nil
+		}
+		var ids []string
+		if envs != nil {
+			if ids, r.err = envs(s, r, p); r.err != nil {
+				return nil
+			}
+		}
+		r.serve = func(ctx context.Context) (any, error) { return fn(r, ctx, p) }
+		return ids
+	}}
+}
+
+func stepEnvs(_ *Server, _ *request, p *protocol.StepParams) ([]string, error) {
+	return []string{p.EnvID}, nil
+}
+
+func envEnvs(_ *Server, _ *request, p *protocol.EnvParams) ([]string, error) {
+	return []string{p.EnvID}, nil
+}
+
+func rollbackEnvs(_ *Server, _ *request, p *protocol.RollbackParams) ([]string, error) {
+	return []string{p.EnvID}, nil
+}
+
 var handlers map[string]handler
 
-func noEnvs(*Server, *request) []string { return nil }
-
-func envIDParam(_ *Server, r *request) []string { return []string{r.p.str("env_id", true)} }
-
 func init() {
+	batch := method(batchEnvs, (*request).stepBatch)
+	batch.self = true
 	handlers = map[string]handler{
-		protocol.MethodHello:      {envs: noEnvs, fn: (*request).hello},
-		protocol.MethodReset:      {envs: noEnvs, fn: (*request).reset},
-		protocol.MethodStep:       {envs: envIDParam, fn: (*request).step},
-		protocol.MethodBranch:     {envs: branchEnvs, fn: (*request).branch},
-		protocol.MethodCheckpoint: {envs: envIDParam, fn: (*request).checkpoint},
-		protocol.MethodRollback:   {envs: envIDParam, fn: (*request).rollback},
-		protocol.MethodPromote:    {envs: promoteEnvs, fn: (*request).promote},
-		protocol.MethodDiscard:    {envs: envIDParam, fn: (*request).discard},
-		protocol.MethodEvaluate:   {envs: envIDParam, fn: (*request).evaluate},
-		protocol.MethodClose:      {envs: envIDParam, fn: (*request).close},
-		protocol.MethodEnvs:       {envs: noEnvs, fn: (*request).envs},
-		protocol.MethodStates:     {envs: envIDParam, fn: (*request).states},
-		protocol.MethodStepBatch:  {envs: batchEnvs, fn: (*request).stepBatch, self: true},
+		protocol.MethodHello:      method(nil, (*request).hello),
+		protocol.MethodReset:      method(nil, (*request).reset),
+		protocol.MethodStep:       method(stepEnvs, (*request).step),
+		protocol.MethodBranch:     method(branchEnvs, (*request).branch),
+		protocol.MethodCheckpoint: method(envEnvs, (*request).checkpoint),
+		protocol.MethodRollback:   method(rollbackEnvs, (*request).rollback),
+		protocol.MethodPromote:    method(promoteEnvs, (*request).promote),
+		protocol.MethodDiscard:    method(envEnvs, (*request).discard),
+		protocol.MethodEvaluate:   method(envEnvs, (*request).evaluate),
+		protocol.MethodClose:      method(envEnvs, (*request).close),
+		protocol.MethodEnvs:       method(nil, (*request).envs),
+		protocol.MethodStates:     method(envEnvs, (*request).states),
+		protocol.MethodStepBatch:  batch,
 	}
 }
 
 func (r *request) server() *Server { return r.c.s }
 
-func (r *request) hello(ctx context.Context) (any, error) {
+func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, error) {
 	s := r.server()
-	if tok := r.p.str("token", false); !r.c.authed.Load() {
+	if tok := p.Token; !r.c.authed.Load() {
 		if !s.authorized(tok) || tok == "" {
 			return nil, protocol.Errorf(protocol.CodeUnauthorized, "wrong or missing token")
 		}
@@ -82,18 +119,12 @@ func (r *request) hello(ctx context.Context) (any, error) {
 	}}, nil
 }
 
-func (r *request) reset(ctx context.Context) (any, error) {
+func (r *request) reset(ctx context.Context, p *protocol.ResetParams) (any, error) {
 	s := r.server()
-	req := ResetRequest{Image: r.p.str("image", false), Task: r.p.str("task", false)}
-	seed := r.p.int64("seed", false, 0)
-	r.p.sub("options", false) // accepted for forward compatibility
-	if err := r.p.err(); err != nil {
-		return nil, err
+	req := ResetRequest{Image: p.Image, Task: p.Task}
+	if p.Seed != nil {
+		req.Seed = *p.Seed
 	}
-	if req.Image == "" && req.Task == "" {
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "reset needs image or task")
-	}
-	req.Seed = seed
 	if err := s.reserve(1); err != nil {
 		return nil, err
 	}
@@ -108,27 +139,16 @@ func (r *request) reset(ctx context.Context) (any, error) {
 		task.Image = env.Image
 	}
 	base := env.Turn()
-	var seedp *int64
-	if r.p.has("seed") {
-		seedp = &seed
-	}
-	s.adopt(env, task, base, seedp)
+	s.adopt(env, task, base, p.Seed)
 	s.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: task.Name, Image: task.Image, MaxTurns: task.MaxTurns}
-	if r.p.has("seed") {
-		info.Seed = &seed
-	}
+	info.Seed = p.Seed
 	s.log.Debug("reset", slog.String("env", env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return protocol.ResetResult{EnvID: env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
 }
 
-func (r *request) step(ctx context.Context) (any, error) {
-	envID := r.p.str("env_id", true)
-	a := r.p.action("action")
-	if err := r.p.err(); err != nil {
-		return nil, err
-	}
-	return r.server().step(ctx, envID, a)
+func (r *request) step(ctx context.Context, p *protocol.StepParams) (any, error) {
+	return r.server().step(ctx, p.EnvID, p.Action)
 }
 
 // observePending reads the timing of the env's last background checkpoint
@@ -313,26 +333,16 @@ func (s *Server) stepRollback(ctx context.Context, env *branch.Env, m *envMeta, 
 	return &protocol.StepResult{Obs: obs, Truncated: m.task.MaxTurns > 0 && info.Turn >= m.task.MaxTurns, Info: info}, nil
 }
 
-func branchEnvs(_ *Server, r *request) []string {
-	if id := r.p.str("env_id", false); id != "" {
-		return []string{id}
+func branchEnvs(_ *Server, _ *request, p *protocol.BranchParams) ([]string, error) {
+	if p.EnvID != "" {
+		return []string{p.EnvID}, nil
 	}
-	return nil
+	return nil, nil
 }
 
-func (r *request) branch(ctx context.Context) (any, error) {
+func (r *request) branch(ctx context.Context, p *protocol.BranchParams) (any, error) {
 	s := r.server()
-	envID, sid := r.p.str("env_id", false), r.p.str("state_id", false)
-	n := int(r.p.int64("n", true, 0))
-	if err := r.p.err(); err != nil {
-		return nil, err
-	}
-	if (envID == "") == (sid == "") {
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "branch needs exactly one of env_id and state_id")
-	}
-	if n < 1 {
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "n: want at least 1, got %d", n)
-	}
+	envID, sid, n := p.EnvID, p.StateID, p.N
 	if n > s.o.MaxEnvs {
 		return nil, protocol.Errorf(protocol.CodeTooManyEnvs, "n=%d is over the server's limit of %d envs", n, s.o.MaxEnvs)
 	}
@@ -400,9 +410,9 @@ func (r *request) branch(ctx context.Context) (any, error) {
 	return out, nil
 }
 
-func (r *request) checkpoint(ctx context.Context) (any, error) {
+func (r *request) checkpoint(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
-	env, m, err := s.lookup(r.p.str("env_id", true))
+	env, m, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -417,13 +427,10 @@ func (r *request) checkpoint(ctx context.Context) (any, error) {
 	return protocol.CheckpointResult{StateID: sid}, nil
 }
 
-func (r *request) rollback(ctx context.Context) (any, error) {
+func (r *request) rollback(ctx context.Context, p *protocol.RollbackParams) (any, error) {
 	s := r.server()
-	env, m, err := s.lookup(r.p.str("env_id", true))
-	sid := r.p.str("state_id", true)
-	if perr := r.p.err(); perr != nil {
-		return nil, perr
-	}
+	env, m, err := s.lookup(p.EnvID)
+	sid := p.StateID
 	if err != nil {
 		return nil, err
 	}
@@ -437,18 +444,17 @@ func (r *request) rollback(ctx context.Context) (any, error) {
 	return protocol.RollbackResult{Info: info}, nil
 }
 
-func promoteEnvs(s *Server, r *request) []string {
-	id := r.p.str("env_id", true)
-	ids := []string{id}
-	if env, err := s.e.Env(id); err == nil && env.Origin != "" {
+func promoteEnvs(s *Server, _ *request, p *protocol.PromoteParams) ([]string, error) {
+	ids := []string{p.EnvID}
+	if env, err := s.e.Env(p.EnvID); err == nil && env.Origin != "" {
 		ids = append(ids, env.Origin)
 	}
-	return ids
+	return ids, nil
 }
 
-func (r *request) promote(ctx context.Context) (any, error) {
+func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, error) {
 	s := r.server()
-	child, m, err := s.lookup(r.p.str("env_id", true))
+	child, m, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -468,9 +474,9 @@ func (r *request) promote(ctx context.Context) (any, error) {
 	return protocol.PromoteResult{EnvID: origin, StateID: sid}, nil
 }
 
-func (r *request) discard(ctx context.Context) (any, error) {
+func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
-	env, _, err := s.lookup(r.p.str("env_id", true))
+	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -481,9 +487,9 @@ func (r *request) discard(ctx context.Context) (any, error) {
 	return protocol.Empty{}, nil
 }
 
-func (r *request) evaluate(ctx context.Context) (any, error) {
+func (r *request) evaluate(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
-	env, m, err := s.lookup(r.p.str("env_id", true))
+	env, m, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -498,9 +504,9 @@ func (r *request) evaluate(ctx context.Context) (any, error) {
 	return protocol.Evaluation{Reward: ev.Reward, Details: ev.Details}, nil
 }
 
-func (r *request) close(ctx context.Context) (any, error) {
+func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
-	env, _, err := s.lookup(r.p.str("env_id", true))
+	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -511,7 +517,7 @@ func (r *request) close(ctx context.Context) (any, error) {
 	return protocol.Empty{}, nil
 }
 
-func (r *request) envs(ctx context.Context) (any, error) {
+func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error) {
 	s := r.server()
 	s.mu.Lock()
 	metas := make(map[string]*envMeta, len(s.envs))
@@ -543,9 +549,9 @@ func (r *request) envs(ctx context.Context) (any, error) {
 	return out, nil
 }
 
-func (r *request) states(ctx context.Context) (any, error) {
+func (r *request) states(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
-	env, m, err := s.lookup(r.p.str("env_id", true))
+	env, m, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
 	}
@@ -577,35 +583,21 @@ func (r *request) states(ctx context.Context) (any, error) {
 	return out, nil
 }
 
-// batchEnvs parses the items of a step_batch and takes each item's ticket,
+// batchEnvs checks the size of a step_batch and takes each item's ticket,
 // in item order.
-func batchEnvs(s *Server, r *request) []string {
-	items := r.p.list("items", true)
-	if len(items) > s.o.MaxBatch {
-		r.p.fail("items", "%d items, the limit is %d", len(items), s.o.MaxBatch)
-		return nil
+func batchEnvs(s *Server, r *request, p *protocol.StepBatchParams) ([]string, error) {
+	if len(p.Items) > s.o.MaxBatch {
+		return nil, protocol.Errorf(protocol.CodeInvalidParams, "items: %d items, the limit is %d", len(p.Items), s.o.MaxBatch)
 	}
-	r.batch = make([]batchItem, 0, len(items))
-	for i, it := range items {
-		m, ok := it.(map[string]any)
-		if !ok {
-			r.p.fail(fmt.Sprintf("items[%d]", i), "want map, got %s", typeName(it))
-			continue
-		}
-		ip := &params{m: m, path: fmt.Sprintf("items[%d].", i), errs: r.p.errs}
-		bi := batchItem{envID: ip.str("env_id", true), action: ip.action("action")}
-		r.batch = append(r.batch, bi)
+	r.batch = make([]batchItem, len(p.Items))
+	for i, it := range p.Items {
+		r.batch[i] = batchItem{envID: it.EnvID, action: it.Action}
+		r.batch[i].wait, r.batch[i].release = s.ticket(it.EnvID)
 	}
-	if r.p.err() != nil {
-		return nil
-	}
-	for i := range r.batch {
-		r.batch[i].wait, r.batch[i].release = s.ticket(r.batch[i].envID)
-	}
-	return nil
+	return nil, nil
 }
 
-func (r *request) stepBatch(ctx context.Context) (any, error) {
+func (r *request) stepBatch(ctx context.Context, _ *protocol.StepBatchParams) (any, error) {
 	s := r.server()
 	out := protocol.StepBatchResult{Results: make([]protocol.BatchItemResult, len(r.batch))}
 	var wg sync.WaitGroup

@@ -19,10 +19,10 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -51,7 +51,7 @@ type Rig struct {
 	Engine    *branch.Engine
 	Snap      *btrfs.Snapshotter
 	Images    *image.Store
-	Inspector *inspector.Inspector
+	Inspector *watch.Inspector
 	Dir       string
 	undo      []func()
 }
@@ -102,8 +102,8 @@ func New(o Options) (r *Rig, err error) {
 	}
 	r.undo = append(r.undo, func() { r.Snap.Unmount(context.Background()) })
 	if o.Inspector {
-		if r.Inspector, err = inspector.New(inspector.Options{Logger: log}); err != nil {
-			r.Inspector, err = inspector.NewFallback(inspector.Options{Logger: log}), nil
+		if r.Inspector, err = watch.New(watch.Options{Logger: log}); err != nil {
+			r.Inspector, err = watch.NewFallback(watch.Options{Logger: log}), nil
 		}
 		r.undo = append(r.undo, func() { r.Inspector.Close() })
 	}
@@ -112,7 +112,10 @@ func New(o Options) (r *Rig, err error) {
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the tests in user namespace mode (docs/sandbox.md)
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
 	}
-	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.Snap, CRIU: c, Launcher: l, Inspector: r.Inspector, Logger: log}
+	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.Snap, CRIU: c, Launcher: l, Logger: log}
+	if r.Inspector != nil { // not a typed nil in the interface
+		eo.Inspector = r.Inspector
+	}
 	if r.Engine, err = branch.Open(ctx, eo); err != nil {
 		return nil, err
 	}

@@ -46,7 +46,11 @@ func fakeServer(t *testing.T) string {
 				if f.Method == "fail" {
 					out, _ = protocol.EncodeResponse(f.MsgID, protocol.Errorf(protocol.CodeUnknownEnv, "no"), nil)
 				} else {
-					out, _ = protocol.EncodeResponse(f.MsgID, nil, protocol.CheckpointResult{StateID: f.ParamsMap["env_id"].(string)})
+					var p protocol.CheckpointParams
+					if err := protocol.DecodeParams(f.Params, &p); err != nil {
+						t.Error(err)
+					}
+					out, _ = protocol.EncodeResponse(f.MsgID, nil, protocol.CheckpointResult{StateID: p.EnvID})
 				}
 				ws.WriteMessage(websocket.BinaryMessage, out)
 			}

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 func init() { subcommands = append(subcommands, newSandboxCmd) }
@@ -51,7 +51,7 @@ func newSandboxCmd(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l := &envpool.Launcher{
+			l := &launch.Launcher{
 				Snap: snap, Images: &image.Store{Snap: snap, Logger: slog.Default()},
 				Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: slog.Default(),
 			}

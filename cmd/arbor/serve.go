@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -144,7 +145,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	defer c.Close()
 	images := &image.Store{Snap: snap, Logger: log}
 	// The engine takes the launcher's limits for restored sandboxes.
-	l := &envpool.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
+	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
 	if l.UserNS, err = o.userNS.config(); err != nil {
 		return err
@@ -153,11 +154,13 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	if in != nil {
+	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
+		Launcher: l, Workers: o.workers, Logger: log}
+	if in != nil { // not a typed nil in the interface
 		defer in.Close()
+		eo.Inspector = in
 	}
-	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Inspector: in, Logger: log})
+	e, err := branch.Open(ctx, eo)
 	if err != nil {
 		return fmt.Errorf("open engine: %w", err)
 	}

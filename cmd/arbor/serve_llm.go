@@ -9,29 +9,29 @@ import (
 	"net/url"
 
 	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/llmproxy"
 )
 
 // openInspector makes the turn classifier --inspector asks for; nil for
 // "off" (every turn is then checkpointed full).
-func openInspector(mode string, log *slog.Logger) (*inspector.Inspector, error) {
+func openInspector(mode string, log *slog.Logger) (*watch.Inspector, error) {
 	switch mode {
 	case "off":
 		return nil, nil
 	case "fallback":
-		return inspector.NewFallback(inspector.Options{Logger: log}), nil
+		return watch.NewFallback(watch.Options{Logger: log}), nil
 	case "ebpf", "auto", "":
-		in, err := inspector.New(inspector.Options{Logger: log})
+		in, err := watch.New(watch.Options{Logger: log})
 		if err == nil {
 			log.Info("inspector: eBPF")
 			return in, nil
 		}
-		if mode == "ebpf" || !errors.Is(err, inspector.ErrUnavailable) {
+		if mode == "ebpf" || !errors.Is(err, watch.ErrUnavailable) {
 			return nil, fmt.Errorf("inspector: %w (arbor doctor says why; --inspector fallback or off to run without)", err)
 		}
 		log.Warn("inspector: eBPF unavailable, using the snapshot backend's change lists", slog.Any("err", err))
-		return inspector.NewFallback(inspector.Options{Logger: log}), nil
+		return watch.NewFallback(watch.Options{Logger: log}), nil
 	default:
 		return nil, fmt.Errorf("--inspector %q: want auto, ebpf, fallback or off", mode)
 	}

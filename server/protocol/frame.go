@@ -33,9 +33,8 @@ type Frame struct {
 	MsgID  uint32
 	Method string
 	// Params is the raw params map of a request or notification (nil when
-	// the params array was empty or held nil); ParamsMap is it decoded.
-	Params    msgpack.RawMessage
-	ParamsMap map[string]any
+	// the params array was empty or held nil): DecodeParams reads it.
+	Params msgpack.RawMessage
 	// Error and Result belong to a response; Result is raw so that the
 	// caller decodes it into the type it expects.
 	Error  *Error
@@ -75,7 +74,7 @@ func DecodeFrame(b []byte) (Frame, error) {
 		if f.Method, err = decodeMethod(d); err != nil {
 			return f, err
 		}
-		f.Params, f.ParamsMap, err = decodeParams(d)
+		f.Params, err = decodeParams(d)
 		return f, err
 	case Notification:
 		if n != 3 {
@@ -84,7 +83,7 @@ func DecodeFrame(b []byte) (Frame, error) {
 		if f.Method, err = decodeMethod(d); err != nil {
 			return f, err
 		}
-		f.Params, f.ParamsMap, err = decodeParams(d)
+		f.Params, err = decodeParams(d)
 		return f, err
 	case Response:
 		if n != 4 {
@@ -133,34 +132,30 @@ func decodeMethod(d *msgpack.Decoder) (string, error) {
 	return m, nil
 }
 
-// decodeParams reads the params array: empty, [nil] or [map with string
-// keys].
-func decodeParams(d *msgpack.Decoder) (msgpack.RawMessage, map[string]any, error) {
+// decodeParams reads the params array: empty, [nil] or [map]. (Validate
+// has checked that every map key is a string.)
+func decodeParams(d *msgpack.Decoder) (msgpack.RawMessage, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: params must be an array: %v", ErrFrame, err)
+		return nil, fmt.Errorf("%w: params must be an array: %v", ErrFrame, err)
 	}
 	switch {
 	case n <= 0:
-		return nil, nil, nil
+		return nil, nil
 	case n > 1:
-		return nil, nil, fmt.Errorf("%w: params array has %d elements, want one map", ErrFrame, n)
+		return nil, fmt.Errorf("%w: params array has %d elements, want one map", ErrFrame, n)
 	}
 	raw, err := d.DecodeRaw()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: params: %v", ErrFrame, err)
+		return nil, fmt.Errorf("%w: params: %v", ErrFrame, err)
 	}
 	if isNil(raw) {
-		return nil, nil, nil
+		return nil, nil
 	}
 	if c := raw[0]; !(c >= 0x80 && c <= 0x8f) && c != 0xde && c != 0xdf {
-		return nil, nil, fmt.Errorf("%w: params[0] must be a map", ErrFrame)
+		return nil, fmt.Errorf("%w: params[0] must be a map", ErrFrame)
 	}
-	var m map[string]any
-	if err := msgpack.Unmarshal(raw, &m); err != nil {
-		return nil, nil, fmt.Errorf("%w: params must be a map with string keys: %v", ErrFrame, err)
-	}
-	return raw, m, nil
+	return raw, nil
 }
 
 // PeekRequest reads the msgid and method from the start of a request that
@@ -188,24 +183,35 @@ func PeekRequest(prefix []byte) (msgid uint32, method string, ok bool) {
 }
 
 // Validate checks that b is exactly one well-formed msgpack object nested at
-// most maxDepth deep, whose every declared length fits in b and which uses
-// no ext types. It allocates nothing per element.
+// most maxDepth deep, whose every declared length fits in b, whose map keys
+// are all strings (str or bin) and which uses no ext types. It allocates
+// nothing per element.
 func Validate(b []byte, maxDepth int) error {
-	// pending[i] is how many objects are still due at depth i.
-	pending := make([]int, 1, 8)
-	pending[0] = 1
+	// pending[i] is how many objects are still due at depth i; in a map
+	// (pairs), the key is due when the count is even.
+	type level struct {
+		n     int
+		pairs bool
+	}
+	pending := make([]level, 1, 8)
+	pending[0].n = 1
 	i := 0
 	for len(pending) > 0 {
-		if pending[len(pending)-1] == 0 {
+		top := &pending[len(pending)-1]
+		if top.n == 0 {
 			pending = pending[:len(pending)-1]
 			continue
 		}
-		pending[len(pending)-1]--
+		key := top.pairs && top.n%2 == 0
+		top.n--
 		if i >= len(b) {
 			return fmt.Errorf("%w: truncated at byte %d", ErrFrame, i)
 		}
 		c := b[i]
 		i++
+		if key && !(c >= 0xa0 && c <= 0xbf || c >= 0xd9 && c <= 0xdb || c >= 0xc4 && c <= 0xc6) {
+			return fmt.Errorf("%w: map key at byte %d is not a string", ErrFrame, i-1)
+		}
 		var skip, count int // bytes to skip; objects that follow (containers)
 		var lenBytes int    // size of a big-endian length that follows
 		container, pairs := false, false
@@ -287,7 +293,7 @@ func Validate(b []byte, maxDepth int) error {
 				if len(pending) > maxDepth {
 					return fmt.Errorf("%w: nested deeper than %d", ErrFrame, maxDepth)
 				}
-				pending = append(pending, count)
+				pending = append(pending, level{count, pairs})
 			}
 		}
 	}

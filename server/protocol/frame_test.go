@@ -74,6 +74,15 @@ func TestDecodeFrame(t *testing.T) {
 		{name: "huge declared map", in: []byte{0x94, 0x00, 0x01, 0xa1, 'x', 0x91, 0xdf, 0xff, 0xff, 0xff, 0xff}, wantErr: true},
 		{name: "ext type", in: []byte{0x94, 0x00, 0x01, 0xa1, 'x', 0x91, 0xd4, 0x01, 0x00}, wantErr: true},
 		{name: "never used byte", in: []byte{0xc1}, wantErr: true},
+		{name: "integer map key", in: mustMarshal(t, []any{0, 1, "x", []any{map[int]any{1: "a"}}}), wantErr: true},
+		{name: "nested integer map key", in: mustMarshal(t, []any{0, 1, "step", []any{map[string]any{"action": map[int]any{1: "a"}}}}), wantErr: true},
+		{name: "bin map key", in: append([]byte{0x94, 0x00, 0x01, 0xa1, 'x', 0x91, 0x81, 0xc4, 0x06}, "env_id\xa1e"...),
+			check: func(t *testing.T, f Frame) {
+				var p EnvParams
+				if err := DecodeParams(f.Params, &p); err != nil || p.EnvID != "e" {
+					t.Errorf("params with a bin key: %+v, %v", p, err)
+				}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

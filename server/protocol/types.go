@@ -70,11 +70,6 @@ func (t *Text) DecodeMsgpack(dec *msgpack.Decoder) error {
 	return err
 }
 
-// HelloParams are the params of hello.
-type HelloParams struct {
-	Token string `msgpack:"token,omitempty"`
-}
-
 // HelloResult is what hello returns.
 type HelloResult struct {
 	Version      int          `msgpack:"version" json:"version"`
@@ -93,29 +88,6 @@ type Capabilities struct {
 	MaxEnvs         int      `msgpack:"max_envs" json:"max_envs"`
 	MaxBatch        int      `msgpack:"max_batch" json:"max_batch"`
 	EnvIdleTTLS     float64  `msgpack:"env_idle_ttl_s" json:"env_idle_ttl_s"`
-}
-
-// ResetParams are the params of reset: an image or a task.
-type ResetParams struct {
-	Image   string         `msgpack:"image,omitempty"`
-	Task    string         `msgpack:"task,omitempty"`
-	Seed    *int64         `msgpack:"seed,omitempty"`
-	Options map[string]any `msgpack:"options,omitempty"`
-}
-
-// Action is what step does: one tool call.
-type Action struct {
-	Tool string `msgpack:"tool" json:"tool"`
-	// bash
-	Cmd      string  `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
-	TimeoutS float64 `msgpack:"timeout_s,omitempty" json:"timeout_s,omitempty"`
-	// write_file, read_file
-	Path    string `msgpack:"path,omitempty" json:"path,omitempty"`
-	Content []byte `msgpack:"content,omitempty" json:"content,omitempty"`
-	// rollback
-	StateID string `msgpack:"state_id,omitempty" json:"state_id,omitempty"`
-	// MaxOutput caps each of stdout and stderr in bytes (default 256 KiB).
-	MaxOutput int `msgpack:"max_output,omitempty" json:"max_output,omitempty"`
 }
 
 // Obs is what a step (or reset) observed.
@@ -176,12 +148,6 @@ type ResetResult struct {
 	Info  Info   `msgpack:"info" json:"info"`
 }
 
-// StepParams are the params of step.
-type StepParams struct {
-	EnvID  string `msgpack:"env_id"`
-	Action Action `msgpack:"action"`
-}
-
 // StepResult is what step returns.
 type StepResult struct {
 	Obs        Obs     `msgpack:"obs" json:"obs"`
@@ -189,14 +155,6 @@ type StepResult struct {
 	Terminated bool    `msgpack:"terminated" json:"terminated"`
 	Truncated  bool    `msgpack:"truncated" json:"truncated"`
 	Info       Info    `msgpack:"info" json:"info"`
-}
-
-// BranchParams are the params of branch: an env (its current state) or a
-// state id.
-type BranchParams struct {
-	EnvID   string `msgpack:"env_id,omitempty"`
-	StateID string `msgpack:"state_id,omitempty"`
-	N       int    `msgpack:"n"`
 }
 
 // BranchResult is what branch returns: EnvIDs[i] is child i, "" when it
@@ -209,21 +167,9 @@ type BranchResult struct {
 	TookS   float64  `msgpack:"took_s" json:"took_s"`
 }
 
-// EnvParams name one env (promote, discard, evaluate, close, states,
-// checkpoint).
-type EnvParams struct {
-	EnvID string `msgpack:"env_id"`
-}
-
 // CheckpointResult is what checkpoint returns.
 type CheckpointResult struct {
 	StateID string `msgpack:"state_id" json:"state_id"`
-}
-
-// RollbackParams are the params of rollback.
-type RollbackParams struct {
-	EnvID   string `msgpack:"env_id"`
-	StateID string `msgpack:"state_id"`
 }
 
 // RollbackResult is what rollback returns.
@@ -283,17 +229,6 @@ type StatesResult struct {
 	EnvID  string      `msgpack:"env_id" json:"env_id"`
 	Head   string      `msgpack:"head" json:"head"`
 	States []StateInfo `msgpack:"states" json:"states"`
-}
-
-// BatchItem is one step of a step_batch.
-type BatchItem struct {
-	EnvID  string `msgpack:"env_id"`
-	Action Action `msgpack:"action"`
-}
-
-// StepBatchParams are the params of step_batch.
-type StepBatchParams struct {
-	Items []BatchItem `msgpack:"items"`
 }
 
 // BatchItemResult is one finished item of a step_batch: sent as a

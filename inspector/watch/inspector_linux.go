@@ -1,6 +1,8 @@
-package inspector
+package watch
 
 import (
+	"github.com/arbor-env/arbor/inspector"
+
 	"context"
 	"errors"
 	"fmt"
@@ -11,40 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/bpf"
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
 // Options configure an Inspector.
 type Options struct {
 	Logger *slog.Logger
-}
-
-// Shell runs a command in an environment's managed shell; *sandbox.Sandbox
-// is one.
-type Shell interface {
-	Exec(ctx context.Context, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error)
-}
-
-// Target tells the inspector where an environment's state lives at the
-// moment of a call.
-type Target struct {
-	// Shell runs ShellQuery; nil means the shell state is unknown.
-	Shell Shell
-	// Cgroup is the sandbox's v2 cgroup directory (Sandbox.FreezerCgroup).
-	Cgroup string
-	// LiveRoot is the host path of the sandbox's root.
-	LiveRoot string
-	// SnapshotRoot is the host path of the root of the last filesystem
-	// artifact; empty when there is none (then every touched path counts).
-	SnapshotRoot string
-	// Changes lists the paths that differ between the last filesystem
-	// artifact and the live root (cr.Snapshotter.Changes); used without
-	// eBPF, where it is required.
-	Changes func(ctx context.Context) ([]cr.Change, error)
-	// Command is the turn's command text, if known: a shell that cannot
-	// list its functions is assumed changed when it may define one.
-	Command string
 }
 
 // Inspector classifies the turns of the environments it tracks.
@@ -79,11 +53,11 @@ type envState struct {
 	lostBase    uint64
 	// procBase: long-lived processes at the last process artifact; nil
 	// when unknown.
-	procBase []ProcSample
+	procBase []inspector.ProcSample
 	haveProc bool
 	// shellBase is the shell digest at the last process artifact; shell is
 	// the latest one read (what a checkpoint taken now captures).
-	shellBase, shell ShellState
+	shellBase, shell inspector.ShellState
 	turnStart        time.Time
 }
 
@@ -270,7 +244,7 @@ func (in *Inspector) apply(e bpf.Event) {
 	for _, p := range paths {
 		st.touched[p] = struct{}{}
 	}
-	if why != "" && len(st.unaccounted) < maxReasons {
+	if why != "" && len(st.unaccounted) < inspector.MaxReasons {
 		st.unaccounted = append(st.unaccounted, why)
 	}
 }
@@ -303,22 +277,22 @@ func (in *Inspector) sync(ctx context.Context) error {
 // each part (the turn that just ended, plus anything earlier turns left
 // that no checkpoint took yet). Call it when the turn's command returned;
 // the shell must be idle, as ShellQuery runs in it.
-func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Result, error) {
+func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Target) (inspector.Result, error) {
 	if err := in.sync(ctx); err != nil {
-		return Result{Kind: Full, Reasons: []string{err.Error() + " -> full"}}, err
+		return inspector.Result{Kind: inspector.Full, Reasons: []string{err.Error() + " -> full"}}, err
 	}
 	in.mu.Lock()
 	st, ok := in.envs[envID]
 	if !ok {
 		in.mu.Unlock()
-		return Result{}, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+		return inspector.Result{}, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
-	var facts []Fact
+	var facts []inspector.Fact
 	for _, why := range st.unaccounted {
-		facts = append(facts, Fact{Kind: Unaccounted, Detail: why})
+		facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: why})
 	}
 	if lost := in.lostLocked(); lost > st.lostBase {
-		facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("lost events (%d)", lost-st.lostBase)})
+		facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("lost events (%d)", lost-st.lostBase)})
 	}
 	touched := make([]string, 0, len(st.touched))
 	for p := range st.touched {
@@ -331,29 +305,29 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Resul
 	facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
-	var shell ShellState
+	var shell inspector.ShellState
 	shellOK := false
 	if t.Shell != nil {
-		r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+		r, err := t.Shell.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
 		switch {
 		case err != nil:
-			facts = append(facts, Fact{Kind: ShellUnknown, Detail: err.Error()})
+			facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: err.Error()})
 		case r.Truncated || r.ShellRestarted:
-			facts = append(facts, Fact{Kind: ShellUnknown, Detail: "state query output truncated or shell restarted"})
+			facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: "state query output truncated or shell restarted"})
 		default:
-			shell, shellOK = NormalizeShellState(r.Stdout), true
+			shell, shellOK = inspector.NormalizeShellState(r.Stdout), true
 		}
 	} else {
-		facts = append(facts, Fact{Kind: ShellUnknown, Detail: "no shell given"})
+		facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: "no shell given"})
 	}
 	if shellOK {
 		switch {
 		case shellBase.Digest == "":
-			facts = append(facts, Fact{Kind: ShellChanged, Detail: "no digest at the last checkpoint"})
+			facts = append(facts, inspector.Fact{Kind: inspector.ShellChanged, Detail: "no digest at the last checkpoint"})
 		case shell.Digest != shellBase.Digest:
-			facts = append(facts, Fact{Kind: ShellChanged})
-		case !shell.Bash && MayDefineFunction(t.Command):
-			facts = append(facts, Fact{Kind: ShellChanged, Detail: "the shell cannot list functions and the command may define one"})
+			facts = append(facts, inspector.Fact{Kind: inspector.ShellChanged})
+		case !shell.Bash && inspector.MayDefineFunction(t.Command):
+			facts = append(facts, inspector.Fact{Kind: inspector.ShellChanged, Detail: "the shell cannot list functions and the command may define one"})
 		}
 	}
 	facts = append(facts, in.procFacts(t, shell.PID, procBase, haveProc)...)
@@ -366,19 +340,19 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t Target) (Resul
 		st.shell = shell
 	}
 	in.mu.Unlock()
-	return Classify(facts), nil
+	return inspector.Classify(facts), nil
 }
 
 // fileFacts compares the touched paths (plus, without eBPF, the backend's
 // change list) with the last filesystem artifact; same collects the paths
 // found unchanged.
-func (in *Inspector) fileFacts(ctx context.Context, t Target, touched []string, same *[]string) []Fact {
-	var facts []Fact
+func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched []string, same *[]string) []inspector.Fact {
+	var facts []inspector.Fact
 	if in.tr == nil {
 		if t.Changes == nil {
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: "no eBPF and no change list"})
+			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: "no eBPF and no change list"})
 		} else if ch, err := t.Changes(ctx); err != nil {
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("change list: %v", err)})
+			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("change list: %v", err)})
 		} else {
 			for _, c := range ch {
 				touched = append(touched, c.Path)
@@ -387,15 +361,15 @@ func (in *Inspector) fileFacts(ctx context.Context, t Target, touched []string, 
 	}
 	for _, p := range touched {
 		if t.SnapshotRoot == "" {
-			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 			continue
 		}
-		changed, err := PathChanged(t.LiveRoot, t.SnapshotRoot, p)
+		changed, err := inspector.PathChanged(t.LiveRoot, t.SnapshotRoot, p)
 		switch {
 		case err != nil:
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
+			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
 		case changed:
-			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 		default:
 			*same = append(*same, p)
 		}
@@ -404,20 +378,20 @@ func (in *Inspector) fileFacts(ctx context.Context, t Target, touched []string, 
 }
 
 // procFacts compares the long-lived processes with the baseline.
-func (in *Inspector) procFacts(t Target, shellPID int, base []ProcSample, haveBase bool) []Fact {
+func (in *Inspector) procFacts(t inspector.Target, shellPID int, base []inspector.ProcSample, haveBase bool) []inspector.Fact {
 	if t.Cgroup == "" {
-		return []Fact{{Kind: ProcRan, Detail: "no cgroup given"}}
+		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: "no cgroup given"}}
 	}
 	now, err := sampleProcs(t.Cgroup, shellPID, in.returns())
 	switch {
 	case err != nil:
-		return []Fact{{Kind: ProcRan, Detail: err.Error()}}
+		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: err.Error()}}
 	case !haveBase:
-		return []Fact{{Kind: ProcRan, Detail: "no process sample at the last checkpoint"}}
+		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: "no process sample at the last checkpoint"}}
 	case shellPID == 0:
-		return []Fact{{Kind: ProcRan, Detail: "shell pid unknown"}}
+		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: "shell pid unknown"}}
 	}
-	return CompareProcs(base, now, in.tr != nil)
+	return inspector.CompareProcs(base, now, in.tr != nil)
 }
 
 // Settle re-checks, while the sandbox is frozen for the checkpoint that
@@ -425,25 +399,25 @@ func (in *Inspector) procFacts(t Target, shellPID int, base []ProcSample, haveBa
 // have written files or run between the end of the turn and the freeze.
 // It returns the kind to take (k or more), with the reasons it grew.
 // Call it after Freeze and before making the artifacts.
-func (in *Inspector) Settle(ctx context.Context, envID string, k Kind, t Target) (Kind, []string, error) {
-	if k == Full {
+func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error) {
+	if k == inspector.Full {
 		return k, nil, nil
 	}
 	if err := in.sync(ctx); err != nil {
-		return Full, []string{err.Error()}, err
+		return inspector.Full, []string{err.Error()}, err
 	}
 	in.mu.Lock()
 	st, ok := in.envs[envID]
 	if !ok {
 		in.mu.Unlock()
-		return Full, nil, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+		return inspector.Full, nil, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
-	var facts []Fact
+	var facts []inspector.Fact
 	for _, why := range st.unaccounted {
-		facts = append(facts, Fact{Kind: Unaccounted, Detail: why})
+		facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: why})
 	}
 	if lost := in.lostLocked(); lost > st.lostBase {
-		facts = append(facts, Fact{Kind: Unaccounted, Detail: "lost events"})
+		facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: "lost events"})
 	}
 	touched := make([]string, 0, len(st.touched))
 	for p := range st.touched {
@@ -451,15 +425,15 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k Kind, t Target)
 	}
 	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
 	in.mu.Unlock()
-	if !k.Has(FS) {
+	if !k.Has(inspector.FS) {
 		var same []string
 		facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
 	}
-	if !k.Has(Proc) {
+	if !k.Has(inspector.Proc) {
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
 	}
-	r := Classify(facts)
-	return join(k, r.Kind), r.Reasons, nil
+	r := inspector.Classify(facts)
+	return k.Join(r.Kind), r.Reasons, nil
 }
 
 func (in *Inspector) returns() func(uint32) (uint64, bool) {
@@ -474,9 +448,9 @@ func (in *Inspector) returns() func(uint32) (uint64, bool) {
 // is still frozen after the snapshot or dump (branch.Options.OnFrozen), so
 // that nothing runs between the artifact and the baseline. The shell state
 // recorded is the one the last EndTurn read.
-func (in *Inspector) Checkpointed(envID string, k Kind, t Target) error {
-	var procs []ProcSample
-	if k.Has(Proc) {
+func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Target) error {
+	var procs []inspector.ProcSample
+	if k.Has(inspector.Proc) {
 		in.mu.Lock()
 		st, ok := in.envs[envID]
 		var shellPID int
@@ -499,15 +473,15 @@ func (in *Inspector) Checkpointed(envID string, k Kind, t Target) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
-	if k.Has(FS) {
+	if k.Has(inspector.FS) {
 		st.touched = map[string]struct{}{}
 		st.since = now
 	}
-	if k.Has(Proc) {
+	if k.Has(inspector.Proc) {
 		st.procBase, st.haveProc = procs, true
 		st.shellBase = st.shell
 	}
-	if k == Full {
+	if k == inspector.Full {
 		st.unaccounted = nil
 		st.lostBase = in.lostLocked()
 	}
@@ -517,24 +491,24 @@ func (in *Inspector) Checkpointed(envID string, k Kind, t Target) error {
 // Baseline makes the live state of envID its baseline, reading the shell
 // state through the shell: for a sandbox just started or restored, whose
 // state equals its state's artifacts. Nothing may run in it meanwhile.
-func (in *Inspector) Baseline(ctx context.Context, envID string, t Target) error {
+func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Target) error {
 	if t.Shell == nil {
 		return fmt.Errorf("baseline of %s: no shell", envID)
 	}
 	if err := in.sync(ctx); err != nil {
 		return err
 	}
-	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	r, err := t.Shell.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
 	if err != nil {
 		return fmt.Errorf("baseline of %s: read shell state: %w", envID, err)
 	}
-	shell := NormalizeShellState(r.Stdout)
+	shell := inspector.NormalizeShellState(r.Stdout)
 	in.mu.Lock()
 	if st, ok := in.envs[envID]; ok {
 		st.shell = shell
 	}
 	in.mu.Unlock()
-	return in.Checkpointed(envID, Full, t)
+	return in.Checkpointed(envID, inspector.Full, t)
 }
 
 // Stats are counters for benchmarks and metrics.

@@ -1,4 +1,4 @@
-package inspector_test
+package watch_test
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -23,14 +24,14 @@ import (
 // while the sandbox is frozen, where a real engine would run CRIU.
 type rig struct {
 	t    *testing.T
-	ins  *inspector.Inspector
+	ins  *watch.Inspector
 	snap cr.Snapshotter
-	env  *envpool.Env
+	env  *launch.Env
 	last string // the last filesystem artifact
 	n    int
 }
 
-func newRig(t *testing.T, ins *inspector.Inspector) *rig {
+func newRig(t *testing.T, ins *watch.Inspector) *rig {
 	t.Helper()
 	sandboxtest.RequireRoot(t)
 	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
@@ -47,7 +48,7 @@ func newRig(t *testing.T, ins *inspector.Inspector) *rig {
 		}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	l := &envpool.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true}
+	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet}, Logger: quiet, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true}
 	env, err := l.Launch(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +178,7 @@ var suite = []turnCase{
 	{name: "memory changer runs on again", cmd: "ls >/dev/null; sleep 0.1", want: inspector.Proc},
 }
 
-func runSuite(t *testing.T, ins *inspector.Inspector) {
+func runSuite(t *testing.T, ins *watch.Inspector) {
 	r := newRig(t, ins)
 	var total time.Duration
 	misses := 0
@@ -216,8 +217,8 @@ func runSuite(t *testing.T, ins *inspector.Inspector) {
 }
 
 func TestTurnsWithEBPF(t *testing.T) {
-	ins, err := inspector.New(inspector.Options{Logger: slog.New(slog.DiscardHandler)})
-	if errors.Is(err, inspector.ErrUnavailable) {
+	ins, err := watch.New(watch.Options{Logger: slog.New(slog.DiscardHandler)})
+	if errors.Is(err, watch.ErrUnavailable) {
 		t.Skipf("eBPF unavailable: %v", err)
 	}
 	if err != nil {
@@ -228,7 +229,7 @@ func TestTurnsWithEBPF(t *testing.T) {
 }
 
 func TestTurnsWithoutEBPF(t *testing.T) {
-	ins := inspector.NewFallback(inspector.Options{Logger: slog.New(slog.DiscardHandler)})
+	ins := watch.NewFallback(watch.Options{Logger: slog.New(slog.DiscardHandler)})
 	defer ins.Close()
 	runSuite(t, ins)
 }

@@ -1,6 +1,5 @@
 // Package launch boots environments: a sandbox on a fresh writable clone
 // of an image. It sits below branch, which checkpoints and restores
-// environments, and envpool, which keeps warm pools of them per task; it
-// is its own package so that envpool can use branch without an import
-// cycle.
+// environments, and envpool, which keeps warm pools of them per task
+// (docs/engine.md, "Packages").
 package launch

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/envpool/launch"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 

@@ -1,6 +1,8 @@
-package inspector
+package watch
 
 import (
+	"github.com/arbor-env/arbor/inspector"
+
 	"strings"
 	"testing"
 
@@ -27,21 +29,21 @@ func FuzzEventRules(f *testing.F) {
 			t.Fatal(err)
 		}
 		paths, why := EventPaths(e)
-		var facts []Fact
+		var facts []inspector.Fact
 		for _, p := range paths {
 			if !strings.HasPrefix(p, "/") {
 				t.Fatalf("relative path %q from %+v", p, e)
 			}
-			facts = append(facts, Fact{Kind: FileChanged, Path: p})
+			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 		}
 		if why != "" {
-			facts = append(facts, Fact{Kind: Unaccounted, Detail: why})
+			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: why})
 		}
-		r := Classify(facts)
-		if len(facts) > 0 && r.Kind == None {
+		r := inspector.Classify(facts)
+		if len(facts) > 0 && r.Kind == inspector.None {
 			t.Fatalf("facts %v classified none", facts)
 		}
-		if why != "" && r.Kind != Full {
+		if why != "" && r.Kind != inspector.Full {
 			t.Fatalf("unaccounted %q classified %s", why, r.Kind)
 		}
 	})

@@ -1,6 +1,8 @@
-package inspector
+package watch
 
 import (
+	"github.com/arbor-env/arbor/inspector"
+
 	"bufio"
 	"bytes"
 	"fmt"
@@ -14,12 +16,12 @@ import (
 // sampleProcs reads every process of the v2 cgroup dir cg except the
 // sandbox's init (pid 1 inside) and the managed shell (shellNS, its pid
 // inside). returns gives eBPF return counts when available.
-func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]ProcSample, error) {
+func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]inspector.ProcSample, error) {
 	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
 	if err != nil {
 		return nil, fmt.Errorf("list processes of %s: %w", cg, err)
 	}
-	var out []ProcSample
+	var out []inspector.ProcSample
 	for _, f := range strings.Fields(string(b)) {
 		pid, err := strconv.Atoi(f)
 		if err != nil {
@@ -37,7 +39,7 @@ func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool
 	return out, nil
 }
 
-func sampleProc(pid int) (p ProcSample, nsPID int, ok bool) {
+func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 	dir := fmt.Sprintf("/proc/%d", pid)
 	stat, err := os.ReadFile(dir + "/stat")
 	if err != nil {

@@ -1,6 +1,8 @@
-package inspector
+package watch
 
 import (
+	"github.com/arbor-env/arbor/inspector"
+
 	"fmt"
 	"strings"
 
@@ -38,10 +40,6 @@ var unaccountedCalls = map[string]string{
 	"open_tree": "mount", "mount_setattr": "mount", "pivot_root": "mount",
 	"chroot": "chroot", "swapon": "swapon",
 }
-
-// notInSnapshots are sandbox paths that are mounts of their own, whose
-// contents no filesystem artifact holds.
-var notInSnapshots = []string{"/proc", "/dev/pts"}
 
 // EventPaths returns the sandbox paths (absolute, not yet cleaned: ".."
 // and symlinks are resolved against a root later) that event e may have
@@ -82,7 +80,7 @@ func EventPaths(e bpf.Event) (paths []string, unaccounted string) {
 				return nil, fmt.Sprintf("ioctl %#x on %s by process %d", e.Arg, p, e.TGID)
 			}
 		}
-		return keep(p), ""
+		return inspector.SnapshotPath(p), ""
 	}
 	for i := 0; i < 2; i++ {
 		user, base := 2*i, 2*i+1
@@ -95,7 +93,7 @@ func EventPaths(e bpf.Event) (paths []string, unaccounted string) {
 		}
 		rel := e.Path[user]
 		if e.Flags&uflag != 0 && strings.HasPrefix(rel, "/") {
-			paths = append(paths, keep(rel)...)
+			paths = append(paths, inspector.SnapshotPath(rel)...)
 			continue
 		}
 		if e.Flags&bflag == 0 {
@@ -111,27 +109,7 @@ func EventPaths(e bpf.Event) (paths []string, unaccounted string) {
 		if rel != "" {
 			p = strings.TrimSuffix(p, "/") + "/" + rel
 		}
-		paths = append(paths, keep(p)...)
+		paths = append(paths, inspector.SnapshotPath(p)...)
 	}
 	return paths, ""
-}
-
-// keep returns p, without empty or "." components or a trailing slash,
-// unless it lies in a mount no snapshot holds. ".." stays: only a walk
-// through the tree can tell what it means after a symlink.
-func keep(p string) []string {
-	parts := strings.Split(p, "/")
-	out := parts[:0]
-	for _, c := range parts {
-		if c != "" && c != "." {
-			out = append(out, c)
-		}
-	}
-	p = "/" + strings.Join(out, "/")
-	for _, m := range notInSnapshots {
-		if p == m || strings.HasPrefix(p, m+"/") {
-			return nil
-		}
-	}
-	return []string{p}
 }

@@ -1,0 +1,176 @@
+package protocol
+
+import (
+	"strconv"
+	"strings"
+)
+
+// The params of every method of protocol v1 (docs/protocol.md,
+// "Methods"): clients encode them, the server decodes them with
+// DecodeParams. Limits that are options of a server (max_envs,
+// max_batch) are the server's to check.
+
+// HelloParams are the params of hello.
+type HelloParams struct {
+	Token string `msgpack:"token,omitempty"`
+}
+
+func (p *HelloParams) check(*checker) {}
+
+// ResetParams are the params of reset: an image or a task.
+type ResetParams struct {
+	Image string `msgpack:"image,omitempty"`
+	Task  string `msgpack:"task,omitempty"`
+	Seed  *int64 `msgpack:"seed,omitempty"`
+	// Options are accepted and ignored in v1.
+	Options map[string]any `msgpack:"options,omitempty"`
+}
+
+func (p *ResetParams) check(c *checker) {
+	if c.ok() && p.Image == "" && p.Task == "" {
+		c.fail("", "reset needs image or task")
+	}
+}
+
+// Action is what step does: one tool call.
+type Action struct {
+	Tool string `msgpack:"tool" json:"tool"`
+	// bash
+	Cmd      string  `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
+	TimeoutS float64 `msgpack:"timeout_s,omitempty" json:"timeout_s,omitempty"`
+	// write_file, read_file
+	Path    string `msgpack:"path,omitempty" json:"path,omitempty"`
+	Content []byte `msgpack:"content,omitempty" json:"content,omitempty"`
+	// rollback
+	StateID string `msgpack:"state_id,omitempty" json:"state_id,omitempty"`
+	// MaxOutput caps each of stdout and stderr in bytes (default 256 KiB).
+	MaxOutput int `msgpack:"max_output,omitempty" json:"max_output,omitempty"`
+}
+
+// Validate checks that the tool is known and has the fields it needs.
+func (a *Action) Validate() error { return validate(a) }
+
+func (a *Action) check(c *checker) {
+	c.required("tool", a.Tool)
+	switch a.Tool {
+	case ToolBash:
+		c.required("cmd", a.Cmd)
+		if a.TimeoutS < 0 {
+			c.fail("timeout_s", "must not be negative")
+		}
+	case ToolWriteFile, ToolReadFile:
+		c.required("path", a.Path)
+	case ToolRollback:
+		c.required("state_id", a.StateID)
+	case "":
+	default:
+		c.fail("tool", "unknown tool %q (want one of %s)", a.Tool, strings.Join(Tools, ", "))
+	}
+	if a.MaxOutput < 0 {
+		c.fail("max_output", "must not be negative")
+	}
+}
+
+// StepParams are the params of step.
+type StepParams struct {
+	EnvID  string `msgpack:"env_id"`
+	Action Action `msgpack:"action"`
+}
+
+func (p *StepParams) check(c *checker) {
+	c.required("env_id", p.EnvID)
+	p.Action.check(c.sub("action"))
+}
+
+// BranchParams are the params of branch: an env (its current state) or a
+// state id.
+type BranchParams struct {
+	EnvID   string `msgpack:"env_id,omitempty"`
+	StateID string `msgpack:"state_id,omitempty"`
+	N       int    `msgpack:"n"`
+}
+
+func (p *BranchParams) check(c *checker) {
+	if !c.ok() {
+		return
+	}
+	if (p.EnvID == "") == (p.StateID == "") {
+		c.fail("", "branch needs exactly one of env_id and state_id")
+	}
+	if p.N < 1 {
+		c.fail("n", "want at least 1, got %d", p.N)
+	}
+}
+
+// EnvParams name one env: the params of checkpoint, promote, discard,
+// evaluate, close and states.
+type EnvParams struct {
+	EnvID string `msgpack:"env_id"`
+}
+
+func (p *EnvParams) check(c *checker) { c.required("env_id", p.EnvID) }
+
+// The methods whose params are one env.
+type (
+	CheckpointParams = EnvParams
+	PromoteParams    = EnvParams
+	DiscardParams    = EnvParams
+	EvaluateParams   = EnvParams
+	CloseParams      = EnvParams
+	StatesParams     = EnvParams
+)
+
+// RollbackParams are the params of rollback.
+type RollbackParams struct {
+	EnvID   string `msgpack:"env_id"`
+	StateID string `msgpack:"state_id"`
+}
+
+func (p *RollbackParams) check(c *checker) {
+	c.required("env_id", p.EnvID)
+	c.required("state_id", p.StateID)
+}
+
+// EnvsParams are the params of envs: none.
+type EnvsParams struct{}
+
+func (p *EnvsParams) check(*checker) {}
+
+// BatchItem is one step of a step_batch.
+type BatchItem struct {
+	EnvID  string `msgpack:"env_id"`
+	Action Action `msgpack:"action"`
+}
+
+// StepBatchParams are the params of step_batch.
+type StepBatchParams struct {
+	Items []BatchItem `msgpack:"items"`
+}
+
+func (p *StepBatchParams) check(c *checker) {
+	if p.Items == nil {
+		c.fail("items", "required array is missing")
+	}
+	for i := range p.Items {
+		it := &p.Items[i]
+		ic := c.sub("items[" + strconv.Itoa(i) + "]")
+		ic.required("env_id", it.EnvID)
+		it.Action.check(ic.sub("action"))
+	}
+}
+
+// Validate returns nil or an invalid_params *Error naming every bad field.
+func (p *HelloParams) Validate() error     { return validate(p) }
+func (p *ResetParams) Validate() error     { return validate(p) }
+func (p *StepParams) Validate() error      { return validate(p) }
+func (p *BranchParams) Validate() error    { return validate(p) }
+func (p *EnvParams) Validate() error       { return validate(p) }
+func (p *RollbackParams) Validate() error  { return validate(p) }
+func (p *EnvsParams) Validate() error      { return validate(p) }
+func (p *StepBatchParams) Validate() error { return validate(p) }
+
+func validate(p Params) error {
+	c := newChecker()
+	p.check(c)
+	return c.err()
+}
