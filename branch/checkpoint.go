@@ -162,6 +162,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		if err := plan(); err != nil {
 			return err
 		}
+		crashPoint("intent", made)
 		if fsArt != nil {
 			t = time.Now()
 			if err := e.o.Snap.Snapshot(ctx, volume, fsArt.Location); err != nil {
@@ -200,6 +201,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	if err != nil {
 		return err
 	}
+	crashPoint("dump", made)
 	if procArt != nil {
 		n, err := e.cache.Commit(procArt.Location)
 		if err != nil {
@@ -217,6 +219,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	for _, a := range made {
 		ids = append(ids, a.ID)
 	}
+	crashPoint("commit", made)
 	if err := e.man.CommitState(st, ids...); err != nil {
 		return fmt.Errorf("commit state: %w", err)
 	}

@@ -89,8 +89,9 @@ type Coordinator struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	envs     map[string]*entry // envs handed out, by id
-	reserved int               // env slots promised to resets and branches in progress
+	envs     map[string]*entry         // envs handed out, by id
+	lost     map[string]branch.LostEnv // handed out, open at a crash, not restored (recover.go)
+	reserved int                       // env slots promised to resets and branches in progress
 	closed   bool
 }
 
@@ -112,23 +113,28 @@ type entry struct {
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
-	used    atomic.Int64 // unix nanoseconds of the last operation naming it
+	// recovered is reported (once) by the first operation after a
+	// restart restored the env (recover.go).
+	recovered *Recovered
+	used      atomic.Int64 // unix nanoseconds of the last operation naming it
 }
 
-// New makes a coordinator on an open engine and starts its idle-TTL
-// janitor; Close stops it.
+// New makes a coordinator on an open engine, adopts the envs the engine
+// recovered from a crash of the previous run (recover.go) and starts its
+// idle-TTL janitor; Close stops it.
 func New(o Options) (*Coordinator, error) {
 	if o.Engine == nil {
 		return nil, errors.New("coordinator: Options.Engine is required")
 	}
 	o = o.withDefaults()
-	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}}
+	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}, lost: map[string]branch.LostEnv{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.m = newMetrics(o.Registry, o.Engine, func() float64 {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return float64(len(c.envs))
 	})
+	c.adoptRecovered(c.ctx)
 	if o.IdleTTL > 0 {
 		c.wg.Add(1)
 		go c.janitor()
@@ -186,8 +192,12 @@ func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
 	return wait, release
 }
 
-// register records an env handed out.
+// register records an env handed out, and labels it so that a restarted
+// coordinator can adopt it again (recover.go).
 func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int) *entry {
+	if err := c.e.SetLabels(env, labels(task, base, seed)); err != nil {
+		c.log.Warn("label env", slog.String("env", env.ID), slog.Any("err", err))
+	}
 	closed := make(chan struct{})
 	close(closed)
 	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
@@ -213,7 +223,11 @@ func (c *Coordinator) lookup(id string) (*branch.Env, *entry, error) {
 	}
 	c.mu.Lock()
 	m, ok := c.envs[id]
+	l, lost := c.lost[id]
 	c.mu.Unlock()
+	if lost {
+		return nil, nil, lostError(l)
+	}
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: no open env %q", ErrUnknownEnv, id)
 	}
@@ -314,6 +328,8 @@ type EnvInfo struct {
 	Task TaskInfo
 	Turn int // since its episode began
 	Idle time.Duration
+	// Recovered: a restarted server restored the env at this state.
+	Recovered *Recovered
 }
 
 // Envs lists the envs handed out, by id.
@@ -330,8 +346,11 @@ func (c *Coordinator) Envs() []EnvInfo {
 		if _, err := c.e.Env(m.env.ID); err != nil {
 			continue // closed under us; the next lookup forgets it
 		}
-		out = append(out, EnvInfo{Env: m.env, Task: m.task, Turn: m.env.Turn() - m.base,
-			Idle: now.Sub(time.Unix(0, m.used.Load()))})
+		info := EnvInfo{Env: m.env, Task: m.task, Turn: m.env.Turn() - m.base, Idle: now.Sub(time.Unix(0, m.used.Load()))}
+		if rec := m.env.Recovered(); rec != nil {
+			info.Recovered = &Recovered{StateID: rec.State, Turn: rec.Turn - m.base}
+		}
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Env.ID < out[j].Env.ID })
 	return out

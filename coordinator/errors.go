@@ -53,6 +53,8 @@ func ProtoError(err error) *protocol.Error {
 		code = protocol.CodeInvalidParams
 	case errors.Is(err, ErrUnknownEnv), errors.Is(err, branch.ErrUnknownEnv):
 		code = protocol.CodeUnknownEnv
+	case errors.Is(err, branch.ErrLost):
+		code = protocol.CodeEnvLost
 	case errors.Is(err, ErrUnknownState), errors.Is(err, branch.ErrUnknownState):
 		code = protocol.CodeUnknownState
 	case errors.Is(err, ErrUnknownTask):

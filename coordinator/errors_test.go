@@ -28,6 +28,7 @@ func TestProtoError(t *testing.T) {
 		{"invalid params", ErrInvalidParams, protocol.CodeInvalidParams, false, false},
 		{"unknown env", ErrUnknownEnv, protocol.CodeUnknownEnv, false, false},
 		{"engine unknown env", branch.ErrUnknownEnv, protocol.CodeUnknownEnv, false, false},
+		{"env lost in a restart", branch.ErrLost, protocol.CodeEnvLost, true, false},
 		{"unknown state", ErrUnknownState, protocol.CodeUnknownState, false, false},
 		{"engine unknown state", branch.ErrUnknownState, protocol.CodeUnknownState, false, false},
 		{"unknown task", ErrUnknownTask, protocol.CodeUnknownTask, false, false},

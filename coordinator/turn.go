@@ -69,6 +69,9 @@ type TurnResult struct {
 	// the observation: Result holds it).
 	Restored string
 	Rejected string
+	// Recovered, on the first operation after a restart restored the env
+	// from a crash, says at which state.
+	Recovered *Recovered
 }
 
 // Turn runs one action in env as one turn: exec, classify, force full
@@ -95,10 +98,10 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	timeout = min(timeout, c.o.MaxTimeout)
 	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
 	if err != nil {
-		return nil, fmt.Errorf("step in env %s: %w", envID, err)
+		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}
 	c.observePending(m)
-	out := &TurnResult{Env: env, Task: m.task, Result: res}
+	out := &TurnResult{Env: env, Task: m.task, Result: res, Recovered: m.takeRecovered()}
 	kind := branch.None
 	if !a.ReadOnly {
 		kind = c.classify(ctx, env, cmd)
@@ -274,6 +277,8 @@ type Restored struct {
 	Task    TaskInfo
 	StateID string
 	Turn    int // since the episode began
+	// Recovered: as TurnResult's.
+	Recovered *Recovered
 }
 
 // Rollback returns env to state sid (files, processes, shell state); the
@@ -303,7 +308,7 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 	c.mu.Lock()
 	m.failed = nil
 	c.mu.Unlock()
-	return &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base}, nil
+	return &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base, Recovered: m.takeRecovered()}, nil
 }
 
 // rollbackTurn is the rollback tool: the agent's own rollback. A state
@@ -324,7 +329,7 @@ func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entr
 	if err != nil {
 		return nil, err
 	}
-	out.StateID, out.Restored, out.Turn = r.StateID, r.StateID, r.Turn
+	out.StateID, out.Restored, out.Turn, out.Recovered = r.StateID, r.StateID, r.Turn, r.Recovered
 	msg := fmt.Sprintf("rolled back to state %s (turn %d): files, processes and shell state are as they were then\n", a.StateID, r.Turn)
 	out.Result = &sandbox.Result{Stdout: []byte(msg)}
 	// The shell's working directory, read without counting a turn.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 
@@ -145,7 +146,7 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 	}
 	res := t.Result
 	info := protocol.Info{Tool: a.Tool, StateID: t.StateID, Turn: t.Turn, Checkpoint: string(t.Kind), Task: t.Task.Name, MaxTurns: t.Task.MaxTurns,
-		Restored: t.Restored, VerifyMisses: t.VerifyMisses}
+		Restored: t.Restored, VerifyMisses: t.VerifyMisses, Recovered: recovered(t.Recovered)}
 	if a.Tool != protocol.ToolRollback {
 		info.ShellRestarted, info.StdoutBytes, info.StderrBytes = res.ShellRestarted, res.StdoutBytes, res.StderrBytes
 	}
@@ -203,7 +204,7 @@ func (r *request) rollback(ctx context.Context, p *protocol.RollbackParams) (any
 		return nil, err
 	}
 	return protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(branch.None), Restored: res.StateID,
-		Task: res.Task.Name, MaxTurns: res.Task.MaxTurns}}, nil
+		Task: res.Task.Name, MaxTurns: res.Task.MaxTurns, Recovered: recovered(res.Recovered)}}, nil
 }
 
 func promoteEnvs(s *Server, _ *request, p *protocol.PromoteParams) ([]string, error) {
@@ -246,10 +247,16 @@ func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error)
 
 func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error) {
 	out := protocol.EnvsResult{Envs: []protocol.EnvInfo{}}
-	for _, e := range r.server().c.Envs() {
+	c := r.server().c
+	for _, e := range c.Envs() {
 		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: e.Env.ID, Image: e.Env.Image, Task: e.Task.Name, Origin: e.Env.Origin,
-			Head: e.Env.Head(), Turn: e.Turn, IdleS: e.Idle.Seconds()})
+			Head: e.Env.Head(), Turn: e.Turn, IdleS: e.Idle.Seconds(), Recovered: recovered(e.Recovered)})
 	}
+	for _, l := range c.Lost() {
+		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: l.ID, Image: l.Image, Task: l.Task.Name, Head: l.Head,
+			Lost: coordinator.ProtoError(l.Err).Message})
+	}
+	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].EnvID < out.Envs[j].EnvID })
 	return out, nil
 }
 
@@ -264,6 +271,14 @@ func (r *request) states(ctx context.Context, p *protocol.EnvParams) (any, error
 			Turn: st.Turn, Kind: string(st.Kind), Created: st.Created.Format(time.RFC3339Nano)})
 	}
 	return out, nil
+}
+
+// recovered is the protocol's form of a coordinator.Recovered.
+func recovered(r *coordinator.Recovered) *protocol.Recovered {
+	if r == nil {
+		return nil
+	}
+	return &protocol.Recovered{StateID: r.StateID, Turn: r.Turn}
 }
 
 // batchEnvs checks the size of a step_batch and takes each item's ticket,

@@ -79,6 +79,38 @@ func (m *Manifest) SetHead(env, state string) error {
 	return nil
 }
 
+// SetLabels merges labels into an open env's labels; a key with an empty
+// value is removed.
+func (m *Manifest) SetLabels(env string, labels map[string]string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		e, err := get[Env](tx, bucketEnvs, "env", env)
+		if err != nil {
+			return err
+		}
+		if e.Closed {
+			return ErrClosed
+		}
+		if e.Labels == nil {
+			e.Labels = map[string]string{}
+		}
+		for k, v := range labels {
+			if k == "" {
+				return fmt.Errorf("empty label key: %w", ErrInvalid)
+			}
+			if v == "" {
+				delete(e.Labels, k)
+			} else {
+				e.Labels[k] = v
+			}
+		}
+		return put(tx, bucketEnvs, e)
+	})
+	if err != nil {
+		return fmt.Errorf("set labels of env %s: %w", env, err)
+	}
+	return nil
+}
+
 // CloseEnv marks an env closed: no more states are committed to it and
 // its head no longer keeps states alive. Its states stay until released.
 func (m *Manifest) CloseEnv(id string) error {

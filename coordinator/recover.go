@@ -1,0 +1,147 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// The labels the coordinator keeps on every env it hands out
+// (Engine.SetLabels), so that a coordinator restarted after a crash can
+// adopt the env again with its task, seed and episode turn
+// (docs/engine.md, "Crash safety").
+const (
+	labelServed   = "arbor.server" // "1": handed out by the coordinator
+	labelTask     = "arbor.task"
+	labelImage    = "arbor.image"
+	labelMaxTurns = "arbor.max_turns"
+	labelTimeout  = "arbor.command_timeout"
+	labelBase     = "arbor.base"
+	labelSeed     = "arbor.seed"
+)
+
+// labels are what adoptRecovered needs to adopt an env again.
+func labels(task TaskInfo, base int, seed int64) map[string]string {
+	l := map[string]string{labelServed: "1", labelTask: task.Name, labelImage: task.Image,
+		labelMaxTurns: strconv.Itoa(task.MaxTurns), labelBase: strconv.Itoa(base)}
+	if task.CommandTimeout > 0 {
+		l[labelTimeout] = task.CommandTimeout.String()
+	}
+	if seed != 0 {
+		l[labelSeed] = strconv.FormatInt(seed, 10)
+	}
+	return l
+}
+
+// fromLabels reads back what labels wrote.
+func fromLabels(l map[string]string) (task TaskInfo, base int, seed int64) {
+	task = TaskInfo{Name: l[labelTask], Image: l[labelImage]}
+	task.MaxTurns, _ = strconv.Atoi(l[labelMaxTurns])
+	task.CommandTimeout, _ = time.ParseDuration(l[labelTimeout])
+	base, _ = strconv.Atoi(l[labelBase])
+	seed, _ = strconv.ParseInt(l[labelSeed], 10, 64)
+	return task, base, seed
+}
+
+// Recovered is the state a restarted server restored an env at (its last
+// committed state) and that state's turn in the episode.
+type Recovered struct {
+	StateID string
+	Turn    int
+}
+
+// adoptRecovered takes back the envs the engine restored after a crash:
+// those the coordinator had handed out are registered again with their
+// task, seed and base turn from their labels, and their first operation
+// reports it (TurnResult.Recovered, Restored.Recovered); the others (a
+// task pool's reserve of the earlier run) have no owner any more and are
+// closed. Handed-out envs the engine could not restore are kept as lost:
+// operations on them answer env_lost, and Lost lists them.
+func (c *Coordinator) adoptRecovered(ctx context.Context) {
+	adopted := map[string]*branch.Env{}
+	for _, env := range c.e.Envs() {
+		rec := env.Recovered()
+		if rec == nil {
+			continue
+		}
+		l := env.Labels()
+		if l[labelServed] != "1" {
+			if err := c.e.CloseEnv(ctx, env); err != nil {
+				c.log.Warn("close recovered env nobody owns", slog.String("env", env.ID), slog.Any("err", err))
+			}
+			continue
+		}
+		task, base, seed := fromLabels(l)
+		m := c.register(env, task, seed, base)
+		m.recovered = &Recovered{StateID: rec.State, Turn: rec.Turn - base}
+		adopted[env.ID] = env
+	}
+	for _, env := range adopted {
+		if _, ok := adopted[env.Origin]; !ok {
+			env.Origin = "" // nothing to promote into any more
+		}
+	}
+	c.mu.Lock()
+	for _, l := range c.e.Lost() {
+		if l.Labels[labelServed] == "1" {
+			c.lost[l.ID] = l
+		}
+	}
+	lost := len(c.lost)
+	c.mu.Unlock()
+	if len(adopted)+lost > 0 {
+		c.log.Info("adopted the envs of the previous run", slog.Int("recovered", len(adopted)), slog.Int("lost", lost))
+	}
+}
+
+// takeRecovered returns (once) the state the env was recovered at; the
+// caller holds the env's ticket.
+func (m *entry) takeRecovered() *Recovered {
+	r := m.recovered
+	m.recovered = nil
+	return r
+}
+
+// LostEnv is an env handed out before a crash that could not be
+// restored.
+type LostEnv struct {
+	ID, Image, Head string
+	Task            TaskInfo
+	// Err is what operations on it answer (env_lost).
+	Err error
+}
+
+// Lost lists the envs handed out before a crash that could not be
+// restored.
+func (c *Coordinator) Lost() []LostEnv {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]LostEnv, 0, len(c.lost))
+	for _, l := range c.lost {
+		task, _, _ := fromLabels(l.Labels)
+		out = append(out, LostEnv{ID: l.ID, Image: l.Image, Head: l.Head, Task: task, Err: lostError(l)})
+	}
+	return out
+}
+
+// lostError is the answer to an operation on a lost env.
+func lostError(l branch.LostEnv) error {
+	return fmt.Errorf("%w: env %s was open when the server stopped and could not be restored: %v", branch.ErrLost, l.ID, l.Err)
+}
+
+// revivedError reports a turn whose env's sandbox died and was restored,
+// with the episode's turn.
+func revivedError(err error, m *entry) error {
+	var rv *branch.RevivedError
+	if !errors.As(err, &rv) {
+		return err
+	}
+	return protocol.Errorf(protocol.CodeSandboxFailed, "the sandbox of env %s died (%v); the env was restored to state %s (turn %d): the step did not run",
+		rv.Env, rv.Cause, rv.State, rv.Turn-m.base)
+}
