@@ -246,7 +246,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	if err := b.h.adopt(b); err != nil {
 		return nil, "", err
 	}
-	res, err := t.c.Reset(ctx, coordinator.ResetRequest{Task: b.tg.task, Image: b.tg.image})
+	res, err := t.c.Reset(ctx, coordinator.ResetRequest{Task: b.tg.task, Image: b.tg.image, Ephemeral: true})
 	if err != nil {
 		b.h.disown(b)
 		return nil, "", infra("start env", err)

@@ -110,6 +110,9 @@ type entry struct {
 	task TaskInfo
 	seed int64
 	base int // the engine's turn count when the episode began
+	// ephemeral: the env (and its children) are not adopted again after
+	// a crash (ResetRequest.Ephemeral).
+	ephemeral bool
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
@@ -194,13 +197,17 @@ func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
 
 // register records an env handed out, and labels it so that a restarted
 // coordinator can adopt it again (recover.go).
-func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int) *entry {
-	if err := c.e.SetLabels(env, labels(task, base, seed)); err != nil {
-		c.log.Warn("label env", slog.String("env", env.ID), slog.Any("err", err))
+// An ephemeral env (one an MCP session started, which dies with the
+// process) is not labelled: after a crash nobody would own it.
+func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int, ephemeral bool) *entry {
+	if !ephemeral {
+		if err := c.e.SetLabels(env, labels(task, base, seed)); err != nil {
+			c.log.Warn("label env", slog.String("env", env.ID), slog.Any("err", err))
+		}
 	}
 	closed := make(chan struct{})
 	close(closed)
-	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
+	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base, ephemeral: ephemeral}
 	m.used.Store(time.Now().UnixNano())
 	c.mu.Lock()
 	c.envs[env.ID] = m
@@ -316,7 +323,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	if task.Image == "" {
 		task.Image = res.Env.Image
 	}
-	c.register(res.Env, task, req.Seed, res.Env.Turn())
+	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral)
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil

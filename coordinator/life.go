@@ -90,12 +90,13 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	}
 	c.m.branch.Observe(res.Took.Seconds())
 	var (
-		task TaskInfo
-		seed int64
-		base int
+		task      TaskInfo
+		seed      int64
+		base      int
+		ephemeral bool
 	)
 	if parent != nil {
-		task, seed, base = parent.task, parent.seed, parent.base
+		task, seed, base, ephemeral = parent.task, parent.seed, parent.base, parent.ephemeral
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
 	}
@@ -118,7 +119,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			// is no env to promote into.
 			ch.Origin = ""
 		}
-		c.register(ch, task, seed, base)
+		c.register(ch, task, seed, base, ephemeral)
 	}
 	if failed == req.N {
 		return nil, res.Errors[0]

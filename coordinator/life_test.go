@@ -232,3 +232,19 @@ func TestReleasedState(t *testing.T) {
 		t.Errorf("restore failure of a live state: %+v, want restore_failed, infra", pe)
 	}
 }
+
+// TestLabels: an env handed out carries what a restarted coordinator
+// needs to adopt it (task, seed, base turn); an ephemeral one (an MCP
+// session's) carries none, so a restart closes it.
+func TestLabels(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	r := reset(t, c, ResetRequest{Task: "count", Seed: 5})
+	task, base, seed := fromLabels(r.Env.Labels())
+	if r.Env.Labels()[labelServed] != "1" || task != r.Task || seed != 5 || base != r.Env.Turn() {
+		t.Errorf("labels %v read back as task %+v base %d seed %d; want %+v, %d, 5", r.Env.Labels(), task, base, seed, r.Task, r.Env.Turn())
+	}
+	eph := reset(t, c, ResetRequest{Image: "busybox", Ephemeral: true})
+	if l := eph.Env.Labels(); l[labelServed] != "" {
+		t.Errorf("ephemeral env labelled %v", l)
+	}
+}

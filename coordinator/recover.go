@@ -61,7 +61,8 @@ type Recovered struct {
 // task, seed and base turn from their labels, and their first operation
 // reports it (TurnResult.Recovered, Restored.Recovered); the others (a
 // task pool's reserve of the earlier run) have no owner any more and are
-// closed. Handed-out envs the engine could not restore are kept as lost:
+// closed, as are ephemeral ones (an MCP session's), which were never
+// labelled. Handed-out envs the engine could not restore are kept as lost:
 // operations on them answer env_lost, and Lost lists them.
 func (c *Coordinator) adoptRecovered(ctx context.Context) {
 	adopted := map[string]*branch.Env{}
@@ -78,7 +79,7 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 			continue
 		}
 		task, base, seed := fromLabels(l)
-		m := c.register(env, task, seed, base)
+		m := c.register(env, task, seed, base, false)
 		m.recovered = &Recovered{StateID: rec.State, Turn: rec.Turn - base}
 		adopted[env.ID] = env
 	}

@@ -24,6 +24,9 @@ type TaskInfo struct {
 type ResetRequest struct {
 	Task, Image string
 	Seed        int64
+	// Ephemeral: the env belongs to something that ends with this process
+	// (an MCP session); it is not adopted again after a crash.
+	Ephemeral bool
 }
 
 // Reset is a new episode's env, as the task pool made it.
