@@ -486,24 +486,14 @@ type RollbackResult struct {
 	Undone int `json:"undone_states"`
 }
 
-// allowed reports whether the agent may roll back to sid: a state on the
-// environment's current history, one its tools made, or any state the
-// environment made.
-func (s *Session) allowed(sid string, onPath map[string]bool) bool {
-	if onPath[sid] {
-		return true
-	}
+// allowed reports whether the agent may roll back to sid: a state its
+// tools made, or one the coordinator says the env may address (its
+// current history or any state it made).
+func (s *Session) allowed(sid string) bool {
 	if _, ok := s.h.find(sid); ok {
 		return true
 	}
-	if sts, err := s.t.e.States(s.env.ID); err == nil {
-		for _, st := range sts {
-			if st.ID == sid {
-				return true
-			}
-		}
-	}
-	return false
+	return s.t.c.Seen(s.env, sid)
 }
 
 // Rollback returns the environment to one of its states: files, processes
@@ -519,7 +509,7 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 	}
 	defer unlock()
 	onPath := s.lineage()
-	if !s.allowed(a.StateID, onPath) {
+	if !s.allowed(a.StateID) {
 		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",
 			ErrUnknownState, a.StateID)
 	}

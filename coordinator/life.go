@@ -199,14 +199,7 @@ func (c *Coordinator) Head(ctx context.Context, envID string) (head string, rema
 	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
 		return "", false, err
 	}
-	ckErr := env.TakeCheckpointError()
-	c.mu.Lock()
-	if ckErr == nil {
-		ckErr = m.failed
-	}
-	m.failed = nil
-	c.mu.Unlock()
-	if ckErr != nil {
+	if c.takeFailure(env, m) != nil {
 		// It failed; the env has changes no state holds.
 		if head, err = c.e.Checkpoint(ctx, env, branch.Full); err != nil {
 			return "", false, err

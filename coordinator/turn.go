@@ -141,17 +141,23 @@ func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string)
 	return t.Kind
 }
 
-// commit queues the turn's checkpoint of kind (full when the previous
-// one failed) and fills out's StateID, Kind and CheckpointError.
-func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
-	ckErr := env.TakeCheckpointError()
+// takeFailure returns (once) the failure of env's last background
+// checkpoint: the engine's, or the one WaitTurn took from it.
+func (c *Coordinator) takeFailure(env *branch.Env, m *entry) error {
+	err := env.TakeCheckpointError()
 	c.mu.Lock()
-	if ckErr == nil {
-		ckErr = m.failed
+	if err == nil {
+		err = m.failed
 	}
 	m.failed = nil
 	c.mu.Unlock()
-	if ckErr != nil {
+	return err
+}
+
+// commit queues the turn's checkpoint of kind (full when the previous
+// one failed) and fills out's StateID, Kind and CheckpointError.
+func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
+	if ckErr := c.takeFailure(env, m); ckErr != nil {
 		// The previous turn's state never came to be: this one holds
 		// changes no state has, whatever the classifier saw.
 		out.CheckpointError = ckErr
@@ -304,10 +310,7 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 	}
 	c.m.restore.Observe(time.Since(t).Seconds())
 	c.observePending(m)
-	env.TakeCheckpointError() // that state is gone with the sandbox that made it
-	c.mu.Lock()
-	m.failed = nil
-	c.mu.Unlock()
+	c.takeFailure(env, m) // that state is gone with the sandbox that made it
 	return &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base, Recovered: m.takeRecovered()}, nil
 }
 
