@@ -338,3 +338,41 @@ func TestDisconnectMidStep(t *testing.T) {
 	b.CloseEnv(ctx, br.EnvIDs[0])
 	b.CloseEnv(ctx, env)
 }
+
+// TestIdleEnvClosed: over the websocket, an env nobody names for the
+// coordinator's idle TTL is closed: envs stops listing it and a step on
+// it answers unknown_env.
+func TestIdleEnvClosed(t *testing.T) {
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{IdleTTL: 200 * time.Millisecond})
+	ctx := context.Background()
+	c := dial(t, addr, nil)
+	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := func() bool {
+		envs, err := c.Envs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range envs {
+			if e.EnvID == r.EnvID {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for listed() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if listed() {
+		t.Fatal("env idle for 200 ms is still listed after 30 s")
+	}
+	if _, err := c.Step(ctx, r.EnvID, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
+		t.Errorf("step on the idle-closed env: %v, want unknown_env", err)
+	}
+	if _, err := engine.Env(r.EnvID); !errors.Is(err, branch.ErrUnknownEnv) {
+		t.Errorf("the engine still has the idle env: %v", err)
+	}
+}

@@ -66,7 +66,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
-	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (negative: never)")
+	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
