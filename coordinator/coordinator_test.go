@@ -189,3 +189,34 @@ func TestBoundary(t *testing.T) {
 		t.Errorf("boundary of an unknown env: %v", err)
 	}
 }
+
+// TestTurnAfterRealCheckpointFailure: a background checkpoint that really
+// fails (CRIU refuses to dump a deleted file over its 1 MiB ghost limit
+// that a process still holds open) is reported by the next turn, whose
+// checkpoint is full and, the process gone, commits.
+func TestTurnAfterRealCheckpointFailure(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ghost := bash(t, c, r.Env.ID, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big; echo ok")
+	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
+		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
+	}
+	// The next turn waits for turn 1's checkpoint, which fails.
+	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
+	if next.CheckpointError == nil || next.Kind != branch.Full {
+		t.Fatalf("turn after a failed dump: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
+	}
+	if !errors.Is(next.CheckpointError, branch.ErrCheckpoint) {
+		t.Errorf("checkpoint error %v is not branch.ErrCheckpoint", next.CheckpointError)
+	}
+	if _, err := engine.State(ghost.StateID); err == nil {
+		t.Errorf("the failed state %s is in the manifest", ghost.StateID)
+	}
+	if err := c.WaitTurn(context.Background(), r.Env.ID); err != nil {
+		t.Fatalf("the full checkpoint after the failure: %v", err)
+	}
+	if _, err := engine.State(next.StateID); err != nil {
+		t.Errorf("state %s not committed: %v", next.StateID, err)
+	}
+}
