@@ -404,11 +404,24 @@ func TestWarmCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWarm(t, e, 2) // fails the test if the warm copies never appear
+	before, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("branch(3) with 2 warm copies took %v", res.Took)
+	// Two children are thawed warm copies; only the third is restored by
+	// a (high-priority) queue job. Without the warm copies all three are.
+	after, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after.Queue.High.Completed - before.Queue.High.Completed; n != 1 {
+		t.Errorf("branch(3) with 2 warm copies ran %d restores, want 1 (the other two children thawed warm copies)", n)
+	}
 	for i, c := range res.Children {
 		if res.Errors[i] != nil {
 			t.Fatalf("child %d: %v", i, res.Errors[i])
