@@ -155,3 +155,36 @@ func TestVerifierTimeoutReachesTheClient(t *testing.T) {
 		})
 	}
 }
+
+// TestTaskLimitsHoldInBranchedChildren: a child branched from a task's
+// env, and an env rolled back, keep the task's command_timeout and
+// max_turns (the turn count goes on from the branch point).
+func TestTaskLimitsHoldInBranchedChildren(t *testing.T) {
+	c := limitsServer(t, server.Options{})
+	ctx := context.Background()
+	env := reset(t, c, arbor.ResetParams{Task: "timed"})
+	first := step(t, c, env, arbor.Bash("echo 1 > /tmp/n", 0))
+	br, err := c.Branch(ctx, arbor.BranchParams{EnvID: env, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := br.EnvIDs[0]
+	t.Cleanup(func() { c.CloseEnv(context.Background(), child) })
+	r := step(t, c, child, arbor.Bash("sleep 5; echo finished", 0))
+	if !r.Obs.TimedOut {
+		t.Errorf("child: obs %+v, want the task's 1 s command_timeout to stop sleep 5", r.Obs)
+	}
+	if r.Info.Turn != 2 || !r.Truncated || r.Info.MaxTurns != 2 {
+		t.Errorf("child's first step: turn %d truncated %v max_turns %d; want turn 2 of 2, truncated", r.Info.Turn, r.Truncated, r.Info.MaxTurns)
+	}
+	if _, err := c.Rollback(ctx, child, first.Info.StateID); err != nil {
+		t.Fatal(err)
+	}
+	r = step(t, c, child, arbor.Bash("cat /tmp/n; sleep 5; echo finished", 0))
+	if !r.Obs.TimedOut || strings.TrimSpace(string(r.Obs.Stdout)) != "1" {
+		t.Errorf("after rollback: obs %+v, want the restored file and the task's timeout", r.Obs)
+	}
+	if r.Info.Turn != 2 || !r.Truncated {
+		t.Errorf("after rollback to turn 1: turn %d truncated %v; want turn 2, truncated", r.Info.Turn, r.Truncated)
+	}
+}
