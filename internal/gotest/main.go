@@ -72,6 +72,10 @@ func key(pkg, test string) string { return pkg + "\x00" + test }
 // noise are test2json's own framing lines, left out of what is printed.
 var noise = regexp.MustCompile(`^\s*=== (RUN|PAUSE|CONT|NAME)\b`)
 
+// summary are go test's own result lines of a package, which the
+// package's line already says.
+var summary = regexp.MustCompile(`^(FAIL|PASS|ok)(\s|$)`)
+
 // add takes one event.
 func (r *report) add(e event) {
 	switch e.Action {
@@ -122,7 +126,9 @@ func (r *report) endPackage(e event) {
 		r.pkgFail++
 		fmt.Fprintf(r.w, "FAIL %s %.1fs\n", e.Package, e.Elapsed)
 		for _, l := range r.out[k] {
-			fmt.Fprint(r.w, "    ", l)
+			if !summary.MatchString(l) {
+				fmt.Fprint(r.w, "    ", l)
+			}
 		}
 	}
 	delete(r.out, k)
