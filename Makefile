@@ -14,7 +14,7 @@ GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) run ./internal/gotest
 .PHONY: help deps build run test test-images fuzz generate bench gobench lint
 
 help: ## list targets
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 deps: ## install system packages and the private CRIU 4.x (idempotent)
 	@bash scripts/deps.sh
