@@ -13,14 +13,14 @@ cd "$(dirname "$0")/.."
 FUZZTIME=${FUZZTIME:-5s}
 GO=${GO:-go}
 
-mapfile -t targets < <(git ls-files '*_test.go' | xargs grep -H -o '^func Fuzz[A-Za-z0-9_]*(' | sed 's/($//; s/:func /\t/' | sort)
+mapfile -t targets < <(grep -r -H -o --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' . | sed 's/($//; s/:func /\t/' | sort)
 ((${#targets[@]})) || { echo "fuzz: no fuzz targets found" >&2; exit 1; }
 
 failed=()
 for t in "${targets[@]}"; do
 	file=${t%%$'\t'*}
 	name=${t#*$'\t'}
-	pkg=./$(dirname "$file")
+	pkg=$(dirname "$file")
 	echo "fuzz: $pkg $name for $FUZZTIME"
 	# -run '^$': the package's other tests run in make test already.
 	if ! out=$("$GO" test -run '^$' -fuzz "^$name\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1); then
