@@ -508,6 +508,12 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 		return nil, err
 	}
 	defer unlock()
+	// The head has no lineage in the manifest until its background
+	// checkpoint commits: settle it (the gate the rollback takes anyway)
+	// before asking which states are on the current history.
+	if err := s.settle(ctx); err != nil {
+		return nil, err
+	}
 	onPath := s.lineage()
 	if !s.allowed(a.StateID) {
 		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",

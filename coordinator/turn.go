@@ -322,6 +322,12 @@ func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entr
 	if err := c.settle(ctx, a.StateID); err != nil {
 		return nil, err
 	}
+	// The env's own head has no lineage in the manifest until its
+	// background checkpoint commits: wait for it (the gate the rollback
+	// takes anyway) before asking which states the env may address.
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+		return nil, err
+	}
 	if _, err := c.e.State(a.StateID); err != nil || !c.Seen(env, a.StateID) {
 		out.Rejected = fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)
 		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
