@@ -96,6 +96,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	go c.writeLoop()
 	c.readLoop()
 	c.shut(websocket.CloseNormalClosure, "")
+	<-c.flushed // the writer ends on shut (a write it is in fails on the closed socket)
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
