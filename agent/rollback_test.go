@@ -20,8 +20,12 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
+	// An engine of its own: no other test's work may take the workers
+	// HoldQueue holds.
+	rig := branchtest.ForTest(t, branchtest.Options{})
+	engine := rig.Engine
 	ctx := context.Background()
-	tools, err := agent.New(agent.Options{Engine: engine, Snap: snap, Logger: quiet()})
+	tools, err := agent.New(agent.Options{Engine: engine, Snap: rig.Snap, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,9 +24,9 @@ import (
 // exists).
 type gatedSnap struct {
 	*btrfs.Snapshotter // the whole of it: quotas too
-	mu      sync.Mutex
-	gate    chan struct{} // non-nil: Clone waits until it is closed
-	entered chan string   // gets the destination of each held Clone
+	mu                 sync.Mutex
+	gate               chan struct{} // non-nil: Clone waits until it is closed
+	entered            chan string   // gets the destination of each held Clone
 }
 
 func (g *gatedSnap) Clone(ctx context.Context, src, dst string) error {
@@ -148,7 +148,7 @@ func TestCancelledBranch(t *testing.T) {
 		{"queued", func(t *testing.T, n int) (func(), func()) {
 			release := branchtest.HoldQueue(t, e, "busybox")
 			return func() {
-				waitFor(t, "branch jobs queued", func() bool {
+				branchtest.WaitFor(t, "branch jobs queued", func() bool {
 					u, err := e.Usage()
 					return err == nil && u.Queue.High.Queued == n
 				})
@@ -203,16 +203,5 @@ func TestCancelledBranch(t *testing.T) {
 			}
 			goleak.VerifyNone(t, ignore)
 		})
-	}
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

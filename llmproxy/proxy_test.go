@@ -198,13 +198,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	}()
 	// The turn's classification now waits for the held checkpoint, which
 	// that wait raised.
-	deadline := time.Now().Add(time.Minute)
-	for !branchtest.RaisedWaiting(e) {
-		if time.Now().After(deadline) {
-			t.Fatal("the proxy's turn never waited for the env's checkpoint")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	branchtest.WaitFor(t, "the proxy's turn to wait for the env's checkpoint", func() bool { return branchtest.RaisedWaiting(e) })
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := p.Close(cctx); err != nil {

@@ -15,7 +15,9 @@ import (
 // starts until release is called. Tests use it to keep a background
 // checkpoint pending (its state id handed out, its state not committed)
 // for as long as they need, instead of hoping a race goes their way. The
-// holders are envs of image that release closes.
+// holders are envs of image that release closes. e must be the test's own
+// engine: a job of someone else's queued at high priority would keep
+// HoldQueue from knowing that every holder runs.
 func HoldQueue(tb testing.TB, e *branch.Engine, image string) (release func()) {
 	tb.Helper()
 	ctx := context.Background()
@@ -87,11 +89,11 @@ func HoldQueue(tb testing.TB, e *branch.Engine, image string) (release func()) {
 				fail(err)
 			}
 		}()
-		waitFor(tb, "holder checkpoint queued", func() bool { return env.Head() != prev })
+		WaitFor(tb, "holder checkpoint queued", func() bool { return env.Head() != prev })
 	}
 	// Every holder is high priority: none is left waiting once all the
 	// workers run and no high job is queued.
-	waitFor(tb, "holders running on every worker", func() bool {
+	WaitFor(tb, "holders running on every worker", func() bool {
 		u, err := e.Usage()
 		return err == nil && u.Queue.Running == u.Queue.Workers && u.Queue.High.Queued == 0
 	})
@@ -106,7 +108,8 @@ func RaisedWaiting(e *branch.Engine) bool {
 	return err == nil && u.Queue.High.Queued > 0
 }
 
-func waitFor(tb testing.TB, what string, ok func() bool) {
+// WaitFor polls ok until it holds, failing tb after a minute.
+func WaitFor(tb testing.TB, what string, ok func() bool) {
 	tb.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for !ok() {
