@@ -507,6 +507,12 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
 	s.t.o.Pool.Touch(s.env.ID)
+	// The head has no lineage in the manifest until its background
+	// checkpoint commits: settle it (the gate the rollback takes anyway)
+	// before asking which states are on the current history.
+	if err := s.settle(ctx); err != nil {
+		return nil, err
+	}
 	onPath := s.lineage()
 	if !s.allowed(a.StateID, onPath) {
 		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",

@@ -19,3 +19,7 @@ var (
 	// ErrBadRequest: the arguments make no sense (n < 1, kind unknown).
 	ErrBadRequest = errors.New("bad request")
 )
+
+// errAbandoned is the error of a branch job whose caller stopped waiting
+// before the child was handed over (the child is destroyed).
+var errAbandoned = errors.New("branch child restored after its caller gave up: destroyed")

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,11 +43,19 @@ type Options struct {
 	Logger   *slog.Logger
 }
 
-// Proxy is the handler.
+// Proxy is the handler. Close stops the background work it starts.
 type Proxy struct {
 	o     Options
 	rp    *httputil.ReverseProxy
 	stats stats
+
+	// ctx is the background checkpoints' context, cancelled by Close;
+	// bg counts them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex // guards closed and bg.Add
+	closed bool
+	bg     sync.WaitGroup
 }
 
 type stats struct {
@@ -70,6 +79,7 @@ func New(o Options) (*Proxy, error) {
 		o.Logger = slog.Default()
 	}
 	p := &Proxy{o: o}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(o.Upstream)
@@ -83,6 +93,28 @@ func New(o Options) (*Proxy, error) {
 		},
 	}
 	return p, nil
+}
+
+// Close refuses new requests, cancels the turn checkpoints still being
+// classified or queued, and waits for them (or for ctx). Responses held
+// for a cancelled checkpoint go through with the failure in
+// X-Arbor-Checkpoint.
+func (p *Proxy) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	done := make(chan struct{})
+	go func() {
+		p.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close llm proxy: %w", ctx.Err())
+	}
 }
 
 // Stats returns the proxy's totals.
@@ -116,6 +148,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "unknown_env", err.Error())
 		return
 	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "closed", "the llm proxy is shutting down")
+		return
+	}
+	p.bg.Add(1)
+	p.mu.Unlock()
 	b := &boundary{env: env, done: make(chan struct{})}
 	go p.checkpoint(b)
 	out := r.Clone(context.WithValue(r.Context(), boundaryKey{}, b))
@@ -127,11 +167,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // checkpoint classifies the turn that ended and queues its checkpoint. It
 // does not depend on the request: a client that goes away still leaves a
-// consistent checkpoint behind.
+// consistent checkpoint behind. It lives until Close at most.
 func (p *Proxy) checkpoint(b *boundary) {
+	defer p.bg.Done()
 	defer close(b.done)
-	ctx := context.Background()
-	t, err := p.o.Engine.Classify(ctx, b.env, "")
+	t, err := p.o.Engine.Classify(p.ctx, b.env, "")
 	if err != nil {
 		b.err = err
 		return

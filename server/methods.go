@@ -315,6 +315,12 @@ func (s *Server) stepRollback(ctx context.Context, env *branch.Env, m *envMeta, 
 	if err := s.settle(ctx, a.StateID); err != nil {
 		return nil, err
 	}
+	// The env's own head has no lineage in the manifest until its
+	// background checkpoint commits: wait for it (the gate the rollback
+	// takes anyway) before asking which states the env may address.
+	if _, err := s.e.WaitCheckpoint(ctx, env); err != nil {
+		return nil, err
+	}
 	if _, err := s.e.State(a.StateID); err != nil || !s.seen(env, a.StateID) {
 		return fail(fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)), nil
 	}

@@ -49,6 +49,13 @@ type Options struct {
 	// DefaultTimeout is a bash step's timeout when neither the action nor
 	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
 	DefaultTimeout, MaxTimeout time.Duration
+	// PingInterval is how often the server pings each websocket (default
+	// 20 s); PongWait is how long it waits for any frame from the client
+	// (a pong or a request) before it drops the connection as half-open
+	// (default 60 s, must be longer than PingInterval). The operations a
+	// dropped connection started go on; only their answers are lost
+	// (docs/protocol.md, "Keepalive").
+	PingInterval, PongWait time.Duration
 	// AllowedOrigins are the browser origins that may open a websocket;
 	// requests with any other Origin header are refused (programs send
 	// none), so a web page cannot drive a local server.
@@ -81,6 +88,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxTimeout <= 0 {
 		o.MaxTimeout = time.Hour
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 20 * time.Second
+	}
+	if o.PongWait <= 0 {
+		o.PongWait = max(60*time.Second, 3*o.PingInterval)
 	}
 	if o.Classifier == nil {
 		o.Classifier = Full
@@ -142,6 +155,9 @@ func New(o Options) (*Server, error) {
 		return nil, errors.New("server: Options.Engine is required")
 	}
 	o = o.withDefaults()
+	if o.PongWait <= o.PingInterval {
+		return nil, fmt.Errorf("server: PongWait %v must be longer than PingInterval %v", o.PongWait, o.PingInterval)
+	}
 	s := &Server{o: o, e: o.Engine, pool: o.Pool, log: o.Logger, envs: map[string]*envMeta{}, conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry, func() float64 {
