@@ -16,7 +16,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
-	"github.com/arbor-env/arbor/envpool/launch"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // gatedSnap holds every Clone while armed, so that a test can stop a

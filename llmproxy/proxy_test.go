@@ -195,7 +195,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 // and a request after Close is refused.
 func TestCloseStopsBackgroundWork(t *testing.T) {
 	e, env := engine(t)
-	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t), Logger: branchtest.Logger()})
+	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t, nil), Logger: branchtest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
