@@ -26,3 +26,7 @@ var (
 	// that found it did not run.
 	ErrRevived = errors.New("sandbox died; environment restored")
 )
+
+// errAbandoned is the error of a branch job whose caller stopped waiting
+// before the child was handed over (the child is destroyed).
+var errAbandoned = errors.New("branch child restored after its caller gave up: destroyed")

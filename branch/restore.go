@@ -158,15 +158,14 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 			continue
 		}
 		id := launch.NewID()
-		job := e.q.Submit(prio, "branch "+sid+" -> "+id, func(ctx context.Context) error {
-			env, err := e.newChild(ctx, id, st, origin)
-			res.Children[i] = env
-			return err
+		h := &handoff{}
+		job := e.q.Submit(prio, "branch "+sid+" -> "+id, func(qctx context.Context) error {
+			return e.newChild(qctx, ctx, h, id, st, origin)
 		})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res.Errors[i] = job.Wait(ctx)
+			res.Children[i], res.Errors[i] = h.take(ctx, job)
 		}()
 	}
 	wg.Wait()
@@ -198,15 +197,74 @@ func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 	return e.Checkpoint(ctx, env, Full)
 }
 
-// newChild restores st as a new environment called id.
-func (e *Engine) newChild(ctx context.Context, id string, st manifest.State, origin string) (*Env, error) {
+// handoff passes a branch child from the queue job that restores it to
+// the Branch call that asked for it. The call stops waiting when its ctx
+// ends, while the job may still be queued or running: from then on the job
+// owns what it makes and destroys it, so that no child is registered that
+// nobody holds (docs/engine.md, "Restore, branch, rollback").
+type handoff struct {
+	mu   sync.Mutex
+	env  *Env
+	gone bool // the caller stopped waiting
+}
+
+// take waits for job and returns the child it handed over. When ctx ends
+// first, a child handed over by then is still the caller's; any later one
+// is the job's to destroy.
+func (h *handoff) take(ctx context.Context, job *queue.Job) (*Env, error) {
+	err := job.Wait(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.env != nil {
+		return h.env, nil
+	}
+	h.gone = true
+	if err == nil {
+		err = errors.New("branch job made no child")
+	}
+	return nil, err
+}
+
+// deliver registers a restored child (adopt) for the caller, or destroys
+// it (discard) when the caller has stopped waiting.
+func (h *handoff) deliver(adopt func() (*Env, error), discard func()) error {
+	h.mu.Lock()
+	if h.gone {
+		h.mu.Unlock()
+		discard()
+		return errAbandoned
+	}
+	defer h.mu.Unlock()
+	env, err := adopt()
+	h.env = env
+	return err
+}
+
+// newChild restores st as a new environment called id and hands it over
+// through h. ctx is the Branch caller's: a job that starts after it ended
+// restores nothing. The restore itself runs under the queue's qctx.
+func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st manifest.State, origin string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	e.gcMu.RLock()
 	defer e.gcMu.RUnlock()
-	r, err := e.restore(ctx, st.ID, id+"-0")
+	r, err := e.restore(qctx, st.ID, id+"-0")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return e.adopt(ctx, id, r, st, origin)
+	return h.deliver(func() (*Env, error) { return e.adopt(qctx, id, r, st, origin) }, func() { e.discard(r) })
+}
+
+// discard destroys a restored sandbox nobody adopted.
+func (e *Engine) discard(r restored) {
+	ctx := context.Background()
+	if err := r.sb.Destroy(ctx); err != nil {
+		e.log.Warn("destroy unadopted sandbox", slog.String("volume", r.volume), slog.Any("err", err))
+	}
+	if err := e.o.Snap.Destroy(ctx, r.volume); err != nil {
+		e.log.Warn("remove unadopted volume", slog.String("volume", r.volume), slog.Any("err", err))
+	}
 }
 
 // adopt registers a restored sandbox as environment id at state st.
@@ -218,8 +276,7 @@ func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.S
 		err = e.register(env)
 	}
 	if err != nil {
-		r.sb.Destroy(context.Background())
-		e.o.Snap.Destroy(context.Background(), r.volume)
+		e.discard(r)
 		return nil, err
 	}
 	e.track(ctx, env)

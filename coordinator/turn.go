@@ -187,7 +187,15 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 	}
 	c.observePending(m)
 	out := &TurnResult{Env: env, Task: m.task}
-	if err := c.commit(env, m, c.classify(ctx, env, ""), out); err != nil {
+	kind := c.classify(ctx, env, "")
+	if err := ctx.Err(); err != nil {
+		// Cancelled (the proxy closes): no checkpoint is queued, whose
+		// gate nobody could wait out. The inspector's next classification
+		// still sees this turn's changes (it compares with the last
+		// checkpoint).
+		return nil, err
+	}
+	if err := c.commit(env, m, kind, out); err != nil {
 		return nil, err
 	}
 	out.Turn = env.Turn() - m.base

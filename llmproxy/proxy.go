@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,11 +46,19 @@ type Options struct {
 	Logger   *slog.Logger
 }
 
-// Proxy is the handler.
+// Proxy is the handler. Close stops the background work it starts.
 type Proxy struct {
 	o     Options
 	rp    *httputil.ReverseProxy
 	stats stats
+
+	// ctx is the background checkpoints' context, cancelled by Close;
+	// bg counts them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex // guards closed and bg.Add
+	closed bool
+	bg     sync.WaitGroup
 }
 
 type stats struct {
@@ -73,6 +82,7 @@ func New(o Options) (*Proxy, error) {
 		o.Logger = slog.Default()
 	}
 	p := &Proxy{o: o}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(o.Upstream)
@@ -86,6 +96,28 @@ func New(o Options) (*Proxy, error) {
 		},
 	}
 	return p, nil
+}
+
+// Close refuses new requests, cancels the turn checkpoints still being
+// classified or queued, and waits for them (or for ctx). Responses held
+// for a cancelled checkpoint go through with the failure in
+// X-Arbor-Checkpoint.
+func (p *Proxy) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	done := make(chan struct{})
+	go func() {
+		p.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close llm proxy: %w", ctx.Err())
+	}
 }
 
 // Stats returns the proxy's totals.
@@ -122,6 +154,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, coordinator.ProtoError(err).Code, err.Error())
 		return
 	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "closed", "the llm proxy is shutting down")
+		return
+	}
+	p.bg.Add(1)
+	p.mu.Unlock()
 	b := &boundary{envID: envID, done: make(chan struct{})}
 	b.wait, b.release = c.Ticket(envID)
 	go p.checkpoint(b)
@@ -134,12 +174,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // checkpoint ends the turn (coordinator.Boundary). It does not depend on
 // the request: a client that goes away still leaves a consistent
-// checkpoint behind.
+// checkpoint behind. It lives until Close at most.
 func (p *Proxy) checkpoint(b *boundary) {
+	defer p.bg.Done()
 	defer close(b.done)
 	b.wait()
 	defer b.release()
-	r, err := p.o.Coordinator.Boundary(context.Background(), b.envID)
+	r, err := p.o.Coordinator.Boundary(p.ctx, b.envID)
 	if err != nil {
 		b.err = err
 		return

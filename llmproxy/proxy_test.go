@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -193,4 +194,82 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			get(b, srv.URL+"/v1/llm/"+env.ID+"/v1/chat")
 		}
 	})
+}
+
+// TestCloseStopsBackgroundWork: a turn's checkpoint that cannot finish
+// (the engine's queue is held, so the classification waits for the env's
+// previous checkpoint) is cancelled by Close, which returns once it has
+// stopped; the response held for it goes through with the failure said,
+// and a request after Close is refused.
+func TestCloseStopsBackgroundWork(t *testing.T) {
+	e, c, env := engine(t)
+	p, err := llmproxy.New(llmproxy.Options{Coordinator: c, Upstream: upstream(t, nil), Logger: branchtest.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	ctx := context.Background()
+	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	release := branchtest.HoldQueue(t, e, "busybox")
+	defer release()
+	if _, err := e.Exec(ctx, env, "echo edited > /work/f", sandbox.ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.CheckpointAsync(env, branch.Full); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/v1/llm/"+env.ID+"/v1/chat", "text/plain", strings.NewReader("hi"))
+		done <- answer{resp, err}
+	}()
+	// The turn's classification now waits for the held checkpoint, which
+	// that wait raised.
+	branchtest.WaitFor(t, "the proxy's turn to wait for the env's checkpoint", func() bool { return branchtest.RaisedWaiting(e) })
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := proxyGoroutines(); n != 0 {
+		t.Errorf("%d background checkpoint goroutines left after Close", n)
+	}
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	a.resp.Body.Close()
+	if got := a.resp.Header.Get(llmproxy.HeaderCheckpoint); a.resp.StatusCode != 200 || !strings.Contains(got, "failed") {
+		t.Errorf("response held for a cancelled checkpoint: %d, %s %q", a.resp.StatusCode, llmproxy.HeaderCheckpoint, got)
+	}
+	resp, err := http.Post(srv.URL+"/v1/llm/"+env.ID+"/v1/chat", "text/plain", strings.NewReader("hi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("request after Close: %d, want 503", resp.StatusCode)
+	}
+}
+
+// proxyGoroutines counts the goroutines running a turn's background
+// checkpoint.
+func proxyGoroutines() int {
+	var n int
+	for range 100 { // one that called Done may still be returning
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		if n = strings.Count(string(buf), "llmproxy.(*Proxy).checkpoint("); n == 0 {
+			return 0
+		}
+		runtime.Gosched()
+	}
+	return n
 }

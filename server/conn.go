@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,6 +97,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	go c.writeLoop()
 	c.readLoop()
 	c.shut(websocket.CloseNormalClosure, "")
+	<-c.flushed // the writer ends on shut (a write it is in fails on the closed socket)
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
@@ -126,6 +128,10 @@ func (c *conn) finish(code int, reason string, wait time.Duration) {
 
 func (c *conn) writeLoop() {
 	defer close(c.flushed)
+	// Pings make a live client answer within PongWait (readLoop's
+	// deadline); a half-open one, gone without a close, is dropped then.
+	ping := time.NewTicker(c.s.o.PingInterval)
+	defer ping.Stop()
 	write := func(b []byte) bool {
 		c.ws.SetWriteDeadline(time.Now().Add(writeWait))
 		if err := c.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
@@ -141,6 +147,12 @@ func (c *conn) writeLoop() {
 			return
 		case b := <-c.out:
 			if !write(b) {
+				return
+			}
+		case <-ping.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				c.log.Debug("ping", slog.Any("err", err))
+				c.shut(websocket.CloseInternalServerErr, "ping failed")
 				return
 			}
 		case <-c.closing:
@@ -205,12 +217,28 @@ func knownMethod(m string) bool {
 	return ok
 }
 
+// readLoop reads frames until the connection ends. Any frame from the
+// client, a pong included, proves it is still there and extends the read
+// deadline by PongWait; a client silent for longer is dropped.
 func (c *conn) readLoop() {
 	max := c.s.o.MaxFrameBytes
+	alive := func() { c.ws.SetReadDeadline(time.Now().Add(c.s.o.PongWait)) }
+	alive()
+	c.ws.SetPongHandler(func(string) error {
+		alive()
+		return nil
+	})
 	for {
 		mt, r, err := c.ws.NextReader()
+		if err == nil {
+			alive()
+		}
 		if err != nil {
-			if !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) && !errors.Is(err, io.EOF) {
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				c.log.Info("dropped a silent connection", slog.Duration("pong_wait", c.s.o.PongWait))
+			case !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) && !errors.Is(err, io.EOF):
 				c.log.Debug("read", slog.Any("err", err))
 			}
 			return

@@ -35,6 +35,13 @@ type Options struct {
 	MaxInFlight int
 	// MaxBatch bounds the items of one step_batch (default 1024).
 	MaxBatch int
+	// PingInterval is how often the server pings each websocket (default
+	// 20 s); PongWait is how long it waits for any frame from the client
+	// (a pong or a request) before it drops the connection as half-open
+	// (default 60 s, must be longer than PingInterval). The operations a
+	// dropped connection started go on; only their answers are lost
+	// (docs/protocol.md, "Keepalive").
+	PingInterval, PongWait time.Duration
 	// AllowedOrigins are the browser origins that may open a websocket;
 	// requests with any other Origin header are refused (programs send
 	// none), so a web page cannot drive a local server.
@@ -60,6 +67,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 20 * time.Second
+	}
+	if o.PongWait <= 0 {
+		o.PongWait = max(60*time.Second, 3*o.PingInterval)
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
@@ -97,6 +110,9 @@ func New(o Options) (*Server, error) {
 		return nil, errors.New("server: Options.Coordinator is required")
 	}
 	o = o.withDefaults()
+	if o.PongWait <= o.PingInterval {
+		return nil, fmt.Errorf("server: PongWait %v must be longer than PingInterval %v", o.PongWait, o.PingInterval)
+	}
 	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)

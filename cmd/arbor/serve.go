@@ -18,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/llmproxy"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
@@ -202,9 +203,17 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	}
 	defer stopMCP()
 	if o.llmUpstream != "" {
-		if routes, err = addLLMProxy(routes, co, o.llmUpstream, o.token, log); err != nil {
+		var lp *llmproxy.Proxy
+		if routes, lp, err = addLLMProxy(routes, co, o.llmUpstream, o.token, log); err != nil {
 			return err
 		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if cerr := lp.Close(cctx); cerr != nil {
+				log.Warn("close llm proxy", slog.Any("err", cerr))
+			}
+		}()
 	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
 		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})

@@ -41,15 +41,16 @@ func openInspector(mode string, log *slog.Logger) (*watch.Inspector, error) {
 // Authorization header belongs to the upstream LLM API.
 const TokenHeader = "X-Arbor-Token"
 
-// addLLMProxy mounts the LLM reverse proxy at /v1/llm/.
-func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, upstream, token string, log *slog.Logger) (map[string]http.Handler, error) {
+// addLLMProxy mounts the LLM reverse proxy at /v1/llm/; the proxy's
+// Close stops its background checkpoints.
+func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, upstream, token string, log *slog.Logger) (map[string]http.Handler, *llmproxy.Proxy, error) {
 	u, err := url.Parse(upstream)
 	if err != nil || u.Scheme == "" || u.Host == "" {
-		return nil, fmt.Errorf("--llm-upstream %q: want an absolute URL such as http://127.0.0.1:8000", upstream)
+		return nil, nil, fmt.Errorf("--llm-upstream %q: want an absolute URL such as http://127.0.0.1:8000", upstream)
 	}
 	p, err := llmproxy.New(llmproxy.Options{Coordinator: co, Upstream: u, Logger: log})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var h http.Handler = p
 	if token != "" {
@@ -67,5 +68,5 @@ func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, up
 	}
 	routes[llmproxy.Prefix] = h
 	log.Info("llm proxy", slog.String("path", llmproxy.Prefix+"ENV_ID/..."), slog.String("upstream", u.String()))
-	return routes, nil
+	return routes, p, nil
 }
