@@ -108,6 +108,9 @@ func TestBadInputs(t *testing.T) {
 		{"unknown state", func() { r.req(12, "branch", map[string]any{"state_id": "nope", "n": 1}) }, 12, "unknown_state"},
 		{"unknown task", func() { r.req(13, "reset", map[string]any{"task": "nope"}) }, 13, "unknown_task"},
 		{"reset without image", func() { r.req(14, "reset", map[string]any{}) }, 14, "invalid_params"},
+		// The client's mistake, not the server's failure (issue 12: it
+		// was internal, infra).
+		{"unknown image", func() { r.req(19, "reset", map[string]any{"image": "nope"}) }, 19, "bad_request"},
 		{"frame too large", func() { r.req(15, "step", big) }, 15, "too_large"},
 		{"too many envs", func() { r.req(16, "branch", map[string]any{"state_id": "s", "n": 1000}) }, 16, "too_many_envs"},
 		{"bad n", func() { r.req(17, "branch", map[string]any{"state_id": "s", "n": 0}) }, 17, "invalid_params"},
