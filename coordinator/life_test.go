@@ -248,3 +248,32 @@ func TestLabels(t *testing.T) {
 		t.Errorf("ephemeral env labelled %v", l)
 	}
 }
+
+// TestTicketOrder: operations on one env run one at a time in the order
+// their tickets were taken, whoever takes them (server, agent, proxy,
+// janitor); tickets of other envs do not wait.
+func TestTicketOrder(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	a := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
+	b := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
+	wait1, release1 := c.Ticket(a)
+	wait2, release2 := c.Ticket(a)
+	wait3, release3 := c.Ticket(a, b)
+	waitB, releaseB := c.Ticket(b)
+	wait1()
+	order := make(chan int, 3)
+	go func() { wait3(); order <- 3; release3() }()
+	go func() { wait2(); order <- 2; release2() }()
+	select {
+	case n := <-order:
+		t.Fatalf("ticket %d ran while the first one was held", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release1()
+	if first, second := <-order, <-order; first != 2 || second != 3 {
+		t.Errorf("tickets ran in order %d, %d; want 2, 3", first, second)
+	}
+	// b's own ticket came after ticket 3 (which named b too).
+	waitB()
+	releaseB()
+}
