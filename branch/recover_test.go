@@ -278,18 +278,18 @@ func recoverHelper(t *testing.T) {
 }
 
 // TestReviveAfterInitKilled kills a sandbox's init from the host (kill
-// -9), between two commands and during one, and checks that the next Exec
-// returns the infra error naming the state it restored, that the engine
-// counted it, and that the env then works at its last committed state.
+// -9), between two commands, during one and before a checkpoint, and
+// checks that the operation that finds it dead returns the infra error
+// naming the state it restored, that the engine counted it, and that the
+// env then works at its last committed state.
 func TestReviveAfterInitKilled(t *testing.T) {
 	dir := t.TempDir()
 	r := newRig(t, newBtrfs(t, dir), dir, 0)
 	e := r.e
 	ctx := context.Background()
 	start, read := counterCmd("busybox")
-	for i, during := range []bool{false, true} {
-		name := map[bool]string{false: "between commands", true: "during a command"}[during]
-		t.Run(name, func(t *testing.T) {
+	for i, when := range []string{"between commands", "during a command", "before a checkpoint"} {
+		t.Run(when, func(t *testing.T) {
 			env, _, err := e.NewEnv(ctx, "busybox")
 			if err != nil {
 				t.Fatal(err)
@@ -306,14 +306,22 @@ func TestReviveAfterInitKilled(t *testing.T) {
 			run(t, e, env, recoverTurn3) // never committed
 			run(t, e, env, read)         // 2, never committed
 			pid := env.Sandbox().InitPID()
-			var execErr error
-			if !during {
+			killInit := func() {
 				if err := unix.Kill(pid, unix.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
+			}
+			var execErr error
+			switch when {
+			case "between commands":
+				killInit()
 				<-env.Sandbox().Exited()
 				_, execErr = e.Exec(ctx, env, "echo never", sandbox.ExecOptions{Timeout: 10 * time.Second})
-			} else {
+			case "before a checkpoint":
+				killInit()
+				<-env.Sandbox().Exited()
+				_, execErr = e.Checkpoint(ctx, env, branch.Full)
+			case "during a command":
 				done := make(chan error, 1)
 				go func() {
 					_, err := e.Exec(ctx, env, "touch /work/started; sleep 30", sandbox.ExecOptions{Timeout: time.Minute})
@@ -328,9 +336,7 @@ func TestReviveAfterInitKilled(t *testing.T) {
 						t.Fatal("the command never started")
 					}
 				}
-				if err := unix.Kill(pid, unix.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
+				killInit()
 				execErr = <-done
 			}
 			var rv *branch.RevivedError
