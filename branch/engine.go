@@ -175,6 +175,10 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	var open []manifest.Env
 	for _, env := range envs {
 		switch {
+		case env.Closed && env.Lost != "":
+			// Lost in an earlier restart: still reported until released.
+			e.lost[env.ID] = LostEnv{ID: env.ID, Image: env.Image, Origin: env.Origin, Head: env.Head,
+				Labels: env.Labels, Err: errors.New(env.Lost)}
 		case env.Closed:
 		case e.o.NoRecover:
 			if err := e.man.CloseEnv(env.ID); err != nil {

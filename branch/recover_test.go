@@ -61,6 +61,18 @@ func TestRecoverAfterCrash(t *testing.T) {
 			envID := out["ENV"][0]
 			if phase == "lost" {
 				checkLost(t, e, envID)
+				// Still reported by the next run, until forgotten.
+				if err := e.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				e = newRig(t, snap, dir, 0).e
+				checkLost(t, e, envID)
+				if err := e.ForgetLost(context.Background(), envID); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.Env(envID); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Lost()) != 0 {
+					t.Errorf("after ForgetLost: Env = %v, Lost = %+v; want unknown and none", err, e.Lost())
+				}
 				return
 			}
 			committed, turn := out["COMMITTED"][0], out["COMMITTED"][1]

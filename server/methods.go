@@ -476,6 +476,9 @@ func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, 
 
 func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
+	if s.isLost(p.EnvID) {
+		return s.dropLost(ctx, p.EnvID)
+	}
 	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
@@ -506,6 +509,9 @@ func (r *request) evaluate(ctx context.Context, p *protocol.EnvParams) (any, err
 
 func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
+	if s.isLost(p.EnvID) {
+		return s.dropLost(ctx, p.EnvID)
+	}
 	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err

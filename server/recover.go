@@ -98,6 +98,25 @@ func (m *envMeta) takeRecovered() *protocol.Recovered {
 	return r
 }
 
+// dropLost answers close or discard of a lost env: the engine forgets it
+// and releases its states.
+func (s *Server) dropLost(ctx context.Context, id string) (any, error) {
+	s.mu.Lock()
+	delete(s.lost, id)
+	s.mu.Unlock()
+	if err := s.e.ForgetLost(ctx, id); err != nil {
+		return nil, err
+	}
+	return protocol.Empty{}, nil
+}
+
+func (s *Server) isLost(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.lost[id]
+	return ok
+}
+
 // lostError is the answer to an operation on a lost env.
 func lostError(l branch.LostEnv) *protocol.Error {
 	return protocol.Errorf(protocol.CodeEnvLost, "env %s was open when the server stopped and could not be restored: %v", l.ID, l.Err)

@@ -128,6 +128,13 @@ func TestServeSurvivesKill(t *testing.T) {
 	if !errors.Is(err, arbor.ErrEnvLost) || !arbor.IsInfra(err) {
 		t.Errorf("step on the lost env: %v, want env_lost (infra)", err)
 	}
+	// close drops it; it is then unknown.
+	if err := c.CloseEnv(ctx, doomed); err != nil {
+		t.Errorf("close of the lost env: %v", err)
+	}
+	if _, err := c.Step(ctx, doomed, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
+		t.Errorf("step on the lost env after close: %v, want unknown_env", err)
+	}
 	srv.Process.Signal(syscall.SIGTERM)
 	srv.Wait()
 }

@@ -133,12 +133,37 @@ func closeEnv(tx *bolt.Tx, id string) error {
 	return put(tx, bucketEnvs, e)
 }
 
+// MarkLost closes an env that a restart could not restore and records
+// why, so that later runs still report it; its states stay until
+// ReleaseEnv.
+func (m *Manifest) MarkLost(id, reason string) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		e, err := get[Env](tx, bucketEnvs, "env", id)
+		if err != nil {
+			return err
+		}
+		e.Closed, e.Lost = true, reason
+		return put(tx, bucketEnvs, e)
+	})
+	if err != nil {
+		return fmt.Errorf("mark env %s lost: %w", id, err)
+	}
+	return nil
+}
+
 // ReleaseEnv releases every state of env and closes it, in one
-// transaction. States that branch children descend from stay alive.
+// transaction; a lost env is no longer reported lost. States that branch
+// children descend from stay alive.
 func (m *Manifest) ReleaseEnv(id string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		if err := closeEnv(tx, id); err != nil {
 			return err
+		}
+		if e, err := get[Env](tx, bucketEnvs, "env", id); err == nil && e.Lost != "" {
+			e.Lost = ""
+			if err := put(tx, bucketEnvs, e); err != nil {
+				return err
+			}
 		}
 		for _, sid := range envStateIDs(tx, id) {
 			if err := release(tx, sid); err != nil {
