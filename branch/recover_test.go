@@ -378,3 +378,29 @@ func TestReviveAfterInitKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestNoRecover: with Options.NoRecover the envs a crash left open are
+// closed, not restored, and their committed states stay usable.
+func TestNoRecover(t *testing.T) {
+	c := requireCR(t)
+	dir := t.TempDir()
+	snap := newBtrfs(t, dir)
+	out := runRecoverHelper(t, dir, "commit")
+	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet()}, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, NoRecover: true, Logger: quiet()}
+	e, err := branch.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	if _, err := e.Env(out["ENV"][0]); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Envs()) != 0 || len(e.Lost()) != 0 {
+		t.Fatalf("NoRecover: Env = %v, %d envs, lost %+v; want the env closed", err, len(e.Envs()), e.Lost())
+	}
+	res, err := e.Branch(context.Background(), branch.Source{State: out["COMMITTED"][0]}, 1)
+	if err != nil || res.Errors[0] != nil {
+		t.Fatalf("committed state after NoRecover: %v %v", err, res.Errors)
+	}
+	if got := run(t, e, res.Children[0], "cat /work/f; echo $V"); got != "two\ntwo\n" {
+		t.Errorf("committed state restored to %q", got)
+	}
+}
