@@ -196,16 +196,7 @@ func (e *Engine) SetLabels(env *Env, labels map[string]string) error {
 	}
 	env.fsMu.Lock()
 	defer env.fsMu.Unlock()
-	if env.labels == nil {
-		env.labels = map[string]string{}
-	}
-	for k, v := range labels {
-		if v == "" {
-			delete(env.labels, k)
-		} else {
-			env.labels[k] = v
-		}
-	}
+	env.labels = manifest.MergeLabels(env.labels, labels)
 	return nil
 }
 
