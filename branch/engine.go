@@ -286,7 +286,7 @@ type Env struct {
 	mustFull bool
 	closed   bool
 
-	fsMu  sync.Mutex // guards fsLoc, pubHead and labels, read without env.mu
+	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered: read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).
