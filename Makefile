@@ -4,11 +4,17 @@ GO ?= go
 BIN := bin
 STATE_DIR ?= /var/lib/arbor
 GOTEST_FLAGS ?= -race -count=1 -timeout 18m
+# Fuzzing budget per fuzz target: seconds in make test, minutes in make fuzz.
+TEST_FUZZTIME ?= 5s
+FUZZTIME ?= 2m
+# go test through internal/gotest: readable CI output, the skips with their
+# reasons and count, and a failure on any skip not in its allowlist.
+GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) run ./internal/gotest
 
-.PHONY: help deps build run test generate bench gobench lint
+.PHONY: help deps build run test test-images fuzz generate bench gobench lint
 
 help: ## list targets
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 deps: ## install system packages and the private CRIU 4.x (idempotent)
 	@bash scripts/deps.sh
@@ -21,15 +27,22 @@ run: deps build ## install what is missing, build, start the server on embedded 
 	$(BIN)/arbor doctor
 	$(BIN)/arbor serve
 
-test: deps build ## run vet and the whole test suite (as root: real CRIU, btrfs, eBPF)
+test: deps build test-images ## run vet, the whole test suite (as root: real CRIU, btrfs, eBPF) and a short fuzzing budget
 	$(GO) vet ./...
 	bash scripts/check-generate.sh
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test $(GOTEST_FLAGS) -skip 'ZFS$$' $$($(GO) list ./... | grep -v '/cr/zfs$$')
+	$(GOTEST) $(GOTEST_FLAGS) -skip 'ZFS$$' $$($(GO) list ./... | grep -v '/cr/zfs$$')
 	# zfs-fuse answers each zfs call in 30-200 ms and the tests' go-zfs shim is
 	# the test binary itself: under -race the zfs suites take over 10 minutes.
 	# They share one zfs-fuse daemon, so they run one package at a time.
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -count=1 -p 1 -timeout 10m ./cr/zfs/
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/
+	$(GOTEST) -count=1 -p 1 -timeout 10m ./cr/zfs/
+	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/
+	FUZZTIME=$(TEST_FUZZTIME) bash scripts/fuzz.sh
+
+test-images: build ## the image caches the tests unpack (the debian rootfs: debootstrap once, minutes)
+	$(BIN)/arbor image build --cache-only debian
+
+fuzz: ## every fuzz target for FUZZTIME each (default 2m)
+	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
 
 generate: ## regenerate committed generated code
 	$(GO) generate ./...

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -29,8 +31,12 @@ func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
 	rig, err := branchtest.New(branchtest.Options{})
-	if err != nil {
+	if errors.Is(err, branchtest.ErrSkip) {
 		skipReason = err.Error()
+	} else if err != nil {
+		// Only "cannot run here" skips; any other setup error fails.
+		fmt.Fprintf(os.Stderr, "agent tests: set up the engine: %v\n", err)
+		os.Exit(1)
 	} else {
 		engine, snap = rig.Engine, rig.Snap
 	}

@@ -80,7 +80,7 @@ func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim 
 func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, adjust func(*launch.Launcher)) *rig {
 	tb.Helper()
 	c := requireCR(tb)
-	images := &image.Store{Snap: snap, Logger: quiet()}
+	images := &image.Store{Snap: snap, CacheDir: os.Getenv("ARBOR_IMAGE_CACHE"), Logger: quiet()}
 	l := &launch.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
@@ -100,18 +100,21 @@ func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, ad
 	return &rig{e: e, snap: snap, dir: dir, opts: o, images: images}
 }
 
-// testImage is debian (bash, python3) when its cache exists, else busybox.
+// testImage is debian (bash, python3), whose cached rootfs make test
+// builds first (a missing cache fails the test), or busybox when
+// ARBOR_TEST_IMAGE=busybox.
 func testImage(tb testing.TB, r *rig) string {
 	tb.Helper()
-	if _, err := os.Stat(sandboxtest.DebianCacheTarball); err == nil && os.Getenv("ARBOR_TEST_IMAGE") != "busybox" {
-		if _, err := r.images.Get(context.Background(), "debian"); err != nil {
-			if err := r.images.Build(context.Background(), "debian", nil); err != nil {
-				tb.Fatal(err)
-			}
-		}
-		return "debian"
+	if os.Getenv("ARBOR_TEST_IMAGE") == "busybox" {
+		return "busybox"
 	}
-	return "busybox"
+	sandboxtest.DebianCache(tb)
+	if _, err := r.images.Get(context.Background(), "debian"); err != nil {
+		if err := r.images.Build(context.Background(), "debian", nil); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return "debian"
 }
 
 func run(tb testing.TB, e *branch.Engine, env *branch.Env, cmd string) string {
@@ -401,11 +404,24 @@ func TestWarmCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWarm(t, e, 2) // fails the test if the warm copies never appear
+	before, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("branch(3) with 2 warm copies took %v", res.Took)
+	// Two children are thawed warm copies; only the third is restored by
+	// a (high-priority) queue job. Without the warm copies all three are.
+	after, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after.Queue.High.Completed - before.Queue.High.Completed; n != 1 {
+		t.Errorf("branch(3) with 2 warm copies ran %d restores, want 1 (the other two children thawed warm copies)", n)
+	}
 	for i, c := range res.Children {
 		if res.Errors[i] != nil {
 			t.Fatalf("child %d: %v", i, res.Errors[i])
@@ -495,7 +511,7 @@ func crashHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := requireCR(t)
-	images := &image.Store{Snap: snap, Logger: quiet()}
+	images := &image.Store{Snap: snap, CacheDir: os.Getenv("ARBOR_IMAGE_CACHE"), Logger: quiet()}
 	l := &launch.Launcher{Snap: snap, Images: images, AutoBuild: true, Logger: quiet()}
 	e, err := branch.Open(context.Background(), branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()})
 	if err != nil {

@@ -2,7 +2,6 @@ package envpool_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -70,9 +69,7 @@ func BenchmarkReset(b *testing.B) {
 // BenchmarkPrepareDebianTask measures preparing the shipped python task
 // (debian image, three setup commands, full checkpoint).
 func BenchmarkPrepareDebianTask(b *testing.B) {
-	if _, err := os.Stat(sandboxtest.DebianCacheTarball); err != nil {
-		b.Skip("no cached debian image")
-	}
+	sandboxtest.DebianCache(b)
 	e, images := newEngine(b)
 	ctx := context.Background()
 	if err := images.Build(ctx, "debian", nil); err != nil {

@@ -24,10 +24,15 @@ const etcApt = "/etc/apt"
 // debianCacheBase names the cached rootfs tarball, without its extension.
 const debianCacheBase = "debian-" + debianSuite + ".tar"
 
-// DebianCache returns the path of the cached debian rootfs tarball and
-// whether it exists; when it does not, the path is where a build stores it.
+// cacheExts are the compressions a cached rootfs tarball may have, the
+// preferred first; Unpack reads each of them.
+var cacheExts = []string{".zst", ".gz"}
+
+// DebianCache returns the path of the cached debian rootfs tarball,
+// whatever its compression, and whether it exists; when it does not, the
+// path is where a build stores it (zstd when installed, else gzip).
 func (s *Store) DebianCache() (string, bool) {
-	for _, ext := range []string{".zst", ".gz"} {
+	for _, ext := range cacheExts {
 		p := filepath.Join(s.cacheDir(), debianCacheBase+ext)
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
 			return p, true
@@ -40,6 +45,36 @@ func (s *Store) DebianCache() (string, bool) {
 	return filepath.Join(s.cacheDir(), debianCacheBase+ext), false
 }
 
+// CacheDebian makes sure the debian rootfs cache exists and returns its
+// path: when DebianCache finds none it runs debootstrap (minutes) into a
+// temporary directory and caches the result. It needs no snapshotter; make
+// test runs it (`arbor image build --cache-only debian`) so that the tests
+// that unpack the cache find it.
+func (s *Store) CacheDebian(ctx context.Context, progress io.Writer) (string, error) {
+	if p, ok := s.DebianCache(); ok {
+		return p, nil
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := os.MkdirAll(s.cacheDir(), 0o755); err != nil {
+		return "", fmt.Errorf("make cache dir: %w", err)
+	}
+	tmp, err := os.MkdirTemp(s.cacheDir(), "debian-root-")
+	if err != nil {
+		return "", fmt.Errorf("make debian root: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if _, err := s.fillDebian(ctx, tmp, progress); err != nil {
+		return "", err
+	}
+	p, ok := s.DebianCache()
+	if !ok {
+		return "", fmt.Errorf("cache debian rootfs: no tarball at %s after the build (see the log)", p)
+	}
+	return p, nil
+}
+
 // fillDebian unpacks the cached rootfs when there is one; otherwise it runs
 // debootstrap against the host's own apt source and caches the result.
 func (s *Store) fillDebian(ctx context.Context, root string, progress io.Writer) (string, error) {
@@ -48,7 +83,7 @@ func (s *Store) fillDebian(ctx context.Context, root string, progress io.Writer)
 	if ok {
 		fmt.Fprintf(progress, "debian: unpacking cached rootfs %s\n", cache)
 		start := time.Now()
-		if err := extractTarball(ctx, cache, root); err != nil {
+		if err := Unpack(ctx, cache, root); err != nil {
 			return "", fmt.Errorf("unpack cached rootfs (delete %s to rebuild it): %w", cache, err)
 		}
 		fmt.Fprintf(progress, "debian: unpacked in %s\n", time.Since(start).Round(time.Millisecond))

@@ -192,7 +192,7 @@ func (s *Store) Import(ctx context.Context, name, dirOrTarball string) error {
 		if st.IsDir() {
 			return src, copyTree(ctx, src, root)
 		}
-		return src, extractTarball(ctx, src, root)
+		return src, Unpack(ctx, src, root)
 	}
 	return s.create(ctx, name, fill, io.Discard)
 }

@@ -309,3 +309,46 @@ func mustSymlink(t *testing.T, target, p string) {
 		t.Fatal(err)
 	}
 }
+
+// TestDebianCacheAnyCompression: the debian rootfs cache is found as .zst
+// or .gz (the builder writes .gz where zstd is missing), a directory by
+// that name is not a cache, and with none the path is where a build goes.
+func TestDebianCacheAnyCompression(t *testing.T) {
+	base := "debian-" + debianSuite + ".tar"
+	want := base + ".gz"
+	if _, err := exec.LookPath("zstd"); err == nil {
+		want = base + ".zst"
+	}
+	tests := []struct {
+		name    string
+		files   []string // made in the cache dir
+		dirs    []string
+		want    string
+		present bool
+	}{
+		{"none", nil, nil, want, false},
+		{"zstd", []string{base + ".zst"}, nil, base + ".zst", true},
+		{"gzip", []string{base + ".gz"}, nil, base + ".gz", true},
+		{"both: zstd first", []string{base + ".gz", base + ".zst"}, nil, base + ".zst", true},
+		{"a directory is not a cache", nil, []string{base + ".zst"}, want, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tt.files {
+				if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, d := range tt.dirs {
+				if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, ok := (&Store{CacheDir: dir}).DebianCache()
+			if got != filepath.Join(dir, tt.want) || ok != tt.present {
+				t.Errorf("DebianCache() = %s, %v; want %s, %v", got, ok, filepath.Join(dir, tt.want), tt.present)
+			}
+		})
+	}
+}

@@ -149,9 +149,10 @@ func TestIntegrationImportTarball(t *testing.T) {
 	}
 }
 
-// TestIntegrationDebian builds the debian image from the shared cache. With
-// no cached rootfs it skips, unless ARBOR_TEST_DEBIAN=1 asks for the full
-// debootstrap (minutes; it fills the cache for later runs).
+// TestIntegrationDebian builds the debian image from the shared cache,
+// which make test fills first (make test-images); with no cached rootfs it
+// fails, unless ARBOR_TEST_DEBIAN=1 asks for the full debootstrap
+// (minutes; it fills the cache for later runs).
 func TestIntegrationDebian(t *testing.T) {
 	cacheDir := image.DefaultCacheDir
 	if d := os.Getenv("ARBOR_IMAGE_CACHE"); d != "" {
@@ -159,7 +160,7 @@ func TestIntegrationDebian(t *testing.T) {
 	}
 	probe := &image.Store{CacheDir: cacheDir}
 	if _, ok := probe.DebianCache(); !ok && os.Getenv("ARBOR_TEST_DEBIAN") != "1" {
-		t.Skipf("no cached debian rootfs in %s: run `arbor image build debian` once, or set ARBOR_TEST_DEBIAN=1", cacheDir)
+		t.Fatalf("no cached debian rootfs in %s: run make test-images (bin/arbor image build --cache-only debian), or set ARBOR_TEST_DEBIAN=1", cacheDir)
 	}
 	s, _ := btrfsStore(t, cacheDir)
 	ctx := context.Background()

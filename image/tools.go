@@ -138,7 +138,7 @@ func tarFlags(c compression) ([]string, error) {
 var tarCommon = []string{"--numeric-owner", "--xattrs", "--xattrs-include=*"}
 
 // extractTarball unpacks the tarball src into the directory dst.
-func extractTarball(ctx context.Context, src, dst string) error {
+func Unpack(ctx context.Context, src, dst string) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("open tarball: %w", err)

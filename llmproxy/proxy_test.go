@@ -19,8 +19,10 @@ import (
 )
 
 // upstream is a fake LLM API on loopback: /chat answers JSON, /stream
-// answers two server-sent events with a pause between them.
-func upstream(tb testing.TB) *url.URL {
+// answers two server-sent events, the second only once next is closed (or
+// right away when next is nil), so a test can see the first one arrive
+// while the upstream still holds the second.
+func upstream(tb testing.TB, next <-chan struct{}) *url.URL {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/chat":
@@ -31,7 +33,13 @@ func upstream(tb testing.TB) *url.URL {
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprint(w, "data: one\n\n")
 			w.(http.Flusher).Flush()
-			time.Sleep(50 * time.Millisecond)
+			if next != nil {
+				select {
+				case <-next:
+				case <-r.Context().Done():
+					return
+				}
+			}
 			fmt.Fprint(w, "data: two\n\n")
 		default:
 			http.NotFound(w, r)
@@ -54,7 +62,8 @@ func engine(tb testing.TB) (*branch.Engine, *branch.Env) {
 
 func TestProxyCheckpointsEachTurn(t *testing.T) {
 	e, env := engine(t)
-	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t)})
+	next := make(chan struct{})
+	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: upstream(t, next)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,23 +104,40 @@ func TestProxyCheckpointsEachTurn(t *testing.T) {
 
 	// A turn that changed nothing keeps the state id; an SSE stream passes
 	// through event by event.
-	resp, err = http.Get(srv.URL + "/v1/llm/" + env.ID + "/v1/stream")
+	// The deadline only keeps a proxy that holds the stream back from
+	// hanging the test: it fails instead.
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sreq, _ := http.NewRequestWithContext(sctx, "GET", srv.URL+"/v1/llm/"+env.ID+"/v1/stream", nil)
+	resp, err = http.DefaultClient.Do(sreq)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("stream request (the upstream holds its second event until the first arrived): %v", err)
 	}
 	defer resp.Body.Close()
 	if got := resp.Header.Get(llmproxy.HeaderCheckpoint); got != "none" || resp.Header.Get(llmproxy.HeaderState) != sid {
 		t.Errorf("idle turn: checkpoint %q state %q, want none and %s", got, resp.Header.Get(llmproxy.HeaderState), sid)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	var events []string
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			events = append(events, d)
+	// Event by event: "one" reaches the client while the upstream still
+	// holds "two" back (a proxy that buffered would deliver neither).
+	events := make(chan string)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				events <- d
+			}
 		}
+	}()
+	if got := <-events; got != "one" {
+		t.Fatalf("first event %q, want one (the stream ended: %v)", got, sctx.Err())
 	}
-	if strings.Join(events, ",") != "one,two" {
-		t.Errorf("stream: %v", events)
+	close(next)
+	if got := <-events; got != "two" {
+		t.Errorf("second event %q, want two", got)
+	}
+	if rest, open := <-events; open {
+		t.Errorf("event %q after the last one", rest)
 	}
 
 	// Unknown env: a clear 404, nothing forwarded.
@@ -133,7 +159,7 @@ func TestProxyCheckpointsEachTurn(t *testing.T) {
 // straight to the upstream.
 func BenchmarkProxyOverhead(b *testing.B) {
 	e, env := engine(b)
-	up := upstream(b)
+	up := upstream(b, nil)
 	p, err := llmproxy.New(llmproxy.Options{Engine: e, Upstream: up})
 	if err != nil {
 		b.Fatal(err)

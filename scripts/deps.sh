@@ -20,7 +20,7 @@ WRAPPER=$PREFIX/bin/criu
 # System packages, grouped by what needs them.
 PKGS=(
 	# filesystem snapshot backends and images
-	btrfs-progs zfs-fuse e2fsprogs util-linux mount busybox-static debootstrap xz-utils
+	btrfs-progs zfs-fuse e2fsprogs util-linux mount busybox-static debootstrap xz-utils zstd
 	# sandboxes, and runc as a side-by-side peer (its CRIU network lock is iptables)
 	iproute2 iptables nftables runc procps
 	# the sandboxes' seccomp filter, compiled by the server (cgo)

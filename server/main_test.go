@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -37,8 +39,12 @@ func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
 	cleanup, err := setup()
-	if err != nil {
+	if errors.Is(err, branchtest.ErrSkip) {
 		skipReason = err.Error()
+	} else if err != nil {
+		// Only "cannot run here" skips; any other setup error fails.
+		fmt.Fprintf(os.Stderr, "server tests: set up the engine: %v\n", err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	if cleanup != nil {

@@ -36,7 +36,8 @@ func Logger() *slog.Logger {
 
 // Options tune a Rig.
 type Options struct {
-	// Inspector gives the engine an inspector (eBPF, else the fallback).
+	// Inspector gives the engine an inspector (eBPF; the fallback when
+	// eBPF is unavailable).
 	Inspector bool
 	// PoolSize of the btrfs pool file (default 4 GiB, sparse).
 	PoolSize int64
@@ -102,8 +103,14 @@ func New(o Options) (r *Rig, err error) {
 	}
 	r.undo = append(r.undo, func() { r.Snap.Unmount(context.Background()) })
 	if o.Inspector {
-		if r.Inspector, err = watch.New(watch.Options{Logger: log}); err != nil {
+		// Without eBPF (an optional kernel feature) the fallback inspector
+		// stands in; any other error is the rig's and fails it.
+		r.Inspector, err = watch.New(watch.Options{Logger: log})
+		if errors.Is(err, watch.ErrUnavailable) {
 			r.Inspector, err = watch.NewFallback(watch.Options{Logger: log}), nil
+		}
+		if err != nil {
+			return nil, err
 		}
 		r.undo = append(r.undo, func() { r.Inspector.Close() })
 	}

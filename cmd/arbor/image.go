@@ -30,12 +30,23 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 		return &image.Store{Snap: snap, CacheDir: cacheDir}, nil
 	}
 
-	var force bool
+	var force, cacheOnly bool
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build an image from a built-in recipe: busybox (seconds) or debian (cached after the first build)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cacheOnly {
+				if args[0] != "debian" {
+					return fmt.Errorf("--cache-only: only the debian recipe has a build cache")
+				}
+				p, err := (&image.Store{CacheDir: cacheDir}).CacheDebian(cmd.Context(), cmd.OutOrStdout())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "debian rootfs cached at %s\n", p)
+				return nil
+			}
 			s, err := open(cmd)
 			if err != nil {
 				return err
@@ -51,6 +62,8 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "remove an existing image of that name first")
+	build.Flags().BoolVar(&cacheOnly, "cache-only", false,
+		"only fill the build cache (debian: the rootfs tarball) when it is missing; needs no state dir")
 
 	imp := &cobra.Command{
 		Use:   "import NAME DIR|TARBALL",

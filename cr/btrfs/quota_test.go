@@ -152,7 +152,7 @@ func TestQuotaStaleQgroupsPruned(t *testing.T) {
 		must(err)
 		return qgroupPath(dir, info.treeid)
 	}
-	sandboxQG, liveQG := qgroupOf("sandbox"), qgroupOf("live")
+	sandboxQG, liveQG, stateQG := qgroupOf("sandbox"), qgroupOf("live"), qgroupOf("state")
 	must(s.Destroy(ctx, "sandbox"))
 	waitDropped(t, s)
 	if n, err := readInt(filepath.Join(sandboxQG, "referenced")); err != nil || n < 4<<20 {
@@ -167,11 +167,15 @@ func TestQuotaStaleQgroupsPruned(t *testing.T) {
 	if _, err := os.Stat(sandboxQG); err != nil {
 		t.Skipf("the kernel removed the empty qgroup itself (%v): nothing to prune", err)
 	}
-	if n, err := s.pruneQgroups(ctx); err != nil || n != 1 {
-		t.Fatalf("prune after the state was dropped: removed %d, %v; want 1", n, err)
+	// The state's own qgroup is stale too until the kernel removes it,
+	// some commits after the drop: the prune may find it or not.
+	if n, err := s.pruneQgroups(ctx); err != nil || n < 1 || n > 2 {
+		t.Fatalf("prune after the state was dropped: removed %d, %v; want the sandbox's qgroup (and maybe the state's)", n, err)
 	}
-	if _, err := os.Stat(sandboxQG); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("stale qgroup %s still there (err %v)", sandboxQG, err)
+	for _, qg := range []string{sandboxQG, stateQG} {
+		if _, err := os.Stat(qg); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("stale qgroup %s still there (err %v)", qg, err)
+		}
 	}
 	if n, err := readInt(filepath.Join(liveQG, "max_referenced")); err != nil || n != 64<<20 {
 		t.Fatalf("live volume's qgroup after a prune: max_referenced %d, %v", n, err)

@@ -3,9 +3,11 @@ package criu_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +72,15 @@ func TestDumpRestore(t *testing.T) {
 	}
 	st, rec := dump(t, c, snap, sb, "snap1", imgs, false)
 	t.Logf("dump: %+v", st)
+	if st.PagesWritten == 0 || st.Bytes <= 0 || st.Duration <= 0 {
+		t.Errorf("dump stats %+v: want pages written, image bytes and a duration", st)
+	}
+	// The counter's value when the tree was frozen: the snapshot, taken
+	// frozen, holds it.
+	atDump := readCount(t, snap.Path("snap1")+"/tmp/count")
+	if atDump < 2 {
+		t.Fatalf("counter at the dump is %d: the background loop did not run", atDump)
+	}
 	if r, _ := sb.Exec(ctx, "echo $K; cat /tmp/count", sandbox.ExecOptions{}); !strings.HasPrefix(string(r.Stdout), "v\n") {
 		t.Fatalf("source after dump: %q %q", r.Stdout, r.Stderr)
 	}
@@ -94,6 +105,29 @@ func TestDumpRestore(t *testing.T) {
 	if len(lines) < 4 || lines[0] != "v" || lines[1] != "/tmp" || lines[2] != "fun" {
 		t.Fatalf("child state: %q", r.Stdout)
 	}
+	// The restored loop goes on from where it was frozen (a restarted one
+	// would count from 1 again) and is still running.
+	var a, b int
+	if _, err := fmt.Sscan(lines[3], &a, &b); err != nil {
+		t.Fatalf("child counter line %q: %v", lines[3], err)
+	}
+	if a < atDump || b <= a {
+		t.Errorf("child counter %d then %d 0.3 s later, frozen at %d: want it to go on from %d and keep counting", a, b, atDump, atDump)
+	}
+}
+
+// readCount reads the number in file.
+func readCount(t *testing.T, file string) int {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatalf("%s: %q: %v", file, data, err)
+	}
+	return n
 }
 
 // TestDumpOrphanHoldingTTY: a background process whose parent exited keeps

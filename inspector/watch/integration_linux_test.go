@@ -124,7 +124,7 @@ func (r *rig) turn(cmd string) (inspector.Result, time.Duration) {
 		r.t.Fatal(err)
 	}
 	if res.ExitCode != 0 && res.ExitCode != 1 {
-		r.t.Logf("%q exited %d: %s%s", cmd, res.ExitCode, res.Stdout, res.Stderr)
+		r.t.Errorf("%q exited %d (want 0 or 1: the turn did not run as written): %s%s", cmd, res.ExitCode, res.Stdout, res.Stderr)
 	}
 	start := time.Now()
 	out, err := r.ins.EndTurn(ctx, r.env.ID, r.target(cmd))

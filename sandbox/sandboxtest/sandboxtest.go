@@ -3,6 +3,7 @@
 package sandboxtest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -114,18 +115,26 @@ func BusyboxRoot(t testing.TB, dir string) string {
 	return root
 }
 
-// DebianCacheTarball is where `arbor image build debian` keeps the finished
-// Debian root (image.DefaultCacheDir); tests reuse it rather than running
-// debootstrap.
-const DebianCacheTarball = "/var/cache/arbor/images/debian-bookworm.tar.zst"
+// DebianCache returns the cached Debian rootfs tarball that `arbor image
+// build debian` keeps (in $ARBOR_IMAGE_CACHE, else image.DefaultCacheDir),
+// whatever its compression. Tests reuse it rather than running
+// debootstrap; make test fills it first (make test-images), so a missing
+// cache fails the test.
+func DebianCache(t testing.TB) string {
+	t.Helper()
+	s := &image.Store{CacheDir: os.Getenv("ARBOR_IMAGE_CACHE")}
+	p, ok := s.DebianCache()
+	if !ok {
+		t.Fatalf("no cached debian rootfs (want %s): run make test-images (bin/arbor image build --cache-only debian)", p)
+	}
+	return p
+}
 
 // DebianRoot unpacks the cached Debian image into a fresh directory below
-// dir (t.TempDir() when empty). It skips the test when the cache is absent.
+// dir (t.TempDir() when empty). A missing cache fails the test.
 func DebianRoot(t testing.TB, dir string) string {
 	t.Helper()
-	if _, err := os.Stat(DebianCacheTarball); err != nil {
-		t.Skipf("no cached debian image at %s: run arbor image build debian", DebianCacheTarball)
-	}
+	cache := DebianCache(t)
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -133,8 +142,8 @@ func DebianRoot(t testing.TB, dir string) string {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("tar", "--zstd", "-xf", DebianCacheTarball, "-C", root).CombinedOutput(); err != nil {
-		t.Fatalf("unpack debian image: %v: %s", err, out)
+	if err := image.Unpack(context.Background(), cache, root); err != nil {
+		t.Fatalf("unpack debian image: %v", err)
 	}
 	return root
 }

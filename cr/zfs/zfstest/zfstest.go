@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,10 +28,13 @@ import (
 // `zfs list` lacks -p (zfs-fuse), and go-zfs then runs it as "zfs".
 const realZFSEnv = "ARBOR_TEST_REAL_ZFS"
 
-// pool is the file-backed test pool, or why there is none.
+// pool is the file-backed test pool, or why there is none: skip when the
+// host cannot run zfs (not root, tools missing), err when setting it up
+// failed (that fails the test).
 var pool struct {
 	name    string
 	skip    string
+	err     error
 	counter atomic.Int64
 	once    sync.Once
 	cleanup func()
@@ -52,7 +56,8 @@ func Main(m *testing.M) {
 }
 
 // setUp starts zfs-fuse if needed and makes a pool in a temporary file. It
-// records a skip reason instead of failing when the host cannot do that.
+// records a skip reason when the host cannot run zfs (not root, no zfs
+// tools), and any other failure as pool.err.
 func setUp() (cleanup func()) {
 	cleanup = func() {}
 	if os.Geteuid() != 0 {
@@ -66,7 +71,7 @@ func setUp() (cleanup func()) {
 	}
 	tmp, err := os.MkdirTemp("", "arbor-zfstest-")
 	if err != nil {
-		pool.skip = err.Error()
+		pool.err = err
 		return
 	}
 	var undo []func()
@@ -76,8 +81,11 @@ func setUp() (cleanup func()) {
 		}
 		os.RemoveAll(tmp)
 	}
-	if stop, err := startDaemon(tmp); err != nil {
+	if stop, err := startDaemon(tmp); errors.Is(err, errNoZFSFuse) {
 		pool.skip = err.Error()
+		return
+	} else if err != nil {
+		pool.err = err
 		return
 	} else if stop != nil {
 		undo = append(undo, stop)
@@ -86,13 +94,13 @@ func setUp() (cleanup func()) {
 		// zfs-fuse: route go-zfs through the shim.
 		self, err := os.Executable()
 		if err != nil {
-			pool.skip = err.Error()
+			pool.err = err
 			return
 		}
 		bin := filepath.Join(tmp, "bin")
 		os.Mkdir(bin, 0o755)
 		if err := os.Symlink(self, filepath.Join(bin, "zfs")); err != nil {
-			pool.skip = err.Error()
+			pool.err = err
 			return
 		}
 		os.Setenv(realZFSEnv, realZFS)
@@ -103,11 +111,11 @@ func setUp() (cleanup func()) {
 	name := "arbortest" + hex.EncodeToString(b[:])
 	file := filepath.Join(tmp, "pool.img")
 	if err := os.WriteFile(file, nil, 0o600); err != nil || os.Truncate(file, 2<<30) != nil {
-		pool.skip = fmt.Sprintf("pool file: %v", err)
+		pool.err = fmt.Errorf("pool file: %v", err)
 		return
 	}
 	if out, err := exec.Command("zpool", "create", "-m", filepath.Join(tmp, "mnt"), name, file).CombinedOutput(); err != nil {
-		pool.skip = fmt.Sprintf("zpool create: %v: %s", err, out)
+		pool.err = fmt.Errorf("zpool create: %v: %s", err, out)
 		return
 	}
 	undo = append(undo, func() {
@@ -120,6 +128,9 @@ func setUp() (cleanup func()) {
 	return cleanup
 }
 
+// errNoZFSFuse is why startDaemon cannot run here: a skip, not a failure.
+var errNoZFSFuse = errors.New("zfs does not answer and zfs-fuse is not installed")
+
 // startDaemon starts zfs-fuse when ZFS does not answer, and returns how to
 // stop it (nil when it was already running or ZFS is in the kernel).
 func startDaemon(tmp string) (stop func(), err error) {
@@ -127,7 +138,7 @@ func startDaemon(tmp string) (stop func(), err error) {
 		return nil, nil
 	}
 	if _, err := exec.LookPath("zfs-fuse"); err != nil {
-		return nil, fmt.Errorf("zfs does not answer and zfs-fuse is not installed: run make deps")
+		return nil, fmt.Errorf("%w: run make deps", errNoZFSFuse)
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return nil, fmt.Errorf("zfs-fuse needs /dev/fuse: %v", err)
@@ -163,7 +174,8 @@ func startDaemon(tmp string) (stop func(), err error) {
 }
 
 // NewRoot opens a fresh root dataset in the test pool, destroyed with
-// everything below it when tb ends. It skips when Main could make no pool.
+// everything below it when tb ends. It skips when the host cannot run zfs, and fails when
+// setting up the pool failed.
 func NewRoot(tb testing.TB) *zfs.Snapshotter {
 	tb.Helper()
 	// The pool (and zfs-fuse) is set up by the first test that wants it,
@@ -171,6 +183,9 @@ func NewRoot(tb testing.TB) *zfs.Snapshotter {
 	pool.once.Do(func() { pool.cleanup = setUp() })
 	if pool.skip != "" {
 		tb.Skip(pool.skip)
+	}
+	if pool.err != nil {
+		tb.Fatalf("set up the zfs test pool: %v", pool.err)
 	}
 	root := fmt.Sprintf("%s/t%d", pool.name, pool.counter.Add(1))
 	s, err := zfs.Open(context.Background(), zfs.Options{Dataset: root})

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# fuzz.sh runs every fuzz target of the module for $FUZZTIME each (go test
+# -fuzz takes one target per run). Targets are found by grep, so new ones
+# join without editing this script. New failing inputs land where go puts
+# them, in the package's testdata/fuzz/<Target>/, and fail the run.
+#
+# Environment:
+#   FUZZTIME  budget per target (default 5s), as go test -fuzztime takes it
+#   GO        go binary (default go)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZTIME=${FUZZTIME:-5s}
+GO=${GO:-go}
+
+mapfile -t targets < <(grep -r -H -o --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' . | sed 's/($//; s/:func /\t/' | sort)
+((${#targets[@]})) || { echo "fuzz: no fuzz targets found" >&2; exit 1; }
+
+failed=()
+for t in "${targets[@]}"; do
+	file=${t%%$'\t'*}
+	name=${t#*$'\t'}
+	pkg=$(dirname "$file")
+	echo "fuzz: $pkg $name for $FUZZTIME"
+	# -run '^$': the package's other tests run in make test already.
+	if ! out=$("$GO" test -run '^$' -fuzz "^$name\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1); then
+		printf '%s\n' "$out"
+		failed+=("$pkg $name")
+	else
+		tail -n1 <<<"$out"
+	fi
+done
+echo "fuzz: ${#targets[@]} targets, ${#failed[@]} failed"
+if ((${#failed[@]})); then
+	printf 'fuzz: FAIL %s\n' "${failed[@]}" >&2
+	exit 1
+fi
