@@ -57,6 +57,10 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if _, err := env.gate(ctx); err != nil {
 		return nil, "", err
 	}
+	if dead(env.sb, nil) {
+		// Nothing to dump: the env goes back to its last committed state.
+		return nil, "", e.revive(ctx, env, sandbox.ErrDead)
+	}
 	if env.mustFull {
 		kind, env.mustFull = Full, false
 	}
@@ -162,6 +166,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		if err := plan(); err != nil {
 			return err
 		}
+		crashPoint("intent", made)
 		if fsArt != nil {
 			t = time.Now()
 			if err := e.o.Snap.Snapshot(ctx, volume, fsArt.Location); err != nil {
@@ -200,6 +205,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	if err != nil {
 		return err
 	}
+	crashPoint("dump", made)
 	if procArt != nil {
 		n, err := e.cache.Commit(procArt.Location)
 		if err != nil {
@@ -217,6 +223,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	for _, a := range made {
 		ids = append(ids, a.ID)
 	}
+	crashPoint("commit", made)
 	if err := e.man.CommitState(st, ids...); err != nil {
 		return fmt.Errorf("commit state: %w", err)
 	}

@@ -64,6 +64,10 @@ type Options struct {
 	// every turn is a full checkpoint. *watch.Inspector (package
 	// inspector/watch) is the real one.
 	Inspector Inspector
+	// NoRecover makes Open close the environments a crash left open, as
+	// a fresh start, instead of restoring them at their last committed
+	// state (docs/engine.md, "Crash safety").
+	NoRecover bool
 	Logger    *slog.Logger
 }
 
@@ -83,14 +87,17 @@ type Engine struct {
 	mu     sync.Mutex
 	envs   map[string]*Env
 	warm   map[string][]*warmCopy // state id -> frozen copies
+	lost   map[string]LostEnv     // envs of an earlier run that Open could not restore
 	closed bool
 	bg     sync.WaitGroup
 }
 
 // Open starts an engine on o.StateDir, recovering what a crash left: half
 // written artifacts are deleted, states whose artifacts vanished are
-// dropped, environments of the previous run are closed (their processes
-// died with it) but their states stay usable.
+// dropped, and every environment the previous run left open is restored
+// under its id at its last committed state (Env.Recovered says which);
+// one that cannot be is closed and reported by Lost. With o.NoRecover
+// they are all closed instead. Their states stay usable either way.
 func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.Snap == nil || o.CRIU == nil || o.Launcher == nil || o.StateDir == "" {
 		return nil, fmt.Errorf("%w: engine needs StateDir, Snap, CRIU and Launcher", ErrBadRequest)
@@ -104,7 +111,7 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}}
+	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{}}
 	e.cache, err = imgcache.Open(imgcache.Options{
 		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
 		HotBytes: o.HotBytes, NoMount: o.NoTmpfs, Logger: o.Logger,
@@ -121,10 +128,12 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 			e.man.Close()
 		}
 	}()
-	if err := e.recover(ctx); err != nil {
+	open, err := e.recover(ctx)
+	if err != nil {
 		return nil, err
 	}
 	e.q = queue.New(o.Workers, o.Logger)
+	e.restoreEnvs(ctx, open)
 	return e, nil
 }
 
@@ -144,10 +153,13 @@ func (e *Engine) artifactExists(a manifest.Artifact) bool {
 	return false
 }
 
-func (e *Engine) recover(ctx context.Context) error {
+// recover puts the manifest and the disk back in order after a crash and
+// returns the environments the previous run left open, to be restored
+// (none with NoRecover: they are closed).
+func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	rep, err := e.man.Recover()
 	if err != nil {
-		return fmt.Errorf("recover manifest: %w", err)
+		return nil, fmt.Errorf("recover manifest: %w", err)
 	}
 	for _, a := range rep.HalfWritten {
 		e.deleteArtifact(ctx, a)
@@ -158,19 +170,30 @@ func (e *Engine) recover(ctx context.Context) error {
 	}
 	envs, err := e.man.Envs()
 	if err != nil {
-		return fmt.Errorf("list envs: %w", err)
+		return nil, fmt.Errorf("list envs: %w", err)
 	}
+	var open []manifest.Env
 	for _, env := range envs {
-		if !env.Closed {
+		switch {
+		case env.Closed && env.Lost != "":
+			// Lost in an earlier restart: still reported until released.
+			e.lost[env.ID] = LostEnv{ID: env.ID, Image: env.Image, Origin: env.Origin, Head: env.Head,
+				Labels: env.Labels, Err: errors.New(env.Lost)}
+		case env.Closed:
+		case e.o.NoRecover:
 			if err := e.man.CloseEnv(env.ID); err != nil {
-				return fmt.Errorf("close stale env %s: %w", env.ID, err)
+				return nil, fmt.Errorf("close stale env %s: %w", env.ID, err)
 			}
+		default:
+			open = append(open, env)
 		}
 	}
 	if n := sandbox.RemoveStaleCgroups(); n > 0 {
 		e.log.Info("removed cgroups of sandboxes of an earlier run", slog.Int("count", n))
 	}
-	// Roots of environments of an earlier run are of no use any more.
+	// Roots of environments of an earlier run are of no use any more:
+	// their processes died with it, and a restored env gets a new root
+	// cloned from its state.
 	vols, err := e.o.Snap.List(ctx, launch.VolumePrefix)
 	if err == nil {
 		for _, v := range vols {
@@ -179,7 +202,7 @@ func (e *Engine) recover(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	return open, nil
 }
 
 func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
@@ -263,11 +286,14 @@ type Env struct {
 	mustFull bool
 	closed   bool
 
-	fsMu  sync.Mutex // guards fsLoc and pubHead, read without env.mu
+	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered: read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).
 	pubHead string
+	labels  map[string]string
+	// recovered is set once, when Open restored the env after a crash.
+	recovered *Recovered
 
 	stats *coordStats // the engine's, shared by all envs
 }
@@ -357,6 +383,9 @@ func (e *Engine) Env(id string) (*Env, error) {
 	defer e.mu.Unlock()
 	env, ok := e.envs[id]
 	if !ok {
+		if l, ok := e.lost[id]; ok {
+			return nil, fmt.Errorf("%w: env %s (head %s): %v", ErrLost, id, l.Head, l.Err)
+		}
 		return nil, fmt.Errorf("%w: %s", ErrUnknownEnv, id)
 	}
 	return env, nil
@@ -407,6 +436,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 type coordStats struct {
 	checkpoints, checkpointNanos, exposed atomic.Int64
 	verified, misses                      atomic.Int64
+	revived                               atomic.Int64
 }
 
 // CoordStats are the coordinator's totals since the engine opened.
@@ -419,6 +449,9 @@ type CoordStats struct {
 	Exposed time.Duration
 	// Verified counts Verify calls; Misses those that found a difference.
 	Verified, Misses int64
+	// Revived counts envs whose sandbox died and that were restored at
+	// their last committed state (RevivedError).
+	Revived int64
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its
@@ -431,7 +464,9 @@ func (e *Engine) WaitCheckpoint(ctx context.Context, env *Env) (time.Duration, e
 }
 
 // Exec runs one command in env (after its pending checkpoint) and counts a
-// turn.
+// turn. When it finds the sandbox dead (its init was killed, before or
+// during the command) it restores the env at its last committed state and
+// returns a *RevivedError: the env is usable again, the turn did not count.
 func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
@@ -441,6 +476,18 @@ func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecO
 	if _, err := env.gate(ctx); err != nil {
 		return nil, err
 	}
+	if dead(env.sb, nil) {
+		return nil, e.revive(ctx, env, sandbox.ErrDead)
+	}
+	res, err := e.exec(ctx, env, cmd, o)
+	if err != nil && dead(env.sb, err) {
+		return nil, e.revive(ctx, env, err)
+	}
+	return res, err
+}
+
+// exec counts the turn and runs cmd; the caller holds env.mu.
+func (e *Engine) exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error) {
 	env.turn++
 	env.dirty = true
 	if in := e.o.Inspector; in != nil {

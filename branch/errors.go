@@ -18,6 +18,13 @@ var (
 	ErrRestore = errors.New("restore failed")
 	// ErrBadRequest: the arguments make no sense (n < 1, kind unknown).
 	ErrBadRequest = errors.New("bad request")
+	// ErrLost: the environment was open when the engine last stopped
+	// uncleanly and could not be restored (Engine.Lost says why).
+	ErrLost = errors.New("environment lost in a restart")
+	// ErrRevived: the environment's sandbox died and was restored at its
+	// last committed state (a *RevivedError says which); the operation
+	// that found it did not run.
+	ErrRevived = errors.New("sandbox died; environment restored")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

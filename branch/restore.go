@@ -271,7 +271,7 @@ func (e *Engine) discard(r restored) {
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
 	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, turn: st.Turn, fsLoc: r.fsLoc, stats: &e.stats}
-	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
+	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Origin: origin, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
 	}
@@ -304,22 +304,29 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	if err != nil {
 		return err
 	}
+	e.swapIn(ctx, env, r, st)
+	return nil
+}
+
+// swapIn makes r, restored from st, env's sandbox and st its head, and
+// destroys the sandbox it replaces (rollback, revive). The caller holds
+// env.mu.
+func (e *Engine) swapIn(ctx context.Context, env *Env, r restored, st manifest.State) {
 	old, oldVol := env.sb, env.volume
 	env.gen++
 	env.sb, env.volume, env.turn, env.dirty = r.sb, r.volume, st.Turn, false
-	env.setHead(sid)
+	env.setHead(st.ID)
 	env.setHeadFS(r.fsLoc)
 	e.track(ctx, env)
-	if err := e.man.SetHead(env.ID, sid); err != nil {
-		e.log.Warn("record head after rollback", slog.String("env", env.ID), slog.Any("err", err))
+	if err := e.man.SetHead(env.ID, st.ID); err != nil {
+		e.log.Warn("record head after restore", slog.String("env", env.ID), slog.Any("err", err))
 	}
 	if err := old.Destroy(ctx); err != nil {
-		e.log.Warn("destroy rolled-back sandbox", slog.String("env", env.ID), slog.Any("err", err))
+		e.log.Warn("destroy replaced sandbox", slog.String("env", env.ID), slog.Any("err", err))
 	}
 	if err := e.o.Snap.Destroy(ctx, oldVol); err != nil {
-		e.log.Warn("remove rolled-back volume", slog.String("volume", oldVol), slog.Any("err", err))
+		e.log.Warn("remove replaced volume", slog.String("volume", oldVol), slog.Any("err", err))
 	}
-	return nil
 }
 
 // Promote adopts child's current state as the new state of the environment
@@ -430,6 +437,7 @@ func (e *Engine) Usage() (Usage, error) {
 	}
 	e.mu.Unlock()
 	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
-		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load()}
+		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load(),
+		Revived: e.stats.revived.Load()}
 	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c}, nil
 }

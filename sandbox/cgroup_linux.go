@@ -68,6 +68,10 @@ func newCgroup(name string, l Limits, devices bool) (cg *cgroup, err error) {
 	if err := os.MkdirAll(cg.v2, 0o755); err != nil {
 		return nil, fmt.Errorf("create cgroup %s: %w", cg.v2, err)
 	}
+	// A group of this name left frozen by a server killed in a checkpoint
+	// (its restart brings the env back under the same name) must not
+	// freeze what joins it.
+	writeFile(filepath.Join(cg.v2, "cgroup.freeze"), "0")
 	if devices {
 		// The eBPF allow-list works on every host with a v2 tree (the v1
 		// devices controller, below, only on hybrid ones); on a hybrid

@@ -51,7 +51,10 @@ func (a envpoolPool) Reset(ctx context.Context, req ResetRequest) (*Reset, error
 func (a envpoolPool) Evaluate(ctx context.Context, env *branch.Env) (Evaluation, error) {
 	t, ok := a.p.TaskOf(env.ID)
 	if !ok {
-		t = envpool.Task{Image: env.Image}
+		// An env adopted after a restart: its task is in its labels.
+		if t, ok = a.p.Task(env.Labels()[labelTask]); !ok {
+			t = envpool.Task{Image: env.Image}
+		}
 	}
 	ev, err := a.p.Evaluate(ctx, env, t)
 	return Evaluation{Reward: ev.Reward, Details: ev.Details}, poolError(err)

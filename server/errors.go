@@ -33,6 +33,8 @@ func protoError(err error) *protocol.Error {
 		return pe
 	case errors.Is(err, branch.ErrUnknownEnv):
 		return protocol.Errorf(protocol.CodeUnknownEnv, "%v", err)
+	case errors.Is(err, branch.ErrLost):
+		return protocol.Errorf(protocol.CodeEnvLost, "%v", err)
 	case errors.Is(err, branch.ErrUnknownState):
 		return protocol.Errorf(protocol.CodeUnknownState, "%v", err)
 	case errors.Is(err, ErrUnknownTask):

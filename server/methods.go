@@ -139,7 +139,7 @@ func (r *request) reset(ctx context.Context, p *protocol.ResetParams) (any, erro
 		task.Image = env.Image
 	}
 	base := env.Turn()
-	s.adopt(env, task, base)
+	s.adopt(env, task, base, p.Seed)
 	s.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: task.Name, Image: task.Image, MaxTurns: task.MaxTurns}
 	info.Seed = p.Seed
@@ -194,11 +194,11 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*pr
 	timeout = min(timeout, s.o.MaxTimeout)
 	res, err := s.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
 	if err != nil {
-		return nil, fmt.Errorf("step in env %s: %w", envID, err)
+		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}
 	s.observePending(m)
 	info := protocol.Info{Tool: a.Tool, Task: m.task.Name, MaxTurns: m.task.MaxTurns,
-		ShellRestarted: res.ShellRestarted, StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes}
+		ShellRestarted: res.ShellRestarted, StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes, Recovered: m.takeRecovered()}
 	for _, l := range res.Limits {
 		info.Limits = append(info.Limits, l.String())
 	}
@@ -300,7 +300,7 @@ func (s *Server) restore(ctx context.Context, env *branch.Env, m *envMeta, sid s
 	s.observePending(m)
 	env.TakeCheckpointError() // that state is gone with the sandbox that made it
 	return protocol.Info{StateID: sid, Turn: env.Turn() - m.base, Checkpoint: string(branch.None), Restored: sid,
-		Task: m.task.Name, MaxTurns: m.task.MaxTurns}, nil
+		Task: m.task.Name, MaxTurns: m.task.MaxTurns, Recovered: m.takeRecovered()}, nil
 }
 
 // stepRollback is the rollback tool: the agent's own rollback. A state
@@ -408,7 +408,7 @@ func (r *request) branch(ctx context.Context, p *protocol.BranchParams) (any, er
 		if pt, ok := s.pool.TaskOf(c.ID); ok {
 			t = pt
 		}
-		s.adopt(c, t, base)
+		s.adopt(c, t, base, nil)
 	}
 	if failed == n {
 		return nil, res.Errors[0]
@@ -482,6 +482,9 @@ func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, 
 
 func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
+	if s.isLost(p.EnvID) {
+		return s.dropLost(ctx, p.EnvID)
+	}
 	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
@@ -512,6 +515,9 @@ func (r *request) evaluate(ctx context.Context, p *protocol.EnvParams) (any, err
 
 func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error) {
 	s := r.server()
+	if s.isLost(p.EnvID) {
+		return s.dropLost(ctx, p.EnvID)
+	}
 	env, _, err := s.lookup(p.EnvID)
 	if err != nil {
 		return nil, err
@@ -538,9 +544,19 @@ func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error)
 		if !ok {
 			continue // the pool's reserve, verifier forks
 		}
-		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: env.ID, Image: env.Image, Task: m.task.Name, Origin: env.Origin,
-			Head: env.Head(), Turn: env.Turn() - m.base, IdleS: now.Sub(time.Unix(0, m.used.Load())).Seconds()})
+		info := protocol.EnvInfo{EnvID: env.ID, Image: env.Image, Task: m.task.Name, Origin: env.Origin,
+			Head: env.Head(), Turn: env.Turn() - m.base, IdleS: now.Sub(time.Unix(0, m.used.Load())).Seconds()}
+		if rec := env.Recovered(); rec != nil {
+			info.Recovered = &protocol.Recovered{StateID: rec.State, Turn: rec.Turn - m.base}
+		}
+		out.Envs = append(out.Envs, info)
 	}
+	s.mu.Lock()
+	for _, l := range s.lost {
+		task, _ := taskFromLabels(l.Labels)
+		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: l.ID, Image: l.Image, Task: task.Name, Head: l.Head, Lost: lostError(l).Message})
+	}
+	s.mu.Unlock()
 	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].EnvID < out.Envs[j].EnvID })
 	return out, nil
 }

@@ -128,8 +128,9 @@ type Server struct {
 	ops    sync.WaitGroup
 
 	mu       sync.Mutex
-	envs     map[string]*envMeta // envs handed out, by id
-	reserved int                 // env slots promised to resets and branches in progress
+	envs     map[string]*envMeta       // envs handed out, by id
+	lost     map[string]branch.LostEnv // handed out, open at a crash, not restored (recover.go)
+	reserved int                       // env slots promised to resets and branches in progress
 	conns    map[*conn]struct{}
 	draining bool
 }
@@ -146,7 +147,10 @@ type envMeta struct {
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
-	used    atomic.Int64 // unix nanoseconds of the last request naming it
+	// recovered is reported (once) by the first operation after a
+	// restart restored the env (recover.go).
+	recovered *protocol.Recovered
+	used      atomic.Int64 // unix nanoseconds of the last request naming it
 }
 
 // New makes a server on an open engine.
@@ -158,7 +162,8 @@ func New(o Options) (*Server, error) {
 	if o.PongWait <= o.PingInterval {
 		return nil, fmt.Errorf("server: PongWait %v must be longer than PingInterval %v", o.PongWait, o.PingInterval)
 	}
-	s := &Server{o: o, e: o.Engine, pool: o.Pool, log: o.Logger, envs: map[string]*envMeta{}, conns: map[*conn]struct{}{}}
+	s := &Server{o: o, e: o.Engine, pool: o.Pool, log: o.Logger, envs: map[string]*envMeta{}, lost: map[string]branch.LostEnv{},
+		conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry, func() float64 {
 		s.mu.Lock()
@@ -170,6 +175,7 @@ func New(o Options) (*Server, error) {
 		ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10,
 		CheckOrigin: s.checkOrigin,
 	}
+	s.adoptRecovered(s.ctx)
 	return s, nil
 }
 
@@ -322,8 +328,12 @@ func (s *Server) ticket(ids ...string) (wait, release func()) {
 	return wait, release
 }
 
-// adopt records an env the pool handed out.
-func (s *Server) adopt(env *branch.Env, task TaskInfo, base int) *envMeta {
+// adopt records an env the pool handed out, and labels it so that a
+// restarted server can adopt it again (recover.go).
+func (s *Server) adopt(env *branch.Env, task TaskInfo, base int, seed *int64) *envMeta {
+	if err := s.e.SetLabels(env, labels(task, base, seed)); err != nil {
+		s.log.Warn("label env", slog.String("env", env.ID), slog.Any("err", err))
+	}
 	closed := make(chan struct{})
 	close(closed)
 	m := &envMeta{tail: closed, task: task, base: base}
@@ -350,7 +360,11 @@ func (s *Server) lookup(id string) (*branch.Env, *envMeta, error) {
 	}
 	s.mu.Lock()
 	m, ok := s.envs[id]
+	l, lost := s.lost[id]
 	s.mu.Unlock()
+	if lost {
+		return nil, nil, lostError(l)
+	}
 	if !ok {
 		return nil, nil, protocol.Errorf(protocol.CodeUnknownEnv, "no open env %q", id)
 	}

@@ -49,6 +49,7 @@ type (
 	BatchItemResult  = protocol.BatchItemResult
 	StepBatchResult  = protocol.StepBatchResult
 	CheckpointResult = protocol.CheckpointResult
+	Recovered        = protocol.Recovered
 )
 
 // Sentinels for errors.Is.
@@ -61,6 +62,8 @@ var (
 	ErrTooManyReqs   = protocol.ErrTooManyReqs
 	ErrUnauthorized  = protocol.ErrUnauthorized
 	ErrShuttingDown  = protocol.ErrShuttingDown
+	ErrEnvLost       = protocol.ErrEnvLost
+	ErrSandbox       = protocol.ErrSandbox
 	// ErrClosed: the connection is closed.
 	ErrClosed = errors.New("arbor: connection closed")
 )

@@ -48,6 +48,10 @@ func crashHelper(dir string) error {
 	if err != nil {
 		return err
 	}
+	// What an owner needs to adopt the env again after a restart.
+	if err := m.SetLabels("e", map[string]string{"owner": "helper", "pid": fmt.Sprint(os.Getpid())}); err != nil {
+		return err
+	}
 	art := filepath.Join(dir, "art")
 	say := func(verb, id string) {
 		fmt.Fprintf(os.Stdout, "%s %s\n", verb, id)
@@ -276,6 +280,11 @@ func TestCrash(t *testing.T) {
 		env, err := m.GetEnv("e")
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The env stays open with its owner's labels: its head is what a
+		// restarted engine restores.
+		if env.Closed || env.Labels["owner"] != "helper" || env.Labels["pid"] == "" {
+			t.Errorf("round %d: env after recover: closed %v labels %v", round, env.Closed, env.Labels)
 		}
 		line, err := m.Lineage(env.Head)
 		if err != nil {

@@ -23,7 +23,9 @@
 //     caller deletes whatever exists of it) and drops its record; reports
 //     every ready artifact whose files have vanished (Options.Exists) and
 //     removes the states that reference one, moving env heads back to the
-//     nearest surviving ancestor. Nothing else is touched.
+//     nearest surviving ancestor. Nothing else is touched: envs stay open,
+//     with their heads (the last committed state) and the owner's labels
+//     (SetLabels), so the engine can bring each back under its id.
 //
 // A failed checkpoint is undone with AbortArtifact after its files are
 // deleted. Garbage collection runs the other way round: Garbage lists what

@@ -184,7 +184,7 @@ func TestReopenKeepsData(t *testing.T) {
 
 func TestRoundTrip(t *testing.T) {
 	m := openTest(t, Options{})
-	env := Env{ID: "e1", Image: "debian:12", Created: t0}
+	env := Env{ID: "e1", Image: "debian:12", Created: t0, Origin: "e9", Labels: map[string]string{"task": "t"}}
 	fs := Artifact{ID: "a-fs", Kind: ArtifactFS, Location: "snap/1", Bytes: 4096, Created: t0}
 	proc := Artifact{ID: "a-proc", Kind: ArtifactProc, Location: "img/1", Bytes: 1 << 20, Created: t0}
 	st := State{
@@ -210,7 +210,9 @@ func TestRoundTrip(t *testing.T) {
 			want: Artifact{ID: "a-proc", Kind: ArtifactProc, Location: "img/1", Bytes: 1 << 20, Created: t0, Ready: true}},
 		{name: "head moved", put: func() error { return nil },
 			get:  func() (any, error) { return m.GetEnv("e1") },
-			want: Env{ID: "e1", Image: "debian:12", Created: t0, Head: "s1"}},
+			want: Env{ID: "e1", Image: "debian:12", Created: t0, Head: "s1", Origin: "e9", Labels: map[string]string{"task": "t"}}},
+		{name: "labels merged", put: func() error { return m.SetLabels("e1", map[string]string{"base": "3", "task": ""}) },
+			get: func() (any, error) { e, err := m.GetEnv("e1"); return e.Labels, err }, want: map[string]string{"base": "3"}},
 		{name: "artifact bytes", put: func() error { return m.SetArtifactBytes("a-fs", 7) },
 			get: func() (any, error) { a, err := m.GetArtifact("a-fs"); return a.Bytes, err }, want: int64(7)},
 		{name: "close env", put: func() error { return m.CloseEnv("e1") },
@@ -238,6 +240,79 @@ func TestRoundTrip(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestLabelsSurviveReopen: the labels an owner set are what a restarted
+// process reads back, after Recover; a closed env takes no labels.
+func TestLabelsSurviveReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.db")
+	m, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "s1", "", 1, KindFull)
+	want := map[string]string{"task": "hello", "base": "1"}
+	if err := m.SetLabels("e1", want); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetLabels("e1", map[string]string{"": "x"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("empty label key: %v, want ErrInvalid", err)
+	}
+	m.Close()
+	if m, err = Open(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.GetEnv("e1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(e.Labels, want) || e.Head != "s1" || e.Closed {
+		t.Errorf("env after reopen and recover: %+v, want labels %v head s1 open", e, want)
+	}
+	if err := m.CloseEnv("e1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetLabels("e1", map[string]string{"a": "b"}); !errors.Is(err, ErrClosed) {
+		t.Errorf("labels on a closed env: %v, want ErrClosed", err)
+	}
+	if err := m.SetLabels("nope", map[string]string{"a": "b"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("labels on an unknown env: %v, want ErrNotFound", err)
+	}
+}
+
+// TestMarkLost: a lost env is closed with its reason and keeps its
+// states; releasing it clears the reason.
+func TestMarkLost(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "s1", "", 1, KindFull)
+	if err := m.MarkLost("e1", "restore failed"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.GetEnv("e1")
+	if err != nil || !e.Closed || e.Lost != "restore failed" {
+		t.Fatalf("lost env: %+v %v", e, err)
+	}
+	if s, err := m.GetState("s1"); err != nil || s.Released {
+		t.Errorf("state of a lost env: %+v %v, want kept", s, err)
+	}
+	if err := m.ReleaseEnv("e1"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = m.GetEnv("e1"); err != nil || e.Lost != "" {
+		t.Errorf("released lost env: %+v %v, want no reason", e, err)
+	}
+	if s, err := m.GetState("s1"); err != nil || !s.Released {
+		t.Errorf("state of a released lost env: %+v %v, want released", s, err)
+	}
+	if err := m.MarkLost("nope", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("MarkLost of an unknown env: %v", err)
 	}
 }
 

@@ -60,13 +60,23 @@ type State struct {
 	Released bool `json:"released,omitempty"`
 }
 
-// Env is one sandbox's record: its image and current state.
+// Env is one sandbox's record: its image and current state, and what a
+// restart needs to bring it back under the same id (docs/engine.md, "Crash
+// safety").
 type Env struct {
 	ID      string    `json:"id"`
 	Image   string    `json:"image"`
 	Head    string    `json:"head,omitempty"`
 	Created time.Time `json:"created"`
 	Closed  bool      `json:"closed,omitempty"`
+	// Origin is the env this one was branched from ("" for a fresh one).
+	Origin string `json:"origin,omitempty"`
+	// Labels are the owner's metadata (task, base turn, seed...), kept so
+	// that it can adopt the env again after a restart.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Lost says why a restart could not restore the env (MarkLost); a lost
+	// env is closed but keeps its states until it is released.
+	Lost string `json:"lost,omitempty"`
 }
 
 // KindUsage is the count and summed size of ready artifacts of one kind.

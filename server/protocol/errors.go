@@ -44,6 +44,7 @@ const (
 	CodeCheckpointFail = "checkpoint_failed" // infra: a checkpoint failed
 	CodeSandboxFailed  = "sandbox_failed"    // infra: the sandbox died or did not answer
 	CodeTimeout        = "timeout"           // infra: the server gave up waiting
+	CodeEnvLost        = "env_lost"          // infra: the env could not be restored after a crash
 	CodeInternal       = "internal"          // infra: anything else
 )
 
@@ -55,7 +56,7 @@ func Errorf(code, format string, args ...any) *Error {
 		e.Retryable = true
 	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail:
 		e.Retryable, e.Infra = true, true
-	case CodeInternal:
+	case CodeInternal, CodeEnvLost:
 		e.Infra = true
 	}
 	return e
@@ -79,6 +80,7 @@ var (
 	ErrCheckpoint    = &Error{Code: CodeCheckpointFail}
 	ErrSandbox       = &Error{Code: CodeSandboxFailed}
 	ErrTimeout       = &Error{Code: CodeTimeout}
+	ErrEnvLost       = &Error{Code: CodeEnvLost}
 	ErrInternal      = &Error{Code: CodeInternal}
 )
 

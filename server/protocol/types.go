@@ -128,6 +128,17 @@ type Info struct {
 	// VerifyMisses, in verification mode (arbor serve --verify-skips),
 	// lists what a restore of StateID lacked compared with the live env.
 	VerifyMisses []string `msgpack:"verify_misses,omitempty" json:"verify_misses,omitempty"`
+	// Recovered, on the first operation on an env after the server
+	// restarted from a crash, says at which state the env was restored:
+	// what it did after that state is gone.
+	Recovered *Recovered `msgpack:"recovered,omitempty" json:"recovered,omitempty"`
+}
+
+// Recovered is the state a restarted server restored an env at: its last
+// committed state and that state's turn.
+type Recovered struct {
+	StateID string `msgpack:"state_id" json:"state_id"`
+	Turn    int    `msgpack:"turn" json:"turn"`
 }
 
 // ResetResult is what reset returns.
@@ -188,6 +199,12 @@ type EnvInfo struct {
 	Head   string  `msgpack:"head" json:"head"`
 	Turn   int     `msgpack:"turn" json:"turn"`
 	IdleS  float64 `msgpack:"idle_s" json:"idle_s"`
+	// Recovered: the env was restored at this state when the server
+	// restarted from a crash.
+	Recovered *Recovered `msgpack:"recovered,omitempty" json:"recovered,omitempty"`
+	// Lost: the env was open when the server crashed and could not be
+	// restored; this says why. Operations on it answer env_lost.
+	Lost string `msgpack:"lost,omitempty" json:"lost,omitempty"`
 }
 
 // EnvsResult is what envs returns.

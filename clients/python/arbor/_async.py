@@ -135,7 +135,7 @@ class AsyncClient:
         return out
 
     async def envs(self):
-        """The open envs: list of {env_id, image, task, origin, head, turn, idle_s}."""
+        """The open envs: list of {env_id, image, task, origin, head, turn, idle_s, recovered?}, and envs lost in a crash as {env_id, image, task, head, lost}."""
         return (await self.call("envs", {})).get("envs") or []
 
 
