@@ -57,6 +57,10 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if _, err := env.gate(ctx); err != nil {
 		return nil, "", err
 	}
+	if dead(env.sb, nil) {
+		// Nothing to dump: the env goes back to its last committed state.
+		return nil, "", e.revive(ctx, env, sandbox.ErrDead)
+	}
 	if env.mustFull {
 		kind, env.mustFull = Full, false
 	}

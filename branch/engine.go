@@ -175,6 +175,10 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	var open []manifest.Env
 	for _, env := range envs {
 		switch {
+		case env.Closed && env.Lost != "":
+			// Lost in an earlier restart: still reported until released.
+			e.lost[env.ID] = LostEnv{ID: env.ID, Image: env.Image, Origin: env.Origin, Head: env.Head,
+				Labels: env.Labels, Err: errors.New(env.Lost)}
 		case env.Closed:
 		case e.o.NoRecover:
 			if err := e.man.CloseEnv(env.ID); err != nil {
@@ -282,7 +286,7 @@ type Env struct {
 	mustFull bool
 	closed   bool
 
-	fsMu  sync.Mutex // guards fsLoc, pubHead and labels, read without env.mu
+	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered: read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).

@@ -129,10 +129,10 @@ func (e *Engine) recoverEnv(ctx context.Context, rec manifest.Env) (*Env, error)
 	return env, nil
 }
 
-// markLost closes rec in the manifest (its states stay usable) and keeps
-// why it was lost.
+// markLost closes rec in the manifest, recording why it was lost (its
+// states stay until ForgetLost).
 func (e *Engine) markLost(rec manifest.Env, cause error) {
-	if err := e.man.CloseEnv(rec.ID); err != nil {
+	if err := e.man.MarkLost(rec.ID, cause.Error()); err != nil {
 		e.log.Warn("close lost env", slog.String("env", rec.ID), slog.Any("err", err))
 	}
 	e.mu.Lock()
@@ -140,8 +140,24 @@ func (e *Engine) markLost(rec manifest.Env, cause error) {
 	e.mu.Unlock()
 }
 
-// Lost lists the environments of the previous run that Open could not
-// restore, with the reason.
+// ForgetLost drops a lost environment (ErrUnknownEnv if id is not one):
+// it is no longer reported and its states are released.
+func (e *Engine) ForgetLost(ctx context.Context, id string) error {
+	e.mu.Lock()
+	_, ok := e.lost[id]
+	delete(e.lost, id)
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s is not a lost env", ErrUnknownEnv, id)
+	}
+	if err := e.man.ReleaseEnv(id); err != nil {
+		return err
+	}
+	return e.GC(ctx)
+}
+
+// Lost lists the environments a restart could not restore (this one or an
+// earlier one, until ForgetLost), with the reason.
 func (e *Engine) Lost() []LostEnv {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -180,16 +196,7 @@ func (e *Engine) SetLabels(env *Env, labels map[string]string) error {
 	}
 	env.fsMu.Lock()
 	defer env.fsMu.Unlock()
-	if env.labels == nil {
-		env.labels = map[string]string{}
-	}
-	for k, v := range labels {
-		if v == "" {
-			delete(env.labels, k)
-		} else {
-			env.labels[k] = v
-		}
-	}
+	env.labels = manifest.MergeLabels(env.labels, labels)
 	return nil
 }
 

@@ -61,6 +61,18 @@ func TestRecoverAfterCrash(t *testing.T) {
 			envID := out["ENV"][0]
 			if phase == "lost" {
 				checkLost(t, e, envID)
+				// Still reported by the next run, until forgotten.
+				if err := e.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				e = newRig(t, snap, dir, 0).e
+				checkLost(t, e, envID)
+				if err := e.ForgetLost(context.Background(), envID); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.Env(envID); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Lost()) != 0 {
+					t.Errorf("after ForgetLost: Env = %v, Lost = %+v; want unknown and none", err, e.Lost())
+				}
 				return
 			}
 			committed, turn := out["COMMITTED"][0], out["COMMITTED"][1]
@@ -278,18 +290,18 @@ func recoverHelper(t *testing.T) {
 }
 
 // TestReviveAfterInitKilled kills a sandbox's init from the host (kill
-// -9), between two commands and during one, and checks that the next Exec
-// returns the infra error naming the state it restored, that the engine
-// counted it, and that the env then works at its last committed state.
+// -9), between two commands, during one and before a checkpoint, and
+// checks that the operation that finds it dead returns the infra error
+// naming the state it restored, that the engine counted it, and that the
+// env then works at its last committed state.
 func TestReviveAfterInitKilled(t *testing.T) {
 	dir := t.TempDir()
 	r := newRig(t, newBtrfs(t, dir), dir, 0)
 	e := r.e
 	ctx := context.Background()
 	start, read := counterCmd("busybox")
-	for i, during := range []bool{false, true} {
-		name := map[bool]string{false: "between commands", true: "during a command"}[during]
-		t.Run(name, func(t *testing.T) {
+	for i, when := range []string{"between commands", "during a command", "before a checkpoint"} {
+		t.Run(when, func(t *testing.T) {
 			env, _, err := e.NewEnv(ctx, "busybox")
 			if err != nil {
 				t.Fatal(err)
@@ -306,14 +318,22 @@ func TestReviveAfterInitKilled(t *testing.T) {
 			run(t, e, env, recoverTurn3) // never committed
 			run(t, e, env, read)         // 2, never committed
 			pid := env.Sandbox().InitPID()
-			var execErr error
-			if !during {
+			killInit := func() {
 				if err := unix.Kill(pid, unix.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
+			}
+			var execErr error
+			switch when {
+			case "between commands":
+				killInit()
 				<-env.Sandbox().Exited()
 				_, execErr = e.Exec(ctx, env, "echo never", sandbox.ExecOptions{Timeout: 10 * time.Second})
-			} else {
+			case "before a checkpoint":
+				killInit()
+				<-env.Sandbox().Exited()
+				_, execErr = e.Checkpoint(ctx, env, branch.Full)
+			case "during a command":
 				done := make(chan error, 1)
 				go func() {
 					_, err := e.Exec(ctx, env, "touch /work/started; sleep 30", sandbox.ExecOptions{Timeout: time.Minute})
@@ -328,9 +348,7 @@ func TestReviveAfterInitKilled(t *testing.T) {
 						t.Fatal("the command never started")
 					}
 				}
-				if err := unix.Kill(pid, unix.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
+				killInit()
 				execErr = <-done
 			}
 			var rv *branch.RevivedError
@@ -358,5 +376,31 @@ func TestReviveAfterInitKilled(t *testing.T) {
 				t.Errorf("checkpoint after revive: %v", err)
 			}
 		})
+	}
+}
+
+// TestNoRecover: with Options.NoRecover the envs a crash left open are
+// closed, not restored, and their committed states stay usable.
+func TestNoRecover(t *testing.T) {
+	c := requireCR(t)
+	dir := t.TempDir()
+	snap := newBtrfs(t, dir)
+	out := runRecoverHelper(t, dir, "commit")
+	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet()}, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, NoRecover: true, Logger: quiet()}
+	e, err := branch.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	if _, err := e.Env(out["ENV"][0]); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Envs()) != 0 || len(e.Lost()) != 0 {
+		t.Fatalf("NoRecover: Env = %v, %d envs, lost %+v; want the env closed", err, len(e.Envs()), e.Lost())
+	}
+	res, err := e.Branch(context.Background(), branch.Source{State: out["COMMITTED"][0]}, 1)
+	if err != nil || res.Errors[0] != nil {
+		t.Fatalf("committed state after NoRecover: %v %v", err, res.Errors)
+	}
+	if got := run(t, e, res.Children[0], "cat /work/f; echo $V"); got != "two\ntwo\n" {
+		t.Errorf("committed state restored to %q", got)
 	}
 }

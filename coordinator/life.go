@@ -151,8 +151,13 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 }
 
 // Discard throws an env away: it is closed and its states released (a
-// rejected draft). The caller holds the env's ticket.
+// rejected draft; an env lost in a restart is forgotten). The caller
+// holds the env's ticket.
 func (c *Coordinator) Discard(ctx context.Context, envID string) error {
+	if c.dropLost(envID) {
+		// Lost in a restart: forgetting it releases its states.
+		return c.e.ForgetLost(ctx, envID)
+	}
 	env, _, err := c.lookup(envID)
 	if err != nil {
 		return err

@@ -131,6 +131,15 @@ func (c *Coordinator) Lost() []LostEnv {
 	return out
 }
 
+// dropLost removes id from the lost envs, reporting whether it was one.
+func (c *Coordinator) dropLost(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.lost[id]
+	delete(c.lost, id)
+	return ok
+}
+
 // lostError is the answer to an operation on a lost env.
 func lostError(l branch.LostEnv) error {
 	return fmt.Errorf("%w: env %s was open when the server stopped and could not be restored: %v", branch.ErrLost, l.ID, l.Err)

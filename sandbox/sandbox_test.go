@@ -422,3 +422,35 @@ func TestDiskQuotaDefaults(t *testing.T) {
 		})
 	}
 }
+
+// TestStartInFrozenLeftoverCgroup: a server killed while it held a sandbox
+// frozen (in a checkpoint) leaves the cgroup frozen; a restart that brings
+// an env back under the same sandbox name must not start it frozen.
+func TestStartInFrozenLeftoverCgroup(t *testing.T) {
+	sandboxtest.RequireRoot(t)
+	root := sandboxtest.BusyboxRoot(t, "")
+	id := fmt.Sprintf("frozen-%d", os.Getpid())
+	v2 := "/sys/fs/cgroup"
+	if _, err := os.Stat(filepath.Join(v2, "cgroup.controllers")); err != nil {
+		v2 = filepath.Join(v2, "unified")
+	}
+	dir := filepath.Join(v2, "arbor", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: id, Root: root, InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatalf("start in a frozen leftover cgroup: %v", err)
+	}
+	defer sb.Destroy(context.Background())
+	r, err := sb.Exec(ctx, "echo ok", sandbox.ExecOptions{Timeout: 5 * time.Second})
+	if err != nil || string(r.Stdout) != "ok\n" {
+		t.Fatalf("exec in a sandbox started in a frozen leftover cgroup: %+v %v", r, err)
+	}
+}

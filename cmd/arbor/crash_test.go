@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +33,9 @@ import (
 // (evaluate runs the task's verifier); the env whose process image was
 // damaged while the server was down is reported lost (env_lost, infra);
 // the envs the server had not handed out (the task's template and warm
-// env) are closed.
+// env) are closed. Then the recovered env's init is killed from the host:
+// the next step answers sandbox_failed naming the state it was restored
+// at, arbor_envs_revived_total counts it, and the env goes on.
 func TestServeSurvivesKill(t *testing.T) {
 	sandboxtest.RequireRoot(t)
 	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
@@ -124,9 +127,36 @@ func TestServeSurvivesKill(t *testing.T) {
 	if err != nil || ev.Reward != 1 {
 		t.Errorf("evaluate after restart: %+v %v, want reward 1 from the task's verifier", ev, err)
 	}
+	// Its sandbox's init killed from the host: the next step answers
+	// sandbox_failed naming the state it was restored to, the metric
+	// counts it, and the step after runs on that state.
+	st, err = c.States(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(t, ctx, c, env, "export G=gone")
+	killInit(t, env+"-0") // the sandbox name a restart gives the env
+	_, err = c.Step(ctx, env, arbor.Bash("echo never", 0))
+	if !errors.Is(err, arbor.ErrSandbox) || !arbor.IsInfra(err) || !strings.Contains(err.Error(), "restored to state "+st.Head) {
+		t.Errorf("step after its init was killed: %v, want sandbox_failed naming state %s", err, st.Head)
+	}
+	s, err = c.Step(ctx, env, arbor.Bash("cat greeting.txt; echo $G", 0))
+	if err != nil || s.Obs.Stdout != "hello, arbor\n1\n" {
+		t.Errorf("step after the revive: %+v %v, want the last committed state", s, err)
+	}
+	if m := metric(t, addr, "arbor_envs_revived_total"); m != "1" {
+		t.Errorf("arbor_envs_revived_total = %q, want 1", m)
+	}
 	_, err = c.Step(ctx, doomed, arbor.Bash("true", 0))
 	if !errors.Is(err, arbor.ErrEnvLost) || !arbor.IsInfra(err) {
 		t.Errorf("step on the lost env: %v, want env_lost (infra)", err)
+	}
+	// close drops it; it is then unknown.
+	if err := c.CloseEnv(ctx, doomed); err != nil {
+		t.Errorf("close of the lost env: %v", err)
+	}
+	if _, err := c.Step(ctx, doomed, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
+		t.Errorf("step on the lost env after close: %v, want unknown_env", err)
 	}
 	srv.Process.Signal(syscall.SIGTERM)
 	srv.Wait()
@@ -238,6 +268,55 @@ func damageNewestImage(t *testing.T, dir string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// killInit kills (SIGKILL) the init of sandbox name: the one process of
+// its cgroup whose parent is outside it.
+func killInit(t *testing.T, name string) {
+	t.Helper()
+	v2 := "/sys/fs/cgroup"
+	if _, err := os.Stat(filepath.Join(v2, "cgroup.controllers")); err != nil {
+		v2 = filepath.Join(v2, "unified") // a hybrid host
+	}
+	b, err := os.ReadFile(filepath.Join(v2, "arbor", name, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := strings.Fields(string(b))
+	for _, pid := range pids {
+		st, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			if pp, ok := strings.CutPrefix(l, "PPid:"); ok && !slices.Contains(pids, strings.TrimSpace(pp)) {
+				var n int
+				fmt.Sscan(pid, &n)
+				if err := unix.Kill(n, unix.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("no init among the processes %v of sandbox %s", pids, name)
+}
+
+// metric reads one sample of the server's /metrics.
+func metric(t *testing.T, addr, name string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // unmountBelow unmounts what the servers left mounted below dir (the

@@ -59,11 +59,7 @@ func (m *Manifest) Envs() ([]Env, error) {
 
 // SetHead points an open env at an existing state (a rollback).
 func (m *Manifest) SetHead(env, state string) error {
-	err := m.db.Update(func(tx *bolt.Tx) error {
-		e, err := get[Env](tx, bucketEnvs, "env", env)
-		if err != nil {
-			return err
-		}
+	err := m.updateEnv(env, func(tx *bolt.Tx, e *Env) error {
 		if e.Closed {
 			return ErrClosed
 		}
@@ -71,7 +67,7 @@ func (m *Manifest) SetHead(env, state string) error {
 			return fmt.Errorf("state %s: %w", state, ErrNotFound)
 		}
 		e.Head = state
-		return put(tx, bucketEnvs, e)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("set head of env %s to %s: %w", env, state, err)
@@ -79,36 +75,69 @@ func (m *Manifest) SetHead(env, state string) error {
 	return nil
 }
 
-// SetLabels merges labels into an open env's labels; a key with an empty
-// value is removed.
+// SetLabels merges labels into an open env's labels (MergeLabels).
 func (m *Manifest) SetLabels(env string, labels map[string]string) error {
-	err := m.db.Update(func(tx *bolt.Tx) error {
-		e, err := get[Env](tx, bucketEnvs, "env", env)
-		if err != nil {
-			return err
+	for k := range labels {
+		if k == "" {
+			return fmt.Errorf("set labels of env %s: empty label key: %w", env, ErrInvalid)
 		}
+	}
+	err := m.updateEnv(env, func(_ *bolt.Tx, e *Env) error {
 		if e.Closed {
 			return ErrClosed
 		}
-		if e.Labels == nil {
-			e.Labels = map[string]string{}
-		}
-		for k, v := range labels {
-			if k == "" {
-				return fmt.Errorf("empty label key: %w", ErrInvalid)
-			}
-			if v == "" {
-				delete(e.Labels, k)
-			} else {
-				e.Labels[k] = v
-			}
-		}
-		return put(tx, bucketEnvs, e)
+		e.Labels = MergeLabels(e.Labels, labels)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("set labels of env %s: %w", env, err)
 	}
 	return nil
+}
+
+// MergeLabels sets labels' keys in into (made if nil) and returns it; a
+// key with an empty value is removed.
+func MergeLabels(into, labels map[string]string) map[string]string {
+	if into == nil {
+		into = map[string]string{}
+	}
+	for k, v := range labels {
+		if v == "" {
+			delete(into, k)
+		} else {
+			into[k] = v
+		}
+	}
+	return into
+}
+
+// MarkLost closes an env that a restart could not restore and records
+// why, so that later runs still report it; its states stay until
+// ReleaseEnv.
+func (m *Manifest) MarkLost(id, reason string) error {
+	err := m.updateEnv(id, func(_ *bolt.Tx, e *Env) error {
+		e.Closed, e.Lost = true, reason
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("mark env %s lost: %w", id, err)
+	}
+	return nil
+}
+
+// updateEnv changes env record id with f in one transaction; nothing is
+// written when f fails.
+func (m *Manifest) updateEnv(id string, f func(*bolt.Tx, *Env) error) error {
+	return m.db.Update(func(tx *bolt.Tx) error {
+		e, err := get[Env](tx, bucketEnvs, "env", id)
+		if err != nil {
+			return err
+		}
+		if err := f(tx, &e); err != nil {
+			return err
+		}
+		return put(tx, bucketEnvs, e)
+	})
 }
 
 // CloseEnv marks an env closed: no more states are committed to it and
@@ -134,11 +163,18 @@ func closeEnv(tx *bolt.Tx, id string) error {
 }
 
 // ReleaseEnv releases every state of env and closes it, in one
-// transaction. States that branch children descend from stay alive.
+// transaction; a lost env is no longer reported lost. States that branch
+// children descend from stay alive.
 func (m *Manifest) ReleaseEnv(id string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		if err := closeEnv(tx, id); err != nil {
 			return err
+		}
+		if e, err := get[Env](tx, bucketEnvs, "env", id); err == nil && e.Lost != "" {
+			e.Lost = ""
+			if err := put(tx, bucketEnvs, e); err != nil {
+				return err
+			}
 		}
 		for _, sid := range envStateIDs(tx, id) {
 			if err := release(tx, sid); err != nil {

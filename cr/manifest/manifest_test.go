@@ -286,6 +286,36 @@ func TestLabelsSurviveReopen(t *testing.T) {
 	}
 }
 
+// TestMarkLost: a lost env is closed with its reason and keeps its
+// states; releasing it clears the reason.
+func TestMarkLost(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "s1", "", 1, KindFull)
+	if err := m.MarkLost("e1", "restore failed"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.GetEnv("e1")
+	if err != nil || !e.Closed || e.Lost != "restore failed" {
+		t.Fatalf("lost env: %+v %v", e, err)
+	}
+	if s, err := m.GetState("s1"); err != nil || s.Released {
+		t.Errorf("state of a lost env: %+v %v, want kept", s, err)
+	}
+	if err := m.ReleaseEnv("e1"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = m.GetEnv("e1"); err != nil || e.Lost != "" {
+		t.Errorf("released lost env: %+v %v, want no reason", e, err)
+	}
+	if s, err := m.GetState("s1"); err != nil || !s.Released {
+		t.Errorf("state of a released lost env: %+v %v, want released", s, err)
+	}
+	if err := m.MarkLost("nope", "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("MarkLost of an unknown env: %v", err)
+	}
+}
+
 func TestNotFound(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")

@@ -74,6 +74,9 @@ type Env struct {
 	// Labels are the owner's metadata (task, base turn, seed...), kept so
 	// that it can adopt the env again after a restart.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Lost says why a restart could not restore the env (MarkLost); a lost
+	// env is closed but keeps its states until it is released.
+	Lost string `json:"lost,omitempty"`
 }
 
 // KindUsage is the count and summed size of ready artifacts of one kind.
