@@ -114,9 +114,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		}
 		if src.Env != nil {
 			ch.Origin = src.Env.ID
-		} else if _, _, err := c.lookup(ch.Origin); err != nil {
-			// A state of an env not handed out (a task's template): there
-			// is no env to promote into.
+		} else if !c.Has(ch.Origin) {
+			// A state of an env not handed out (a task's template) or
+			// closed since: there is no env to promote into.
 			ch.Origin = ""
 		}
 		c.register(ch, task, seed, base, ephemeral)

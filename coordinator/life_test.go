@@ -227,6 +227,9 @@ func TestReleasedState(t *testing.T) {
 	if pe := ProtoError(c.released(s1, restoreErr)); pe.Code != "unknown_state" || pe.Infra || pe.Retryable {
 		t.Errorf("restore of a released state: %+v, want unknown_state, not infra", pe)
 	}
+	if pe := ProtoError(c.released("", restoreErr)); pe.Code != "restore_failed" {
+		t.Errorf("restore failure of an env's current state (no state id): %+v, want restore_failed", pe)
+	}
 	live := pool.Stats().Tasks[0].State
 	if pe := ProtoError(c.released(live, fmt.Errorf("%w: criu said no", branch.ErrRestore))); pe.Code != "restore_failed" || !pe.Infra {
 		t.Errorf("restore failure of a live state: %+v, want restore_failed, infra", pe)

@@ -256,7 +256,7 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 // meanwhile (a concurrent close dropped the last env holding it) as the
 // client's unknown state, not as an infrastructure failure.
 func (c *Coordinator) released(sid string, err error) error {
-	if !errors.Is(err, branch.ErrRestore) {
+	if sid == "" || !errors.Is(err, branch.ErrRestore) {
 		return err
 	}
 	if _, serr := c.e.State(sid); !errors.Is(serr, branch.ErrUnknownState) {
