@@ -88,8 +88,9 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 			env.Origin = "" // nothing to promote into any more
 		}
 	}
+	lostEnvs := c.e.Lost()
 	c.mu.Lock()
-	for _, l := range c.e.Lost() {
+	for _, l := range lostEnvs {
 		if l.Labels[labelServed] == "1" {
 			c.lost[l.ID] = l
 		}
