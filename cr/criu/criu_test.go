@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -165,4 +167,64 @@ func dump(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, sb *sandb
 		t.Fatalf("dump: %v", err)
 	}
 	return st, rec
+}
+
+// TestDumpHangKilled: a dump whose CRIU stops in the middle (SIGSTOP once
+// it has seized and dumped the tree, at its post-dump notification) is
+// killed at Checkpointer.Timeout and fails with ErrTimeout, instead of
+// holding the tree and its caller forever; the cgroup CRIU froze is
+// thawed, the CRIU is gone, the sandbox runs commands and dumps again.
+func TestDumpHangKilled(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", sandboxtest.BusyboxRoot(t, "")+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "crhang", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	c.Timeout = 2 * time.Second
+	var stopped atomic.Int64
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "post-dump" && stopped.CompareAndSwap(0, int64(pid)) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := sb.Exclusive(func() error {
+			// CRIU freezes the group itself (it is not frozen yet).
+			_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: t.TempDir(), FreezeCgroup: sb.FreezerCgroup()})
+			return err
+		})
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("dump with a stopped CRIU did not return: it hangs")
+	}
+	if stopped.Load() == 0 {
+		t.Fatalf("CRIU sent no post-dump notification (dump: %v)", err)
+	}
+	if !errors.Is(err, criu.ErrTimeout) {
+		t.Fatalf("dump with a stopped CRIU: %v, want ErrTimeout", err)
+	}
+	t.Logf("dump: %v", err)
+	if err := syscall.Kill(int(stopped.Load()), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the killed CRIU (pid %d) is still there: kill 0: %v", stopped.Load(), err)
+	}
+	if b, err := os.ReadFile(sb.FreezerCgroup() + "/cgroup.freeze"); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("cgroup.freeze after the killed dump: %q %v, want 0", b, err)
+	}
+	if r, err := sb.Exec(ctx, "echo alive", sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil || string(r.Stdout) != "alive\n" {
+		t.Fatalf("sandbox after the killed dump: %v %+v", err, r)
+	}
+	c.FaultHook = nil
+	dump(t, c, snap, sb, "snap", t.TempDir(), false)
 }
