@@ -1,0 +1,127 @@
+package branch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// TestHungDumpFailsAndThaws: a background checkpoint whose CRIU stops in
+// the middle of the dump (SIGSTOP at its post-dump notification, with the
+// tree seized and frozen) is killed at the CRIU deadline. The env does not
+// hang: the next operation runs (the sandbox is thawed), it reports the
+// failed checkpoint (TakeCheckpointError, branch.ErrCheckpoint), the head
+// is the parent again, no CRIU process or client goroutine is left, and
+// the next checkpoint is full, succeeds and restores. Before the deadline
+// existed, the dump, and with it every later operation on the env, waited
+// for the stopped CRIU forever.
+func TestHungDumpFailsAndThaws(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	c := r.opts.CRIU
+	c.Timeout = 3 * time.Second
+	var armed atomic.Bool
+	var stopped atomic.Int64
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "post-dump" && armed.CompareAndSwap(true, false) {
+			stopped.Store(int64(pid))
+			syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	ctx := context.Background()
+	e := r.e
+	env, first, err := e.NewEnv(ctx, testImage(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "echo one > /tmp/f")
+	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+		t.Fatal(err)
+	}
+	parent := env.Head()
+	if parent == first {
+		t.Fatalf("head did not move from %s", first)
+	}
+	run(t, e, env, "echo two > /tmp/f")
+
+	armed.Store(true)
+	sid, err := e.CheckpointAsync(env, branch.Proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next operation waits for that checkpoint, then runs.
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Exec(ctx, env, "true", sandbox.ExecOptions{Timeout: 10 * time.Second})
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the env's next operation still waits for a checkpoint whose CRIU stopped: it hangs")
+	}
+	if err != nil {
+		t.Fatalf("exec after the failed checkpoint: %v", err)
+	}
+	if stopped.Load() == 0 {
+		t.Fatal("CRIU sent no post-dump notification: nothing was stopped")
+	}
+	ckErr := env.TakeCheckpointError()
+	if !errors.Is(ckErr, branch.ErrCheckpoint) || !strings.Contains(ckErr.Error(), criu.ErrTimeout.Error()) {
+		t.Fatalf("checkpoint error: %v, want ErrCheckpoint of a CRIU timeout", ckErr)
+	}
+	t.Logf("reported: %v", ckErr)
+	if got := env.Head(); got != parent {
+		t.Errorf("head after the failed checkpoint %s: %s, want the parent %s", sid, got, parent)
+	}
+	if _, err := e.State(sid); !errors.Is(err, branch.ErrUnknownState) {
+		t.Errorf("state of the failed checkpoint: %v, want ErrUnknownState", err)
+	}
+	sb := env.Sandbox()
+	if b, err := os.ReadFile(filepath.Join(sb.FreezerCgroup(), "cgroup.freeze")); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("cgroup.freeze after the failed checkpoint: %q %v, want 0", b, err)
+	}
+	if got := run(t, e, env, "cat /tmp/f"); got != "two\n" {
+		t.Errorf("sandbox after the failed checkpoint: %q, want two", got)
+	}
+	if err := syscall.Kill(int(stopped.Load()), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the stopped CRIU (pid %d) is still there: %v", stopped.Load(), err)
+	}
+	var stacks bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&stacks, 2)
+	if n := strings.Count(stacks.String(), "criu.(*swrk).call"); n != 0 {
+		t.Errorf("%d goroutines still in a CRIU call:\n%s", n, stacks.String())
+	}
+
+	// The next checkpoint takes everything, whatever was asked.
+	next, err := e.Checkpoint(ctx, env, branch.Proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.State(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Kind != branch.Full || st.Parent != parent {
+		t.Errorf("checkpoint after the failure: kind %s parent %s, want full from %s", st.Kind, st.Parent, parent)
+	}
+	res, err := e.Branch(ctx, branch.Source{State: next}, 1)
+	if err != nil || res.Errors[0] != nil {
+		t.Fatalf("branch from %s: %v %v", next, err, res.Errors)
+	}
+	if got := run(t, e, res.Children[0], "cat /tmp/f"); got != "two\n" {
+		t.Errorf("restored child: %q, want two", got)
+	}
+}
