@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -123,5 +124,87 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 	}
 	if got := run(t, e, res.Children[0], "cat /tmp/f"); got != "two\n" {
 		t.Errorf("restored child: %q, want two", got)
+	}
+}
+
+// TestReadsDoNotWaitForBusyEnv: while a step runs in an env (holding it
+// for the whole operation), the engine's listings and accounting answer:
+// Envs, Head, Turn, Usage, States and Lineage never wait for the env. The
+// step runs until the test releases it, after the reads returned, so the
+// order is checked, not a duration.
+func TestReadsDoNotWaitForBusyEnv(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	ctx := context.Background()
+	e := r.e
+	env, _, err := e.NewEnv(ctx, testImage(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "true")
+	head, err := e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := filepath.Join("/proc", strconv.Itoa(env.Sandbox().InitPID()), "root")
+	stepDone := make(chan error, 1)
+	go func() {
+		_, err := e.Exec(ctx, env, "touch /started; while [ ! -e /release ]; do sleep 0.02; done", sandbox.ExecOptions{Timeout: 2 * time.Minute})
+		stepDone <- err
+	}()
+	defer os.WriteFile(filepath.Join(in, "release"), nil, 0o644)
+	for {
+		if _, err := os.Stat(filepath.Join(in, "started")); err == nil {
+			break
+		}
+		select {
+		case err := <-stepDone:
+			t.Fatalf("step ended before it was released: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	reads := make(chan string, 1)
+	go func() {
+		defer close(reads)
+		found := false
+		for _, x := range e.Envs() {
+			found = found || x == env
+		}
+		if !found {
+			t.Error("Envs does not list the busy env")
+		}
+		if got := env.Head(); got != head {
+			t.Errorf("Head: %s, want %s", got, head)
+		}
+		if got := env.Turn(); got != 2 {
+			t.Errorf("Turn during the second step: %d, want 2", got)
+		}
+		if u, err := e.Usage(); err != nil || u.Envs != 1 {
+			t.Errorf("Usage: %+v %v", u, err)
+		}
+		if sts, err := e.States(env.ID); err != nil || len(sts) != 2 {
+			t.Errorf("States: %d states, %v; want 2", len(sts), err)
+		}
+		if l, err := e.Lineage(head); err != nil || len(l) != 2 {
+			t.Errorf("Lineage: %d states, %v; want 2", len(l), err)
+		}
+		reads <- "done"
+	}()
+	select {
+	case <-reads:
+	case <-time.After(time.Minute):
+		t.Fatal("reads still wait for the busy env a minute later")
+	}
+	select {
+	case err := <-stepDone:
+		t.Fatalf("the step ended before it was released: %v", err)
+	default:
+	}
+	if err := os.WriteFile(filepath.Join(in, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stepDone; err != nil {
+		t.Fatalf("step: %v", err)
 	}
 }

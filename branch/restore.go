@@ -212,7 +212,8 @@ func (e *Engine) newChild(ctx context.Context, id string, st manifest.State, ori
 // adopt registers a restored sandbox as environment id at state st.
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, turn: st.Turn, fsLoc: r.fsLoc, stats: &e.stats}
+	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, fsLoc: r.fsLoc, stats: &e.stats}
+	env.turn.Store(int64(st.Turn))
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
@@ -249,7 +250,8 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	}
 	old, oldVol := env.sb, env.volume
 	env.gen++
-	env.sb, env.volume, env.turn, env.dirty = r.sb, r.volume, st.Turn, false
+	env.sb, env.volume, env.dirty = r.sb, r.volume, false
+	env.turn.Store(int64(st.Turn))
 	env.setHead(sid)
 	env.setHeadFS(r.fsLoc)
 	e.track(ctx, env)
