@@ -843,16 +843,19 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 }
 
 // Destroy kills every process of the sandbox and removes its cgroups. The
-// root file system is left to its owner. It is idempotent.
+// root file system is left to its owner. It is idempotent. It kills first
+// and then takes the sandbox's lock: a command (or a dump) running under
+// that lock ends with the processes instead of holding Destroy up until
+// its own timeout.
 func (s *Sandbox) Destroy(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.disconnect()
-	s.mu.Unlock()
 	s.cg.kill()
 	if s.pid > 0 {
 		syscall.Kill(s.pid, syscall.SIGKILL)
 	}
+	s.mu.Lock()
+	s.closed = true
+	s.disconnect()
+	s.mu.Unlock()
 	select {
 	case <-s.exited:
 	case <-ctx.Done():
