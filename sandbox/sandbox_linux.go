@@ -795,14 +795,24 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 	}
 	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
 		iso: IsolationRecord{Hardened: expect.Hardened, Caps: expect.Caps}}
+	var joined int // the root task, once placed
 	defer func() {
 		if err != nil {
 			if derr := s.Destroy(context.Background()); derr != nil {
 				s.log.Warn("clean up failed restore", slog.Any("err", derr))
 			}
+			if s.pid == 0 && joined > 0 {
+				// A restore that failed after placing the root task (a
+				// child of this process, RstSibling) leaves it to us:
+				// Destroy killed it, reap it.
+				reap(joined, 10*time.Second)
+			}
 		}
 	}()
-	pid, err := restore(cg.add)
+	pid, err := restore(func(pid int) error {
+		joined = pid
+		return cg.add(pid)
+	})
 	if err != nil {
 		close(s.exited)
 		return nil, err
@@ -840,6 +850,23 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		return nil, err
 	}
 	return s, nil
+}
+
+// reap waits, at most d, for pid to exit if it is a child of this process.
+func reap(pid int, d time.Duration) {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		p.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 // Destroy kills every process of the sandbox and removes its cgroups. The

@@ -3,6 +3,7 @@ package criu_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -227,4 +228,83 @@ func TestDumpHangKilled(t *testing.T) {
 	}
 	c.FaultHook = nil
 	dump(t, c, snap, sb, "snap", t.TempDir(), false)
+}
+
+// TestRestoreHangKilled: a restore whose CRIU stops once the root task is
+// placed (SIGSTOP at setup-namespaces) is killed at the deadline; the
+// half-restored sandbox is destroyed with its cgroup (nothing of it is
+// left running), and the same images restore afterwards.
+func TestRestoreHangKilled(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", sandboxtest.BusyboxRoot(t, "")+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "crrsthang", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	imgs := t.TempDir()
+	_, rec := dump(t, c, snap, sb, "snap", imgs, false)
+	c.Timeout = 2 * time.Second
+	var stopped atomic.Int64
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "setup-namespaces" && stopped.CompareAndSwap(0, int64(pid)) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	var root atomic.Int64 // the restored tree's root task
+	restore := func(name string) (*sandbox.Sandbox, error) {
+		if err := snap.Clone(ctx, "snap", name); err != nil {
+			t.Fatal(err)
+		}
+		return sandbox.Restore(ctx, sandbox.Config{ID: "crrst-" + name, Root: snap.Path(name)}, rec, func(join func(int) error) (int, error) {
+			return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path(name), Join: func(pid int) error {
+				root.CompareAndSwap(0, int64(pid))
+				return join(pid)
+			}})
+		})
+	}
+	done := make(chan error, 1)
+	go func() {
+		child, err := restore("hung")
+		if err == nil {
+			child.Destroy(ctx)
+		}
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("restore with a stopped CRIU did not return: it hangs")
+	}
+	if stopped.Load() == 0 {
+		t.Fatalf("CRIU sent no setup-namespaces notification (restore: %v)", err)
+	}
+	if !errors.Is(err, criu.ErrTimeout) {
+		t.Fatalf("restore with a stopped CRIU: %v, want ErrTimeout", err)
+	}
+	if err := syscall.Kill(int(stopped.Load()), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the killed CRIU (pid %d) is still there: %v", stopped.Load(), err)
+	}
+	if root.Load() == 0 {
+		t.Fatal("the restore placed no root task")
+	}
+	// Gone, not even a zombie: its parent (this process) reaped it.
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", root.Load())); err == nil {
+		t.Errorf("root task %d of the half-restored tree is left: %s", root.Load(), b)
+	}
+	c.FaultHook = nil
+	child, err := restore("ok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Destroy(ctx)
+	if r, err := child.Exec(ctx, "echo alive", sandbox.ExecOptions{}); err != nil || string(r.Stdout) != "alive\n" {
+		t.Fatalf("restored after the killed restore: %v %+v", err, r)
+	}
 }
