@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -207,4 +208,113 @@ func TestReadsDoNotWaitForBusyEnv(t *testing.T) {
 	if err := <-stepDone; err != nil {
 		t.Fatalf("step: %v", err)
 	}
+}
+
+// TestSlowRestoreDoesNotStallOthers: a restore whose CRIU is stopped
+// (SIGSTOP at setup-namespaces) holds the engine's GC lock for reading
+// while it runs. A GC waiting for that lock (here from closing another
+// env) must not make every other env's checkpoint wait behind it: the
+// checkpoint of a third env completes while the restore is still stopped.
+// Before, GC queued in RWMutex.Lock, which blocks new readers, and the
+// checkpoint's commit waited for the stopped CRIU.
+func TestSlowRestoreDoesNotStallOthers(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two queue workers (two cores): one is held by the stopped restore")
+	}
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	c := r.opts.CRIU
+	var armed atomic.Bool
+	stopped := make(chan int, 1)
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "setup-namespaces" && armed.CompareAndSwap(true, false) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+			stopped <- pid
+		}
+	}
+	ctx := context.Background()
+	e := r.e
+	img := testImage(t, r)
+	var envs [3]*branch.Env
+	for i := range envs {
+		env, _, err := e.NewEnv(ctx, img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+			t.Fatal(err)
+		}
+		envs[i] = env
+	}
+	src, other, closing := envs[0], envs[1], envs[2]
+
+	armed.Store(true)
+	branched := make(chan error, 1)
+	go func() {
+		res, err := e.Branch(ctx, branch.Source{State: src.Head()}, 1)
+		if err == nil {
+			err = res.Errors[0]
+		}
+		branched <- err
+	}()
+	var pid int
+	select {
+	case pid = <-stopped:
+	case err := <-branched:
+		t.Fatalf("branch ended before its CRIU was stopped: %v", err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+
+	closed := make(chan error, 1)
+	go func() { closed <- e.CloseEnv(ctx, closing) }()
+	// Wait until the GC has started waiting for its lock.
+	for !inGC() {
+		select {
+		case err := <-closed:
+			t.Fatalf("close ended while a restore held the GC lock: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+
+	run(t, e, other, "echo x > /tmp/x")
+	checkpointed := make(chan error, 1)
+	go func() {
+		_, err := e.Checkpoint(ctx, other, branch.Full)
+		checkpointed <- err
+	}()
+	select {
+	case err := <-checkpointed:
+		if err != nil {
+			t.Fatalf("checkpoint while a restore is stopped: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a checkpoint of another env waits for the stopped restore (behind the GC)")
+	}
+	resume()
+	if err := <-branched; err != nil {
+		t.Errorf("branch after its CRIU resumed: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
+
+// inGC reports whether a goroutine is in Engine.GC waiting for its lock.
+func inGC() bool {
+	var b bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&b, 2)
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, "branch.(*Engine).GC(") &&
+			(strings.Contains(g, "branch.(*Engine).lockGC(") || strings.Contains(g, "sync.(*RWMutex).Lock(")) {
+			return true
+		}
+	}
+	return false
 }

@@ -332,7 +332,9 @@ func (e *Engine) Release(id string) error { return e.man.Release(id) }
 
 // GC deletes the artifacts of states nobody needs any more.
 func (e *Engine) GC(ctx context.Context) error {
-	e.gcMu.Lock()
+	if err := e.lockGC(ctx); err != nil {
+		return err
+	}
 	defer e.gcMu.Unlock()
 	states, arts, err := e.man.Garbage()
 	if err != nil {
@@ -350,6 +352,22 @@ func (e *Engine) GC(ctx context.Context) error {
 		aids[i] = a.ID
 	}
 	return e.man.Forget(sids, aids)
+}
+
+// lockGC takes gcMu for writing without queueing for it: restores (CRIU
+// runs of up to criu.Checkpointer.Timeout) hold it for reading, and a
+// writer waiting in Lock would block every new reader, so every other
+// env's checkpoint commit, branch and rollback would wait for the slowest
+// restore in flight.
+func (e *Engine) lockGC(ctx context.Context) error {
+	for !e.gcMu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Usage is the engine's disk and memory accounting.
