@@ -109,7 +109,9 @@ type DumpRequest struct {
 	// Dir receives the images; it must exist and be empty.
 	Dir string
 	// FreezeCgroup, when set, is the cgroup CRIU freezes the tree with.
-	// A tree the caller already froze stays frozen after the dump.
+	// A tree the caller already froze stays frozen after the dump, also
+	// after a dump that failed or was killed (ErrTimeout): the caller
+	// thaws it, as the engine does.
 	FreezeCgroup string
 	// UserNS: the tree has its own user namespace (sandbox user namespace
 	// mode). Its network namespace, owned by the host's, is then not named
@@ -162,15 +164,7 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		return DumpStats{}, err
 	}
 	defer c.closeSpare(sp)
-	criuFreezes := r.FreezeCgroup != "" && !frozen(r.FreezeCgroup)
 	if err := c.run(ctx, sp, rpc.CriuReqType_DUMP, opts, nil); err != nil {
-		if criuFreezes && errors.Is(err, ErrTimeout) {
-			// CRIU froze the group itself and was killed before it
-			// thawed it: thaw it here, as CRIU would have.
-			if terr := os.WriteFile(filepath.Join(r.FreezeCgroup, "cgroup.freeze"), []byte("0"), 0); terr != nil {
-				c.log.Warn("thaw after killed dump", slog.String("cgroup", r.FreezeCgroup), slog.Any("err", terr))
-			}
-		}
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
@@ -318,12 +312,6 @@ func (c *Checkpointer) run(ctx context.Context, sp *spare, typ rpc.CriuReqType, 
 	}
 	_, err := sp.w.call(rctx, &rpc.CriuReq{Type: typ.Enum(), Opts: opts}, onNotify)
 	return err
-}
-
-// frozen reports whether cgroup dir is frozen (asked to be: cgroup.freeze).
-func frozen(dir string) bool {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
-	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
 
 // logTail returns the last error lines of a CRIU log, for error messages.

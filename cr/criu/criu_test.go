@@ -199,7 +199,9 @@ func TestDumpHangKilled(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		err := sb.Exclusive(func() error {
-			// CRIU freezes the group itself (it is not frozen yet).
+			// The group is not frozen first: CRIU stops the tree
+			// itself, and a CRIU killed half-way must not leave it
+			// stopped.
 			_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: t.TempDir(), FreezeCgroup: sb.FreezerCgroup()})
 			return err
 		})
