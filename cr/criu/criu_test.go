@@ -141,6 +141,25 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 	}
 }
 
+// startSource starts sandbox id on a new volume "src" holding a copy of
+// root, destroyed at the end of the test.
+func startSource(t *testing.T, snap *btrfs.Snapshotter, id, root string) *sandbox.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", root+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: id, Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy(context.Background()) })
+	return sb
+}
+
 // dump freezes sb, snapshots its root (volume "src") as name and dumps the
 // tree into imgs, as the engine's checkpoint does, returning CRIU's figures
 // and the isolation record a restore is checked against.
@@ -173,22 +192,12 @@ func dump(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, sb *sandb
 // TestDumpHangKilled: a dump whose CRIU stops in the middle (SIGSTOP once
 // it has seized and dumped the tree, at its post-dump notification) is
 // killed at Checkpointer.Timeout and fails with ErrTimeout, instead of
-// holding the tree and its caller forever; the cgroup CRIU froze is
-// thawed, the CRIU is gone, the sandbox runs commands and dumps again.
+// holding the tree and its caller forever; the tree is not left stopped,
+// the CRIU is gone, the sandbox runs commands and dumps again.
 func TestDumpHangKilled(t *testing.T) {
 	c, snap := setup(t)
 	ctx := context.Background()
-	if err := snap.CreateVolume(ctx, "src"); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("cp", "-a", sandboxtest.BusyboxRoot(t, "")+"/.", snap.Path("src")).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "crhang", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(ctx)
+	sb := startSource(t, snap, "crhang", sandboxtest.BusyboxRoot(t, ""))
 	c.Timeout = 2 * time.Second
 	var stopped atomic.Int64
 	c.FaultHook = func(stage string, pid int) {
@@ -207,6 +216,7 @@ func TestDumpHangKilled(t *testing.T) {
 		})
 		done <- err
 	}()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(time.Minute):
@@ -239,17 +249,7 @@ func TestDumpHangKilled(t *testing.T) {
 func TestRestoreHangKilled(t *testing.T) {
 	c, snap := setup(t)
 	ctx := context.Background()
-	if err := snap.CreateVolume(ctx, "src"); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("cp", "-a", sandboxtest.BusyboxRoot(t, "")+"/.", snap.Path("src")).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	sb, err := sandbox.Start(ctx, sandbox.Config{ID: "crrsthang", Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(ctx)
+	sb := startSource(t, snap, "crrsthang", sandboxtest.BusyboxRoot(t, ""))
 	imgs := t.TempDir()
 	_, rec := dump(t, c, snap, sb, "snap", imgs, false)
 	c.Timeout = 2 * time.Second
@@ -279,6 +279,7 @@ func TestRestoreHangKilled(t *testing.T) {
 		}
 		done <- err
 	}()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(time.Minute):
