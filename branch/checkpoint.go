@@ -73,7 +73,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 		kind = Full // the first state has nothing to share
 	}
 	sid := newID("s")
-	turn := env.turn
+	turn := env.Turn()
 	sb, volume := env.sb, env.volume
 	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
 		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind)

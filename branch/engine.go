@@ -273,9 +273,9 @@ type Env struct {
 	sb      *sandbox.Sandbox
 	volume  string
 	gen     int
-	head    string // newest state id (its checkpoint may still run)
-	turn    int
-	dirty   bool // changed since head was checkpointed
+	head    string       // newest state id (its checkpoint may still run)
+	turn    atomic.Int64 // written under mu, read without it (Turn)
+	dirty   bool         // changed since head was checkpointed
 	pending *queue.Job
 	// pendingParent is the head before the pending checkpoint, restored
 	// if that checkpoint fails.
@@ -321,12 +321,9 @@ func (env *Env) setHead(sid string) {
 	env.fsMu.Unlock()
 }
 
-// Turn is the number of commands run in the environment's lineage.
-func (env *Env) Turn() int {
-	env.mu.Lock()
-	defer env.mu.Unlock()
-	return env.turn
-}
+// Turn is the number of commands run in the environment's lineage. It
+// does not wait for an operation running on the env.
+func (env *Env) Turn() int { return int(env.turn.Load()) }
 
 // TakeCheckpointError returns (once) the failure of a background
 // checkpoint, so the server can report it instead of it going unnoticed.
@@ -488,7 +485,7 @@ func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecO
 
 // exec counts the turn and runs cmd; the caller holds env.mu.
 func (e *Engine) exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error) {
-	env.turn++
+	env.turn.Add(1)
 	env.dirty = true
 	if in := e.o.Inspector; in != nil {
 		if err := in.BeginTurn(env.ID); err != nil {

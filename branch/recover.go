@@ -118,8 +118,9 @@ func (e *Engine) recoverEnv(ctx context.Context, rec manifest.Env) (*Env, error)
 		return nil, err
 	}
 	env := &Env{ID: rec.ID, Image: rec.Image, Origin: rec.Origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID,
-		turn: st.Turn, fsLoc: r.fsLoc, stats: &e.stats, labels: maps.Clone(rec.Labels),
+		fsLoc: r.fsLoc, stats: &e.stats, labels: maps.Clone(rec.Labels),
 		recovered: &Recovered{State: st.ID, Turn: st.Turn}}
+	env.turn.Store(int64(st.Turn))
 	if err := e.register(env); err != nil {
 		r.sb.Destroy(context.Background())
 		e.o.Snap.Destroy(context.Background(), r.volume)

@@ -270,7 +270,8 @@ func (e *Engine) discard(r restored) {
 // adopt registers a restored sandbox as environment id at state st.
 func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.State, origin string) (*Env, error) {
 	parent, _ := e.man.GetEnv(st.Env)
-	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, turn: st.Turn, fsLoc: r.fsLoc, stats: &e.stats}
+	env := &Env{ID: id, Image: parent.Image, Origin: origin, sb: r.sb, volume: r.volume, head: st.ID, pubHead: st.ID, fsLoc: r.fsLoc, stats: &e.stats}
+	env.turn.Store(int64(st.Turn))
 	err := e.man.PutEnv(manifest.Env{ID: id, Image: parent.Image, Head: st.ID, Origin: origin, Created: time.Now()})
 	if err == nil {
 		err = e.register(env)
@@ -314,7 +315,8 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 func (e *Engine) swapIn(ctx context.Context, env *Env, r restored, st manifest.State) {
 	old, oldVol := env.sb, env.volume
 	env.gen++
-	env.sb, env.volume, env.turn, env.dirty = r.sb, r.volume, st.Turn, false
+	env.sb, env.volume, env.dirty = r.sb, r.volume, false
+	env.turn.Store(int64(st.Turn))
 	env.setHead(st.ID)
 	env.setHeadFS(r.fsLoc)
 	e.track(ctx, env)
@@ -394,7 +396,9 @@ func (e *Engine) Release(id string) error { return e.man.Release(id) }
 
 // GC deletes the artifacts of states nobody needs any more.
 func (e *Engine) GC(ctx context.Context) error {
-	e.gcMu.Lock()
+	if err := e.lockGC(ctx); err != nil {
+		return err
+	}
 	defer e.gcMu.Unlock()
 	states, arts, err := e.man.Garbage()
 	if err != nil {
@@ -412,6 +416,22 @@ func (e *Engine) GC(ctx context.Context) error {
 		aids[i] = a.ID
 	}
 	return e.man.Forget(sids, aids)
+}
+
+// lockGC takes gcMu for writing without queueing for it: restores (CRIU
+// runs of up to criu.Checkpointer.Timeout) hold it for reading, and a
+// writer waiting in Lock would block every new reader, so every other
+// env's checkpoint commit, branch and rollback would wait for the slowest
+// restore in flight.
+func (e *Engine) lockGC(ctx context.Context) error {
+	for !e.gcMu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Usage is the engine's disk and memory accounting.

@@ -202,8 +202,15 @@ func (cg *cgroup) ID() (uint64, error) {
 	return st.Ino, nil
 }
 
-// freeze stops (or resumes) every task of the group and waits until the
-// kernel says the group is frozen.
+// freezeWait bounds the wait for the kernel to report a group frozen or
+// thawed: a few ms normally; a task the freezer cannot stop (one stuck in
+// an uninterruptible wait) would otherwise hold the caller forever.
+const freezeWait = 2 * time.Second
+
+// freeze stops (or resumes) every task of the group and waits, at most
+// freezeWait, until the kernel says the group is frozen (thawed). A freeze
+// that does not complete is undone (the group is thawed again) before the
+// error, wrapping ErrTimeout, is returned.
 func (cg *cgroup) freeze(on bool) error {
 	v := "0"
 	if on {
@@ -213,7 +220,8 @@ func (cg *cgroup) freeze(on bool) error {
 		return err
 	}
 	want := "frozen " + v
-	for i := 0; i < 2000; i++ {
+	deadline := time.Now().Add(freezeWait)
+	for {
 		b, err := os.ReadFile(filepath.Join(cg.v2, "cgroup.events"))
 		if err != nil {
 			return fmt.Errorf("read cgroup.events: %w", err)
@@ -221,9 +229,18 @@ func (cg *cgroup) freeze(on bool) error {
 		if bytes.Contains(b, []byte(want)) {
 			return nil
 		}
+		if time.Now().After(deadline) {
+			break
+		}
 		time.Sleep(500 * time.Microsecond)
 	}
-	return fmt.Errorf("cgroup %s: %w waiting for %q", cg.v2, ErrTimeout, want)
+	err := fmt.Errorf("cgroup %s: %w waiting %v for %q", cg.v2, ErrTimeout, freezeWait, want)
+	if on {
+		if terr := writeFile(filepath.Join(cg.v2, "cgroup.freeze"), "0"); terr != nil {
+			err = errors.Join(err, fmt.Errorf("thaw after failed freeze: %w", terr))
+		}
+	}
+	return err
 }
 
 // kill sends SIGKILL to every task of the group.

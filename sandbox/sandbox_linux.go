@@ -795,14 +795,24 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 	}
 	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
 		iso: IsolationRecord{Hardened: expect.Hardened, Caps: expect.Caps}}
+	var joined int // the root task, once placed
 	defer func() {
 		if err != nil {
 			if derr := s.Destroy(context.Background()); derr != nil {
 				s.log.Warn("clean up failed restore", slog.Any("err", derr))
 			}
+			if s.pid == 0 && joined > 0 {
+				// A restore that failed after placing the root task (a
+				// child of this process, RstSibling) leaves it to us:
+				// Destroy killed it, reap it.
+				reap(joined, 10*time.Second)
+			}
 		}
 	}()
-	pid, err := restore(cg.add)
+	pid, err := restore(func(pid int) error {
+		joined = pid
+		return cg.add(pid)
+	})
 	if err != nil {
 		close(s.exited)
 		return nil, err
@@ -842,17 +852,37 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 	return s, nil
 }
 
+// reap waits, at most d, for pid to exit if it is a child of this process.
+func reap(pid int, d time.Duration) {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		p.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
 // Destroy kills every process of the sandbox and removes its cgroups. The
-// root file system is left to its owner. It is idempotent.
+// root file system is left to its owner. It is idempotent. It kills first
+// and then takes the sandbox's lock: a command (or a dump) running under
+// that lock ends with the processes instead of holding Destroy up until
+// its own timeout.
 func (s *Sandbox) Destroy(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.disconnect()
-	s.mu.Unlock()
 	s.cg.kill()
 	if s.pid > 0 {
 		syscall.Kill(s.pid, syscall.SIGKILL)
 	}
+	s.mu.Lock()
+	s.closed = true
+	s.disconnect()
+	s.mu.Unlock()
 	select {
 	case <-s.exited:
 	case <-ctx.Done():

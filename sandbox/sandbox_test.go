@@ -454,3 +454,45 @@ func TestStartInFrozenLeftoverCgroup(t *testing.T) {
 		t.Fatalf("exec in a sandbox started in a frozen leftover cgroup: %+v %v", r, err)
 	}
 }
+
+// TestDestroyEndsRunningCommand: Destroy does not wait for a command that
+// runs (holding the sandbox) until its timeout: it kills the sandbox, the
+// command's Exec returns an error, and Destroy returns. The command would
+// run for ten minutes; the order of the two returns is what is checked.
+func TestDestroyEndsRunningCommand(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(context.Background(), "touch /started; sleep 600", sandbox.ExecOptions{Timeout: 10 * time.Minute})
+		execDone <- err
+	}()
+	started := filepath.Join("/proc", fmt.Sprint(sb.InitPID()), "root", "started")
+	for {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		select {
+		case err := <-execDone:
+			t.Fatalf("command ended before Destroy: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- sb.Destroy(context.Background()) }()
+	select {
+	case err := <-destroyed:
+		if err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Destroy still waits for the running command a minute later")
+	}
+	select {
+	case err := <-execDone:
+		if err == nil {
+			t.Error("the command's Exec succeeded although its sandbox was destroyed")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the command's Exec did not return after Destroy")
+	}
+}

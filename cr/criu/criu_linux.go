@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"google.golang.org/protobuf/proto"
@@ -30,7 +29,39 @@ type Checkpointer struct {
 	// "skip" (default: a sandbox's net namespace holds only loopback, and
 	// every socket's peer is frozen in the same tree) or "nftables".
 	NetworkLock string
-	spares      *spares
+	// Timeout bounds each CRIU run (a dump, a restore); a run still going
+	// then is killed and fails with ErrTimeout. Zero is DefaultTimeout.
+	// Set it before the first run.
+	Timeout time.Duration
+	// FaultHook, when set, is called on each notification CRIU sends
+	// during a run (stage "pre-dump", "network-lock", "post-dump",
+	// "setup-namespaces", ...) with that CRIU's pid, before it is
+	// answered: tests use it to make a run hang (SIGSTOP the CRIU).
+	FaultHook func(stage string, criuPID int)
+	spares    *spares
+}
+
+// DefaultTimeout bounds a CRIU run when Checkpointer.Timeout is zero: a
+// dump or restore takes 0.1-0.3 s here, and even a tree of several GB is
+// written to tmpfs well within it.
+const DefaultTimeout = 2 * time.Minute
+
+// version asks the CRIU at path for its version: major*10000 +
+// minor*100 + sublevel.
+func version(path string) (int, error) {
+	w, err := startSwrk(path)
+	if err != nil {
+		return 0, err
+	}
+	defer w.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := w.call(ctx, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()}, nil)
+	if err != nil {
+		return 0, err
+	}
+	v := resp.GetVersion()
+	return int(v.GetMajorNumber()*10000 + v.GetMinorNumber()*100 + v.GetSublevel()), nil
 }
 
 // New resolves the CRIU binary (flag, else the private CRIU 4.x, else PATH)
@@ -41,12 +72,7 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v (run make deps)", cr.ErrUnavailable, err)
 	}
-	c := gocriu.MakeCriu()
-	c.SetCriuPath(p)
-	// GetCriuVersion starts a CRIU of its own: one at a time (startMu).
-	startMu.Lock()
-	v, err := c.GetCriuVersion()
-	startMu.Unlock()
+	v, err := version(p)
 	if err != nil {
 		return nil, fmt.Errorf("%w: criu %s: %v", cr.ErrUnavailable, p, err)
 	}
@@ -83,7 +109,9 @@ type DumpRequest struct {
 	// Dir receives the images; it must exist and be empty.
 	Dir string
 	// FreezeCgroup, when set, is the cgroup CRIU freezes the tree with.
-	// A tree the caller already froze stays frozen after the dump.
+	// A tree the caller already froze stays frozen after the dump, also
+	// after a dump that failed or was killed (ErrTimeout): the caller
+	// thaws it, as the engine does.
 	FreezeCgroup string
 	// UserNS: the tree has its own user namespace (sandbox user namespace
 	// mode). Its network namespace, owned by the host's, is then not named
@@ -135,8 +163,8 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	if err != nil {
 		return DumpStats{}, err
 	}
-	defer sp.close()
-	if err := runCtx(ctx, func() error { return sp.g.Dump(opts, nil) }); err != nil {
+	defer c.closeSpare(sp)
+	if err := c.run(ctx, sp, rpc.CriuReqType_DUMP, opts, nil); err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
@@ -168,21 +196,22 @@ type RestoreRequest struct {
 	UserNS bool
 }
 
+// notify answers a restore's notifications: it places the root task
+// (setup-namespaces) and learns its pid (post-restore).
 type notify struct {
-	gocriu.NoNotify
 	join func(int) error
 	pid  int
 }
 
-func (n *notify) SetupNamespaces(pid int32) error {
-	if n.join != nil {
-		return n.join(int(pid))
+func (n *notify) handle(m *rpc.CriuNotify) error {
+	switch m.GetScript() {
+	case "setup-namespaces":
+		if n.join != nil {
+			return n.join(int(m.GetPid()))
+		}
+	case "post-restore":
+		n.pid = int(m.GetPid())
 	}
-	return nil
-}
-
-func (n *notify) PostRestore(pid int32) error {
-	n.pid = int(pid)
 	return nil
 }
 
@@ -210,7 +239,7 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 	if err != nil {
 		return 0, err
 	}
-	defer sp.close()
+	defer c.closeSpare(sp)
 	if r.UserNS {
 		if err := netns.Do(sp.netns, netns.AllowUnprivileged); err != nil {
 			return 0, err
@@ -232,9 +261,9 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
 		NetworkLock:       c.lock(),
 		NotifyScripts:     proto.Bool(true),
-		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(int32(sp.netns.Fd()))}},
+		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(netnsFd)}},
 	}
-	if err := runCtx(ctx, func() error { return sp.g.Restore(opts, n) }); err != nil {
+	if err := c.run(ctx, sp, rpc.CriuReqType_RESTORE, opts, n.handle); err != nil {
 		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
 	}
 	if n.pid == 0 {
@@ -252,14 +281,37 @@ func logLevel() int32 {
 	return 2
 }
 
-// runCtx runs fn, a CRIU call, unless ctx has already ended. A CRIU call
-// is not abandoned half-way: a dump left behind would leave the tree
-// frozen, a restore would leave processes nobody tracks.
-func runCtx(ctx context.Context, fn func() error) error {
+// run sends sp's CRIU one request, unless ctx has already ended. A run
+// the caller gives up on is not abandoned half-way (a dump left behind
+// would leave the tree frozen, a restore processes nobody tracks), but
+// none outlives c.Timeout: then its CRIU is killed and run returns an
+// error wrapping ErrTimeout. The caller undoes what the run left (thaws
+// the tree, destroys the restored sandbox's cgroup).
+func (c *Checkpointer) run(ctx context.Context, sp *spare, typ rpc.CriuReqType, opts *rpc.CriuOpts, onNotify func(*rpc.CriuNotify) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return fn()
+	d := c.Timeout
+	if d <= 0 {
+		d = DefaultTimeout
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	if hook := c.FaultHook; hook != nil {
+		next := onNotify
+		onNotify = func(m *rpc.CriuNotify) error {
+			hook(m.GetScript(), sp.w.pid())
+			if next != nil {
+				return next(m)
+			}
+			return nil
+		}
+	}
+	if onNotify != nil {
+		opts.NotifyScripts = proto.Bool(true)
+	}
+	_, err := sp.w.call(rctx, &rpc.CriuReq{Type: typ.Enum(), Opts: opts}, onNotify)
+	return err
 }
 
 // logTail returns the last error lines of a CRIU log, for error messages.

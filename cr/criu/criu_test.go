@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -172,6 +174,25 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 	}
 }
 
+// startSource starts sandbox id on a new volume "src" holding a copy of
+// root, destroyed at the end of the test.
+func startSource(t *testing.T, snap *btrfs.Snapshotter, id, root string) *sandbox.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	if err := snap.CreateVolume(ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", root+"/.", snap.Path("src")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Config{ID: id, Root: snap.Path("src"), InitBinary: sandboxtest.InitBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy(context.Background()) })
+	return sb
+}
+
 // dump freezes sb, snapshots its root (volume "src") as name and dumps the
 // tree into imgs, as the engine's checkpoint does, returning CRIU's figures
 // and the isolation record a restore is checked against.
@@ -199,4 +220,127 @@ func dump(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, sb *sandb
 		t.Fatalf("dump: %v", err)
 	}
 	return st, rec
+}
+
+// TestDumpHangKilled: a dump whose CRIU stops in the middle (SIGSTOP once
+// it has seized and dumped the tree, at its post-dump notification) is
+// killed at Checkpointer.Timeout and fails with ErrTimeout, instead of
+// holding the tree and its caller forever; the tree is not left stopped,
+// the CRIU is gone, the sandbox runs commands and dumps again.
+func TestDumpHangKilled(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	sb := startSource(t, snap, "crhang", sandboxtest.BusyboxRoot(t, ""))
+	c.Timeout = 2 * time.Second
+	var stopped atomic.Int64
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "post-dump" && stopped.CompareAndSwap(0, int64(pid)) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := sb.Exclusive(func() error {
+			// The group is not frozen first: CRIU stops the tree
+			// itself, and a CRIU killed half-way must not leave it
+			// stopped.
+			_, err := c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: t.TempDir(), FreezeCgroup: sb.FreezerCgroup()})
+			return err
+		})
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("dump with a stopped CRIU did not return: it hangs")
+	}
+	if stopped.Load() == 0 {
+		t.Fatalf("CRIU sent no post-dump notification (dump: %v)", err)
+	}
+	if !errors.Is(err, criu.ErrTimeout) {
+		t.Fatalf("dump with a stopped CRIU: %v, want ErrTimeout", err)
+	}
+	t.Logf("dump: %v", err)
+	if err := syscall.Kill(int(stopped.Load()), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the killed CRIU (pid %d) is still there: kill 0: %v", stopped.Load(), err)
+	}
+	if b, err := os.ReadFile(sb.FreezerCgroup() + "/cgroup.freeze"); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("cgroup.freeze after the killed dump: %q %v, want 0", b, err)
+	}
+	if r, err := sb.Exec(ctx, "echo alive", sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil || string(r.Stdout) != "alive\n" {
+		t.Fatalf("sandbox after the killed dump: %v %+v", err, r)
+	}
+	c.FaultHook = nil
+	dump(t, c, snap, sb, "snap", t.TempDir(), false)
+}
+
+// TestRestoreHangKilled: a restore whose CRIU stops once the root task is
+// placed (SIGSTOP at setup-namespaces) is killed at the deadline; the
+// half-restored sandbox is destroyed with its cgroup (nothing of it is
+// left running), and the same images restore afterwards.
+func TestRestoreHangKilled(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	sb := startSource(t, snap, "crrsthang", sandboxtest.BusyboxRoot(t, ""))
+	imgs := t.TempDir()
+	_, rec := dump(t, c, snap, sb, "snap", imgs, false)
+	c.Timeout = 2 * time.Second
+	var stopped atomic.Int64
+	c.FaultHook = func(stage string, pid int) {
+		if stage == "setup-namespaces" && stopped.CompareAndSwap(0, int64(pid)) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+		}
+	}
+	var root atomic.Int64 // the restored tree's root task
+	restore := func(name string) (*sandbox.Sandbox, error) {
+		if err := snap.Clone(ctx, "snap", name); err != nil {
+			t.Fatal(err)
+		}
+		return sandbox.Restore(ctx, sandbox.Config{ID: "crrst-" + name, Root: snap.Path(name)}, rec, func(join func(int) error) (int, error) {
+			return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path(name), Join: func(pid int) error {
+				root.CompareAndSwap(0, int64(pid))
+				return join(pid)
+			}})
+		})
+	}
+	done := make(chan error, 1)
+	go func() {
+		child, err := restore("hung")
+		if err == nil {
+			child.Destroy(ctx)
+		}
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("restore with a stopped CRIU did not return: it hangs")
+	}
+	if stopped.Load() == 0 {
+		t.Fatalf("CRIU sent no setup-namespaces notification (restore: %v)", err)
+	}
+	if !errors.Is(err, criu.ErrTimeout) {
+		t.Fatalf("restore with a stopped CRIU: %v, want ErrTimeout", err)
+	}
+	if err := syscall.Kill(int(stopped.Load()), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the killed CRIU (pid %d) is still there: %v", stopped.Load(), err)
+	}
+	if root.Load() == 0 {
+		t.Fatal("the restore placed no root task")
+	}
+	// Gone, not even a zombie: its parent (this process) reaped it.
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", root.Load())); err == nil {
+		t.Errorf("root task %d of the half-restored tree is left: %s", root.Load(), b)
+	}
+	c.FaultHook = nil
+	child, err := restore("ok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Destroy(ctx)
+	if r, err := child.Exec(ctx, "echo alive", sandbox.ExecOptions{}); err != nil || string(r.Stdout) != "alive\n" {
+		t.Fatalf("restored after the killed restore: %v %+v", err, r)
+	}
 }

@@ -1,9 +1,11 @@
 package criu
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +38,12 @@ func ensureKdatCache(criu string) error {
 	// refuse to write the cache again.
 	os.Remove(kdatPath + ".tmp")
 	script := fmt.Sprintf(`mount -t tmpfs -o size=1m,mode=755 tmpfs /run && %q check >/dev/null 2>&1; cp /run/criu.kdat %q`, criu, kdatShared)
-	if out, err := exec.Command("unshare", "-m", "sh", "-c", script).CombinedOutput(); err != nil {
+	// criu check takes well under a second; it must not hold New forever.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", "-m", "sh", "-c", script)
+	cmd.WaitDelay = 5 * time.Second // a child still holding the output pipe
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build criu kernel cache: %v: %s", err, out)
 	}
 	os.Remove(kdatPath)

@@ -36,7 +36,11 @@ func (c *Checkpointer) dumpInNetns(pid int) (*spare, error) {
 		return nil, fmt.Errorf("open net namespace of %d: %w", pid, err)
 	}
 	defer ns.Close()
-	return c.startIn(ns)
+	w, err := c.startIn(ns)
+	if err != nil {
+		return nil, err
+	}
+	return &spare{w: w}, nil
 }
 
 // allowSearch lets every id search the image directory d. In a restore of

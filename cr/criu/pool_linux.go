@@ -2,11 +2,9 @@ package criu
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
-
-	gocriu "github.com/checkpoint-restore/go-criu/v7"
-	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/internal/netns"
 )
@@ -15,50 +13,28 @@ import (
 // for its one request: starting CRIU (its loader, ~25 libraries) is a
 // fixed cost of 10-25 ms here that a spare takes off the critical path.
 // A restore spare also holds the fresh loopback network namespace its
-// restore will use, which it inherited when it started.
+// restore will use, which CRIU got as descriptor netnsFd when it started.
 type spare struct {
-	g     *gocriu.Criu
+	w     *swrk
 	netns *os.File // restore spares only
 }
 
-func (s *spare) close() {
-	s.g.Cleanup()
+// netnsFd is the restore spare's network namespace in its CRIU.
+const netnsFd = swrkFd + 1
+
+// close ends the spare's CRIU, waiting a bounded time (swrk.close).
+func (s *spare) close() error {
+	err := s.w.close()
 	if s.netns != nil {
 		s.netns.Close()
 	}
-}
-
-// startMu serialises starting CRIU processes. go-criu's Prepare makes the
-// swrk socket pair without close-on-exec and sets it on the client end only
-// after the pair exists: a CRIU started at the same moment by another
-// goroutine inherits that end, and then closing ours never ends the first
-// CRIU (it waits for a request forever, and so does whoever waits for it to
-// exit). The window is short; a restore spare also makes its network
-// namespace inheritable for the duration of its start.
-var startMu sync.Mutex
-
-// prepare starts CRIU in swrk mode for g, in network namespace ns when ns
-// is not nil.
-func prepare(g *gocriu.Criu, ns *os.File) error {
-	startMu.Lock()
-	defer startMu.Unlock()
-	if ns == nil {
-		return g.Prepare()
-	}
-	// CRIU (our child) also holds the namespace through a descriptor
-	// without close-on-exec; it is set again right after the start so
-	// that later children do not.
-	if _, err := unix.FcntlInt(ns.Fd(), unix.F_SETFD, 0); err != nil {
-		return fmt.Errorf("share net namespace with criu: %w", err)
-	}
-	defer unix.FcntlInt(ns.Fd(), unix.F_SETFD, unix.FD_CLOEXEC)
-	return netns.Do(ns, g.Prepare)
+	return err
 }
 
 // spares keeps one ready CRIU for dumps and one for restores, refilled in
 // the background after each use.
 type spares struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards closed and the sends to the channels; never held while a CRIU starts or exits
 	closed  bool
 	dump    chan *spare
 	restore chan *spare
@@ -70,38 +46,42 @@ func newSpares(n int) *spares {
 }
 
 // startSpare starts CRIU in swrk mode; for a restore it first makes the
-// network namespace and lets CRIU inherit it.
+// network namespace and starts CRIU inside it.
 func (c *Checkpointer) startSpare(restore bool) (*spare, error) {
-	s := &spare{g: gocriu.MakeCriu()}
-	s.g.SetCriuPath(c.path)
-	if restore {
-		ns, err := newLoopbackNetns()
+	if !restore {
+		w, err := startSwrk(c.path)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("start criu: %w", err)
 		}
-		s.netns = ns
+		return &spare{w: w}, nil
+	}
+	ns, err := newLoopbackNetns()
+	if err != nil {
+		return nil, err
 	}
 	// A restore's CRIU itself runs in the namespace: a tree in its own
 	// user namespace may not setns into it, and inherits it instead
 	// (RestoreRequest.UserNS).
-	if err := prepare(s.g, s.netns); err != nil {
-		if s.netns != nil {
-			s.netns.Close()
-		}
-		return nil, fmt.Errorf("start criu: %w", err)
+	w, err := c.startIn(ns, ns)
+	if err != nil {
+		ns.Close()
+		return nil, err
 	}
-	return s, nil
+	return &spare{w: w, netns: ns}, nil
 }
 
-// startIn starts a CRIU for one dump inside network namespace ns (no spare:
-// the namespace is the sandbox's own).
-func (c *Checkpointer) startIn(ns *os.File) (*spare, error) {
-	s := &spare{g: gocriu.MakeCriu()}
-	s.g.SetCriuPath(c.path)
-	if err := netns.Do(ns, func() error { return prepare(s.g, nil) }); err != nil {
+// startIn starts a CRIU inside network namespace ns, handing it extra.
+func (c *Checkpointer) startIn(ns *os.File, extra ...*os.File) (*swrk, error) {
+	var w *swrk
+	err := netns.Do(ns, func() error {
+		var err error
+		w, err = startSwrk(c.path, extra...)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("start criu: %w", err)
 	}
-	return s, nil
+	return w, nil
 }
 
 // take returns a ready CRIU (a spare if there is one, else a new one) and
@@ -150,7 +130,7 @@ func (c *Checkpointer) refill(restore bool, ch chan *spare) {
 		}
 		c.spares.mu.Unlock()
 		if !kept {
-			s.close()
+			c.closeSpare(s)
 		}
 	}()
 }
@@ -165,7 +145,7 @@ func (c *Checkpointer) Close() error {
 		for {
 			select {
 			case s := <-ch:
-				s.close()
+				c.closeSpare(s)
 				continue
 			default:
 			}
@@ -173,4 +153,11 @@ func (c *Checkpointer) Close() error {
 		}
 	}
 	return nil
+}
+
+// closeSpare closes s, logging a CRIU that did not exit.
+func (c *Checkpointer) closeSpare(s *spare) {
+	if err := s.close(); err != nil {
+		c.log.Warn("close criu", slog.Any("err", err))
+	}
 }
