@@ -18,6 +18,7 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	conns       prometheus.Gauge
 	inFlight    prometheus.Gauge
+	unread      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
@@ -50,8 +51,11 @@ func newMetrics(reg prometheus.Registerer, activeEnvs func() float64) *metrics {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "arbor_requests_in_flight", Help: "Requests being served.",
 		}),
+		unread: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "arbor_unread_bytes", Help: "Bytes of answers queued for clients and not yet written, all connections (each bounded by max_unread_bytes).",
+		}),
 	}
-	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.verified, m.requests, m.conns, m.inFlight,
+	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.verified, m.requests, m.conns, m.inFlight, m.unread,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_active_envs", Help: "Open envs handed out to clients."}, activeEnvs),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, k := range []string{"none", "fs", "proc", "full"} {
