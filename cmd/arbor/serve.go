@@ -145,6 +145,8 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	// Registered before the engine's Close, so it runs after it.
+	defer unmountSnapshotter(snap, log)
 	c, err := criu.New(g.criuPath, log)
 	if err != nil {
 		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
