@@ -203,8 +203,11 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("start init: %w", err)
 	}
 	s.pid = cmd.Process.Pid
+	// reap, not cmd.Wait: no OS thread per sandbox (reap_linux.go). cmd
+	// has no pipes of its own to close.
+	cmd.Process.Release()
 	go func() {
-		cmd.Wait()
+		reap(s.pid)
 		close(s.exited)
 	}()
 	if err := cg.add(s.pid); err != nil {
@@ -808,14 +811,9 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		return nil, err
 	}
 	s.pid = pid
-	proc, err := os.FindProcess(pid)
-	if err != nil {
-		close(s.exited)
-		return nil, fmt.Errorf("find restored init %d: %w", pid, err)
-	}
 	go func() {
-		st, err := proc.Wait()
-		s.log.Debug("restored init exited", slog.Any("state", st), slog.Any("err", err))
+		st, err := reap(pid) // reap_linux.go: no OS thread per sandbox
+		s.log.Debug("restored init exited", slog.Int("status", int(st)), slog.Any("err", err))
 		close(s.exited)
 	}()
 	if err := checkUIDMap(pid, cfg.UserNS); err != nil { // userns_linux.go

@@ -183,11 +183,12 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// startServe starts arbor serve with its log in the test's log.
-func startServe(t *testing.T, bin, dir, addr string) *exec.Cmd {
+// startServe starts arbor serve with its log in the test's log; more are
+// more flags of serve.
+func startServe(t *testing.T, bin, dir, addr string, more ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(bin, "--state-dir", dir, "serve", "--listen", addr, "--warm", "1", "--env-idle-ttl", "-1s",
-		"--tasks", "", "--inspector", "off")
+	cmd := exec.Command(bin, append([]string{"--state-dir", dir, "serve", "--listen", addr, "--warm", "1", "--env-idle-ttl", "-1s",
+		"--tasks", "", "--inspector", "off"}, more...)...)
 	cmd.Dir = t.TempDir() // no ./tasks: the built-in hello task
 	out, err := cmd.StderrPipe()
 	if err != nil {
