@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,9 +10,6 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
 // mountsBelow lists the mount points of this mount namespace (the
@@ -61,19 +56,7 @@ func loopsOf(t *testing.T, file string) []string {
 // images) and no loop device on the pool file; the images the tmpfs held
 // were moved to disk.
 func TestServeUnmountsOnStop(t *testing.T) {
-	sandboxtest.RequireRoot(t)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "arbor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build arbor: %v\n%s", err, out)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() { unmountBelow(t, dir) })
-	addr := freeAddr(t)
+	bin, dir, addr := serveRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 

@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -15,9 +12,6 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
 // threadsOf reads the number of OS threads of process pid.
@@ -48,19 +42,7 @@ func threadsOf(t *testing.T, pid int) int {
 // life: 130 envs, 140 threads, and the runtime never frees them.) The
 // bound leaves room for the 32 requests' blocking file system calls.
 func TestServeThreadsBounded(t *testing.T) {
-	sandboxtest.RequireRoot(t)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "arbor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build arbor: %v\n%s", err, out)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() { unmountBelow(t, dir) })
-	addr := freeAddr(t)
+	bin, dir, addr := serveRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
