@@ -215,17 +215,28 @@ func TestSlowReaderBounded(t *testing.T) {
 	b := backlog(t, s)
 	t.Logf("unread: %d steps answered, %d held back, %d bytes held (peak %d), heap grew %d bytes, %v after the reset",
 		stepsAnswered(t, reg), b.Gated, b.Held, b.Peak, grown, time.Since(start).Round(time.Millisecond))
+	if g := gauge(t, reg, "arbor_unread_bytes"); int64(g) != b.Held {
+		t.Errorf("arbor_unread_bytes %v, want the connection's %d", g, b.Held)
+	}
 	if limit := int64(unreadLimit + 2*answerBytes + 4<<20); grown > limit {
 		t.Errorf("heap grew by %d bytes with %d answers unread, want under %d (budget %d, answers of %d)",
 			grown, stepsAnswered(t, reg), limit, unreadLimit, answerBytes)
 	}
 	readBigSteps(t, r, 2, 1+n)
+	// The writer counts a frame written once its write returned, which
+	// may be after the client has it.
+	for deadline := time.Now().Add(10 * time.Second); backlog(t, s).Held != 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	b = backlog(t, s)
 	if limit := int64(unreadLimit + answerBytes + 4096); b.Peak > limit {
 		t.Errorf("the connection held up to %d bytes of unread answers, want at most %d (budget %d + one answer)", b.Peak, limit, unreadLimit)
 	}
 	if b.Held != 0 || b.Gated != 0 || b.Paused {
 		t.Errorf("after the client read everything: %+v, want nothing held", b)
+	}
+	if g := gauge(t, reg, "arbor_unread_bytes"); g != 0 {
+		t.Errorf("arbor_unread_bytes %v after the client read everything", g)
 	}
 }
 
