@@ -119,6 +119,13 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open image cache: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			if cerr := e.cache.Close(); cerr != nil {
+				o.Logger.Warn("close image cache", slog.Any("err", cerr))
+			}
+		}
+	}()
 	e.man, err = manifest.Open(filepath.Join(o.StateDir, "manifest.db"), manifest.Options{Logger: o.Logger, Exists: e.artifactExists})
 	if err != nil {
 		return nil, fmt.Errorf("open manifest: %w", err)
@@ -223,8 +230,9 @@ func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
 	}
 }
 
-// Close waits for running work, destroys every environment and closes the
-// manifest. States stay on disk for the next run.
+// Close waits for running work, destroys every environment, closes the
+// manifest and the image cache (which unmounts the hot images' tmpfs it
+// mounted, moving them to disk). States stay on disk for the next run.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closed {
@@ -251,7 +259,9 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	e.bg.Wait()
-	errs = append(errs, e.q.Close(ctx), e.man.Close())
+	// The image cache goes last: its tmpfs is unmounted once the queue's
+	// checkpoints have written their images (they move to disk first).
+	errs = append(errs, e.q.Close(ctx), e.man.Close(), e.cache.Close())
 	return errors.Join(errs...)
 }
 

@@ -203,8 +203,11 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, fmt.Errorf("start init: %w", err)
 	}
 	s.pid = cmd.Process.Pid
+	// reap, not cmd.Wait: no OS thread per sandbox (reap_linux.go). cmd
+	// has no pipes of its own to close.
+	cmd.Process.Release()
 	go func() {
-		cmd.Wait()
+		reap(s.pid)
 		close(s.exited)
 	}()
 	if err := cg.add(s.pid); err != nil {
@@ -805,7 +808,7 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 				// A restore that failed after placing the root task (a
 				// child of this process, RstSibling) leaves it to us:
 				// Destroy killed it, reap it.
-				reap(joined, 10*time.Second)
+				reapWithin(joined, 10*time.Second)
 			}
 		}
 	}()
@@ -818,14 +821,9 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		return nil, err
 	}
 	s.pid = pid
-	proc, err := os.FindProcess(pid)
-	if err != nil {
-		close(s.exited)
-		return nil, fmt.Errorf("find restored init %d: %w", pid, err)
-	}
 	go func() {
-		st, err := proc.Wait()
-		s.log.Debug("restored init exited", slog.Any("state", st), slog.Any("err", err))
+		st, err := reap(pid) // reap_linux.go: no OS thread per sandbox
+		s.log.Debug("restored init exited", slog.Int("status", int(st)), slog.Any("err", err))
 		close(s.exited)
 	}()
 	if err := checkUIDMap(pid, cfg.UserNS); err != nil { // userns_linux.go
@@ -852,15 +850,12 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 	return s, nil
 }
 
-// reap waits, at most d, for pid to exit if it is a child of this process.
-func reap(pid int, d time.Duration) {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return
-	}
+// reapWithin waits, at most d, for pid to exit if it is a child of this
+// process, and collects it.
+func reapWithin(pid int, d time.Duration) {
 	done := make(chan struct{})
 	go func() {
-		p.Wait()
+		reap(pid)
 		close(done)
 	}()
 	select {

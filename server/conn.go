@@ -23,7 +23,7 @@ type conn struct {
 	s        *Server
 	ws       *websocket.Conn
 	log      *slog.Logger
-	out      chan []byte
+	ob       *outbox       // frames for the writer, counted against MaxUnreadBytes
 	done     chan struct{} // closed when the connection is gone
 	closing  chan struct{} // closed to make the writer flush and close
 	flushed  chan struct{} // closed when the writer has ended
@@ -33,6 +33,10 @@ type conn struct {
 	inFlight atomic.Int64
 	idsMu    sync.Mutex
 	ids      map[uint32]bool // msgids of the requests in flight
+	// paused: the read loop waits for the client to read; gated: requests
+	// read but not started for the same reason (export_test.go).
+	paused atomic.Bool
+	gated  atomic.Int64
 }
 
 // claim records msgid as in flight; false when it already is (a client
@@ -58,10 +62,6 @@ func (c *conn) unclaim(msgid uint32) {
 	c.idsMu.Unlock()
 }
 
-// writeWait bounds one frame write: a client that stops reading is
-// dropped rather than left to block the server.
-const writeWait = 30 * time.Second
-
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	authed := s.o.Token == ""
 	if h := r.Header.Get("Authorization"); h != "" {
@@ -79,9 +79,10 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	// Frames up to 4x the limit are read (and discarded) so that their
 	// sender gets a too_large error; anything bigger drops the connection.
 	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
-	c := &conn{s: s, ws: ws, out: make(chan []byte, 64), done: make(chan struct{}),
+	c := &conn{s: s, ws: ws, done: make(chan struct{}),
 		closing: make(chan struct{}), flushed: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr))}
+	c.ob = newOutbox(int64(s.o.MaxUnreadBytes), func(d int64) { s.m.unread.Add(float64(d)) }, c.deadline)
 	c.authed.Store(authed)
 	s.mu.Lock()
 	if s.draining {
@@ -110,6 +111,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 func (c *conn) shut(code int, reason string) {
 	c.once.Do(func() {
 		close(c.done)
+		c.ob.close()
 		c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
 		c.ws.Close()
 	})
@@ -132,50 +134,81 @@ func (c *conn) writeLoop() {
 	// deadline); a half-open one, gone without a close, is dropped then.
 	ping := time.NewTicker(c.s.o.PingInterval)
 	defer ping.Stop()
+	// A frame write that takes longer than WriteWait drops the client:
+	// that is what ends a connection whose client stopped reading, once
+	// its answers fill the socket (docs/protocol.md, "Limits").
+	wait := c.s.o.WriteWait
 	write := func(b []byte) bool {
-		c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+		c.ws.SetWriteDeadline(time.Now().Add(wait))
 		if err := c.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
 			c.log.Debug("write", slog.Any("err", err))
 			c.shut(websocket.CloseInternalServerErr, "write failed")
 			return false
 		}
+		c.ob.wrote(len(b))
 		return true
 	}
 	for {
 		select {
 		case <-c.done:
 			return
-		case b := <-c.out:
-			if !write(b) {
+		case <-c.ob.ready:
+			if b := c.ob.take(); b != nil && !write(b) {
 				return
 			}
 		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(wait)); err != nil {
 				c.log.Debug("ping", slog.Any("err", err))
 				c.shut(websocket.CloseInternalServerErr, "ping failed")
 				return
 			}
 		case <-c.closing:
-			for {
-				select {
-				case b := <-c.out:
-					if !write(b) {
-						return
-					}
-				default:
+			for b := c.ob.take(); b != nil; b = c.ob.take() {
+				if !write(b) {
 					return
 				}
 			}
+			return
 		}
 	}
 }
 
-// send queues a frame; it gives up when the connection is gone.
-func (c *conn) send(b []byte) {
-	select {
-	case c.out <- b:
-	case <-c.done:
+// send queues a frame for the writer; it never blocks (the budget of
+// unread bytes is enforced where requests are read and started) and drops
+// the frame when the connection is gone.
+func (c *conn) send(b []byte) { c.ob.put(b) }
+
+// deadline arms the read deadline: PongWait from now while the client
+// has read its answers (under MaxUnreadBytes), none while it has not. A
+// connection over budget reads nothing (so it would see no pong) and is
+// watched by the writer's deadline instead: its writer has frames to
+// write, and a client that takes none for WriteWait is dropped. It runs
+// with the outbox's lock held (outbox.over, onCross), so a pong's
+// deadline cannot undo a crossing of the budget.
+func (c *conn) deadline(over bool) {
+	var t time.Time
+	if !over {
+		t = time.Now().Add(c.s.o.PongWait)
 	}
+	c.ws.SetReadDeadline(t)
+}
+
+// room waits until the connection's unread answers are under budget (or
+// the connection is gone); false when the server gave up on operations.
+func (c *conn) room(ctx context.Context) bool {
+	ch := c.ob.full()
+	if ch == nil {
+		return true
+	}
+	c.gated.Add(1)
+	defer c.gated.Add(-1)
+	select {
+	case <-ch:
+	case <-c.done:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 func (c *conn) respond(msgid uint32, method string, result any, err error) {
@@ -219,16 +252,28 @@ func knownMethod(m string) bool {
 
 // readLoop reads frames until the connection ends. Any frame from the
 // client, a pong included, proves it is still there and extends the read
-// deadline by PongWait; a client silent for longer is dropped.
+// deadline by PongWait; a client silent for longer is dropped. While the
+// client has more than MaxUnreadBytes of answers unread, the loop reads
+// nothing (backpressure: the client's writes block) and no deadline runs
+// (see deadline).
 func (c *conn) readLoop() {
 	max := c.s.o.MaxFrameBytes
-	alive := func() { c.ws.SetReadDeadline(time.Now().Add(c.s.o.PongWait)) }
+	alive := func() { c.ob.over(c.deadline) }
 	alive()
 	c.ws.SetPongHandler(func(string) error {
 		alive()
 		return nil
 	})
 	for {
+		if ch := c.ob.full(); ch != nil {
+			c.paused.Store(true)
+			c.log.Debug("client is not reading: stop reading its requests", slog.Int("max_unread_bytes", c.s.o.MaxUnreadBytes))
+			select {
+			case <-ch:
+			case <-c.done:
+			}
+			c.paused.Store(false)
+		}
 		mt, r, err := c.ws.NextReader()
 		if err == nil {
 			alive()
@@ -317,24 +362,31 @@ func (c *conn) dispatch(b []byte) {
 		defer c.s.ops.Done()
 		defer c.inFlight.Add(-1)
 		defer c.s.m.inFlight.Dec()
-		result, err := c.s.run(h, req)
+		released := false
+		release := func() {
+			if !released {
+				released = true
+				req.release()
+			}
+		}
+		// The answer is queued before the env's next operation may start,
+		// so that operation's room check counts it.
+		defer release()
+		result, err := c.run(h, req, release)
 		c.unclaim(f.MsgID)
 		c.respond(f.MsgID, f.Method, result, err)
 	}()
 }
 
-// run serves one request under its env tickets.
-func (s *Server) run(h handler, req *request) (result any, err error) {
+// run serves one request under its env tickets. It starts the request
+// only while the connection's unread answers are under budget: requests
+// pipelined behind the ones that filled it wait for the client to read.
+func (c *conn) run(h handler, req *request, release func()) (result any, err error) {
+	s := c.s
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.Error("panic serving request", slog.String("method", req.method), slog.Any("panic", r))
 			result, err = nil, protocol.Errorf(protocol.CodeInternal, "panic: %v", r)
-		}
-	}()
-	released := false
-	defer func() {
-		if !released {
-			req.release()
 		}
 	}()
 	if req.err != nil {
@@ -343,10 +395,12 @@ func (s *Server) run(h handler, req *request) (result any, err error) {
 	}
 	if h.self {
 		// The handler takes and releases its own tickets (step_batch).
-		req.release()
-		released = true
-		return req.serve(s.ctx)
+		release()
+	} else {
+		req.wait()
 	}
-	req.wait()
+	if !c.room(s.ctx) {
+		return nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down")
+	}
 	return req.serve(s.ctx)
 }

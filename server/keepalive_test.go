@@ -20,16 +20,22 @@ import (
 // connections reads the server's arbor_connections gauge.
 func connections(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
+	return gauge(t, reg, "arbor_connections")
+}
+
+// gauge reads the server's gauge called name.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "arbor_connections" {
+		if mf.GetName() == name {
 			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	t.Fatal("no arbor_connections metric")
+	t.Fatalf("no %s metric", name)
 	return 0
 }
 

@@ -12,6 +12,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	conns    prometheus.Gauge
 	inFlight prometheus.Gauge
+	unread   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -25,8 +26,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "arbor_requests_in_flight", Help: "Requests being served.",
 		}),
+		unread: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "arbor_unread_bytes", Help: "Bytes of answers queued for clients and not yet written, all connections (each bounded by max_unread_bytes).",
+		}),
 	}
-	reg.MustRegister(m.requests, m.conns, m.inFlight,
+	reg.MustRegister(m.requests, m.conns, m.inFlight, m.unread,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -33,6 +33,12 @@ type Options struct {
 	// MaxInFlight bounds the requests one connection has outstanding
 	// (default 256).
 	MaxInFlight int
+	// MaxUnreadBytes bounds the bytes of answers a connection holds for a
+	// client that does not read them (default 64 MiB, at least
+	// MaxFrameBytes): over it, the server reads and starts none of that
+	// connection's requests until the client has read below it
+	// (docs/protocol.md, "Limits").
+	MaxUnreadBytes int
 	// MaxBatch bounds the items of one step_batch (default 1024).
 	MaxBatch int
 	// PingInterval is how often the server pings each websocket (default
@@ -42,6 +48,9 @@ type Options struct {
 	// dropped connection started go on; only their answers are lost
 	// (docs/protocol.md, "Keepalive").
 	PingInterval, PongWait time.Duration
+	// WriteWait bounds the write of one frame (default 30 s): a client
+	// that takes none of its answers for that long is dropped.
+	WriteWait time.Duration
 	// AllowedOrigins are the browser origins that may open a websocket;
 	// requests with any other Origin header are refused (programs send
 	// none), so a web page cannot drive a local server.
@@ -64,6 +73,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 256
+	}
+	if o.MaxUnreadBytes <= 0 {
+		o.MaxUnreadBytes = max(64<<20, o.MaxFrameBytes)
+	}
+	if o.WriteWait <= 0 {
+		o.WriteWait = 30 * time.Second
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
@@ -112,6 +127,9 @@ func New(o Options) (*Server, error) {
 	o = o.withDefaults()
 	if o.PongWait <= o.PingInterval {
 		return nil, fmt.Errorf("server: PongWait %v must be longer than PingInterval %v", o.PongWait, o.PingInterval)
+	}
+	if o.MaxUnreadBytes < o.MaxFrameBytes {
+		return nil, fmt.Errorf("server: MaxUnreadBytes %d must be at least MaxFrameBytes %d", o.MaxUnreadBytes, o.MaxFrameBytes)
 	}
 	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())

@@ -37,19 +37,7 @@ import (
 // the next step answers sandbox_failed naming the state it was restored
 // at, arbor_envs_revived_total counts it, and the env goes on.
 func TestServeSurvivesKill(t *testing.T) {
-	sandboxtest.RequireRoot(t)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "arbor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build arbor: %v\n%s", err, out)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() { unmountBelow(t, dir) })
-	addr := freeAddr(t)
+	bin, dir, addr := serveRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -183,11 +171,33 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// startServe starts arbor serve with its log in the test's log.
-func startServe(t *testing.T, bin, dir, addr string) *exec.Cmd {
+// serveRig readies a run of the real arbor serve: the binary built from
+// this tree, a state dir of its own (whatever the servers leave mounted
+// below it is unmounted at the end) and a free loopback address. It skips
+// where the server cannot run.
+func serveRig(t *testing.T) (bin, dir, addr string) {
 	t.Helper()
-	cmd := exec.Command(bin, "--state-dir", dir, "serve", "--listen", addr, "--warm", "1", "--env-idle-ttl", "-1s",
-		"--tasks", "", "--inspector", "off")
+	sandboxtest.RequireRoot(t)
+	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
+		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(t.TempDir(), "arbor")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build arbor: %v\n%s", err, out)
+	}
+	dir = t.TempDir()
+	t.Cleanup(func() { unmountBelow(t, dir) })
+	return bin, dir, freeAddr(t)
+}
+
+// startServe starts arbor serve with its log in the test's log; more are
+// more flags of serve.
+func startServe(t *testing.T, bin, dir, addr string, more ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--state-dir", dir, "serve", "--listen", addr, "--warm", "1", "--env-idle-ttl", "-1s",
+		"--tasks", "", "--inspector", "off"}, more...)...)
 	cmd.Dir = t.TempDir() // no ./tasks: the built-in hello task
 	out, err := cmd.StderrPipe()
 	if err != nil {
@@ -322,18 +332,7 @@ func metric(t *testing.T, addr, name string) string {
 // unmountBelow unmounts what the servers left mounted below dir (the
 // btrfs pool, the hot image tmpfs), deepest first.
 func unmountBelow(t *testing.T, dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	var points []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
-			points = append(points, f[4])
-		}
-	}
+	points := mountsBelow(t, dir)
 	slices.Sort(points)
 	slices.Reverse(points)
 	for _, p := range points {

@@ -39,6 +39,7 @@ type serveOptions struct {
 	maxEnvs     int
 	maxInFlight int
 	maxFrame    string
+	maxUnread   string
 	workers     int
 	grace       time.Duration
 	mcp         bool
@@ -71,6 +72,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
+	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
 	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
@@ -117,6 +119,10 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("parse --max-frame: %w", err)
 	}
+	maxUnread, err := parseSize(o.maxUnread)
+	if err != nil {
+		return fmt.Errorf("parse --max-unread: %w", err)
+	}
 	if o.token == "" && !server.IsLoopback(o.listen) {
 		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
 	}
@@ -141,6 +147,8 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	// Registered before the engine's Close, so it runs after it.
+	defer unmountSnapshotter(snap, log)
 	c, err := criu.New(g.criuPath, log)
 	if err != nil {
 		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
@@ -216,7 +224,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}()
 	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
-		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), Logger: log})
+		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
@@ -40,6 +41,27 @@ func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, err
 		return s, nil
 	default:
 		return nil, fmt.Errorf("unknown --backend %q (want btrfs or zfs)", g.backend)
+	}
+}
+
+// unmounter is a snapshot backend that mounted its pool (the btrfs loop
+// pool) and can take it down.
+type unmounter interface {
+	Unmount(ctx context.Context) error
+}
+
+// unmountSnapshotter takes down the pool snap mounted, if any: arbor
+// serve owns the state dir and leaves nothing mounted when it ends (after
+// the engine closed, so that nothing uses the pool any more).
+func unmountSnapshotter(snap cr.Snapshotter, log *slog.Logger) {
+	u, ok := snap.(unmounter)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := u.Unmount(ctx); err != nil {
+		log.Warn("unmount snapshot pool", slog.Any("err", err))
 	}
 }
 

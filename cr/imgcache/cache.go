@@ -20,7 +20,9 @@ import (
 // Options configures a Cache.
 type Options struct {
 	// HotDir holds the images in memory. Open mounts a tmpfs of 2*HotBytes
-	// on it unless it is one already or NoMount is set.
+	// on it unless it is one already or NoMount is set; Close unmounts a
+	// tmpfs mounted on it (by this Cache or one before it), after moving
+	// its images to ColdDir.
 	HotDir string
 	// ColdDir holds evicted images on disk.
 	ColdDir string
@@ -45,6 +47,9 @@ type Cache struct {
 	max             int64
 	log             *slog.Logger
 	copyOnly        bool
+	// ownMount: HotDir is a tmpfs mounted for the cache (by Open, or by
+	// an earlier run that did not close), which Close takes down.
+	ownMount bool
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -140,6 +145,12 @@ func (c *Cache) mountHot() error {
 		return fmt.Errorf("open image cache: %w", err)
 	}
 	if ok {
+		// A tmpfs of its own (an earlier run's that was not closed), or
+		// just a folder on a tmpfs.
+		c.ownMount, err = isMountPoint(c.hotDir)
+		if err != nil {
+			return fmt.Errorf("open image cache: %w", err)
+		}
 		return nil
 	}
 	names, err := os.ReadDir(c.hotDir)
@@ -166,8 +177,42 @@ func (c *Cache) mountHot() error {
 	if err := mountTmpfs(c.hotDir, 2*c.max); err != nil {
 		return fmt.Errorf("open image cache: %w", err)
 	}
+	c.ownMount = true
 	c.log.LogAttrs(context.Background(), slog.LevelInfo, "mounted tmpfs for hot images",
 		slog.String("dir", c.hotDir), slog.Int64("size", 2*c.max))
+	return nil
+}
+
+// Close takes down the tmpfs the cache mounted on HotDir, first moving
+// every hot image to ColdDir so that none is lost with it; it leaves a
+// HotDir it did not mount as it is. Nothing may use the cache during or
+// after Close, and no image may be pinned. When an image cannot be moved
+// the tmpfs stays mounted, with it.
+func (c *Cache) Close() error {
+	if !c.ownMount {
+		return nil
+	}
+	c.mu.Lock()
+	for {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
+	v := c.victims
+	c.victims = nil
+	c.mu.Unlock()
+	c.evict(v)
+	c.mu.Lock()
+	left := c.hotCount
+	c.mu.Unlock()
+	if left > 0 {
+		return fmt.Errorf("close image cache: %d images still in %s (pinned, or a move failed): left mounted", left, c.hotDir)
+	}
+	if err := unmountTmpfs(c.hotDir); err != nil {
+		return fmt.Errorf("close image cache: %w", err)
+	}
+	c.ownMount = false
+	c.log.LogAttrs(context.Background(), slog.LevelInfo, "unmounted tmpfs for hot images", slog.String("dir", c.hotDir))
 	return nil
 }
 

@@ -3,6 +3,7 @@ package imgcache
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,6 +28,26 @@ func mountTmpfs(dir string, size int64) error {
 		return fmt.Errorf("mount tmpfs on %s: %w (%w: run as root or set NoMount)", dir, err, ErrUnavailable)
 	case err != nil:
 		return fmt.Errorf("mount tmpfs on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether dir is on another device than its parent.
+func isMountPoint(dir string) (bool, error) {
+	var st, pst unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	if err := unix.Stat(filepath.Dir(dir), &pst); err != nil {
+		return false, fmt.Errorf("stat %s: %w", filepath.Dir(dir), err)
+	}
+	return st.Dev != pst.Dev, nil
+}
+
+// unmountTmpfs unmounts the tmpfs on dir.
+func unmountTmpfs(dir string) error {
+	if err := unix.Unmount(dir, 0); err != nil {
+		return fmt.Errorf("unmount tmpfs on %s: %w", dir, err)
 	}
 	return nil
 }

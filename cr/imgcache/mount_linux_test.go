@@ -60,3 +60,46 @@ func TestMountTmpfs(t *testing.T) {
 		t.Errorf("after reopen hot %v", hot)
 	}
 }
+
+// TestCloseUnmounts: Close moves the hot images of a cache that mounted
+// its tmpfs to ColdDir and unmounts it; a reopened cache (which found the
+// tmpfs left by the first, not closed) does the same; a NoMount cache
+// leaves HotDir as it is.
+func TestCloseUnmounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	d := newDirs(t)
+	t.Cleanup(func() { unix.Unmount(d.hot, unix.MNT_DETACH) })
+	c, err := Open(Options{HotDir: d.hot, ColdDir: d.cold, HotBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, c, "a", 100)
+	if _, err := Open(Options{HotDir: d.hot, ColdDir: d.cold, HotBytes: 1 << 20}); err != nil {
+		t.Fatal(err) // the first is not closed: its tmpfs is still there
+	}
+	c, err = Open(Options{HotDir: d.hot, ColdDir: d.cold, HotBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, c, "b", 200)
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if ok, err := isTmpfs(d.hot); err != nil || ok {
+		t.Fatalf("after Close, HotDir on a tmpfs: %v, %v", ok, err)
+	}
+	if hot, cold := where(t, d); len(hot) != 0 || !eq(cold, []string{"a", "b"}) {
+		t.Errorf("after Close hot %v cold %v, want both images cold", hot, cold)
+	}
+
+	p := open(t, d, 1<<20, false) // NoMount
+	put(t, p, "c", 100)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if hot, _ := where(t, d); !eq(hot, []string{"c"}) {
+		t.Errorf("a NoMount cache's Close moved its images: hot %v", hot)
+	}
+}

@@ -11,3 +11,9 @@ func isTmpfs(dir string) (bool, error) {
 func mountTmpfs(dir string, _ int64) error {
 	return fmt.Errorf("mount tmpfs on %s: %w (Linux only: set NoMount)", dir, ErrUnavailable)
 }
+
+func isMountPoint(string) (bool, error) { return false, nil }
+
+func unmountTmpfs(dir string) error {
+	return fmt.Errorf("unmount tmpfs on %s: %w (Linux only)", dir, ErrUnavailable)
+}
