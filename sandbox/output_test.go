@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,73 @@ func TestLargeOutputThroughShell(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(r.Stdout), "y\ny\n") || !strings.HasSuffix(string(r.Stdout), "y\ny\n") {
 		t.Errorf("head or tail lost: %q...%q", r.Stdout[:20], r.Stdout[len(r.Stdout)-20:])
+	}
+}
+
+// TestHugeOutputInSmallSandbox runs commands writing 300 MB with a
+// max_output far above what the sandbox's 64 MiB of memory could hold.
+// Init once buffered output in the sandbox's memory, was OOM-killed, and
+// the sandbox was dead for good; now it streams output to the server,
+// which keeps at most sandbox.MaxOutputCeiling of each stream.
+func TestHugeOutputInSmallSandbox(t *testing.T) {
+	sb := start(t, sandbox.Limits{MemoryBytes: 64 << 20})
+	ctx := context.Background()
+	const n = 300000000
+	check := func(what string, r *sandbox.Result, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if r.ExitCode != 0 || r.TimedOut || r.StdoutBytes != n || !r.Truncated {
+			t.Fatalf("%s: exit %d, timed out %v, stdout_bytes %d, truncated %v, stderr %q; want exit 0, %d bytes, truncated", what, r.ExitCode, r.TimedOut, r.StdoutBytes, r.Truncated, r.Stderr, n)
+		}
+		if len(r.Stdout) < sandbox.MaxOutputCeiling || len(r.Stdout) > sandbox.MaxOutputCeiling+100 {
+			t.Errorf("%s: kept %d bytes, want the ceiling %d plus a marker", what, len(r.Stdout), sandbox.MaxOutputCeiling)
+		}
+		if !strings.HasSuffix(string(r.Stdout), "y\ny\n") {
+			t.Errorf("%s: tail lost: %q", what, r.Stdout[len(r.Stdout)-20:])
+		}
+		for _, e := range r.Limits {
+			t.Errorf("%s: limit event %v", what, e)
+		}
+	}
+	cmd := fmt.Sprintf("yes | head -c %d", n)
+	r, err := sb.Exec(ctx, cmd, sandbox.ExecOptions{MaxOutput: 1 << 62})
+	check("exec", r, err)
+	r, err = sb.Run(ctx, cmd, sandbox.RunOptions{MaxOutput: 1 << 62})
+	check("run", r, err)
+	select {
+	case <-sb.Exited():
+		t.Fatal("init exited")
+	default:
+	}
+	r = run(t, sb, "echo still here", 10*time.Second)
+	if string(r.Stdout) != "still here\n" || r.ShellRestarted {
+		t.Errorf("next command: stdout %q, shell restarted %v", r.Stdout, r.ShellRestarted)
+	}
+	for _, e := range r.Limits {
+		t.Errorf("next command: limit event %v", e)
+	}
+	// The peak is what the sandbox's memory cgroup (v2, or v1 on a hybrid
+	// host) was charged at most: init's own memory and the pipes.
+	for _, f := range []string{filepath.Join(sb.FreezerCgroup(), "memory.peak"), filepath.Join("/sys/fs/cgroup/memory/arbor", sb.ID(), "memory.max_usage_in_bytes")} {
+		if b, err := os.ReadFile(f); err == nil {
+			t.Logf("%s: %s", f, strings.TrimSpace(string(b)))
+		}
+	}
+}
+
+// TestEndlessOutputTimesOut: a command that writes without end still times
+// out, and its shell stays.
+func TestEndlessOutputTimesOut(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	r := run(t, sb, "X=kept; yes", 2*time.Second)
+	if !r.TimedOut || r.StdoutBytes == 0 || !r.Truncated {
+		t.Errorf("yes: timed out %v, stdout_bytes %d, truncated %v; want a timeout with output", r.TimedOut, r.StdoutBytes, r.Truncated)
+	}
+	r = run(t, sb, "echo $X", 10*time.Second)
+	if string(r.Stdout) != "kept\n" || r.ShellRestarted {
+		t.Errorf("next command: stdout %q, shell restarted %v", r.Stdout, r.ShellRestarted)
 	}
 }
 
