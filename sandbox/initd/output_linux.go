@@ -65,7 +65,10 @@ func writePieces(c net.Conn, pieces <-chan piece) error {
 			if err != nil {
 				werr = err
 			} else {
-				bufs := net.Buffers{append(line, '\n'), p.data}
+				bufs := net.Buffers{append(line, '\n')}
+				if len(p.data) > 0 {
+					bufs = append(bufs, p.data)
+				}
 				_, werr = bufs.WriteTo(c)
 			}
 		}
