@@ -20,23 +20,61 @@ type piece struct {
 // a command that writes faster than the server reads waits on its pipe.
 const inFlight = 8
 
-// output forwards one job's stdout and stderr to the server as init reads
-// them (see ctl.Response) and counts them. Init keeps none of it: a
-// command's output costs the sandbox's memory at most inFlight pieces,
-// whatever max_output says, and the server caps what it keeps.
+// output forwards one job's stdout and stderr to the server (see
+// ctl.Response) and counts them. Init keeps none of it: a command's output
+// costs the sandbox's memory a piece being filled per stream and at most
+// inFlight pieces queued, whatever max_output says; the server caps what
+// it keeps. Pieces are sent full (ctl.MaxChunk) but the last one, which
+// flush sends: a piece per pipe read (a few KiB) cost more than the read.
 type output struct {
 	send  chan<- piece
-	total [3]int64 // by stream
+	total [3]int64  // by stream
+	fill  [3][]byte // the piece being filled, by stream
 }
 
-// put queues p (copied) as an output piece of stream. It blocks while the
-// connection is behind, which also holds up the command writing it.
+// pieceBufs holds the buffers of pieces written, for reuse.
+var pieceBufs = make(chan []byte, inFlight+4)
+
+func newPieceBuf() []byte {
+	select {
+	case b := <-pieceBufs:
+		return b[:0]
+	default:
+		return make([]byte, 0, ctl.MaxChunk)
+	}
+}
+
+// put adds p (copied) to stream, sending each piece that fills up. It
+// blocks while the connection is behind, which also holds up the command
+// writing the output.
 func (o *output) put(stream int, p []byte) {
 	o.total[stream] += int64(len(p))
 	for len(p) > 0 {
-		n := min(len(p), ctl.MaxChunk)
-		o.send <- piece{resp: ctl.Response{More: true, Stream: stream, Chunk: n}, data: append([]byte(nil), p[:n]...)}
-		p = p[n:]
+		b := o.fill[stream]
+		if b == nil {
+			b = newPieceBuf()
+		}
+		n := min(len(p), ctl.MaxChunk-len(b))
+		b, p = append(b, p[:n]...), p[n:]
+		o.fill[stream] = b
+		if len(b) == ctl.MaxChunk {
+			o.sendPiece(stream)
+		}
+	}
+}
+
+func (o *output) sendPiece(stream int) {
+	b := o.fill[stream]
+	o.fill[stream] = nil
+	o.send <- piece{resp: ctl.Response{More: true, Stream: stream, Chunk: len(b)}, data: b}
+}
+
+// flush sends what the pieces being filled hold.
+func (o *output) flush() {
+	for stream, b := range o.fill {
+		if len(b) > 0 {
+			o.sendPiece(stream)
+		}
 	}
 }
 
@@ -49,8 +87,10 @@ func (o *output) to(stream int) func([]byte) {
 	return func(p []byte) { o.put(stream, p) }
 }
 
-// finish fills in the byte counts of a job's answer.
+// finish sends the rest of the output and fills in the byte counts of a
+// job's answer.
 func (o *output) finish(resp *ctl.Response) {
+	o.flush()
 	resp.StdoutBytes, resp.StderrBytes = o.total[ctl.StreamStdout], o.total[ctl.StreamStderr]
 }
 
@@ -70,6 +110,12 @@ func writePieces(c net.Conn, pieces <-chan piece) error {
 					bufs = append(bufs, p.data)
 				}
 				_, werr = bufs.WriteTo(c)
+			}
+		}
+		if cap(p.data) == ctl.MaxChunk {
+			select {
+			case pieceBufs <- p.data:
+			default:
 			}
 		}
 		if !p.resp.More {

@@ -11,18 +11,25 @@ import (
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
+// TestOutputPutSplitsIntoPieces: output goes in full pieces, the rest
+// at finish, small writes together.
 func TestOutputPutSplitsIntoPieces(t *testing.T) {
 	ch := make(chan piece, 8)
 	o := &output{send: ch}
 	data := bytes.Repeat([]byte("x"), 2*ctl.MaxChunk+10)
 	o.put(ctl.StreamStderr, data)
-	o.put(ctl.StreamStdout, []byte("out"))
+	for i := 0; i < 3; i++ {
+		o.put(ctl.StreamStdout, []byte("o"))
+	}
+	if len(ch) != 2 {
+		t.Errorf("%d pieces sent before finish, want the 2 full ones", len(ch))
+	}
 	var resp ctl.Response
 	o.finish(&resp)
 	if resp.StdoutBytes != 3 || resp.StderrBytes != int64(len(data)) {
 		t.Errorf("counts %d %d, want 3 %d", resp.StdoutBytes, resp.StderrBytes, len(data))
 	}
-	want := []struct{ stream, n int }{{ctl.StreamStderr, ctl.MaxChunk}, {ctl.StreamStderr, ctl.MaxChunk}, {ctl.StreamStderr, 10}, {ctl.StreamStdout, 3}}
+	want := []struct{ stream, n int }{{ctl.StreamStderr, ctl.MaxChunk}, {ctl.StreamStderr, ctl.MaxChunk}, {ctl.StreamStdout, 3}, {ctl.StreamStderr, 10}}
 	if len(ch) != len(want) {
 		t.Fatalf("%d pieces, want %d", len(ch), len(want))
 	}
