@@ -407,8 +407,8 @@ func (s *shell) writeMaster(b []byte) {
 }
 
 // pumpOnce polls every descriptor once (waiting at most d; forever when
-// d < 0), moves command output into out and errb (discarding it when they
-// are nil), reaps children, and returns the status records that completed.
+// d < 0), hands command output to o (dropping it when o is nil), reaps
+// children, and returns the status records that completed.
 // dead reports that the shell has exited.
 //
 // Each descriptor gets at most drainBudget bytes read per call, so a
