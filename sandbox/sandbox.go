@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
 // Limits bound what a sandbox may use.
@@ -80,13 +82,29 @@ type Config struct {
 	UserNS UserNSConfig
 }
 
+// MaxOutputCeiling is the most of each of stdout and stderr a command's
+// Result keeps, whatever ExecOptions.MaxOutput or RunOptions.MaxOutput
+// ask: a larger MaxOutput is clamped to it (the head and the tail are kept
+// and Truncated is set, as under any cap). Init keeps no output (it
+// streams it to the server, docs/sandbox.md "Commands"), so this bounds
+// the server's memory per command, not the sandbox's.
+const MaxOutputCeiling = 64 << 20
+
+// outputCap is the cap of each stream for a MaxOutput option.
+func outputCap(max int) int {
+	if max <= 0 {
+		return ctl.DefaultMaxOutput
+	}
+	return min(max, MaxOutputCeiling)
+}
+
 // ExecOptions tune one command.
 type ExecOptions struct {
 	// Timeout bounds the command (default 60 s); on expiry its process
 	// group is killed and the shell stays.
 	Timeout time.Duration
-	// MaxOutput caps each of stdout and stderr (default 256 KiB); the head
-	// and the tail are kept.
+	// MaxOutput caps each of stdout and stderr (default 256 KiB, at most
+	// MaxOutputCeiling); the head and the tail are kept.
 	MaxOutput int
 }
 
@@ -101,7 +119,8 @@ type RunOptions struct {
 	// Timeout bounds the script (default 60 s); on expiry its process
 	// group is killed and ExitCode is 124.
 	Timeout time.Duration
-	// MaxOutput caps each of stdout and stderr (default 256 KiB).
+	// MaxOutput caps each of stdout and stderr (default 256 KiB, at most
+	// MaxOutputCeiling).
 	MaxOutput int
 }
 

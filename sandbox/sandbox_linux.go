@@ -452,6 +452,13 @@ func (s *Sandbox) disconnect() {
 
 // call sends one request; the caller holds s.mu or has exclusive access.
 func (s *Sandbox) call(ctx context.Context, req ctl.Request, wait time.Duration) (ctl.Response, error) {
+	return s.exchange(ctx, req, wait, nil, nil)
+}
+
+// exchange sends one request and reads its answer, putting the output
+// pieces that come before it (ctl.Response.More) in out and errb, or
+// dropping them when those are nil.
+func (s *Sandbox) exchange(ctx context.Context, req ctl.Request, wait time.Duration, out, errb *ctl.CapBuffer) (ctl.Response, error) {
 	select {
 	case <-s.exited:
 		return ctl.Response{}, ErrDead
@@ -474,20 +481,62 @@ func (s *Sandbox) call(ctx context.Context, req ctl.Request, wait time.Duration)
 		s.disconnect()
 		return ctl.Response{}, s.connErr("send request", err)
 	}
-	line, err := s.rd.ReadBytes('\n')
-	if err != nil {
+	readErr := func(err error) error {
 		s.disconnect()
 		if ctx.Err() != nil {
-			return ctl.Response{}, fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
+			return fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
 		}
-		return ctl.Response{}, s.connErr("read response", err)
+		return s.connErr("read response", err)
 	}
-	var resp ctl.Response
-	if err := json.Unmarshal(line, &resp); err != nil {
-		s.disconnect()
-		return ctl.Response{}, fmt.Errorf("decode sandbox response: %w", err)
+	var piece []byte
+	for {
+		line, err := s.rd.ReadBytes('\n')
+		if err != nil {
+			return ctl.Response{}, readErr(err)
+		}
+		var resp ctl.Response
+		if err := json.Unmarshal(line, &resp); err != nil {
+			s.disconnect()
+			return ctl.Response{}, fmt.Errorf("decode sandbox response: %w", err)
+		}
+		if !resp.More {
+			return resp, nil
+		}
+		dst := out
+		switch {
+		case resp.Chunk < 0 || resp.Chunk > ctl.MaxChunk:
+			s.disconnect()
+			return ctl.Response{}, fmt.Errorf("decode sandbox response: output piece of %d bytes", resp.Chunk)
+		case resp.Stream == ctl.StreamStderr:
+			dst = errb
+		case resp.Stream != ctl.StreamStdout:
+			s.disconnect()
+			return ctl.Response{}, fmt.Errorf("decode sandbox response: output piece of stream %d", resp.Stream)
+		}
+		if piece == nil {
+			piece = make([]byte, ctl.MaxChunk)
+		}
+		if _, err := io.ReadFull(s.rd, piece[:resp.Chunk]); err != nil {
+			return ctl.Response{}, readErr(err)
+		}
+		if dst != nil {
+			dst.Write(piece[:resp.Chunk])
+		}
 	}
-	return resp, nil
+}
+
+// result makes the Result of an answer whose output pieces went to out and
+// errb. An init that predates streaming sent its (capped) output in the
+// answer itself.
+func result(resp ctl.Response, out, errb *ctl.CapBuffer) *Result {
+	out.Write(resp.Stdout)
+	errb.Write(resp.Stderr)
+	return &Result{
+		Stdout: out.Bytes(), Stderr: errb.Bytes(),
+		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
+		Truncated: resp.Truncated || out.Truncated() || errb.Truncated(),
+		ExitCode:  resp.ExitCode, Cwd: resp.Cwd, TimedOut: resp.TimedOut, Duration: resp.Duration,
+	}
 }
 
 func (s *Sandbox) connErr(what string, err error) error {
@@ -523,7 +572,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	events = append(events, s.checkLimits()...)
 	// Init needs at most a few seconds beyond the command's own timeout to
 	// kill it and bring the shell back.
-	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpExec, Cmd: cmd, Timeout: o.Timeout, MaxOutput: o.MaxOutput}, o.Timeout+15*time.Second)
+	max := outputCap(o.MaxOutput)
+	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
+	resp, err := s.exchange(ctx, ctl.Request{Op: ctl.OpExec, Cmd: cmd, Timeout: o.Timeout, MaxOutput: max}, o.Timeout+15*time.Second, out, errb)
 	if err != nil {
 		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
 	}
@@ -540,13 +591,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 			s.shellPID = r.ShellPID
 		}
 	}
-	return &Result{
-		Stdout: resp.Stdout, Stderr: resp.Stderr,
-		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
-		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
-		TimedOut: resp.TimedOut, Duration: resp.Duration,
-		ShellRestarted: resp.ShellExited, Limits: events, RejectedStatus: resp.Rejected,
-	}, nil
+	r := result(resp, out, errb)
+	r.ShellRestarted, r.Limits, r.RejectedStatus = resp.ShellExited, events, resp.Rejected
+	return r, nil
 }
 
 // Run runs script as `/bin/sh -c` in a fresh child of init, not in the
@@ -568,20 +615,18 @@ func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result
 		return nil, ErrClosed
 	}
 	events := s.checkLimits()
-	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpRun, Cmd: script, Timeout: o.Timeout, MaxOutput: o.MaxOutput, Env: o.Env, Dir: o.Dir}, o.Timeout+15*time.Second)
+	max := outputCap(o.MaxOutput)
+	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
+	resp, err := s.exchange(ctx, ctl.Request{Op: ctl.OpRun, Cmd: script, Timeout: o.Timeout, MaxOutput: max, Env: o.Env, Dir: o.Dir}, o.Timeout+15*time.Second, out, errb)
 	if err != nil {
 		return nil, fmt.Errorf("run in sandbox %s: %w", s.cfg.ID, err)
 	}
 	if resp.Error != "" {
 		return nil, fmt.Errorf("run in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
-	events = append(events, s.checkLimits()...)
-	return &Result{
-		Stdout: resp.Stdout, Stderr: resp.Stderr,
-		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
-		Truncated: resp.Truncated, ExitCode: resp.ExitCode, Cwd: resp.Cwd,
-		TimedOut: resp.TimedOut, Duration: resp.Duration, Limits: events,
-	}, nil
+	r := result(resp, out, errb)
+	r.Limits = append(events, s.checkLimits()...)
+	return r, nil
 }
 
 // checkLimits reports limit events since the last check. A sandbox that hit

@@ -1,7 +1,8 @@
 // Package ctl is the control protocol between the Arbor server and the init
 // process (arbor-init) that runs as pid 1 inside every sandbox: one JSON
 // object per line over the unix socket at /.arbor/ctl.sock in the sandbox
-// root. The socket lives inside the sandbox so that a CRIU dump sees no
+// root, except that the raw bytes of an output piece follow its line (see
+// Response.More). The socket lives inside the sandbox so that a CRIU dump sees no
 // descriptor pointing outside it; the server closes its connection before a
 // dump and dials again afterwards.
 package ctl
@@ -42,7 +43,9 @@ type Request struct {
 	Cmd string `json:"cmd,omitempty"`
 	// Timeout bounds the command; zero means DefaultTimeout.
 	Timeout time.Duration `json:"timeout,omitempty"`
-	// MaxOutput caps each of stdout and stderr; zero means DefaultMaxOutput.
+	// MaxOutput caps each of stdout and stderr; zero means
+	// DefaultMaxOutput. The server caps output itself (init streams it,
+	// see Response.More); an init that predates streaming caps it here.
 	MaxOutput int `json:"max_output,omitempty"`
 	// Env ("KEY=VALUE") is the whole environment of an OpRun child; init
 	// adds PATH and HOME when it lacks them.
@@ -52,13 +55,28 @@ type Request struct {
 }
 
 // Response is the answer to one Request.
+//
+// Init sends a command's output as it reads it, in pieces before the
+// answer: a Response with More set, Stream and Chunk, whose line is
+// followed by Chunk raw bytes of that stream. Init keeps none of it, so
+// output costs the sandbox's memory a few pieces in flight whatever its
+// size; the server keeps what it caps (sandbox.MaxOutputCeiling). The
+// answer itself (More unset) has no Stdout or Stderr from a current init;
+// one that predates streaming sends them there, capped by MaxOutput.
 type Response struct {
+	// More marks an output piece: Chunk bytes (at most MaxChunk) of
+	// stream Stream (StreamStdout or StreamStderr) follow the line.
+	More   bool `json:"more,omitempty"`
+	Stream int  `json:"stream,omitempty"`
+	Chunk  int  `json:"chunk,omitempty"`
+
 	// Error is set when init could not do what was asked (not when the
 	// command failed: that is ExitCode).
 	Error string `json:"error,omitempty"`
 
-	Stdout      []byte `json:"stdout,omitempty"`
-	Stderr      []byte `json:"stderr,omitempty"`
+	Stdout []byte `json:"stdout,omitempty"`
+	Stderr []byte `json:"stderr,omitempty"`
+	// StdoutBytes and StderrBytes count what the command wrote.
 	StdoutBytes int64  `json:"stdout_bytes"`
 	StderrBytes int64  `json:"stderr_bytes"`
 	Truncated   bool   `json:"truncated,omitempty"`
@@ -91,3 +109,12 @@ const (
 	// MaxCommand bounds the command text.
 	MaxCommand = 1 << 20
 )
+
+// The streams of an output piece (Response.Stream).
+const (
+	StreamStdout = 1
+	StreamStderr = 2
+)
+
+// MaxChunk bounds the bytes of one output piece.
+const MaxChunk = 64 << 10

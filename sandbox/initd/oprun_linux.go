@@ -49,7 +49,8 @@ func runEnv(req []string) []string {
 // and its descendants are their only writers (save a process that
 // reopens them through /proc/PID/fd, which the caller rules out by
 // stopping everything else first). The exit status comes from waitpid.
-func (s *shell) runScript(req ctl.Request) ctl.Response {
+// Its output goes to o.
+func (s *shell) runScript(req ctl.Request, o *output) ctl.Response {
 	if len(req.Cmd) > ctl.MaxCommand {
 		return ctl.Response{Error: fmt.Sprintf("script is %d bytes, over the %d byte limit", len(req.Cmd), ctl.MaxCommand)}
 	}
@@ -57,11 +58,6 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 	if timeout <= 0 {
 		timeout = ctl.DefaultTimeout
 	}
-	max := req.MaxOutput
-	if max <= 0 {
-		max = ctl.DefaultMaxOutput
-	}
-	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	dir := req.Dir
 	if dir == "" {
 		dir = "/"
@@ -69,7 +65,7 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		// The sandbox's own state (the agent removed the directory) is
 		// the script's problem, not an infrastructure failure.
-		fmt.Fprintf(errb, "arbor: directory %s is missing; running in /\n", dir)
+		o.put(ctl.StreamStderr, fmt.Appendf(nil, "arbor: directory %s is missing; running in /\n", dir))
 		dir = "/"
 	}
 	var p [4]int
@@ -108,8 +104,10 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 		// A missing or broken /bin/sh is the sandbox's state: report it
 		// as a shell would, so the verifier fails instead of erroring.
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) {
-			fmt.Fprintf(errb, "arbor: start %s: %v\n", runShell, err)
-			return ctl.Response{ExitCode: 127, Stderr: errb.Bytes(), StderrBytes: errb.Total(), Cwd: dir}
+			o.put(ctl.StreamStderr, fmt.Appendf(nil, "arbor: start %s: %v\n", runShell, err))
+			resp := ctl.Response{ExitCode: 127, Cwd: dir}
+			o.finish(&resp)
+			return resp
 		}
 		return ctl.Response{Error: fmt.Sprintf("start %s: %v", runShell, err)}
 	}
@@ -121,8 +119,8 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 
 	resp := ctl.Response{Cwd: dir}
 	deadline := start.Add(timeout)
-	var grace time.Time // after exit or kill: how long to wait for EOF
-	open := map[int]*ctl.CapBuffer{outR: out, errR: errb}
+	var grace time.Time                                                 // after exit or kill: how long to wait for EOF
+	open := map[int]int{outR: ctl.StreamStdout, errR: ctl.StreamStderr} // fd: stream
 	for {
 		if s.runStatus != nil && grace.IsZero() {
 			// The script is done. What it left running in its process
@@ -153,21 +151,21 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
 		unix.Poll(fds, int(max0(wait)/time.Millisecond)+1)
-		s.drain(s.wakeR, nil)
-		for fd, b := range open {
-			if eof := s.drainEOF(fd, b); eof {
+		s.drain(s.wakeR, nil, 0)
+		for fd, stream := range open {
+			if eof := s.drain(fd, o.to(stream), 0); eof {
 				delete(open, fd)
 			}
 		}
 		s.reap()
 	}
-	for fd, b := range open {
-		s.drainEOF(fd, b)
+	for fd, stream := range open {
+		s.drain(fd, o.to(stream), 0)
 	}
 	for s.runStatus == nil {
 		// Killed above, so it goes soon.
 		unix.Kill(pid, unix.SIGKILL)
-		s.pumpOnce(10*time.Millisecond, nil, nil)
+		s.pumpOnce(10*time.Millisecond, nil)
 	}
 	resp.Duration = time.Since(start)
 	if resp.TimedOut {
@@ -175,24 +173,6 @@ func (s *shell) runScript(req ctl.Request) ctl.Response {
 	} else {
 		resp.ExitCode = exitCodeOf(*s.runStatus)
 	}
-	resp.Stdout, resp.Stderr = out.Bytes(), errb.Bytes()
-	resp.StdoutBytes, resp.StderrBytes = out.Total(), errb.Total()
-	resp.Truncated = out.Truncated() || errb.Truncated()
+	o.finish(&resp)
 	return resp
-}
-
-// drainEOF reads fd (non-blocking) into b until it is empty and reports
-// whether its writers are all gone.
-func (s *shell) drainEOF(fd int, b *ctl.CapBuffer) bool {
-	if s.buf == nil {
-		s.buf = make([]byte, 64<<10)
-	}
-	for {
-		n, err := unix.Read(fd, s.buf)
-		if n > 0 {
-			b.Write(s.buf[:n])
-			continue
-		}
-		return n == 0 && err == nil
-	}
 }

@@ -203,11 +203,12 @@ func pump(sh *shell, jobs <-chan job) {
 		select {
 		case j := <-jobs:
 			var resp ctl.Response
+			o := &output{send: j.out}
 			switch j.req.Op {
 			case ctl.OpExec:
-				resp = sh.exec(j.req)
+				resp = sh.exec(j.req, o)
 			case ctl.OpRun:
-				resp = sh.runScript(j.req)
+				resp = sh.runScript(j.req, o)
 			case ctl.OpPing, ctl.OpShell:
 				// The first request after a restore (see afterRestore).
 				sh.afterRestore()
@@ -215,9 +216,9 @@ func pump(sh *shell, jobs <-chan job) {
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}
 			}
-			j.done <- resp
+			j.out <- piece{resp: resp}
 		default:
-			_, dead := sh.pumpOnce(-1, nil, nil)
+			_, dead := sh.pumpOnce(-1, nil)
 			if dead {
 				// The shell died between commands (killed from outside):
 				// replace it so the sandbox stays usable.
@@ -245,12 +246,12 @@ func serve(c net.Conn, sh *shell, jobs chan<- job) {
 			enc.Encode(ctl.Response{})
 			return
 		}
-		j := job{req: req, done: make(chan ctl.Response, 1)}
+		j := job{req: req, out: make(chan piece, inFlight)}
 		jobs <- j // buffered: the pump may be asleep in poll
 		sh.wake()
 		// The job finishes even if the server hung up meanwhile: the
 		// shell must come back to its prompt either way.
-		if err := enc.Encode(<-j.done); err != nil {
+		if err := writePieces(c, j.out); err != nil {
 			return
 		}
 	}

@@ -30,10 +30,11 @@ const (
 	statusFD = 199
 )
 
-// A job is one command waiting for, or running in, the shell.
+// A job is one command waiting for, or running in, the shell. Its
+// answer goes to out: output pieces, then the final Response.
 type job struct {
-	req  ctl.Request
-	done chan ctl.Response
+	req ctl.Request
+	out chan piece
 }
 
 // shell is the persistent shell on a pty, plus the pipes through which each
@@ -176,13 +177,25 @@ func (s *shell) start() error {
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/root", "TERM=dumb", "LANG=C.UTF-8", "PS1=", "PS2=", "SHELL=" + s.path,
 	}
-	// The shell gets the pty as 0, 1 and 2 and the descriptors above;
-	// every other one below statusFD is closed.
+	// The shell gets the pty as 0 and 2, /dev/null as 1 and the
+	// descriptors above; every other one below statusFD is closed. Its
+	// stdout is never the terminal: every command's is the outFD pipe,
+	// and busybox runs applets such as yes and head in a fork of the
+	// shell without exec, with the shell's stdio state, which is line
+	// buffered when stdout was a terminal at the shell's first write (a
+	// write(2) per line: `yes | head -c 1000000` took 0.7 s instead of
+	// 8 ms, see docs/sandbox.md, "Commands").
 	files := make([]uintptr, statusFD+1)
 	for i := range files {
 		files[i] = ^uintptr(0)
 	}
-	files[0], files[1], files[2] = uintptr(slave), uintptr(slave), uintptr(slave)
+	null, err := unix.Open("/dev/null", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(master)
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer unix.Close(null)
+	files[0], files[1], files[2] = uintptr(slave), uintptr(null), uintptr(slave)
 	files[cmdFD], files[outFD], files[errFD], files[statusFD] = uintptr(s.cmdPeer), uintptr(s.outW), uintptr(s.errW), uintptr(stShell)
 	pid, err := syscall.ForkExec(s.path, args, &syscall.ProcAttr{
 		Dir:   "/root",
@@ -209,7 +222,7 @@ func (s *shell) start() error {
 	seq := s.type_(setup)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		recs, dead := s.pumpOnce(time.Until(deadline), nil, nil)
+		recs, dead := s.pumpOnce(time.Until(deadline), nil)
 		if dead {
 			return fmt.Errorf("shell %s exited during set-up", s.path)
 		}
@@ -383,7 +396,7 @@ func (s *shell) writeMaster(b []byte) {
 	for len(b) > 0 && s.master >= 0 {
 		n, err := unix.Write(s.master, b)
 		if err == unix.EAGAIN || err == unix.EINTR {
-			s.pumpOnce(10*time.Millisecond, nil, nil)
+			s.pumpOnce(10*time.Millisecond, nil)
 			continue
 		}
 		if err != nil {
@@ -394,10 +407,16 @@ func (s *shell) writeMaster(b []byte) {
 }
 
 // pumpOnce polls every descriptor once (waiting at most d; forever when
-// d < 0), moves command output into out and errb (discarding it when they
-// are nil), reaps children, and returns the status records that completed.
+// d < 0), hands command output to o (dropping it when o is nil), reaps
+// children, and returns the status records that completed.
 // dead reports that the shell has exited.
-func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []record, dead bool) {
+//
+// Each descriptor gets at most drainBudget bytes read per call, so a
+// command that writes without end cannot keep init from its status socket
+// and its timeout; once a record has been read, though, everything in the
+// output pipes is taken, since all the command wrote before its record is
+// there by then.
+func (s *shell) pumpOnce(d time.Duration, o *output) (recs []record, dead bool) {
 	// A negative fd (no master, no status socket) is skipped by poll.
 	fds := []unix.PollFd{
 		{Fd: int32(s.outR), Events: unix.POLLIN},
@@ -417,20 +436,16 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 	if _, err := unix.Poll(fds, ms); err != nil && err != unix.EINTR {
 		time.Sleep(time.Millisecond)
 	}
-	// Output first: everything the command wrote precedes its status record.
-	s.drain(s.outR, capOrDiscard(out))
-	s.drain(s.errR, capOrDiscard(errb))
-	if s.buf == nil {
-		s.buf = make([]byte, 64<<10)
-	}
+	s.drain(s.outR, o.to(ctl.StreamStdout), 0)
+	s.drain(s.errR, o.to(ctl.StreamStderr), 0)
 	s.flushCommand()
 	s.readStatus()
-	s.drain(s.wakeR, nil)
+	s.drain(s.wakeR, nil, 0)
 	// Holders of the shell's end of the command socket could fill init's
 	// side with bytes nobody reads; drop them.
-	s.drain(s.cmdW, nil)
+	s.drain(s.cmdW, nil, 0)
 	if s.master >= 0 {
-		s.drain(s.master, nil)
+		s.drain(s.master, nil, 0)
 		if fds[4].Revents&(unix.POLLHUP|unix.POLLERR) != 0 && fds[4].Revents&unix.POLLIN == 0 {
 			unix.Close(s.master)
 			s.master = -1
@@ -447,33 +462,38 @@ func (s *shell) pumpOnce(d time.Duration, out, errb *ctl.CapBuffer) (recs []reco
 			s.rejected++
 		}
 	}
+	if len(recs) > 0 {
+		// Output first: everything the command wrote precedes its status
+		// record, so it is in the pipes now.
+		s.drain(s.outR, o.to(ctl.StreamStdout), fionread(s.outR))
+		s.drain(s.errR, o.to(ctl.StreamStderr), fionread(s.errR))
+	}
 	return recs, s.exited != nil
 }
 
-// capOrDiscard is where drain puts a stream: b, or nowhere when no
-// command is collecting it.
-func capOrDiscard(b *ctl.CapBuffer) func([]byte) {
-	if b == nil {
-		return nil
-	}
-	return func(p []byte) { b.Write(p) }
-}
+// drainBudget is how many bytes drain reads from a descriptor at most
+// (beyond what it was asked to read at least) before it returns.
+const drainBudget = 1 << 20
 
-// drain reads fd (non-blocking) until it is empty, handing what it reads to
-// put, or dropping it when put is nil.
-func (s *shell) drain(fd int, put func([]byte)) {
+// drain reads fd (non-blocking) until it is empty or it has read
+// max(least, drainBudget) bytes, handing what it reads to put, or
+// dropping it when put is nil. It reports whether fd reached end of file.
+func (s *shell) drain(fd int, put func([]byte), least int) (eof bool) {
 	if s.buf == nil {
-		s.buf = make([]byte, 64<<10)
+		s.buf = make([]byte, ctl.MaxChunk)
 	}
-	for {
+	for got := 0; got < max(least, drainBudget); {
 		n, err := unix.Read(fd, s.buf)
-		if n > 0 && put != nil {
-			put(s.buf[:n])
+		if n > 0 {
+			got += n
+			if put != nil {
+				put(s.buf[:n])
+			}
+			continue
 		}
-		if err != nil || n <= 0 {
-			return
-		}
+		return n == 0 && err == nil
 	}
+	return false
 }
 
 // reap collects every exited child of init: the shell and orphans that
@@ -514,21 +534,18 @@ func (s *shell) killJob() {
 	}
 }
 
-// exec runs one command and returns its result. The command text reaches
-// the shell through the command socket, so no size limit of the terminal's
-// line discipline applies, nothing is left on disk and nothing in the
-// sandbox can rewrite it on the way (only init writes to that socket).
-func (s *shell) exec(req ctl.Request) ctl.Response {
+// exec runs one command and returns its result; its output goes to o.
+// The command text reaches the shell through the command socket, so no
+// size limit of the terminal's line discipline applies, nothing is left on
+// disk and nothing in the sandbox can rewrite it on the way (only init
+// writes to that socket).
+func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 	if len(req.Cmd) > ctl.MaxCommand {
 		return ctl.Response{Error: fmt.Sprintf("command is %d bytes, over the %d byte limit", len(req.Cmd), ctl.MaxCommand)}
 	}
 	timeout := req.Timeout
 	if timeout <= 0 {
 		timeout = ctl.DefaultTimeout
-	}
-	max := req.MaxOutput
-	if max <= 0 {
-		max = ctl.DefaultMaxOutput
 	}
 	if strings.IndexByte(req.Cmd, 0) >= 0 {
 		return ctl.Response{Error: "command contains a NUL byte"}
@@ -537,7 +554,9 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	// command (a background job's late output, forged records) belongs
 	// to no command: drop it before this one starts.
 	s.pending = s.pending[:0]
-	s.pumpOnce(0, nil, nil)
+	s.pumpOnce(0, nil)
+	s.drain(s.outR, nil, fionread(s.outR))
+	s.drain(s.errR, nil, fionread(s.errR))
 	for s.cmdPeer >= 0 {
 		if n, _, err := unix.Recvfrom(s.cmdPeer, s.buf, unix.MSG_DONTWAIT); n <= 0 || err != nil {
 			break
@@ -545,7 +564,6 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	}
 	clear(s.want)
 	rejected0 := s.rejected
-	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	start := time.Now()
 	// The shell reads the text from the command socket up to its NUL and
 	// evals it in itself, so cd, variables and functions persist and its
@@ -570,7 +588,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 		if firstMarker != 0 {
 			wait = 50 * time.Millisecond
 		}
-		recs, dead := s.pumpOnce(max0(wait), out, errb)
+		recs, dead := s.pumpOnce(max0(wait), o)
 		back := false
 		for _, r := range recs {
 			switch {
@@ -608,7 +626,7 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 				// The shell does not come back: replace it.
 				unix.Kill(s.pid, unix.SIGKILL)
 				for s.exited == nil {
-					s.pumpOnce(10*time.Millisecond, out, errb)
+					s.pumpOnce(10*time.Millisecond, o)
 				}
 				resp.ShellExited = true
 				resp.ExitCode = 124
@@ -632,10 +650,8 @@ func (s *shell) exec(req ctl.Request) ctl.Response {
 	if s.lostIdle {
 		resp.ShellExited, s.lostIdle = true, false
 	}
-	s.pumpOnce(0, out, errb)
-	resp.Stdout, resp.Stderr = out.Bytes(), errb.Bytes()
-	resp.StdoutBytes, resp.StderrBytes = out.Total(), errb.Total()
-	resp.Truncated = out.Truncated() || errb.Truncated()
+	s.pumpOnce(0, o)
+	o.finish(&resp)
 	if restart {
 		if s.master >= 0 {
 			unix.Close(s.master)
