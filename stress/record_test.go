@@ -5,37 +5,41 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
-// taxonomy is the error table of docs/protocol.md: code -> retryable,
-// infra. Every error the server sends must be in it with these flags.
-var taxonomy = map[string]struct{ retryable, infra bool }{
-	protocol.CodeMalformed:      {false, false},
-	protocol.CodeUnknownMethod:  {false, false},
-	protocol.CodeInvalidParams:  {false, false},
-	protocol.CodeBadRequest:     {false, false},
-	protocol.CodeTooLarge:       {false, false},
-	protocol.CodeUnauthorized:   {false, false},
-	protocol.CodeUnknownEnv:     {false, false},
-	protocol.CodeUnknownState:   {false, false},
-	protocol.CodeUnknownTask:    {false, false},
-	protocol.CodeTooManyReqs:    {true, false},
-	protocol.CodeTooManyEnvs:    {true, false},
-	protocol.CodeShuttingDown:   {true, true},
-	protocol.CodeRestoreFailed:  {true, true},
-	protocol.CodeCheckpointFail: {true, true},
-	protocol.CodeSandboxFailed:  {true, true},
-	protocol.CodeTimeout:        {true, true},
-	protocol.CodeInternal:       {false, true},
-	protocol.CodeEnvLost:        {false, true},
+// errorRow is one row of the error table of docs/protocol.md.
+type errorRow struct{ retryable, infra bool }
+
+// errorTable reads the error table of docs/protocol.md (code -> retryable,
+// infra): the contract every error the server sends is checked against,
+// so the test follows the document rather than a copy of it.
+func errorTable(path string) (map[string]errorRow, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	row := regexp.MustCompile("^\\| `([a-z_]+)` \\| .* \\| (yes|no) \\| (yes|no) \\|$")
+	t := map[string]errorRow{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := row.FindStringSubmatch(l); m != nil {
+			t[m[1]] = errorRow{retryable: m[2] == "yes", infra: m[3] == "yes"}
+		}
+	}
+	if len(t) < 10 || t[protocol.CodeInternal] != (errorRow{false, true}) {
+		return nil, fmt.Errorf("%s: no error table found (read %d rows)", path, len(t))
+	}
+	return t, nil
 }
 
 // Outcome codes the recorder counts besides the server's error codes.
@@ -77,6 +81,7 @@ type methodStats struct {
 
 // recorder collects every request's outcome and the failures found.
 type recorder struct {
+	table    map[string]errorRow // docs/protocol.md's error table
 	mu       sync.Mutex
 	methods  map[string]*methodStats
 	faults   map[string]int
@@ -86,8 +91,8 @@ type recorder struct {
 	logf     func(string, ...any)
 }
 
-func newRecorder(logf func(string, ...any)) *recorder {
-	return &recorder{methods: map[string]*methodStats{}, faults: map[string]int{}, notes: map[string]int{}, logf: logf}
+func newRecorder(table map[string]errorRow, logf func(string, ...any)) *recorder {
+	return &recorder{table: table, methods: map[string]*methodStats{}, faults: map[string]int{}, notes: map[string]int{}, logf: logf}
 }
 
 func (r *recorder) count(method, code string, lat time.Duration) {
@@ -133,14 +138,17 @@ func (r *recorder) note(kind string) {
 // answer breaks the protocol's promises. It returns the error for the
 // caller's bookkeeping.
 func (r *recorder) check(method, what string, start time.Time, c *conn, e *expect, err error) error {
-	lat := time.Since(start)
+	var lat time.Duration // none for what has no latency of its own (a batch's items)
+	if !start.IsZero() {
+		lat = time.Since(start)
+	}
 	var pe *protocol.Error
 	switch {
 	case err == nil:
 		r.count(method, codeOK, lat)
 	case errors.As(err, &pe):
 		r.count(method, pe.Code, lat)
-		tx, known := taxonomy[pe.Code]
+		tx, known := r.table[pe.Code]
 		switch {
 		case !known:
 			r.fail("%s: error code %q is not in docs/protocol.md: %v", what, pe.Code, err)
@@ -199,7 +207,11 @@ func (r *recorder) report(w io.Writer) {
 		}
 		sort.Strings(codes)
 		total += sum
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s |\n", n, sum, ms(percentile(m.lat, 50)), ms(percentile(m.lat, 99)), strings.Join(codes, ", "))
+		p50, p99 := "-", "-"
+		if len(m.lat) > 0 {
+			p50, p99 = ms(percentile(m.lat, 50)), ms(percentile(m.lat, 99))
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s |\n", n, sum, p50, p99, strings.Join(codes, ", "))
 	}
 	fmt.Fprintf(w, "\n%d requests.\n\n## Injected faults\n\n", total)
 	writeCounts(w, r.faults)
@@ -229,3 +241,23 @@ func writeCounts(w io.Writer, m map[string]int) {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+// TestErrorTable: the table read from docs/protocol.md has every code of
+// server/protocol, with the flags protocol.Errorf gives them.
+func TestErrorTable(t *testing.T) {
+	table, err := errorTable("../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, code := range []string{protocol.CodeMalformed, protocol.CodeUnknownMethod, protocol.CodeInvalidParams,
+		protocol.CodeBadRequest, protocol.CodeTooLarge, protocol.CodeUnauthorized, protocol.CodeUnknownEnv,
+		protocol.CodeUnknownState, protocol.CodeUnknownTask, protocol.CodeTooManyReqs, protocol.CodeTooManyEnvs,
+		protocol.CodeShuttingDown, protocol.CodeRestoreFailed, protocol.CodeCheckpointFail, protocol.CodeSandboxFailed,
+		protocol.CodeTimeout, protocol.CodeInternal, protocol.CodeEnvLost} {
+		row, ok := table[code]
+		e := protocol.Errorf(code, "x")
+		if !ok || row.retryable != e.Retryable || row.infra != e.Infra {
+			t.Errorf("%s: docs/protocol.md says %+v (listed %v), protocol.Errorf gives retryable=%v infra=%v", code, row, ok, e.Retryable, e.Infra)
+		}
+	}
+}

@@ -407,6 +407,7 @@ func (g *cgroups) watch(ctx context.Context, interval time.Duration) {
 // snapshot is what a leak check compares.
 type snapshot struct {
 	fds, threads, goroutines int
+	conns, inFlight          int   // arbor_connections, arbor_requests_in_flight
 	rss                      int64 // bytes
 	mounts                   []string
 	sandboxes                int            // live sandbox cgroups of the server
@@ -442,6 +443,7 @@ func (s *server) snapshot(g *cgroups) (snapshot, error) {
 		return sn, fmt.Errorf("read metrics: %w", err)
 	}
 	sn.goroutines = int(m["go_goroutines"])
+	sn.conns, sn.inFlight = int(m["arbor_connections"]), int(m["arbor_requests_in_flight"])
 	for _, mt := range mountsBelow(s.dir) {
 		sn.mounts = append(sn.mounts, mt.point)
 	}

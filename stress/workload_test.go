@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,12 @@ type envState struct {
 	head    string
 	hist    []string
 	faulted bool // the test killed its init: the next request may answer infra
+	trace   []string
+}
+
+// String is the env's recent history, for failure messages.
+func (e *envState) String() string {
+	return fmt.Sprintf("env %s (recent: %s)", e.id, strings.Join(e.trace, ", "))
 }
 
 // client is one connection and the envs it drives; its workers share them.
@@ -108,11 +115,7 @@ func (cl *client) take(rng *rand.Rand, n int, ok func(*envState) bool) []*envSta
 }
 
 func sortEnvs(es []*envState) {
-	for i := 1; i < len(es); i++ {
-		for j := i; j > 0 && es[j].id < es[j-1].id; j-- {
-			es[j], es[j-1] = es[j-1], es[j]
-		}
-	}
+	slices.SortFunc(es, func(a, b *envState) int { return strings.Compare(a.id, b.id) })
 }
 
 func (cl *client) put(es ...*envState) {
@@ -161,11 +164,16 @@ func (cl *client) stateVal(sid string) (int, bool) {
 	return v, ok
 }
 
-// moved records that e is now at state sid with value val.
-func (cl *client) moved(e *envState, sid string, val int) {
+// moved records that e is now at state sid with value val (why: the
+// request that moved it, for the failure messages).
+func (cl *client) moved(e *envState, sid string, val int, why string) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	cl.valOf[sid] = val
+	e.trace = append(e.trace, fmt.Sprintf("%s->%s=%d", why, sid, val))
+	if len(e.trace) > 16 {
+		e.trace = e.trace[len(e.trace)-12:]
+	}
 	if e.head == sid {
 		e.val = val
 		return // not new to its history (it may be a state it only visits)
@@ -272,7 +280,8 @@ func (cl *client) opReset(rng *rand.Rand) {
 		cl.r.rec.fail("client %d: reset %+v: no env or state id: %+v", cl.id, p, res)
 		return
 	}
-	cl.add(&envState{id: res.EnvID, task: task, head: res.Info.StateID, hist: []string{res.Info.StateID}})
+	cl.add(&envState{id: res.EnvID, task: task, head: res.Info.StateID, hist: []string{res.Info.StateID},
+		trace: []string{fmt.Sprintf("reset %+v->%s", p, res.Info.StateID)}})
 }
 
 // mutateCmd writes val into /work/v and V, and (hello task) writes the
@@ -347,7 +356,7 @@ func (cl *client) opMutate(rng *rand.Rand) {
 			cl.r.rec.fail("client %d: step %q on %s: exit %d: %s", cl.id, cmd, e.id, res.Obs.ExitCode, res.Obs.Stderr)
 			return
 		}
-		cl.moved(e, res.Info.StateID, val)
+		cl.moved(e, res.Info.StateID, val, "step")
 	}
 }
 
@@ -359,12 +368,12 @@ func (cl *client) verify(e *envState, why string) {
 	}
 	cl.r.rec.note("step saw the value of its state (" + why + ")")
 	if got := string(res.Obs.Stdout); got != wantCheck(e.val) {
-		cl.r.rec.fail("client %d: env %s (%s, head %s): /work/v and $V read %q, want %q", cl.id, e.id, why, e.head, got, wantCheck(e.val))
+		cl.r.rec.fail("client %d: %s (%s, head %s): /work/v and $V read %q, want %q", cl.id, e, why, e.head, got, wantCheck(e.val))
 	}
 	if res.Info.StateID != e.head {
 		// Not a lie (when in doubt the server checkpoints), but counted.
 		cl.r.rec.note("read-only step made a new state")
-		cl.moved(e, res.Info.StateID, e.val)
+		cl.moved(e, res.Info.StateID, e.val, "read-only step")
 	}
 }
 
@@ -390,12 +399,12 @@ func (cl *client) opFiles(rng *rand.Rand) {
 	if res == nil {
 		return
 	}
-	cl.moved(e, res.Info.StateID, e.val)
+	cl.moved(e, res.Info.StateID, e.val, "write_file")
 	res = cl.step(e, "read_file", arbor.ReadFile("/work/f"))
 	if res == nil {
 		return
 	}
-	cl.moved(e, res.Info.StateID, e.val)
+	cl.moved(e, res.Info.StateID, e.val, "read_file")
 	if string(res.Obs.Stdout) != string(content) {
 		cl.r.rec.fail("client %d: read_file on %s returned %d bytes unlike the %d written", cl.id, e.id, len(res.Obs.Stdout), len(content))
 	}
@@ -419,7 +428,7 @@ func (cl *client) opBranch(rng *rand.Rand) {
 		val, _ = cl.stateVal(p.StateID)
 	}
 	var res *arbor.BranchResult
-	err := cl.do("branch", fmt.Sprintf("branch %+v", p), envExpect(src), func(ctx context.Context, c *arbor.Client) (err error) {
+	err := cl.do("branch", fmt.Sprintf("branch %+v of %s", p, src), envExpect(src), func(ctx context.Context, c *arbor.Client) (err error) {
 		res, err = c.Branch(ctx, p)
 		return err
 	})
@@ -431,7 +440,7 @@ func (cl *client) opBranch(rng *rand.Rand) {
 		return
 	}
 	if p.EnvID != "" {
-		cl.moved(src, res.StateID, val)
+		cl.moved(src, res.StateID, val, "branch source")
 	}
 	for i, id := range res.EnvIDs {
 		if id == "" {
@@ -439,11 +448,11 @@ func (cl *client) opBranch(rng *rand.Rand) {
 			if i < len(res.Errors) && res.Errors[i] != nil {
 				ie = res.Errors[i]
 			}
-			cl.r.rec.check("branch child", fmt.Sprintf("client %d: branch %+v child %d", cl.id, p, i), time.Now(), nil, envExpect(src), ie)
+			cl.r.rec.check("branch child", fmt.Sprintf("client %d: branch %+v child %d", cl.id, p, i), time.Time{}, nil, envExpect(src), ie)
 			continue
 		}
 		child := &envState{id: id, task: src.task}
-		cl.moved(child, res.StateID, val)
+		cl.moved(child, res.StateID, val, "branch of "+src.id)
 		cl.add(child)
 	}
 }
@@ -458,7 +467,7 @@ func (cl *client) opRollback(rng *rand.Rand) {
 	sid := e.hist[rng.Intn(len(e.hist))]
 	val, _ := cl.stateVal(sid)
 	var info *arbor.Info
-	err := cl.do("rollback", fmt.Sprintf("rollback %s to %s", e.id, sid), envExpect(e), func(ctx context.Context, c *arbor.Client) (err error) {
+	err := cl.do("rollback", fmt.Sprintf("rollback %s to %s", e, sid), envExpect(e), func(ctx context.Context, c *arbor.Client) (err error) {
 		info, err = c.Rollback(ctx, e.id, sid)
 		return err
 	})
@@ -472,7 +481,7 @@ func (cl *client) opRollback(rng *rand.Rand) {
 	if info.StateID != sid || info.Restored != sid {
 		cl.r.rec.fail("client %d: rollback %s to %s answered state %s restored %s", cl.id, e.id, sid, info.StateID, info.Restored)
 	}
-	cl.moved(e, sid, val)
+	cl.moved(e, sid, val, "rollback")
 	if rng.Intn(2) == 0 {
 		cl.verify(e, "rollback")
 	}
@@ -487,7 +496,7 @@ func (cl *client) opRollbackTool(rng *rand.Rand) {
 	defer cl.put(e)
 	sid := e.hist[rng.Intn(len(e.hist))]
 	val, _ := cl.stateVal(sid)
-	res := cl.step(e, "rollback tool to "+sid, arbor.RollbackTo(sid))
+	res := cl.step(e, fmt.Sprintf("rollback tool to %s (%s)", sid, e), arbor.RollbackTo(sid))
 	if res == nil {
 		return
 	}
@@ -495,7 +504,7 @@ func (cl *client) opRollbackTool(rng *rand.Rand) {
 		cl.r.rec.fail("client %d: rollback tool on %s to %s (a state of its own): exit %d restored %q: %s", cl.id, e.id, sid, res.Obs.ExitCode, res.Info.Restored, res.Obs.Stderr)
 		return
 	}
-	cl.moved(e, res.Info.StateID, val)
+	cl.moved(e, res.Info.StateID, val, "rollback tool")
 	cl.verify(e, "rollback tool")
 }
 
@@ -529,7 +538,7 @@ func (cl *client) opEvaluate(rng *rand.Rand) {
 	}
 	cl.r.rec.note("evaluate scored the env's state")
 	if ev.Reward != wantReward(e.val) {
-		cl.r.rec.fail("client %d: evaluate of %s at value %d (state %s): reward %v, want %v (%v)", cl.id, e.id, e.val, e.head, ev.Reward, wantReward(e.val), ev.Details)
+		cl.r.rec.fail("client %d: evaluate of %s at value %d (state %s): reward %v, want %v (%v)", cl.id, e, e.val, e.head, ev.Reward, wantReward(e.val), ev.Details)
 	}
 }
 
@@ -596,7 +605,7 @@ func (cl *client) opBatch(rng *rand.Rand) {
 		if r.Error != nil {
 			ie = r.Error
 		}
-		ierr := cl.r.rec.check("step_batch item", fmt.Sprintf("client %d: step_batch item %d on %s", cl.id, i, it.e.id), time.Now(), nil, envExpect(it.e), ie)
+		ierr := cl.r.rec.check("step_batch item", fmt.Sprintf("client %d: step_batch item %d on %s", cl.id, i, it.e.id), time.Time{}, nil, envExpect(it.e), ie)
 		if ierr != nil || r.Result == nil {
 			continue
 		}
@@ -606,13 +615,13 @@ func (cl *client) opBatch(rng *rand.Rand) {
 				cl.r.rec.fail("client %d: step_batch item %d on %s: exit %d: %s", cl.id, i, it.e.id, r.Result.Obs.ExitCode, r.Result.Obs.Stderr)
 				continue
 			}
-			cl.moved(it.e, r.Result.Info.StateID, it.val)
+			cl.moved(it.e, r.Result.Info.StateID, it.val, "batch step")
 			continue
 		}
 		if got := string(r.Result.Obs.Stdout); got != wantCheck(it.e.val) {
 			cl.r.rec.fail("client %d: step_batch item %d: env %s (head %s) reads %q, want %q", cl.id, i, it.e.id, it.e.head, got, wantCheck(it.e.val))
 		}
-		cl.moved(it.e, r.Result.Info.StateID, it.e.val)
+		cl.moved(it.e, r.Result.Info.StateID, it.e.val, "batch read-only step")
 	}
 }
 
@@ -702,7 +711,7 @@ func (cl *client) opCheckpoint(rng *rand.Rand) {
 		return
 	}
 	if err == nil {
-		cl.moved(e, sid, e.val)
+		cl.moved(e, sid, e.val, "checkpoint")
 	}
 }
 
@@ -804,7 +813,7 @@ func (cl *client) opCloseRace(rng *rand.Rand) {
 		return
 	}
 	sid := res.Info.StateID
-	cl.moved(e, sid, val)
+	cl.moved(e, sid, val, "close-race step")
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -829,7 +838,7 @@ func (cl *client) opCloseRace(rng *rand.Rand) {
 	for _, id := range br.EnvIDs {
 		if id != "" {
 			child := &envState{id: id, task: e.task}
-			cl.moved(child, br.StateID, val)
+			cl.moved(child, br.StateID, val, "branch racing close of "+e.id)
 			cl.add(child)
 		}
 	}
