@@ -9,9 +9,12 @@ TEST_FUZZTIME ?= 5s
 FUZZTIME ?= 2m
 # go test through internal/gotest: readable CI output, the skips with their
 # reasons and count, and a failure on any skip not in its allowlist.
-GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) run ./internal/gotest
+GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) run ./internal/gotest
+# make stress: how long and how many clients (stress/stress_test.go has the other knobs).
+STRESS_DURATION ?= 15m
+STRESS_CLIENTS ?= 8
 
-.PHONY: help deps build run test test-images fuzz generate bench gobench lint
+.PHONY: help deps build run test test-images fuzz generate bench gobench stress lint
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -51,7 +54,13 @@ bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent t
 	$(BIN)/arbor --log-level warn bench --out benchmarks/results
 
 gobench: build ## the Go micro-benchmarks (go test -bench)
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init $(GO) test -run '^$$' -bench . -benchtime 20x ./...
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...
+
+stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a report in stress/results
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
+	ARBOR_STRESS_DURATION=$(STRESS_DURATION) ARBOR_STRESS_CLIENTS=$(STRESS_CLIENTS) \
+	ARBOR_STRESS_REPORT=$(CURDIR)/stress/results/$$(date -u +%Y%m%dT%H%M%SZ).md \
+	$(GO) test -count=1 -timeout 60m -run '^TestStress$$' -v ./stress/
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
