@@ -47,7 +47,12 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 const (
 	fdSlack        = 4
 	goroutineSlack = 10
-	threadSlack    = 8
+	// The runtime keeps an OS thread it made for a blocking system call
+	// (file I/O of 24 workers' requests) and never gives it back, so the
+	// count after a run is the run's peak of blocking calls, not a leak;
+	// a thread per sandbox or per wait (what issue 3/11 saw: 63-149
+	// threads after such a run) is far above this.
+	threadSlack = 32
 )
 
 // TestStress runs concurrent clients with a random mix of reset, step,
