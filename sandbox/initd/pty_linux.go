@@ -37,14 +37,14 @@ import (
 // queues one event for each, which alternate. (Only two opens whose
 // notifications run at the very same instant can still fold.) The kernel
 // queues the events when the open succeeds, before the opener gets its
-// descriptor, so init counts twice:
-// right after TIOCEXCL, before the shell starts, and once more after the
-// shell has answered its set-up line, before anything else is typed,
-// which also catches an opener that was preempted between the tty's checks
-// and the event for as long as the shell took to start. (One preempted
-// there for longer still gets in unseen: the kernel offers no later
-// moment at which every such open must have shown.) The watch ends with
-// start, so that no inotify descriptor is left for CRIU to dump.
+// descriptor, so init counts twice: right after TIOCEXCL, before the shell
+// starts, and once more after the shell has answered its set-up line,
+// before anything else is typed, which also catches an opener that was
+// preempted between the tty's checks and its event for as long as the
+// shell took to start. (One preempted there for longer still gets in
+// unseen: the kernel offers no later moment at which every such open must
+// have shown.) The watch ends with start, so that no inotify descriptor is
+// left for CRIU to dump.
 
 // ptyTries is how many ptys start makes before it gives up when every one
 // is opened by another process before it is exclusive.
