@@ -133,7 +133,11 @@ func Setup(o SetupOptions) error {
 			return err
 		}
 	}
-	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if v := os.Getenv(ptyHoldEnv); v != "" {
+		env = append(env, ptyHoldEnv+"="+v) // tests only (pty_linux.go)
+	}
+	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, env)
 }
 
 // makeDev fills root/dev with the device nodes and links a sandbox needs,

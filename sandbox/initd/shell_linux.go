@@ -117,35 +117,30 @@ func newShell(path string) (*shell, error) {
 func (s *shell) wake() { unix.Write(s.wakeW, []byte{0}) }
 
 // start launches the shell on a fresh pty and waits until it has run its
-// set-up line.
+// set-up line. A pty that another process opened before init made it
+// exclusive is thrown away for a new one (pty_linux.go), up to ptyTries
+// times.
 func (s *shell) start() error {
-	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	for try := 1; ; try++ {
+		err := s.startOn()
+		if !errors.Is(err, errPtyTaken) {
+			return err
+		}
+		if try == ptyTries {
+			return fmt.Errorf("pty: %w, %d times in a row", err, ptyTries)
+		}
+	}
+}
+
+// startOn is one try of start.
+func (s *shell) startOn() error {
+	p, err := openPty()
 	if err != nil {
-		return fmt.Errorf("open ptmx: %w", err)
+		return err
 	}
-	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
-		unix.Close(master)
-		return fmt.Errorf("unlock pty: %w", err)
-	}
-	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
-	if err != nil {
-		unix.Close(master)
-		return fmt.Errorf("pty number: %w", err)
-	}
-	slave, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		unix.Close(master)
-		return fmt.Errorf("open pty slave: %w", err)
-	}
+	defer p.endWatch()
+	master, slave, n := p.master, p.slave, p.n
 	defer unix.Close(slave)
-	// Exclusive mode: no process may open this terminal again (by
-	// /dev/pts/N, /dev/tty or /proc/PID/fd) unless it has CAP_SYS_ADMIN,
-	// so nothing can read the lines init types. The shell inherits this
-	// descriptor and needs no open of its own.
-	if err := unix.IoctlSetInt(slave, unix.TIOCEXCL, 0); err != nil {
-		unix.Close(master)
-		return fmt.Errorf("set pty exclusive: %w", err)
-	}
 	stShell, err := s.newStatusSocket()
 	if err != nil {
 		unix.Close(master)
@@ -228,13 +223,34 @@ func (s *shell) start() error {
 		}
 		for _, r := range recs {
 			if r.seq == seq {
-				return nil
+				return s.checkPty(p)
 			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("shell %s did not answer its set-up line", s.path)
 		}
 	}
+}
+
+// checkPty counts the opens of the new shell's terminal once more, now
+// that the shell has answered its set-up line and before anything else is
+// typed. When another process opened it, the shell is killed and the pty
+// thrown away; that shell does not count as a restart.
+func (s *shell) checkPty(p *pty) error {
+	if !p.taken() {
+		return nil
+	}
+	restarts, lastExit := s.restarts, s.lastExit
+	unix.Kill(s.pid, unix.SIGKILL)
+	for s.exited == nil {
+		s.pumpOnce(10*time.Millisecond, nil)
+	}
+	s.restarts, s.lastExit = restarts, lastExit
+	if s.master >= 0 {
+		unix.Close(s.master)
+		s.master = -1
+	}
+	return errPtyTaken
 }
 
 // type_ writes one line into the shell, with the status record's printf

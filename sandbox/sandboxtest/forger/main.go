@@ -6,7 +6,8 @@
 //
 //	forger [-docker-caps] status    fake status records, old and new format, to every fd of pid 1 and to the shell's sockets
 //	forger [-docker-caps] signals   every signal 1-64 to pid 1, in a loop
-//	forger [-docker-caps] pty       open every pty and every other process's fds 0-2 and 255, in a loop
+//	forger [-docker-caps] pty       open every pty and every other process's fds 0-2 and 255, in a loop, and keep what opens
+//	forger [-docker-caps] window    open the pty init holds in the test pause of ARBOR_TEST_PTY_HOLD=/tmp/pty-hold, and keep it
 //	forger [-docker-caps] connect   an exec request on /.arbor/ctl.sock
 //	forger [-docker-caps] rebind    replace /.arbor/ctl.sock with a socket that answers every request with a forged result
 //
@@ -47,7 +48,7 @@ func main() {
 		args = args[1:]
 	}
 	if len(args) != 1 {
-		fail("usage: forger [-docker-caps] status|signals|pty|connect|rebind")
+		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind")
 	}
 	mode := args[0]
 	switch mode {
@@ -57,6 +58,8 @@ func main() {
 		signals()
 	case "pty":
 		pty()
+	case "window":
+		window()
 	case "connect":
 		connect()
 	case "rebind":
@@ -173,9 +176,14 @@ func signals() {
 	}
 }
 
+// pty keeps every terminal it manages to open (one descriptor per
+// terminal) and reports, each round, the ones on which a terminal ioctl
+// still works: a descriptor of a pty whose master was closed is hung up
+// (EIO) and harmless, a working one reaches the terminal of whoever uses it.
 func pty() {
 	self := os.Getpid()
-	tries := 0
+	tries, opened := 0, 0
+	held := map[uint64]int{} // rdev -> descriptor
 	for round := 0; ; round++ {
 		var paths []string
 		if m, _ := filepath.Glob("/dev/pts/[0-9]*"); m != nil {
@@ -209,13 +217,61 @@ func pty() {
 				unix.Close(fd)
 				continue
 			}
+			opened++
 			f, _ := os.OpenFile("/tmp/forger-pty-opened", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-			fmt.Fprintf(f, "opened %s\n", path)
+			fmt.Fprintf(f, "opened %s (pts %d)\n", path, unix.Minor(st.Rdev))
 			f.Close()
-			unix.Close(fd)
+			if _, ok := held[st.Rdev]; ok {
+				unix.Close(fd)
+			} else {
+				held[st.Rdev] = fd
+			}
 		}
-		if round%20 == 0 {
-			report("pty", "rounds=%d tries=%d", round+1, tries)
+		var live []string
+		for rdev, fd := range held {
+			if termWorks(fd) {
+				live = append(live, strconv.Itoa(int(unix.Minor(rdev))))
+			} else {
+				// Hung up: harmless, let it go.
+				delete(held, rdev)
+				unix.Close(fd)
+			}
+		}
+		report("pty", "rounds=%d tries=%d opened=%d live=[%s]", round+1, tries, opened, strings.Join(live, " "))
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// termWorks reports whether fd still reaches its terminal (TCGETS fails
+// with EIO once the terminal was hung up). It neither reads nor writes, so
+// it takes nothing from the terminal's user.
+func termWorks(fd int) bool {
+	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	return err == nil
+}
+
+// window waits for init's test pause (ARBOR_TEST_PTY_HOLD=/tmp/pty-hold:
+// init has unlocked a new pty and not yet made it exclusive), opens that
+// pty's slave, lets init go on and keeps the descriptor, reporting in
+// /tmp/forger-window whether it still reaches the terminal.
+func window() {
+	const dir = "/tmp/pty-hold"
+	var n string
+	for {
+		b, err := os.ReadFile(dir + "/pts")
+		if err == nil && len(b) > 0 {
+			n = string(b)
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	fd, err := unix.Open("/dev/pts/"+n, unix.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	os.WriteFile(dir+"/go", nil, 0o644)
+	for round := 1; ; round++ {
+		if err != nil {
+			report("window", "rounds=%d pts=%s open=%v", round, n, err)
+		} else {
+			report("window", "rounds=%d pts=%s open=ok live=%v", round, n, termWorks(fd))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
