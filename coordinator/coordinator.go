@@ -32,9 +32,10 @@ type Options struct {
 	VerifySkips bool
 	// MaxEnvs bounds the envs handed out (default 256).
 	MaxEnvs int
-	// IdleTTL closes handed-out envs nobody touched for this long (0 or
-	// negative: never). It should exceed the longest command timeout: a
-	// running command holds its env's gate, and the janitor waits for it.
+	// IdleTTL closes handed-out envs nobody touched for this long since
+	// their last operation ended (0 or negative: never). A running
+	// operation holds its env's ticket; the janitor waits for it and then
+	// keeps the env.
 	IdleTTL time.Duration
 	// DefaultTimeout is a bash turn's timeout when neither the action nor
 	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
@@ -167,12 +168,14 @@ func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
 
 // Ticket queues an operation on the envs ids in the order of the calls:
 // wait blocks until the operations queued before it on those envs have
-// ended, release lets the next one run. Ids not handed out take no
-// ticket.
+// ended, release lets the next one run. Releasing marks the envs used
+// (the idle TTL counts from the end of an operation, however long it
+// ran). Ids not handed out take no ticket.
 func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var prevs, nexts []chan struct{}
+	var held []*entry
 	for _, id := range ids {
 		m, ok := c.envs[id]
 		if !ok || id == "" {
@@ -181,6 +184,7 @@ func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
 		next := make(chan struct{})
 		prevs, m.tail = append(prevs, m.tail), next
 		nexts = append(nexts, next)
+		held = append(held, m)
 	}
 	wait = func() {
 		for _, p := range prevs {
@@ -188,6 +192,10 @@ func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
 		}
 	}
 	release = func() {
+		now := time.Now().UnixNano()
+		for _, m := range held {
+			m.used.Store(now)
+		}
 		for _, n := range nexts {
 			close(n)
 		}
@@ -379,25 +387,37 @@ func (c *Coordinator) janitor() {
 	}
 }
 
-// sweep closes the envs idle at now. Each close takes the env's ticket,
-// so it waits for an operation that is running, and rechecks the idle
-// time once it holds it.
+// sweep closes the envs idle at now.
 func (c *Coordinator) sweep(now time.Time) {
+	c.closeIdle(c.idleAt(now))
+}
+
+// idleAt lists the envs nobody used for IdleTTL at now, with the time of
+// their last use.
+func (c *Coordinator) idleAt(now time.Time) map[string]int64 {
 	c.mu.Lock()
-	var idle []string
+	defer c.mu.Unlock()
+	idle := map[string]int64{}
 	for id, m := range c.envs {
-		if now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
-			idle = append(idle, id)
+		if used := m.used.Load(); now.Sub(time.Unix(0, used)) > c.o.IdleTTL {
+			idle[id] = used
 		}
 	}
-	c.mu.Unlock()
-	for _, id := range idle {
+	return idle
+}
+
+// closeIdle closes the envs found idle. Each close takes the env's
+// ticket, so it waits for an operation that is running (a long command),
+// and once it holds it closes the env only if nobody used it since it was
+// found idle: an operation marks its env used when it ends (Ticket).
+func (c *Coordinator) closeIdle(idle map[string]int64) {
+	for id, seen := range idle {
 		wait, release := c.Ticket(id)
 		wait()
 		c.mu.Lock()
 		m, ok := c.envs[id]
 		c.mu.Unlock()
-		if ok && now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
+		if ok && m.used.Load() == seen {
 			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
 			c.forget(id)
 			if err := c.e.CloseEnv(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {

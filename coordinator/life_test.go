@@ -171,6 +171,24 @@ func TestIdleTTL(t *testing.T) {
 		t.Errorf("turn on the closed env: %v", err)
 	}
 
+	// An operation that runs longer than the TTL (a long command) holds
+	// the env's ticket while the janitor finds the env idle: the close
+	// waits for it, and the env, used until the operation ended, stays.
+	long := reset(t, c, ResetRequest{Image: "busybox"}).Env
+	wait, release := c.Ticket(long.ID)
+	wait()
+	found := c.idleAt(later)
+	if _, ok := found[long.ID]; !ok {
+		t.Fatalf("env %s not idle at %v: the test needs it found idle while its ticket is held", long.ID, later)
+	}
+	swept := make(chan struct{})
+	go func() { c.closeIdle(found); close(swept) }()
+	release() // the long operation ends
+	<-swept
+	if !c.Has(long.ID) {
+		t.Error("an env whose operation ran while the janitor found it idle was closed when the operation ended")
+	}
+
 	// The janitor runs on its own.
 	c2 := newCoordinator(t, Options{Classify: Full, IdleTTL: 100 * time.Millisecond})
 	env := reset(t, c2, ResetRequest{Image: "busybox"}).Env
