@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -198,7 +199,7 @@ func TestTurnAfterRealCheckpointFailure(t *testing.T) {
 	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
-	ghost := bash(t, c, r.Env.ID, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big; echo ok")
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
 	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
 		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
@@ -218,5 +219,68 @@ func TestTurnAfterRealCheckpointFailure(t *testing.T) {
 	}
 	if _, err := engine.State(next.StateID); err != nil {
 		t.Errorf("state %s not committed: %v", next.StateID, err)
+	}
+}
+
+// ownCoordinator is a coordinator on an engine of the test's own (one
+// HoldQueue may hold: no other test's work takes its workers).
+func ownCoordinator(t *testing.T, o Options) (*Coordinator, *branch.Engine) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	e := branchtest.ForTest(t, branchtest.Options{}).Engine
+	o.Engine, o.Logger = e, branchtest.Logger()
+	c, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, e
+}
+
+// ghostCmd starts a process holding open a deleted 2 MiB file, over
+// CRIU's ghost limit: every dump of the env fails until it is killed.
+const ghostCmd = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big; echo ok"
+
+// TestBoundaryAfterFailedCheckpoint: a boundary whose previous turn's
+// checkpoint is still queued waits for it before it applies the rule of
+// a turn; when it failed, the boundary reports the failure and its
+// checkpoint is full. The queue is held so that the failing checkpoint is
+// still pending when the boundary starts.
+func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c, e := ownCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	release := branchtest.HoldQueue(t, e, "busybox")
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	if ghost.Kind != branch.Proc {
+		t.Fatalf("turn 1: kind %s", ghost.Kind)
+	}
+	if _, err := e.State(ghost.StateID); err == nil {
+		t.Fatalf("turn 1's checkpoint %s ran while the queue was held", ghost.StateID)
+	}
+	type answer struct {
+		r   *TurnResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		b, err := c.Boundary(ctx, r.Env.ID)
+		done <- answer{b, err}
+	}()
+	// Let the queue go once the boundary waits for turn 1's checkpoint.
+	branchtest.WaitFor(t, "the boundary to wait for turn 1's checkpoint", func() bool { return branchtest.RaisedWaiting(e) })
+	release()
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if !errors.Is(a.r.CheckpointError, branch.ErrCheckpoint) || a.r.Kind != branch.Full {
+		t.Errorf("boundary after a failed checkpoint: error %v, kind %s; want the failure and full", a.r.CheckpointError, a.r.Kind)
 	}
 }

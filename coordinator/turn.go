@@ -185,6 +185,12 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 	if err != nil {
 		return nil, err
 	}
+	// The previous turn's checkpoint first, as Turn's exec waits for it:
+	// the inspector classifies against the state it commits, and its
+	// failure is this turn's to report (and makes its checkpoint full).
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+		return nil, err
+	}
 	c.observePending(m)
 	out := &TurnResult{Env: env, Task: m.task}
 	kind := c.classify(ctx, env, "")
