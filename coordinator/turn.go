@@ -210,7 +210,9 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 }
 
 // WaitTurn waits for env's background checkpoint and reports its failure
-// (which also makes the next turn's checkpoint full). It needs no ticket.
+// (which also makes the next turn's checkpoint full, and that turn reports
+// it too). The caller holds the env's ticket: the failure is taken from
+// the engine, which must not race with the next operation taking it.
 func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
 	c.mu.Lock()
 	m, ok := c.envs[envID]
