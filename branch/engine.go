@@ -424,7 +424,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 		return nil, "", err
 	}
 	e.track(ctx, env)
-	sid, err := e.CheckpointAsync(env, Full)
+	sid, _, err := e.CheckpointAsync(env, Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env, true)
 		return nil, "", err

@@ -104,7 +104,8 @@ type entry struct {
 	// Coordinator.mu, as is failed.
 	tail chan struct{}
 	// failed is a background checkpoint failure a waiter took from the
-	// engine (WaitTurn): the next turn must still checkpoint full.
+	// engine (WaitTurn, settle): the next turn still reports it (the
+	// engine makes that turn's checkpoint full).
 	failed error
 	// The fields below are set at registration or touched only by
 	// operations holding the env's ticket.

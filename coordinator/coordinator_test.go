@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -75,22 +74,28 @@ func TestTurnInspector(t *testing.T) {
 }
 
 // TestTurnAfterFailedCheckpoint: when the previous turn's background
-// checkpoint failed, the next turn is checkpointed full whatever its
-// classification, and says why. The failure is the one WaitTurn (the LLM
-// proxy's wait) took from the engine; the engine's own path is the same
-// branch of commit.
+// checkpoint failed and WaitTurn (the LLM proxy's wait) took the failure
+// from the engine, the next turn still says why and is checkpointed full
+// whatever its classification. (TestTurnAfterRealCheckpointFailure is the
+// path where the next turn's exec finds the failure.)
 func TestTurnAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.None, branch.None}}
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None, branch.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
-	c.mu.Lock()
-	c.envs[r.Env.ID].failed = errors.New("disk full")
-	c.mu.Unlock()
-	t1 := bash(t, c, r.Env.ID, "true")
-	if t1.Kind != branch.Full || t1.CheckpointError == nil || !strings.Contains(t1.CheckpointError.Error(), "disk full") {
-		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and the failure", t1.Kind, t1.CheckpointError)
+	ctx := context.Background()
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
+		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
-	if err := c.WaitTurn(context.Background(), r.Env.ID); err != nil {
+	waited := c.WaitTurn(ctx, r.Env.ID)
+	if !errors.Is(waited, branch.ErrCheckpoint) {
+		t.Fatalf("WaitTurn on a checkpoint that fails: %v, want branch.ErrCheckpoint", waited)
+	}
+	t1 := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
+	if t1.Kind != branch.Full || t1.CheckpointError == nil || t1.CheckpointError.Error() != waited.Error() {
+		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and %v", t1.Kind, t1.CheckpointError, waited)
+	}
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := engine.State(t1.StateID); err != nil {
@@ -240,8 +245,11 @@ func ownCoordinator(t *testing.T, o Options) (*Coordinator, *branch.Engine) {
 }
 
 // ghostCmd starts a process holding open a deleted 2 MiB file, over
-// CRIU's ghost limit: every dump of the env fails until it is killed.
-const ghostCmd = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big; echo ok"
+// CRIU's ghost limit: every dump of the env fails until it is killed. The
+// file is removed only once the process holds it (else the rm can win
+// and the process never starts).
+const ghostCmd = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & " +
+	`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big; echo ok`
 
 // TestBoundaryAfterFailedCheckpoint: a boundary whose previous turn's
 // checkpoint is still queued waits for it before it applies the rule of
@@ -282,5 +290,35 @@ func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
 	}
 	if !errors.Is(a.r.CheckpointError, branch.ErrCheckpoint) || a.r.Kind != branch.Full {
 		t.Errorf("boundary after a failed checkpoint: error %v, kind %s; want the failure and full", a.r.CheckpointError, a.r.Kind)
+	}
+}
+
+// TestHeadAfterFailedCheckpoint: Head of an env whose background
+// checkpoint failed checkpoints the changes no state holds (full) and
+// says so, instead of answering the old failure.
+func TestHeadAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	// The engine's gate finds the failure (nobody takes it yet); the
+	// process goes, so that the next dump can succeed.
+	if _, err := engine.WaitCheckpoint(ctx, r.Env); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Env.Sandbox().Exec(ctx, "kill $(pidof sleep); wait 2>/dev/null; true", sandboxOpts()); err != nil || res.ExitCode != 0 {
+		t.Fatalf("kill the ghost holder: %v %+v", err, res)
+	}
+	head, remade, err := c.Head(ctx, r.Env.ID)
+	if err != nil {
+		t.Fatalf("head after a failed checkpoint: %v", err)
+	}
+	if !remade || head == ghost.StateID {
+		t.Errorf("head %s remade %v; want a new state (not the failed %s) and remade", head, remade, ghost.StateID)
+	}
+	st, err := engine.State(head)
+	if err != nil || st.Kind != branch.Full {
+		t.Errorf("head state %s: %+v %v, want a committed full state", head, st, err)
 	}
 }

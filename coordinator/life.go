@@ -201,15 +201,15 @@ func (c *Coordinator) Head(ctx context.Context, envID string) (head string, rema
 	if err != nil {
 		return "", false, err
 	}
-	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
 		return "", false, err
 	}
-	if c.takeFailure(env, m) != nil {
-		// It failed; the env has changes no state holds.
-		if head, err = c.e.Checkpoint(ctx, env, branch.Full); err != nil {
-			return "", false, err
-		}
-		remade = true
+	// When it failed, the env has changes no state holds: the engine makes
+	// the checkpoint below full (Engine.CheckpointAsync's rule); else it is
+	// the head as it is.
+	remade = c.takeFailure(env, m) != nil
+	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+		return "", false, err
 	}
 	c.observePending(m)
 	return head, remade, nil

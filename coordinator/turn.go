@@ -31,7 +31,7 @@ type Action struct {
 	MaxOutput int
 	// ReadOnly: the caller vouches that the command changes nothing, so
 	// the turn is checkpointed none without classifying it (unless a
-	// failed checkpoint forces full).
+	// failed checkpoint makes the engine take it full).
 	ReadOnly bool
 }
 
@@ -74,10 +74,11 @@ type TurnResult struct {
 	Recovered *Recovered
 }
 
-// Turn runs one action in env as one turn: exec, classify, force full
-// after a failed background checkpoint, queue the checkpoint, verify
-// (VerifySkips), count the turn against the task's MaxTurns. It is the
-// only place that rule is written; the caller holds the env's ticket.
+// Turn runs one action in env as one turn: exec, classify, queue the
+// checkpoint (the engine makes it full after a failed background
+// checkpoint, and the turn reports that failure), verify (VerifySkips),
+// count the turn against the task's MaxTurns. It is the only place that
+// rule is written; the caller holds the env's ticket.
 func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnResult, error) {
 	start := time.Now()
 	env, m, err := c.lookup(envID)
@@ -154,19 +155,19 @@ func (c *Coordinator) takeFailure(env *branch.Env, m *entry) error {
 	return err
 }
 
-// commit queues the turn's checkpoint of kind (full when the previous
-// one failed) and fills out's StateID, Kind and CheckpointError.
+// commit queues the turn's checkpoint of kind and fills out's StateID,
+// Kind and CheckpointError. The engine waits for the previous checkpoint
+// and, when that one failed, makes this one full (its rule, in one
+// place: Engine.CheckpointAsync); commit reports the failure and the kind
+// the engine queued.
 func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
-	if ckErr := c.takeFailure(env, m); ckErr != nil {
-		// The previous turn's state never came to be: this one holds
-		// changes no state has, whatever the classifier saw.
-		out.CheckpointError = ckErr
-		kind = branch.Full
-		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
-	}
-	sid, err := c.e.CheckpointAsync(env, kind)
+	sid, kind, err := c.e.CheckpointAsync(env, kind)
 	if err != nil {
 		return fmt.Errorf("queue checkpoint of env %s: %w", env.ID, err)
+	}
+	if ckErr := c.takeFailure(env, m); ckErr != nil {
+		out.CheckpointError = ckErr
+		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
 	}
 	if kind != branch.None {
 		m.pending = sid

@@ -434,7 +434,7 @@ func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, e
 	if err != nil {
 		return "", fmt.Errorf("set seed in env %s: %w", env.ID, err)
 	}
-	sid, err := p.e.CheckpointAsync(env, branch.Full)
+	sid, _, err := p.e.CheckpointAsync(env, branch.Full)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint seeded env %s: %w", env.ID, err)
 	}

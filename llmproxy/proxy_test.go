@@ -220,7 +220,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	if _, err := e.Exec(ctx, env, "echo edited > /work/f", sandbox.ExecOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.CheckpointAsync(env, branch.Full); err != nil {
+	if _, _, err := e.CheckpointAsync(env, branch.Full); err != nil {
 		t.Fatal(err)
 	}
 	type answer struct {
@@ -312,7 +312,8 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 	}
 	// A process holding open a deleted 2 MiB file, over CRIU's ghost
 	// limit: the boundary's dump fails.
-	if _, err := e.Exec(ctx, env, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big",
+	if _, err := e.Exec(ctx, env, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & "+
+		`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big`,
 		sandbox.ExecOptions{}); err != nil {
 		t.Fatal(err)
 	}
