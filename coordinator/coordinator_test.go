@@ -322,3 +322,31 @@ func TestHeadAfterFailedCheckpoint(t *testing.T) {
 		t.Errorf("head state %s: %+v %v, want a committed full state", head, st, err)
 	}
 }
+
+// TestSettleFailedState: a branch from a state id whose checkpoint
+// failed answers unknown_state (the state never came to be: no retry can
+// succeed), and the failure stays with the env that made it, whose next
+// turn reports it and is full.
+func TestSettleFailedState(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	_, err := c.Branch(ctx, BranchRequest{StateID: ghost.StateID, N: 1})
+	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Retryable {
+		t.Errorf("branch from a state whose checkpoint failed: %v (%+v), want unknown_state, not retryable", err, pe)
+	}
+	if !errors.Is(err, branch.ErrCheckpoint) {
+		t.Errorf("branch from a failed state: %v does not say the checkpoint failed", err)
+	}
+	// The rollback tool to it: the agent's mistake, in the observation.
+	rb, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: ghost.StateID})
+	if err != nil || rb.Rejected == "" || rb.Result.ExitCode != 2 {
+		t.Errorf("rollback tool to a state whose checkpoint failed: %+v %v, want rejected", rb, err)
+	}
+	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
+	if !errors.Is(next.CheckpointError, branch.ErrCheckpoint) || next.Kind != branch.Full {
+		t.Errorf("the failed state's env, next turn: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
+	}
+}

@@ -236,7 +236,10 @@ func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
 // settle waits until state sid is committed when it is the head of an
 // open env whose background checkpoint still runs: a client may branch
 // from or roll back to a state id the moment a turn returned it. The
-// wait raises the checkpoint's priority.
+// wait raises the checkpoint's priority. When that checkpoint failed, sid
+// never came to be: the answer is an unknown state (a retry cannot
+// succeed), and the failure is kept for the env that made it, whose next
+// turn reports it (the engine makes that turn full).
 func (c *Coordinator) settle(ctx context.Context, sid string) error {
 	if _, err := c.e.State(sid); err == nil {
 		return nil
@@ -248,15 +251,16 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 		if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
 			return err
 		}
-		if ckErr := env.TakeCheckpointError(); ckErr != nil {
-			// The env has changes no state holds: checkpoint them now, so
-			// that its head is a real state again.
-			if _, err := c.e.Checkpoint(ctx, env, branch.Full); err != nil {
-				return err
-			}
-			return fmt.Errorf("state %s: %w", sid, ckErr)
+		ckErr := env.TakeCheckpointError()
+		if ckErr == nil {
+			return nil
 		}
-		return nil
+		c.mu.Lock()
+		if m, ok := c.envs[env.ID]; ok {
+			m.failed = ckErr
+		}
+		c.mu.Unlock()
+		return fmt.Errorf("%w: state %s: its checkpoint failed: %w", ErrUnknownState, sid, ckErr)
 	}
 	return nil // unknown: the caller reports it
 }
@@ -336,7 +340,15 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 // (Rejected); a restore that fails is an infrastructure error.
 func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entry, a Action, start time.Time) (*TurnResult, error) {
 	out := &TurnResult{Env: env, Task: m.task, Kind: branch.None}
-	if err := c.settle(ctx, a.StateID); err != nil {
+	reject := func(why string) (*TurnResult, error) {
+		out.Rejected = why
+		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
+		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
+		return out, nil
+	}
+	if err := c.settle(ctx, a.StateID); errors.Is(err, ErrUnknownState) {
+		return reject("rollback: " + err.Error())
+	} else if err != nil {
 		return nil, err
 	}
 	// The env's own head has no lineage in the manifest until its
@@ -346,10 +358,7 @@ func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entr
 		return nil, err
 	}
 	if _, err := c.e.State(a.StateID); err != nil || !c.Seen(env, a.StateID) {
-		out.Rejected = fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)
-		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
-		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
-		return out, nil
+		return reject(fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID))
 	}
 	r, err := c.restore(ctx, env, m, a.StateID)
 	if err != nil {
