@@ -57,7 +57,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		return nil, fmt.Errorf("%w: n: want at least 1, got %d", ErrInvalidParams, req.N)
 	}
 	if req.N > c.o.MaxEnvs {
-		return nil, fmt.Errorf("%w: n=%d is over the server's limit of %d envs", ErrTooManyEnvs, req.N, c.o.MaxEnvs)
+		// No wait can make room for more children than the server may
+		// ever hold: out of range, not a retryable too_many_envs.
+		return nil, fmt.Errorf("%w: n: want at most %d (the server's max_envs), got %d", ErrInvalidParams, c.o.MaxEnvs, req.N)
 	}
 	src := branch.Source{State: req.StateID}
 	var parent *entry

@@ -210,6 +210,10 @@ func TestLimitsAndErrors(t *testing.T) {
 	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 2}); !errors.Is(err, ErrTooManyEnvs) {
 		t.Errorf("branch past MaxEnvs: %v", err)
 	}
+	// More children than MaxEnvs can never be made: out of range.
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 3}); !errors.Is(err, ErrInvalidParams) {
+		t.Errorf("branch of more than MaxEnvs children: %v, want ErrInvalidParams", err)
+	}
 	if _, err := c.Reset(ctx, ResetRequest{Task: "nope"}); ProtoError(err).Code != "unknown_task" {
 		t.Errorf("unknown task: %v", err)
 	}
