@@ -167,23 +167,27 @@ func (t *Tools) Forget(envID string) {
 // Env is the environment the session drives.
 func (s *Session) Env() *branch.Env { return s.env }
 
-// infra words a failure of the coordinator, the engine or the sandbox for
-// the agent, by the one error mapping (coordinator.ProtoError): the
-// client's kind of mistake is the agent's (ErrBadArgument,
-// ErrUnknownState), anything else is not its doing (ErrInfra).
-func infra(what string, err error) error {
+// coordError words a failure of the coordinator, the engine or the
+// sandbox for the agent by the one error mapping (coordinator.ProtoError),
+// whose *protocol.Error stays in the chain (toolError words the model's
+// message from its flags): the client's kind of mistake is the agent's
+// (ErrBadArgument, ErrUnknownState), an infra failure is not its doing
+// (ErrInfra), and the rest (an env closed, too many envs) is neither.
+func coordError(what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	switch pe := coordinator.ProtoError(err); {
+	pe := coordinator.ProtoError(err)
+	switch {
 	case pe.Infra:
+		return fmt.Errorf("%w: %s: %w", ErrInfra, what, pe)
 	case pe.Code == protocol.CodeUnknownState:
-		return fmt.Errorf("%w: %s: %v", ErrUnknownState, what, err)
+		return fmt.Errorf("%w: %s: %w", ErrUnknownState, what, pe)
 	case pe.Code == protocol.CodeTooLarge, pe.Code == protocol.CodeBadRequest, pe.Code == protocol.CodeInvalidParams,
 		pe.Code == protocol.CodeUnknownTask:
-		return fmt.Errorf("%w: %s: %v", ErrBadArgument, what, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadArgument, what, pe)
 	}
-	return fmt.Errorf("%w: %s: %v", ErrInfra, what, err)
+	return fmt.Errorf("%s: %w", what, pe)
 }
 
 // lock takes the env's ticket (the coordinator's per-env FIFO, shared
@@ -196,7 +200,7 @@ func (s *Session) lock() (func(), error) {
 	unlock := func() { s.h.mu.Unlock(); release() }
 	if _, err := s.t.c.Env(s.env.ID); err != nil {
 		unlock()
-		return nil, infra("env "+s.env.ID, err)
+		return nil, coordError("env "+s.env.ID, err)
 	}
 	return unlock, nil
 }
@@ -228,7 +232,7 @@ func (s *Session) run(ctx context.Context, label string, a coordinator.Action) (
 	prev := s.env.Head()
 	r, err := s.t.c.Turn(ctx, s.env.ID, a)
 	if err != nil {
-		return nil, infra("run "+a.Tool, err)
+		return nil, coordError("run "+a.Tool, err)
 	}
 	res := r.Result
 	out := &ran{res: res, sid: r.StateID, turn: s.env.Turn() - s.h.base}
@@ -398,7 +402,7 @@ type ListStatesResult struct {
 func (s *Session) settle(ctx context.Context) error {
 	sid, remade, err := s.t.c.Head(ctx, s.env.ID)
 	if err != nil {
-		return infra("wait for checkpoint", err)
+		return coordError("wait for checkpoint", err)
 	}
 	if remade {
 		s.t.log.Warn("background checkpoint failed; checkpointed again", slog.String("env", s.env.ID), slog.String("state", sid))
@@ -531,7 +535,7 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 		}
 	}
 	if _, err := s.t.c.Rollback(ctx, s.env.ID, a.StateID); err != nil {
-		return nil, infra("rollback", err)
+		return nil, coordError("rollback", err)
 	}
 	out := &RollbackResult{StateID: a.StateID, Turn: st.Turn - s.h.base, Undone: undone}
 	if en, ok := s.h.find(a.StateID); ok {
@@ -607,11 +611,11 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 	// the engine and is closed before the call returns.
 	br, err := e.Branch(ctx, branch.Source{Env: s.env}, 1)
 	if err != nil {
-		return nil, infra("branch", err)
+		return nil, coordError("branch", err)
 	}
 	child := br.Children[0]
 	if br.Errors[0] != nil || child == nil {
-		return nil, infra("branch", errors.Join(br.Errors[0], errors.New("no child")))
+		return nil, coordError("branch", errors.Join(br.Errors[0], errors.New("no child")))
 	}
 	defer func() {
 		// The branch is the call's own: it goes whatever happened.
@@ -624,7 +628,7 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 	out = &ForkTryResult{FromState: br.State, BranchS: time.Since(start).Seconds()}
 	res, err := e.Exec(ctx, child, a.Cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
 	if err != nil {
-		return nil, infra("run on the branch", err)
+		return nil, coordError("run on the branch", err)
 	}
 	out.ExitCode, out.Stdout, out.Stderr, out.TimedOut, out.Truncated = res.ExitCode, string(res.Stdout), string(res.Stderr), res.TimedOut, res.Truncated
 	out.Cwd, out.DurationS = res.Cwd, res.Duration.Seconds()
