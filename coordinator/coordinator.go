@@ -112,9 +112,6 @@ type entry struct {
 	task TaskInfo
 	seed int64
 	base int // the engine's turn count when the episode began
-	// ephemeral: the env (and its children) are not adopted again after
-	// a crash (ResetRequest.Ephemeral).
-	ephemeral bool
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
@@ -216,7 +213,7 @@ func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base 
 	}
 	closed := make(chan struct{})
 	close(closed)
-	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base, ephemeral: ephemeral}
+	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
 	m.used.Store(time.Now().UnixNano())
 	c.mu.Lock()
 	c.envs[env.ID] = m

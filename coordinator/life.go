@@ -32,6 +32,11 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 type BranchRequest struct {
 	EnvID, StateID string
 	N              int
+	// Ephemeral: as ResetRequest's, for the children. It is the caller's
+	// to say (whoever asks owns the children), never inherited: a protocol
+	// client's children of an MCP session's env are served envs, adopted
+	// again after a crash.
+	Ephemeral bool
 }
 
 // BranchResult is what Branch made. Children[i] is nil where Errors[i]
@@ -48,7 +53,8 @@ type BranchResult struct {
 // the env they come from (for a state id: of the env that made it while
 // it is open, else the task whose prepared state it descends from), and
 // have it as origin when it is an env handed out (promote hands their
-// state back to it). The caller holds the source env's ticket.
+// state back to it). They are ephemeral only if req says so. The caller
+// holds the source env's ticket.
 func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchResult, error) {
 	if (req.EnvID == "") == (req.StateID == "") {
 		return nil, fmt.Errorf("%w: branch needs exactly one of env_id and state_id", ErrInvalidParams)
@@ -92,13 +98,12 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	}
 	c.m.branch.Observe(res.Took.Seconds())
 	var (
-		task      TaskInfo
-		seed      int64
-		base      int
-		ephemeral bool
+		task TaskInfo
+		seed int64
+		base int
 	)
 	if parent != nil {
-		task, seed, base, ephemeral = parent.task, parent.seed, parent.base, parent.ephemeral
+		task, seed, base = parent.task, parent.seed, parent.base
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
 	}
@@ -121,7 +126,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			// closed since: there is no env to promote into.
 			ch.Origin = ""
 		}
-		c.register(ch, task, seed, base, ephemeral)
+		c.register(ch, task, seed, base, req.Ephemeral)
 	}
 	if failed == req.N {
 		return nil, res.Errors[0]

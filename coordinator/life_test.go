@@ -272,6 +272,25 @@ func TestLabels(t *testing.T) {
 	if l := eph.Env.Labels(); l[labelServed] != "" {
 		t.Errorf("ephemeral env labelled %v", l)
 	}
+	// A protocol client's children of an ephemeral env (an MCP session's)
+	// are its own, served envs: labelled, by env and by state id alike.
+	ctx := context.Background()
+	for _, req := range []BranchRequest{{EnvID: eph.Env.ID, N: 1}, {StateID: eph.StateID, N: 1}} {
+		res, err := c.Branch(ctx, req)
+		if err != nil || res.Children[0] == nil {
+			t.Fatal(err, res)
+		}
+		if l := res.Children[0].Labels(); l[labelServed] != "1" {
+			t.Errorf("child (%+v) of an ephemeral env labelled %v, want served", req, l)
+		}
+	}
+	res, err := c.Branch(ctx, BranchRequest{EnvID: eph.Env.ID, N: 1, Ephemeral: true})
+	if err != nil || res.Children[0] == nil {
+		t.Fatal(err, res)
+	}
+	if l := res.Children[0].Labels(); l[labelServed] != "" {
+		t.Errorf("ephemeral child labelled %v", l)
+	}
 }
 
 // TestTicketOrder: operations on one env run one at a time in the order
