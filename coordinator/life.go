@@ -169,8 +169,13 @@ func (c *Coordinator) Discard(ctx context.Context, envID string) error {
 	if err != nil {
 		return err
 	}
-	c.forget(env.ID)
-	return c.e.CloseEnv(ctx, env)
+	err = c.e.CloseEnv(ctx, env)
+	if _, gone := c.e.Env(env.ID); gone != nil {
+		// Forgotten once the engine no longer has it (its close can fail
+		// after that, destroying the sandbox): never while it is open.
+		c.forget(env.ID)
+	}
+	return err
 }
 
 // CloseEnv ends an env handed out. The caller holds the env's ticket.
