@@ -89,8 +89,9 @@ wait:
 		t.Fatalf("rollback to the parent's first state %s: %v", first, a.err)
 	}
 	// Two states of the child's history are undone: the branch point and
-	// the one the held checkpoint made.
-	if a.r.StateID != first || a.r.Turn != -1 || a.r.Undone != 2 {
+	// the one the held checkpoint made. The turn is the episode's (the
+	// reset's state: 0), as info.turn counts it.
+	if a.r.StateID != first || a.r.Turn != 0 || a.r.Undone != 2 {
 		t.Errorf("rollback: %+v", a.r)
 	}
 	out, err := s.Bash(ctx, agent.BashArgs{Cmd: "cat /tmp/n || echo none"})

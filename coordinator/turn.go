@@ -89,15 +89,7 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}
 	cmd := a.command()
-	timeout := a.Timeout
-	if timeout <= 0 {
-		timeout = m.task.CommandTimeout
-	}
-	if timeout <= 0 {
-		timeout = c.o.DefaultTimeout
-	}
-	timeout = min(timeout, c.o.MaxTimeout)
-	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
+	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: c.commandTimeout(m, a.Timeout), MaxOutput: a.MaxOutput})
 	if err != nil {
 		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}
@@ -127,6 +119,40 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
 	c.m.step.WithLabelValues(a.Tool).Observe(time.Since(start).Seconds())
 	return out, nil
+}
+
+// commandTimeout is the timeout of a command in m's env: asked (the
+// action's own), else the task's command timeout, else the default;
+// capped by MaxTimeout. It is the one home of those defaults.
+func (c *Coordinator) commandTimeout(m *entry, asked time.Duration) time.Duration {
+	if asked <= 0 {
+		asked = m.task.CommandTimeout
+	}
+	if asked <= 0 {
+		asked = c.o.DefaultTimeout
+	}
+	return min(asked, c.o.MaxTimeout)
+}
+
+// CommandTimeout is the timeout a command in env envID gets when asked
+// for asked (0: none asked), as Turn picks it; for commands run outside a
+// turn (the agent's fork_try).
+func (c *Coordinator) CommandTimeout(envID string, asked time.Duration) (time.Duration, error) {
+	_, m, err := c.lookup(envID)
+	if err != nil {
+		return 0, err
+	}
+	return c.commandTimeout(m, asked), nil
+}
+
+// EpisodeTurn is env envID's turn count since its episode began (the
+// turn TurnResult and the protocol's info.turn report).
+func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return 0, err
+	}
+	return env.Turn() - m.base, nil
 }
 
 // classify is the one classification entry: the engine's inspector (or
