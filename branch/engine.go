@@ -439,7 +439,9 @@ type coordStats struct {
 	revived                               atomic.Int64
 }
 
-// CoordStats are the coordinator's totals since the engine opened.
+// CoordStats are the engine's totals since it opened (checkpoints it
+// committed, Verify calls, revives); the coordinator keeps its own counts
+// of turns by kind.
 type CoordStats struct {
 	Checkpoints int64
 	// CheckpointTime is the summed duration of the checkpoints taken.
