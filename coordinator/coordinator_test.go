@@ -108,34 +108,40 @@ func TestTurnAfterFailedCheckpoint(t *testing.T) {
 
 // TestTurnMaxTurnsAndTimeouts: the task's MaxTurns truncates the episode
 // at its last turn; the task's command timeout, an action's own timeout
-// and the coordinator's cap reach the result.
+// and the coordinator's cap reach the result. Each command sleeps between
+// the timeout that should apply and the one that would apply without the
+// rule, so each check fails if its rule is broken.
 func TestTurnMaxTurnsAndTimeouts(t *testing.T) {
-	c := newCoordinator(t, Options{Classify: Full, MaxTimeout: 3 * time.Second})
+	c := newCoordinator(t, Options{Classify: Full, MaxTimeout: 5 * time.Second})
 	r := reset(t, c, ResetRequest{Task: "count"})
 	ctx := context.Background()
-	if r.Task.Name != "count" || r.Task.MaxTurns != 3 {
+	if r.Task.Name != "count" || r.Task.MaxTurns != 3 || r.Task.CommandTimeout != 2*time.Second {
 		t.Fatalf("reset task %+v", r.Task)
 	}
-	// The task's timeout (2 s) applies when the action gives none.
-	t1 := bash(t, c, r.Env.ID, "sleep 10")
-	if !t1.Result.TimedOut || t1.Truncated {
-		t.Errorf("turn 1 (sleep 10, task timeout 2 s): timed out %v, truncated %v", t1.Result.TimedOut, t1.Truncated)
+	// The task's timeout (2 s) applies when the action gives none;
+	// without it the cap (5 s) would let the command finish.
+	t1 := bash(t, c, r.Env.ID, "sleep 3; echo done")
+	if !t1.Result.TimedOut || string(t1.Result.Stdout) != "" || t1.Truncated {
+		t.Errorf("turn 1 (sleep 3, task timeout 2 s): timed out %v, stdout %q, truncated %v", t1.Result.TimedOut, t1.Result.Stdout, t1.Truncated)
 	}
-	// The action's own timeout, under the cap, wins over the task's.
-	t2, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 2.5; echo done", Timeout: 2900 * time.Millisecond})
+	// The action's own timeout (4.5 s, under the cap) wins over the
+	// task's, which would cut the command.
+	t2, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 3; echo done", Timeout: 4500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if t2.Result.TimedOut || string(t2.Result.Stdout) != "done\n" || t2.Truncated {
-		t.Errorf("turn 2 (own timeout 2.9 s): timed out %v, stdout %q, truncated %v", t2.Result.TimedOut, t2.Result.Stdout, t2.Truncated)
+		t.Errorf("turn 2 (own timeout 4.5 s): timed out %v, stdout %q, truncated %v", t2.Result.TimedOut, t2.Result.Stdout, t2.Truncated)
 	}
-	// Over the cap (3 s): cut at the cap. This is turn 3 of 3: truncated.
-	t3, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 10", Timeout: time.Hour})
+	// Over the cap (5 s): cut at the cap, where the action's hour would
+	// let it finish. This is turn 3 of 3: truncated.
+	t3, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 8; echo done", Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !t3.Result.TimedOut || t3.Turn != 3 || !t3.Truncated {
-		t.Errorf("turn 3 (timeout over the cap): timed out %v, turn %d, truncated %v; want true, 3, true", t3.Result.TimedOut, t3.Turn, t3.Truncated)
+	if !t3.Result.TimedOut || string(t3.Result.Stdout) != "" || t3.Turn != 3 || !t3.Truncated {
+		t.Errorf("turn 3 (timeout over the cap): timed out %v, stdout %q, turn %d, truncated %v; want true, none, 3, true",
+			t3.Result.TimedOut, t3.Result.Stdout, t3.Turn, t3.Truncated)
 	}
 }
 
