@@ -170,35 +170,61 @@ func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
 // (the idle TTL counts from the end of an operation, however long it
 // ran). Ids not handed out take no ticket.
 func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
+	t := c.take(ids...)
+	return t.wait, t.release
+}
+
+// ticket is one operation's place in the FIFO of each env it names.
+type ticket struct {
+	prevs, nexts []chan struct{}
+	held         []*entry
+}
+
+// take queues a ticket on the envs ids (Ticket).
+func (c *Coordinator) take(ids ...string) *ticket {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var prevs, nexts []chan struct{}
-	var held []*entry
+	t := &ticket{}
 	for _, id := range ids {
 		m, ok := c.envs[id]
 		if !ok || id == "" {
 			continue
 		}
 		next := make(chan struct{})
-		prevs, m.tail = append(prevs, m.tail), next
-		nexts = append(nexts, next)
-		held = append(held, m)
+		t.prevs, m.tail = append(t.prevs, m.tail), next
+		t.nexts = append(t.nexts, next)
+		t.held = append(t.held, m)
 	}
-	wait = func() {
-		for _, p := range prevs {
-			<-p
+	return t
+}
+
+func (t *ticket) wait() {
+	for _, p := range t.prevs {
+		<-p
+	}
+}
+
+// ready reports, without waiting, whether every operation queued before
+// t has ended.
+func (t *ticket) ready() bool {
+	for _, p := range t.prevs {
+		select {
+		case <-p:
+		default:
+			return false
 		}
 	}
-	release = func() {
-		now := time.Now().UnixNano()
-		for _, m := range held {
-			m.used.Store(now)
-		}
-		for _, n := range nexts {
-			close(n)
-		}
+	return true
+}
+
+func (t *ticket) release() {
+	now := time.Now().UnixNano()
+	for _, m := range t.held {
+		m.used.Store(now)
 	}
-	return wait, release
+	for _, n := range t.nexts {
+		close(n)
+	}
 }
 
 // register records an env handed out, and labels it so that a restarted

@@ -295,29 +295,57 @@ func TestLabels(t *testing.T) {
 
 // TestTicketOrder: operations on one env run one at a time in the order
 // their tickets were taken, whoever takes them (server, agent, proxy,
-// janitor); tickets of other envs do not wait.
+// janitor); a ticket naming two envs waits for each; tickets of other
+// envs do not wait. Whether a ticket may run is read without waiting
+// (ready), so every check is exact.
 func TestTicketOrder(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	a := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
 	b := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
-	wait1, release1 := c.Ticket(a)
-	wait2, release2 := c.Ticket(a)
-	wait3, release3 := c.Ticket(a, b)
-	waitB, releaseB := c.Ticket(b)
-	wait1()
-	order := make(chan int, 3)
-	go func() { wait3(); order <- 3; release3() }()
-	go func() { wait2(); order <- 2; release2() }()
-	select {
-	case n := <-order:
-		t.Fatalf("ticket %d ran while the first one was held", n)
-	case <-time.After(100 * time.Millisecond):
+	other := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
+	b0 := c.take(b)
+	t1 := c.take(a)
+	t2 := c.take(a)
+	t3 := c.take(a, b)
+	tb := c.take(b)
+	check := func(when string, want map[string]bool) {
+		t.Helper()
+		for name, tk := range map[string]*ticket{"b0": b0, "1": t1, "2": t2, "3": t3, "b": tb} {
+			if w, ok := want[name]; ok && tk.ready() != w {
+				t.Errorf("%s: ticket %s ready %v, want %v", when, name, !w, w)
+			}
+		}
 	}
-	release1()
-	if first, second := <-order, <-order; first != 2 || second != 3 {
-		t.Errorf("tickets ran in order %d, %d; want 2, 3", first, second)
+	check("at first", map[string]bool{"b0": true, "1": true, "2": false, "3": false, "b": false})
+	if o := c.take(other); !o.ready() {
+		t.Error("a ticket of another env waits for a's and b's")
+	} else {
+		o.release()
 	}
-	// b's own ticket came after ticket 3 (which named b too).
-	waitB()
-	releaseB()
+	t1.release()
+	check("after 1", map[string]bool{"2": true, "3": false, "b": false})
+	t2.release()
+	// Ticket 3 still waits for b's first ticket.
+	check("after 2", map[string]bool{"3": false, "b": false})
+	b0.release()
+	check("after b0", map[string]bool{"3": true, "b": false})
+	t3.release()
+	check("after 3", map[string]bool{"b": true})
+	tb.release()
+	// The public pair is the same ticket.
+	wait, release := c.Ticket(a, b)
+	if tk := c.take(a); tk.ready() {
+		t.Error("a ticket taken after Ticket(a, b) is ready before it was released")
+	} else {
+		wait() // ready: nothing held before it
+		release()
+		if !tk.ready() {
+			t.Error("releasing Ticket(a, b) did not let the next ticket of a run")
+		}
+		tk.release()
+	}
+	// Ids not handed out take no ticket.
+	if tk := c.take("e-nope"); !tk.ready() || len(tk.nexts) != 0 {
+		t.Error("a ticket of an id not handed out queues")
+	}
 }
