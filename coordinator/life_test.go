@@ -124,24 +124,30 @@ func TestInternalEnvsInvisible(t *testing.T) {
 		if _, err := c.Turn(ctx, env.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
 			t.Errorf("turn on the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
 		}
+		if _, err := c.Branch(ctx, BranchRequest{EnvID: env.ID, N: 1}); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("branch of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, _, err := c.Promote(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("promote of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, err := c.Evaluate(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("evaluate of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if err := c.Discard(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("discard of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, err := engine.Env(env.ID); err != nil {
+			t.Errorf("the pool's env %s is gone after the coordinator refused to touch it: %v", env.ID, err)
+		}
 		if c.Has(env.ID) {
 			t.Errorf("pool env %s is registered", env.ID)
 		}
-		wait, release := c.Ticket(env.ID)
-		done := make(chan struct{})
-		go func() { wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("ticket of an env not handed out blocks")
+		if tk := c.take(env.ID); !tk.ready() || len(tk.nexts) != 0 {
+			t.Errorf("ticket of the pool's env %s queues", env.ID)
 		}
-		release()
 	}
 	if hidden == 0 {
 		t.Error("the engine has no env besides the reset one: no template or warm copy to check")
-	}
-	if _, err := c.Branch(ctx, BranchRequest{EnvID: pool.Stats().Tasks[0].Name, N: 1}); !errors.Is(err, ErrUnknownEnv) {
-		t.Errorf("branch of a name that is no env: %v", err)
 	}
 }
 
