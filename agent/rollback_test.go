@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/branch/branchtest"
@@ -70,21 +69,7 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 	}()
 	// Let the queue go once the rollback waits for the child's checkpoint
 	// (the gate raised it); an answer before that did not wait.
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	var a answer
-wait:
-	for {
-		select {
-		case a = <-done:
-			break wait
-		case <-tick.C:
-			if branchtest.RaisedWaiting(engine) {
-				release()
-			}
-		}
-	}
-	release()
+	a := branchtest.ReleaseWhenRaised(engine, release, done)
 	if a.err != nil {
 		t.Fatalf("rollback to the parent's first state %s: %v", first, a.err)
 	}

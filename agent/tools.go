@@ -285,6 +285,28 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 		StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
 }
 
+// file runs a file tool's action a as one turn (read_file, write_file):
+// a failure of the command (no such file, permission denied) is
+// ErrCommandFailed with the shell's words.
+func (s *Session) file(ctx context.Context, label string, a coordinator.Action) (*ran, error) {
+	if a.Path == "" {
+		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	r, err := s.run(ctx, label, a)
+	if err != nil {
+		return nil, err
+	}
+	if r.res.ExitCode != 0 {
+		return nil, fmt.Errorf("%w: %s %s: %s", ErrCommandFailed, a.Tool, a.Path, strings.TrimSpace(string(r.res.Stderr)))
+	}
+	return r, nil
+}
+
 // ReadFileArgs are the arguments of read_file.
 type ReadFileArgs struct {
 	Path string `json:"path" jsonschema:"the file to read; relative paths start at the shell's current directory"`
@@ -302,21 +324,10 @@ type ReadFileResult struct {
 
 // ReadFile returns a file's content. It makes no state.
 func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult, error) {
-	if a.Path == "" {
-		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
-	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	r, err := s.run(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
+	r, err := s.file(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
 		Timeout: 30 * time.Second, MaxOutput: s.t.o.MaxReadBytes, ReadOnly: true})
 	if err != nil {
 		return nil, err
-	}
-	if r.res.ExitCode != 0 {
-		return nil, fmt.Errorf("%w: read_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
 	}
 	return &ReadFileResult{Path: a.Path, Content: string(r.res.Stdout), Bytes: r.res.StdoutBytes, Truncated: r.res.Truncated}, nil
 }
@@ -338,22 +349,11 @@ type WriteFileResult struct {
 
 // WriteFile replaces a file's content.
 func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileResult, error) {
-	if a.Path == "" {
-		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
-	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
-	r, err := s.run(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
+	r, err := s.file(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
 		Timeout: 60 * time.Second, MaxOutput: 4 << 10})
 	if err != nil {
 		return nil, err
-	}
-	if r.res.ExitCode != 0 {
-		return nil, fmt.Errorf("%w: write_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
 	}
 	return &WriteFileResult{Path: a.Path, Bytes: len(a.Content), StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
 }

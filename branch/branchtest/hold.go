@@ -108,6 +108,26 @@ func RaisedWaiting(e *branch.Engine) bool {
 	return err == nil && u.Queue.High.Queued > 0
 }
 
+// ReleaseWhenRaised lets the queue HoldQueue holds go (release) once an
+// operation waits for a background checkpoint of e (RaisedWaiting), and
+// returns the operation's answer from done. An answer that comes before
+// the queue is let go did not wait; the caller's checks say so.
+func ReleaseWhenRaised[T any](e *branch.Engine, release func(), done <-chan T) T {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	defer release()
+	for {
+		select {
+		case a := <-done:
+			return a
+		case <-tick.C:
+			if RaisedWaiting(e) {
+				release()
+			}
+		}
+	}
+}
+
 // WaitFor polls ok until it holds, failing tb after a minute.
 func WaitFor(tb testing.TB, what string, ok func() bool) {
 	tb.Helper()
