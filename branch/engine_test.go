@@ -582,8 +582,7 @@ func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
 	}
 	// A process holding open a deleted 2 MiB file, over CRIU's ghost
 	// limit: its dump fails. The file goes once the process holds it.
-	run(t, e, env, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & "+
-		`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big`)
+	run(t, e, env, branchtest.GhostHolder)
 	failing, kind, err := e.CheckpointAsync(env, branch.Proc)
 	if err != nil || kind != branch.Proc {
 		t.Fatalf("queue a proc checkpoint: kind %s, %v", kind, err)

@@ -250,12 +250,8 @@ func ownCoordinator(t *testing.T, o Options) (*Coordinator, *branch.Engine) {
 	return c, e
 }
 
-// ghostCmd starts a process holding open a deleted 2 MiB file, over
-// CRIU's ghost limit: every dump of the env fails until it is killed. The
-// file is removed only once the process holds it (else the rm can win
-// and the process never starts).
-const ghostCmd = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & " +
-	`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big; echo ok`
+// ghostCmd makes every dump of the env fail until sleep is killed.
+const ghostCmd = branchtest.GhostHolder
 
 // TestBoundaryAfterFailedCheckpoint: a boundary whose previous turn's
 // checkpoint is still queued waits for it before it applies the rule of
