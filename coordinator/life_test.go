@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -235,8 +237,8 @@ func TestLimitsAndErrors(t *testing.T) {
 // TestReleasedState: a restore that failed because its state was released
 // meanwhile (a concurrent close) is the client's unknown_state, not an
 // infra restore_failed; a restore failure of a state that still exists
-// stays restore_failed. (The race itself is not reproducible on demand:
-// this pins the wording of its outcome.)
+// stays restore_failed. (TestBranchOfReleasedState runs the race itself,
+// its order fixed by a held queue; this pins the other cases of released.)
 func TestReleasedState(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	ctx := context.Background()
@@ -261,6 +263,41 @@ func TestReleasedState(t *testing.T) {
 	live := pool.Stats().Tasks[0].State
 	if pe := ProtoError(c.released(live, fmt.Errorf("%w: criu said no", branch.ErrRestore))); pe.Code != "restore_failed" || !pe.Infra {
 		t.Errorf("restore failure of a live state: %+v, want restore_failed, infra", pe)
+	}
+}
+
+// TestBranchOfReleasedState: a branch from a state id whose env is closed
+// while the branch's restore waits in the queue (held, so the close comes
+// first for sure) answers unknown_state, not the infra restore_failed.
+func TestBranchOfReleasedState(t *testing.T) {
+	c, e := ownCoordinator(t, Options{Classify: Full})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	s1 := bash(t, c, r.Env.ID, "echo 1 > /tmp/f").StateID
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	release := branchtest.HoldQueue(t, e, "busybox")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Branch(ctx, BranchRequest{StateID: s1, N: 1})
+		done <- err
+	}()
+	// The branch's restore is queued behind the held workers.
+	branchtest.WaitFor(t, "the branch's restore queued", func() bool {
+		u, err := e.Usage()
+		return err == nil && u.Queue.High.Queued > 0
+	})
+	if err := c.CloseEnv(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.State(s1); !errors.Is(err, branch.ErrUnknownState) {
+		t.Fatalf("state %s of the closed env: %v; the test needs it released", s1, err)
+	}
+	release()
+	err := <-done
+	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Infra || !errors.Is(err, branch.ErrRestore) {
+		t.Errorf("branch of a state released under it: %v (%+v), want unknown_state (not infra) wrapping the restore failure", err, pe)
 	}
 }
 
