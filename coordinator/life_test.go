@@ -9,8 +9,8 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
-	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 func sandboxOpts() sandbox.ExecOptions { return sandbox.ExecOptions{Timeout: 10 * time.Second} }
