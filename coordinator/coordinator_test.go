@@ -352,3 +352,30 @@ func TestSettleFailedState(t *testing.T) {
 		t.Errorf("the failed state's env, next turn: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
 	}
 }
+
+// TestCheckpointAfterFailedCheckpoint: a forced checkpoint after a failed
+// background one succeeds (it answered the old failure), and the next
+// turn still reports that failure.
+func TestCheckpointAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	bash(t, c, r.Env.ID, ghostCmd)
+	if _, err := engine.WaitCheckpoint(ctx, r.Env); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Env.Sandbox().Exec(ctx, "kill $(pidof sleep); wait 2>/dev/null; true", sandboxOpts()); err != nil || res.ExitCode != 0 {
+		t.Fatalf("kill the ghost holder: %v %+v", err, res)
+	}
+	sid, err := c.Checkpoint(ctx, r.Env.ID)
+	if err != nil {
+		t.Fatalf("forced checkpoint after a failed one: %v", err)
+	}
+	if st, err := engine.State(sid); err != nil || st.Kind != branch.Full {
+		t.Errorf("forced state %s: %+v %v, want committed full", sid, st, err)
+	}
+	if next := bash(t, c, r.Env.ID, "true"); !errors.Is(next.CheckpointError, branch.ErrCheckpoint) {
+		t.Errorf("the turn after: checkpoint error %v, want the earlier failure", next.CheckpointError)
+	}
+}

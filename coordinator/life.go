@@ -10,11 +10,21 @@ import (
 )
 
 // Checkpoint takes a full checkpoint of env now (high priority) and
-// returns its state id; the caller holds the env's ticket.
+// returns its state id; the caller holds the env's ticket. A failure of
+// the background checkpoint before it is not this one's: the next turn
+// reports it.
 func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, error) {
 	env, m, err := c.lookup(envID)
 	if err != nil {
 		return "", err
+	}
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+		return "", err
+	}
+	if ckErr := env.TakeCheckpointError(); ckErr != nil {
+		c.mu.Lock()
+		m.failed = ckErr
+		c.mu.Unlock()
 	}
 	c.observePending(m)
 	t := time.Now()
