@@ -443,8 +443,7 @@ func (c *Coordinator) closeIdle(idle map[string]int64) {
 		c.mu.Unlock()
 		if ok && m.used.Load() == seen {
 			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
-			c.forget(id)
-			if err := c.e.CloseEnv(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
+			if err := c.close(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
 				c.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
 			}
 		}

@@ -179,10 +179,15 @@ func (c *Coordinator) Discard(ctx context.Context, envID string) error {
 	if err != nil {
 		return err
 	}
-	err = c.e.CloseEnv(ctx, env)
+	return c.close(ctx, env)
+}
+
+// close closes env in the engine and forgets it once the engine no longer
+// has it (its close can fail after that, destroying the sandbox): never
+// while it is open, so an env no longer listed (Envs) is closed.
+func (c *Coordinator) close(ctx context.Context, env *branch.Env) error {
+	err := c.e.CloseEnv(ctx, env)
 	if _, gone := c.e.Env(env.ID); gone != nil {
-		// Forgotten once the engine no longer has it (its close can fail
-		// after that, destroying the sandbox): never while it is open.
 		c.forget(env.ID)
 	}
 	return err
