@@ -2,12 +2,9 @@ package agent_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -31,21 +28,10 @@ var (
 func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
-	rig, err := branchtest.New(branchtest.Options{})
-	if errors.Is(err, branchtest.ErrSkip) {
-		skipReason = err.Error()
-	} else if err != nil {
-		// Only "cannot run here" skips; any other setup error fails.
-		fmt.Fprintf(os.Stderr, "agent tests: set up the engine: %v\n", err)
-		os.Exit(1)
-	} else {
+	branchtest.Main(m, "agent", branchtest.Options{}, &skipReason, func(rig *branchtest.Rig) (func(), error) {
 		engine, snap = rig.Engine, rig.Snap
-	}
-	code := m.Run()
-	if rig != nil {
-		rig.Close()
-	}
-	os.Exit(code)
+		return nil, nil
+	})
 }
 
 // served is an arbor server (protocol v1 and the MCP endpoint) on the

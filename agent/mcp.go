@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 // MCPPath is where Handler is mounted: MCPPath + "/{env_id}" attaches to
@@ -199,13 +200,20 @@ func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn f
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: intro + text(r)}}}, *r, nil
 }
 
-// toolError words an error for the model.
+// toolError words an error for the model, from the flags of the one
+// error mapping (coordError keeps its *protocol.Error in the chain).
 func toolError(err error) error {
+	var pe *protocol.Error
+	errors.As(err, &pe)
 	switch {
-	case errors.Is(err, ErrInfra):
-		return fmt.Errorf("arbor infrastructure error, not caused by your command (retrying may help): %v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("the call was cancelled: %v", err)
+	case pe != nil && pe.Infra && pe.Retryable:
+		return fmt.Errorf("arbor infrastructure error, not caused by your command (retrying may help): %v", err)
+	case pe != nil && pe.Infra:
+		return fmt.Errorf("arbor infrastructure error, not caused by your command: %v", err)
+	case pe != nil && pe.Retryable:
+		return fmt.Errorf("%v (retrying later may help)", err)
 	}
 	return err
 }
@@ -230,7 +238,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	if b.tg.envID != "" {
 		env, err := t.c.Env(b.tg.envID)
 		if err != nil {
-			return nil, "", fmt.Errorf("%w: env %s is closed", ErrInfra, b.tg.envID)
+			return nil, "", coordError("env "+b.tg.envID, err)
 		}
 		if b.s == nil || b.s.env != env {
 			b.s = t.Attach(env, "")
@@ -239,7 +247,8 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	}
 	if b.s != nil {
 		if !t.c.Has(b.s.env.ID) {
-			return nil, "", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session", ErrInfra, b.s.env.ID)
+			return nil, "", coordError("session", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session",
+				coordinator.ErrUnknownEnv, b.s.env.ID))
 		}
 		return b.s, "", nil
 	}
@@ -249,7 +258,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	res, err := t.c.Reset(ctx, coordinator.ResetRequest{Task: b.tg.task, Image: b.tg.image, Ephemeral: true})
 	if err != nil {
 		b.h.disown(b)
-		return nil, "", infra("start env", err)
+		return nil, "", coordError("start env", err)
 	}
 	what := "image " + res.Env.Image
 	if b.tg.task != "" {
@@ -272,7 +281,7 @@ func (h *Handler) adopt(b *binding) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return fmt.Errorf("%w: the server is shutting down", ErrInfra)
+		return coordError("start env", fmt.Errorf("%w: the server is shutting down", coordinator.ErrClosed))
 	}
 	h.owned[b] = struct{}{}
 	return nil

@@ -275,6 +275,25 @@ func TestBadArguments(t *testing.T) {
 	if r := bash(t, cs, "echo alive"); r.Stdout != "alive\n" {
 		t.Errorf("after bad calls: %+v", r)
 	}
+	// A session's own env closed under it (by a protocol client, the idle
+	// TTL) is not an infrastructure error (the one mapping: unknown_env,
+	// neither retryable nor infra).
+	gcs := mustConnect(t, "http://"+s.addr+"/v1/mcp?image=busybox", "")
+	var gls agent.ListStatesResult
+	ok(t, gcs, "list_states", nil, &gls)
+	gone := gls.EnvID
+	pc, err := arbor.Dial(context.Background(), s.addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	if err := pc.CloseEnv(context.Background(), gone); err != nil {
+		t.Fatal(err)
+	}
+	if r := call(t, gcs, "bash", map[string]any{"cmd": "true"}); !r.IsError || !strings.Contains(text(r), "unknown_env") ||
+		strings.Contains(text(r), "infrastructure") || strings.Contains(text(r), "retrying") {
+		t.Errorf("bash in an env closed under the session: IsError %v, %q; want unknown_env, not infra, not retryable", r.IsError, text(r))
+	}
 	// An unknown tool is a protocol error, not a crash.
 	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sudo", Arguments: map[string]any{}}); err == nil {
 		t.Errorf("unknown tool: no error")

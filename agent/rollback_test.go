@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/branch/branchtest"
@@ -70,27 +69,14 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 	}()
 	// Let the queue go once the rollback waits for the child's checkpoint
 	// (the gate raised it); an answer before that did not wait.
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	var a answer
-wait:
-	for {
-		select {
-		case a = <-done:
-			break wait
-		case <-tick.C:
-			if branchtest.RaisedWaiting(engine) {
-				release()
-			}
-		}
-	}
-	release()
+	a := branchtest.ReleaseWhenRaised(engine, release, done)
 	if a.err != nil {
 		t.Fatalf("rollback to the parent's first state %s: %v", first, a.err)
 	}
 	// Two states of the child's history are undone: the branch point and
-	// the one the held checkpoint made.
-	if a.r.StateID != first || a.r.Turn != -1 || a.r.Undone != 2 {
+	// the one the held checkpoint made. The turn is the episode's (the
+	// reset's state: 0), as info.turn counts it.
+	if a.r.StateID != first || a.r.Turn != 0 || a.r.Undone != 2 {
 		t.Errorf("rollback: %+v", a.r)
 	}
 	out, err := s.Bash(ctx, agent.BashArgs{Cmd: "cat /tmp/n || echo none"})

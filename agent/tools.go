@@ -26,9 +26,6 @@ type Options struct {
 	// Snap lists the files fork_try changed; nil: fork_try reports no
 	// change list.
 	Snap cr.Snapshotter
-	// DefaultTimeout is a bash command's timeout when the agent gives none
-	// (default 60 s); MaxTimeout caps any (default 10 min).
-	DefaultTimeout, MaxTimeout time.Duration
 	// MaxOutput caps each of stdout and stderr in an observation (default
 	// 64 KiB; the head and the tail are kept).
 	MaxOutput int
@@ -41,12 +38,6 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.DefaultTimeout <= 0 {
-		o.DefaultTimeout = 60 * time.Second
-	}
-	if o.MaxTimeout <= 0 {
-		o.MaxTimeout = 10 * time.Minute
-	}
 	if o.MaxOutput <= 0 {
 		o.MaxOutput = 64 << 10
 	}
@@ -87,8 +78,8 @@ func New(o Options) (*Tools, error) {
 // Entry is one state the tools made (or found when first attached).
 type Entry struct {
 	StateID string `json:"state_id"`
-	// Turn counts the tool calls that ran a command in the environment
-	// since the tools were first attached to it (0: the state then).
+	// Turn is the state's turn in the env's episode, as the protocol's
+	// info.turn counts it (the entry made at attachment: the turn then).
 	Turn int `json:"turn"`
 	// Tool and Command say what produced the state.
 	Tool     string `json:"tool,omitempty"`
@@ -104,7 +95,6 @@ type Entry struct {
 type history struct {
 	mu      sync.Mutex
 	envID   string
-	base    int // the engine's turn count when the log began
 	entries []Entry
 	keep    int
 }
@@ -150,8 +140,9 @@ func (t *Tools) Attach(env *branch.Env, note string) *Session {
 		if note == "" {
 			note = "(state when the agent tools were attached)"
 		}
-		h = &history{envID: env.ID, base: env.Turn(), keep: t.o.KeepStates}
-		h.add(Entry{StateID: env.Head(), Turn: 0, Command: note, Time: time.Now()})
+		turn, _ := t.c.EpisodeTurn(env.ID)
+		h = &history{envID: env.ID, keep: t.o.KeepStates}
+		h.add(Entry{StateID: env.Head(), Turn: turn, Command: note, Time: time.Now()})
 		t.logs[env.ID] = h
 	}
 	return &Session{t: t, env: env, h: h}
@@ -167,23 +158,27 @@ func (t *Tools) Forget(envID string) {
 // Env is the environment the session drives.
 func (s *Session) Env() *branch.Env { return s.env }
 
-// infra words a failure of the coordinator, the engine or the sandbox for
-// the agent, by the one error mapping (coordinator.ProtoError): the
-// client's kind of mistake is the agent's (ErrBadArgument,
-// ErrUnknownState), anything else is not its doing (ErrInfra).
-func infra(what string, err error) error {
+// coordError words a failure of the coordinator, the engine or the
+// sandbox for the agent by the one error mapping (coordinator.ProtoError),
+// whose *protocol.Error stays in the chain (toolError words the model's
+// message from its flags): the client's kind of mistake is the agent's
+// (ErrBadArgument, ErrUnknownState), an infra failure is not its doing
+// (ErrInfra), and the rest (an env closed, too many envs) is neither.
+func coordError(what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	switch pe := coordinator.ProtoError(err); {
+	pe := coordinator.ProtoError(err)
+	switch {
 	case pe.Infra:
+		return fmt.Errorf("%w: %s: %w", ErrInfra, what, pe)
 	case pe.Code == protocol.CodeUnknownState:
-		return fmt.Errorf("%w: %s: %v", ErrUnknownState, what, err)
+		return fmt.Errorf("%w: %s: %w", ErrUnknownState, what, pe)
 	case pe.Code == protocol.CodeTooLarge, pe.Code == protocol.CodeBadRequest, pe.Code == protocol.CodeInvalidParams,
 		pe.Code == protocol.CodeUnknownTask:
-		return fmt.Errorf("%w: %s: %v", ErrBadArgument, what, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadArgument, what, pe)
 	}
-	return fmt.Errorf("%w: %s: %v", ErrInfra, what, err)
+	return fmt.Errorf("%s: %w", what, pe)
 }
 
 // lock takes the env's ticket (the coordinator's per-env FIFO, shared
@@ -196,20 +191,20 @@ func (s *Session) lock() (func(), error) {
 	unlock := func() { s.h.mu.Unlock(); release() }
 	if _, err := s.t.c.Env(s.env.ID); err != nil {
 		unlock()
-		return nil, infra("env "+s.env.ID, err)
+		s.t.Forget(s.env.ID) // closed elsewhere: its log goes too
+		return nil, coordError("env "+s.env.ID, err)
 	}
 	return unlock, nil
 }
 
-func (s *Session) timeout(seconds float64) (time.Duration, error) {
+// timeout is the timeout the agent asked for (0: none; the coordinator
+// then applies the task's command timeout, else its default, and caps
+// any).
+func timeout(seconds float64) (time.Duration, error) {
 	if seconds < 0 {
 		return 0, fmt.Errorf("%w: timeout_s must be positive, got %g", ErrBadArgument, seconds)
 	}
-	d := s.t.o.DefaultTimeout
-	if seconds > 0 {
-		d = time.Duration(seconds * float64(time.Second))
-	}
-	return min(d, s.t.o.MaxTimeout), nil
+	return time.Duration(seconds * float64(time.Second)), nil
 }
 
 // ran is one command run in the environment and the state after it.
@@ -228,10 +223,10 @@ func (s *Session) run(ctx context.Context, label string, a coordinator.Action) (
 	prev := s.env.Head()
 	r, err := s.t.c.Turn(ctx, s.env.ID, a)
 	if err != nil {
-		return nil, infra("run "+a.Tool, err)
+		return nil, coordError("run "+a.Tool, err)
 	}
 	res := r.Result
-	out := &ran{res: res, sid: r.StateID, turn: s.env.Turn() - s.h.base}
+	out := &ran{res: res, sid: r.StateID, turn: r.Turn}
 	if r.CheckpointError != nil {
 		out.warning = "the previous state could not be saved (" + r.CheckpointError.Error() + "); this call's state includes its changes"
 	}
@@ -245,7 +240,7 @@ func (s *Session) run(ctx context.Context, label string, a coordinator.Action) (
 // BashArgs are the arguments of bash.
 type BashArgs struct {
 	Cmd      string  `json:"cmd" jsonschema:"the shell command line to run (POSIX sh syntax; pipes, &&, redirections and multi-line scripts are fine)"`
-	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default 60); the shell itself survives a timeout"`
+	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default: the task's command timeout, else 60); the shell itself survives a timeout"`
 }
 
 // BashResult is what bash did.
@@ -271,7 +266,7 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 	if strings.TrimSpace(a.Cmd) == "" {
 		return nil, fmt.Errorf("%w: cmd is empty: pass the command line to run", ErrBadArgument)
 	}
-	timeout, err := s.timeout(a.TimeoutS)
+	timeout, err := timeout(a.TimeoutS)
 	if err != nil {
 		return nil, err
 	}
@@ -288,6 +283,28 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 	return &BashResult{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr), TimedOut: res.TimedOut,
 		Truncated: res.Truncated, Cwd: res.Cwd, DurationS: res.Duration.Seconds(), ShellRestarted: res.ShellRestarted,
 		StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
+}
+
+// file runs a file tool's action a as one turn (read_file, write_file):
+// a failure of the command (no such file, permission denied) is
+// ErrCommandFailed with the shell's words.
+func (s *Session) file(ctx context.Context, label string, a coordinator.Action) (*ran, error) {
+	if a.Path == "" {
+		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	r, err := s.run(ctx, label, a)
+	if err != nil {
+		return nil, err
+	}
+	if r.res.ExitCode != 0 {
+		return nil, fmt.Errorf("%w: %s %s: %s", ErrCommandFailed, a.Tool, a.Path, strings.TrimSpace(string(r.res.Stderr)))
+	}
+	return r, nil
 }
 
 // ReadFileArgs are the arguments of read_file.
@@ -307,21 +324,10 @@ type ReadFileResult struct {
 
 // ReadFile returns a file's content. It makes no state.
 func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult, error) {
-	if a.Path == "" {
-		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
-	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	r, err := s.run(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
+	r, err := s.file(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
 		Timeout: 30 * time.Second, MaxOutput: s.t.o.MaxReadBytes, ReadOnly: true})
 	if err != nil {
 		return nil, err
-	}
-	if r.res.ExitCode != 0 {
-		return nil, fmt.Errorf("%w: read_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
 	}
 	return &ReadFileResult{Path: a.Path, Content: string(r.res.Stdout), Bytes: r.res.StdoutBytes, Truncated: r.res.Truncated}, nil
 }
@@ -343,22 +349,11 @@ type WriteFileResult struct {
 
 // WriteFile replaces a file's content.
 func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileResult, error) {
-	if a.Path == "" {
-		return nil, fmt.Errorf("%w: path is empty", ErrBadArgument)
-	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
-	r, err := s.run(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
+	r, err := s.file(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
 		Timeout: 60 * time.Second, MaxOutput: 4 << 10})
 	if err != nil {
 		return nil, err
-	}
-	if r.res.ExitCode != 0 {
-		return nil, fmt.Errorf("%w: write_file %s: %s", ErrCommandFailed, a.Path, strings.TrimSpace(string(r.res.Stderr)))
 	}
 	return &WriteFileResult{Path: a.Path, Bytes: len(a.Content), StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
 }
@@ -398,7 +393,7 @@ type ListStatesResult struct {
 func (s *Session) settle(ctx context.Context) error {
 	sid, remade, err := s.t.c.Head(ctx, s.env.ID)
 	if err != nil {
-		return infra("wait for checkpoint", err)
+		return coordError("wait for checkpoint", err)
 	}
 	if remade {
 		s.t.log.Warn("background checkpoint failed; checkpointed again", slog.String("env", s.env.ID), slog.String("state", sid))
@@ -438,7 +433,11 @@ func (s *Session) ListStates(ctx context.Context, a ListStatesArgs) (*ListStates
 	}
 	head := s.env.Head()
 	onPath := s.lineage()
-	out := &ListStatesResult{EnvID: s.env.ID, Current: head, Turn: s.env.Turn() - s.h.base}
+	turn, err := s.t.c.EpisodeTurn(s.env.ID)
+	if err != nil {
+		return nil, coordError("env "+s.env.ID, err)
+	}
+	out := &ListStatesResult{EnvID: s.env.ID, Current: head, Turn: turn}
 	// One row per state: a state reached again (e.g. re-made after a
 	// failed checkpoint) shows its newest entry.
 	seen := map[string]bool{}
@@ -486,67 +485,54 @@ type RollbackResult struct {
 	Undone int `json:"undone_states"`
 }
 
-// allowed reports whether the agent may roll back to sid: a state its
-// tools made, or one the coordinator says the env may address (its
-// current history or any state it made).
-func (s *Session) allowed(sid string) bool {
-	if _, ok := s.h.find(sid); ok {
-		return true
-	}
-	return s.t.c.Seen(s.env, sid)
-}
-
 // Rollback returns the environment to one of its states: files, processes
-// and shell state.
+// and shell state. It is the coordinator's rollback turn (the rule of which
+// states the env may address lives there: its current history or any
+// state it made, which covers every state in the tools' log).
 func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult, error) {
 	if a.StateID == "" {
 		return nil, fmt.Errorf("%w: state_id is empty: pass one from list_states", ErrBadArgument)
 	}
-	start := time.Now()
 	unlock, err := s.lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	// The head has no lineage in the manifest until its background
-	// checkpoint commits: settle it (the gate the rollback takes anyway)
-	// before asking which states are on the current history.
+	// checkpoint commits: settle it before asking which states are on the
+	// current history (the ones a rollback undoes).
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
 	onPath := s.lineage()
-	if !s.allowed(a.StateID) {
-		return nil, fmt.Errorf("%w: %s is not a state of this environment's history; call list_states for the ones you can restore",
-			ErrUnknownState, a.StateID)
-	}
-	st, err := s.t.e.State(a.StateID)
+	r, err := s.t.c.Turn(ctx, s.env.ID, coordinator.Action{Tool: protocol.ToolRollback, StateID: a.StateID})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s can no longer be restored (its checkpoint is gone or failed); call list_states", ErrUnknownState, a.StateID)
+		return nil, coordError("rollback", err)
 	}
-	// Newer states on the current history are the ones being undone.
+	if r.Rejected != "" {
+		return nil, fmt.Errorf("%w: %s; call list_states for the ones you can restore", ErrUnknownState,
+			strings.TrimPrefix(r.Rejected, "rollback: "))
+	}
+	// Newer states on the current history are the ones undone.
 	undone := 0
 	for _, en := range s.h.entries {
-		if onPath[en.StateID] && en.Turn > st.Turn-s.h.base {
+		if onPath[en.StateID] && en.Turn > r.Turn {
 			undone++
 		}
 	}
-	if _, err := s.t.c.Rollback(ctx, s.env.ID, a.StateID); err != nil {
-		return nil, infra("rollback", err)
-	}
-	out := &RollbackResult{StateID: a.StateID, Turn: st.Turn - s.h.base, Undone: undone}
-	if en, ok := s.h.find(a.StateID); ok {
-		out.Tool, out.Command, out.Cwd = en.Tool, en.Command, en.Cwd
+	out := &RollbackResult{StateID: r.Restored, Turn: r.Turn, Cwd: r.Result.Cwd, Undone: undone, DurationS: r.Result.Duration.Seconds()}
+	if en, ok := s.h.find(r.Restored); ok {
+		out.Tool, out.Command = en.Tool, en.Command
 	} else {
 		out.Command = "(made before the agent tools were attached)"
 	}
-	out.DurationS = time.Since(start).Seconds()
 	return out, nil
 }
 
 // ForkTryArgs are the arguments of fork_try.
 type ForkTryArgs struct {
 	Cmd      string  `json:"cmd" jsonschema:"the shell command line to try on a throwaway copy of the environment"`
-	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default 60)"`
+	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default: the task's command timeout, else 60)"`
 }
 
 // FileChange is one path a command changed.
@@ -592,7 +578,7 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 	if strings.TrimSpace(a.Cmd) == "" {
 		return nil, fmt.Errorf("%w: cmd is empty: pass the command line to try", ErrBadArgument)
 	}
-	timeout, err := s.timeout(a.TimeoutS)
+	asked, err := timeout(a.TimeoutS)
 	if err != nil {
 		return nil, err
 	}
@@ -603,15 +589,19 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 		return nil, err
 	}
 	defer unlock()
+	timeout, err := s.t.c.CommandTimeout(s.env.ID, asked)
+	if err != nil {
+		return nil, coordError("env "+s.env.ID, err)
+	}
 	// The branch is the call's own, never handed out: it goes straight to
 	// the engine and is closed before the call returns.
 	br, err := e.Branch(ctx, branch.Source{Env: s.env}, 1)
 	if err != nil {
-		return nil, infra("branch", err)
+		return nil, coordError("branch", err)
 	}
 	child := br.Children[0]
 	if br.Errors[0] != nil || child == nil {
-		return nil, infra("branch", errors.Join(br.Errors[0], errors.New("no child")))
+		return nil, coordError("branch", errors.Join(br.Errors[0], errors.New("no child")))
 	}
 	defer func() {
 		// The branch is the call's own: it goes whatever happened.
@@ -624,7 +614,7 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 	out = &ForkTryResult{FromState: br.State, BranchS: time.Since(start).Seconds()}
 	res, err := e.Exec(ctx, child, a.Cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
 	if err != nil {
-		return nil, infra("run on the branch", err)
+		return nil, coordError("run on the branch", err)
 	}
 	out.ExitCode, out.Stdout, out.Stderr, out.TimedOut, out.Truncated = res.ExitCode, string(res.Stdout), string(res.Stderr), res.TimedOut, res.Truncated
 	out.Cwd, out.DurationS = res.Cwd, res.Duration.Seconds()

@@ -21,7 +21,7 @@ func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == F
 func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	job, sid, err := e.submitCheckpoint(ctx, env, kind, queue.High)
+	job, sid, _, err := e.submitCheckpoint(ctx, env, kind, queue.High)
 	if err != nil || job == nil {
 		return sid, err
 	}
@@ -37,36 +37,43 @@ func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, e
 }
 
 // CheckpointAsync queues a checkpoint of env at low priority and returns
-// the state id it will have; the next operation on env waits for it. Kind
-// None returns the current head without a checkpoint.
-func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, error) {
+// the state id it will have and the kind it queued; the next operation on
+// env waits for it. It waits for env's previous checkpoint first; when
+// that one failed (TakeCheckpointError reports it), the checkpoint is
+// full whatever kind asks, as is an env's first one: this is the one
+// place that rule lives (docs/engine.md, The path of a step). Kind None
+// returns the current head without a checkpoint.
+func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	_, sid, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low)
-	return sid, err
+	_, sid, kind, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low)
+	return sid, kind, err
 }
 
-// submitCheckpoint queues the job; the caller holds env.mu.
-func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority) (*queue.Job, string, error) {
+// submitCheckpoint queues the job and returns the kind it queued; the
+// caller holds env.mu.
+func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority) (*queue.Job, string, Kind, error) {
 	if !validKind(kind) {
-		return nil, "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
+		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
 	}
 	if env.closed {
-		return nil, "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return nil, "", "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
 	}
 	if _, err := env.gate(ctx); err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	if dead(env.sb, nil) {
 		// Nothing to dump: the env goes back to its last committed state.
-		return nil, "", e.revive(ctx, env, sandbox.ErrDead)
+		return nil, "", "", e.revive(ctx, env, sandbox.ErrDead)
 	}
 	if env.mustFull {
+		// The previous state never came to be: this one holds changes no
+		// state has, whatever the turn's classification saw.
 		kind, env.mustFull = Full, false
 	}
 	if kind == None && env.head != "" {
 		env.dirty = false
-		return nil, env.head, nil
+		return nil, env.head, None, nil
 	}
 	parent := env.head
 	if parent == "" {
@@ -81,7 +88,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	env.pending, env.pendingParent = job, parent
 	env.setHead(sid)
 	env.dirty = false
-	return job, sid, nil
+	return job, sid, kind, nil
 }
 
 // checkpoint writes the artifacts of one state and commits it. Only the

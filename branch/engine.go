@@ -431,7 +431,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 		return nil, "", err
 	}
 	e.track(ctx, env)
-	sid, err := e.CheckpointAsync(env, Full)
+	sid, _, err := e.CheckpointAsync(env, Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env, true)
 		return nil, "", err
@@ -446,7 +446,9 @@ type coordStats struct {
 	revived                               atomic.Int64
 }
 
-// CoordStats are the coordinator's totals since the engine opened.
+// CoordStats are the engine's totals since it opened (checkpoints it
+// committed, Verify calls, revives); the coordinator keeps its own counts
+// of turns by kind.
 type CoordStats struct {
 	Checkpoints int64
 	// CheckpointTime is the summed duration of the checkpoints taken.

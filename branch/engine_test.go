@@ -567,3 +567,45 @@ func TestPromote(t *testing.T) {
 		t.Errorf("promoted draft still open: %v", err)
 	}
 }
+
+// TestCheckpointAsyncFullAfterFailure: after a background checkpoint
+// failed, the next one is full whatever kind it was asked for (the one
+// home of that rule), and CheckpointAsync says so.
+func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	ctx := context.Background()
+	e := r.e
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A process holding open a deleted 2 MiB file, over CRIU's ghost
+	// limit: its dump fails. The file goes once the process holds it.
+	run(t, e, env, branchtest.GhostHolder)
+	failing, kind, err := e.CheckpointAsync(env, branch.Proc)
+	if err != nil || kind != branch.Proc {
+		t.Fatalf("queue a proc checkpoint: kind %s, %v", kind, err)
+	}
+	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.TakeCheckpointError(); !errors.Is(err, branch.ErrCheckpoint) {
+		t.Fatalf("checkpoint %s with a ghost over the limit: %v, want branch.ErrCheckpoint", failing, err)
+	}
+	run(t, e, env, "kill $(pidof sleep); wait 2>/dev/null; true")
+	sid, kind, err := e.CheckpointAsync(env, branch.None)
+	if err != nil || kind != branch.Full || sid == failing {
+		t.Fatalf("checkpoint after the failure: %s kind %s, %v; want a new full state", sid, kind, err)
+	}
+	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.State(sid); err != nil || st.Kind != branch.Full {
+		t.Errorf("state %s: %+v %v, want committed full", sid, st, err)
+	}
+	// The rule is spent: the next checkpoint takes the kind asked for.
+	if _, kind, err := e.CheckpointAsync(env, branch.None); err != nil || kind != branch.None {
+		t.Errorf("the checkpoint after: kind %s, %v; want none", kind, err)
+	}
+}

@@ -69,7 +69,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		if turn.Kind != tt.want {
 			t.Errorf("%s: classified %s (%v), want %s", tt.name, turn.Kind, turn.Reasons, tt.want)
 		}
-		sid, err := e.CheckpointAsync(env, turn.Kind)
+		sid, _, err := e.CheckpointAsync(env, turn.Kind)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		{"sleep 300 >/dev/null 2>&1 &", "process missing after restore"},
 	} {
 		run(t, e, env, miss.cmd)
-		sid, err := e.CheckpointAsync(env, branch.None)
+		sid, _, err := e.CheckpointAsync(env, branch.None)
 		if err != nil {
 			t.Fatal(err)
 		}

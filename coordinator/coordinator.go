@@ -32,9 +32,10 @@ type Options struct {
 	VerifySkips bool
 	// MaxEnvs bounds the envs handed out (default 256).
 	MaxEnvs int
-	// IdleTTL closes handed-out envs nobody touched for this long (0 or
-	// negative: never). It should exceed the longest command timeout: a
-	// running command holds its env's gate, and the janitor waits for it.
+	// IdleTTL closes handed-out envs nobody touched for this long since
+	// their last operation ended (0 or negative: never). A running
+	// operation holds its env's ticket; the janitor waits for it and then
+	// keeps the env.
 	IdleTTL time.Duration
 	// DefaultTimeout is a bash turn's timeout when neither the action nor
 	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
@@ -103,16 +104,14 @@ type entry struct {
 	// Coordinator.mu, as is failed.
 	tail chan struct{}
 	// failed is a background checkpoint failure a waiter took from the
-	// engine (WaitTurn): the next turn must still checkpoint full.
+	// engine (WaitTurn, settle): the next turn still reports it (the
+	// engine makes that turn's checkpoint full).
 	failed error
 	// The fields below are set at registration or touched only by
 	// operations holding the env's ticket.
 	task TaskInfo
 	seed int64
 	base int // the engine's turn count when the episode began
-	// ephemeral: the env (and its children) are not adopted again after
-	// a crash (ResetRequest.Ephemeral).
-	ephemeral bool
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
@@ -167,32 +166,65 @@ func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
 
 // Ticket queues an operation on the envs ids in the order of the calls:
 // wait blocks until the operations queued before it on those envs have
-// ended, release lets the next one run. Ids not handed out take no
-// ticket.
+// ended, release lets the next one run. Releasing marks the envs used
+// (the idle TTL counts from the end of an operation, however long it
+// ran). Ids not handed out take no ticket.
 func (c *Coordinator) Ticket(ids ...string) (wait, release func()) {
+	t := c.take(ids...)
+	return t.wait, t.release
+}
+
+// ticket is one operation's place in the FIFO of each env it names.
+type ticket struct {
+	prevs, nexts []chan struct{}
+	held         []*entry
+}
+
+// take queues a ticket on the envs ids (Ticket).
+func (c *Coordinator) take(ids ...string) *ticket {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var prevs, nexts []chan struct{}
+	t := &ticket{}
 	for _, id := range ids {
 		m, ok := c.envs[id]
 		if !ok || id == "" {
 			continue
 		}
 		next := make(chan struct{})
-		prevs, m.tail = append(prevs, m.tail), next
-		nexts = append(nexts, next)
+		t.prevs, m.tail = append(t.prevs, m.tail), next
+		t.nexts = append(t.nexts, next)
+		t.held = append(t.held, m)
 	}
-	wait = func() {
-		for _, p := range prevs {
-			<-p
+	return t
+}
+
+func (t *ticket) wait() {
+	for _, p := range t.prevs {
+		<-p
+	}
+}
+
+// ready reports, without waiting, whether every operation queued before
+// t has ended.
+func (t *ticket) ready() bool {
+	for _, p := range t.prevs {
+		select {
+		case <-p:
+		default:
+			return false
 		}
 	}
-	release = func() {
-		for _, n := range nexts {
-			close(n)
-		}
+	return true
+}
+
+func (t *ticket) release() {
+	now := time.Now().UnixNano()
+	for _, m := range t.held {
+		m.used.Store(now)
 	}
-	return wait, release
+	for _, n := range t.nexts {
+		close(n)
+	}
 }
 
 // register records an env handed out, and labels it so that a restarted
@@ -207,7 +239,7 @@ func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base 
 	}
 	closed := make(chan struct{})
 	close(closed)
-	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base, ephemeral: ephemeral}
+	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
 	m.used.Store(time.Now().UnixNano())
 	c.mu.Lock()
 	c.envs[env.ID] = m
@@ -379,28 +411,39 @@ func (c *Coordinator) janitor() {
 	}
 }
 
-// sweep closes the envs idle at now. Each close takes the env's ticket,
-// so it waits for an operation that is running, and rechecks the idle
-// time once it holds it.
+// sweep closes the envs idle at now.
 func (c *Coordinator) sweep(now time.Time) {
+	c.closeIdle(c.idleAt(now))
+}
+
+// idleAt lists the envs nobody used for IdleTTL at now, with the time of
+// their last use.
+func (c *Coordinator) idleAt(now time.Time) map[string]int64 {
 	c.mu.Lock()
-	var idle []string
+	defer c.mu.Unlock()
+	idle := map[string]int64{}
 	for id, m := range c.envs {
-		if now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
-			idle = append(idle, id)
+		if used := m.used.Load(); now.Sub(time.Unix(0, used)) > c.o.IdleTTL {
+			idle[id] = used
 		}
 	}
-	c.mu.Unlock()
-	for _, id := range idle {
+	return idle
+}
+
+// closeIdle closes the envs found idle. Each close takes the env's
+// ticket, so it waits for an operation that is running (a long command),
+// and once it holds it closes the env only if nobody used it since it was
+// found idle: an operation marks its env used when it ends (Ticket).
+func (c *Coordinator) closeIdle(idle map[string]int64) {
+	for id, seen := range idle {
 		wait, release := c.Ticket(id)
 		wait()
 		c.mu.Lock()
 		m, ok := c.envs[id]
 		c.mu.Unlock()
-		if ok && now.Sub(time.Unix(0, m.used.Load())) > c.o.IdleTTL {
+		if ok && m.used.Load() == seen {
 			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
-			c.forget(id)
-			if err := c.e.CloseEnv(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
+			if err := c.close(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
 				c.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
 			}
 		}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -74,22 +74,28 @@ func TestTurnInspector(t *testing.T) {
 }
 
 // TestTurnAfterFailedCheckpoint: when the previous turn's background
-// checkpoint failed, the next turn is checkpointed full whatever its
-// classification, and says why. The failure is the one WaitTurn (the LLM
-// proxy's wait) took from the engine; the engine's own path is the same
-// branch of commit.
+// checkpoint failed and WaitTurn (the LLM proxy's wait) took the failure
+// from the engine, the next turn still says why and is checkpointed full
+// whatever its classification. (TestTurnAfterRealCheckpointFailure is the
+// path where the next turn's exec finds the failure.)
 func TestTurnAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.None, branch.None}}
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None, branch.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
-	c.mu.Lock()
-	c.envs[r.Env.ID].failed = errors.New("disk full")
-	c.mu.Unlock()
-	t1 := bash(t, c, r.Env.ID, "true")
-	if t1.Kind != branch.Full || t1.CheckpointError == nil || !strings.Contains(t1.CheckpointError.Error(), "disk full") {
-		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and the failure", t1.Kind, t1.CheckpointError)
+	ctx := context.Background()
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
+		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
-	if err := c.WaitTurn(context.Background(), r.Env.ID); err != nil {
+	waited := c.WaitTurn(ctx, r.Env.ID)
+	if !errors.Is(waited, branch.ErrCheckpoint) {
+		t.Fatalf("WaitTurn on a checkpoint that fails: %v, want branch.ErrCheckpoint", waited)
+	}
+	t1 := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
+	if t1.Kind != branch.Full || t1.CheckpointError == nil || t1.CheckpointError.Error() != waited.Error() {
+		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and %v", t1.Kind, t1.CheckpointError, waited)
+	}
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := engine.State(t1.StateID); err != nil {
@@ -102,34 +108,40 @@ func TestTurnAfterFailedCheckpoint(t *testing.T) {
 
 // TestTurnMaxTurnsAndTimeouts: the task's MaxTurns truncates the episode
 // at its last turn; the task's command timeout, an action's own timeout
-// and the coordinator's cap reach the result.
+// and the coordinator's cap reach the result. Each command sleeps between
+// the timeout that should apply and the one that would apply without the
+// rule, so each check fails if its rule is broken.
 func TestTurnMaxTurnsAndTimeouts(t *testing.T) {
-	c := newCoordinator(t, Options{Classify: Full, MaxTimeout: 3 * time.Second})
+	c := newCoordinator(t, Options{Classify: Full, MaxTimeout: 5 * time.Second})
 	r := reset(t, c, ResetRequest{Task: "count"})
 	ctx := context.Background()
-	if r.Task.Name != "count" || r.Task.MaxTurns != 3 {
+	if r.Task.Name != "count" || r.Task.MaxTurns != 3 || r.Task.CommandTimeout != 2*time.Second {
 		t.Fatalf("reset task %+v", r.Task)
 	}
-	// The task's timeout (2 s) applies when the action gives none.
-	t1 := bash(t, c, r.Env.ID, "sleep 10")
-	if !t1.Result.TimedOut || t1.Truncated {
-		t.Errorf("turn 1 (sleep 10, task timeout 2 s): timed out %v, truncated %v", t1.Result.TimedOut, t1.Truncated)
+	// The task's timeout (2 s) applies when the action gives none;
+	// without it the cap (5 s) would let the command finish.
+	t1 := bash(t, c, r.Env.ID, "sleep 3; echo done")
+	if !t1.Result.TimedOut || string(t1.Result.Stdout) != "" || t1.Truncated {
+		t.Errorf("turn 1 (sleep 3, task timeout 2 s): timed out %v, stdout %q, truncated %v", t1.Result.TimedOut, t1.Result.Stdout, t1.Truncated)
 	}
-	// The action's own timeout, under the cap, wins over the task's.
-	t2, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 2.5; echo done", Timeout: 2900 * time.Millisecond})
+	// The action's own timeout (4.5 s, under the cap) wins over the
+	// task's, which would cut the command.
+	t2, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 3; echo done", Timeout: 4500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if t2.Result.TimedOut || string(t2.Result.Stdout) != "done\n" || t2.Truncated {
-		t.Errorf("turn 2 (own timeout 2.9 s): timed out %v, stdout %q, truncated %v", t2.Result.TimedOut, t2.Result.Stdout, t2.Truncated)
+		t.Errorf("turn 2 (own timeout 4.5 s): timed out %v, stdout %q, truncated %v", t2.Result.TimedOut, t2.Result.Stdout, t2.Truncated)
 	}
-	// Over the cap (3 s): cut at the cap. This is turn 3 of 3: truncated.
-	t3, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 10", Timeout: time.Hour})
+	// Over the cap (5 s): cut at the cap, where the action's hour would
+	// let it finish. This is turn 3 of 3: truncated.
+	t3, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "sleep 8; echo done", Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !t3.Result.TimedOut || t3.Turn != 3 || !t3.Truncated {
-		t.Errorf("turn 3 (timeout over the cap): timed out %v, turn %d, truncated %v; want true, 3, true", t3.Result.TimedOut, t3.Turn, t3.Truncated)
+	if !t3.Result.TimedOut || string(t3.Result.Stdout) != "" || t3.Turn != 3 || !t3.Truncated {
+		t.Errorf("turn 3 (timeout over the cap): timed out %v, stdout %q, turn %d, truncated %v; want true, none, 3, true",
+			t3.Result.TimedOut, t3.Result.Stdout, t3.Turn, t3.Truncated)
 	}
 }
 
@@ -198,7 +210,7 @@ func TestTurnAfterRealCheckpointFailure(t *testing.T) {
 	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
-	ghost := bash(t, c, r.Env.ID, "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & rm /tmp/big; echo ok")
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
 	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
 		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
@@ -218,5 +230,152 @@ func TestTurnAfterRealCheckpointFailure(t *testing.T) {
 	}
 	if _, err := engine.State(next.StateID); err != nil {
 		t.Errorf("state %s not committed: %v", next.StateID, err)
+	}
+}
+
+// ownCoordinator is a coordinator on an engine of the test's own (one
+// HoldQueue may hold: no other test's work takes its workers).
+func ownCoordinator(t *testing.T, o Options) (*Coordinator, *branch.Engine) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	e := branchtest.ForTest(t, branchtest.Options{}).Engine
+	o.Engine, o.Logger = e, branchtest.Logger()
+	c, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, e
+}
+
+// ghostCmd makes every dump of the env fail until sleep is killed.
+const ghostCmd = branchtest.GhostHolder
+
+// TestBoundaryAfterFailedCheckpoint: a boundary whose previous turn's
+// checkpoint is still queued waits for it before it applies the rule of
+// a turn; when it failed, the boundary reports the failure and its
+// checkpoint is full. The queue is held so that the failing checkpoint is
+// still pending when the boundary starts.
+func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c, e := ownCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	release := branchtest.HoldQueue(t, e, "busybox")
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	if ghost.Kind != branch.Proc {
+		t.Fatalf("turn 1: kind %s", ghost.Kind)
+	}
+	if _, err := e.State(ghost.StateID); err == nil {
+		t.Fatalf("turn 1's checkpoint %s ran while the queue was held", ghost.StateID)
+	}
+	type answer struct {
+		r   *TurnResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		b, err := c.Boundary(ctx, r.Env.ID)
+		done <- answer{b, err}
+	}()
+	// Let the queue go once the boundary waits for turn 1's checkpoint.
+	branchtest.WaitFor(t, "the boundary to wait for turn 1's checkpoint", func() bool { return branchtest.RaisedWaiting(e) })
+	release()
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if !errors.Is(a.r.CheckpointError, branch.ErrCheckpoint) || a.r.Kind != branch.Full {
+		t.Errorf("boundary after a failed checkpoint: error %v, kind %s; want the failure and full", a.r.CheckpointError, a.r.Kind)
+	}
+}
+
+// TestHeadAfterFailedCheckpoint: Head of an env whose background
+// checkpoint failed checkpoints the changes no state holds (full) and
+// says so, instead of answering the old failure.
+func TestHeadAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	// The engine's gate finds the failure (nobody takes it yet); the
+	// process goes, so that the next dump can succeed.
+	if _, err := engine.WaitCheckpoint(ctx, r.Env); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Env.Sandbox().Exec(ctx, "kill $(pidof sleep); wait 2>/dev/null; true", sandboxOpts()); err != nil || res.ExitCode != 0 {
+		t.Fatalf("kill the ghost holder: %v %+v", err, res)
+	}
+	head, remade, err := c.Head(ctx, r.Env.ID)
+	if err != nil {
+		t.Fatalf("head after a failed checkpoint: %v", err)
+	}
+	if !remade || head == ghost.StateID {
+		t.Errorf("head %s remade %v; want a new state (not the failed %s) and remade", head, remade, ghost.StateID)
+	}
+	st, err := engine.State(head)
+	if err != nil || st.Kind != branch.Full {
+		t.Errorf("head state %s: %+v %v, want a committed full state", head, st, err)
+	}
+}
+
+// TestSettleFailedState: a branch from a state id whose checkpoint
+// failed answers unknown_state (the state never came to be: no retry can
+// succeed), and the failure stays with the env that made it, whose next
+// turn reports it and is full.
+func TestSettleFailedState(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	ghost := bash(t, c, r.Env.ID, ghostCmd)
+	_, err := c.Branch(ctx, BranchRequest{StateID: ghost.StateID, N: 1})
+	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Retryable {
+		t.Errorf("branch from a state whose checkpoint failed: %v (%+v), want unknown_state, not retryable", err, pe)
+	}
+	if !errors.Is(err, branch.ErrCheckpoint) {
+		t.Errorf("branch from a failed state: %v does not say the checkpoint failed", err)
+	}
+	// The rollback tool to it: the agent's mistake, in the observation.
+	rb, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: ghost.StateID})
+	if err != nil || rb.Rejected == "" || rb.Result.ExitCode != 2 {
+		t.Errorf("rollback tool to a state whose checkpoint failed: %+v %v, want rejected", rb, err)
+	}
+	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
+	if !errors.Is(next.CheckpointError, branch.ErrCheckpoint) || next.Kind != branch.Full {
+		t.Errorf("the failed state's env, next turn: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
+	}
+}
+
+// TestCheckpointAfterFailedCheckpoint: a forced checkpoint after a failed
+// background one succeeds (it answered the old failure), and the next
+// turn still reports that failure.
+func TestCheckpointAfterFailedCheckpoint(t *testing.T) {
+	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	c := newCoordinator(t, Options{Classify: k.classify})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	bash(t, c, r.Env.ID, ghostCmd)
+	if _, err := engine.WaitCheckpoint(ctx, r.Env); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Env.Sandbox().Exec(ctx, "kill $(pidof sleep); wait 2>/dev/null; true", sandboxOpts()); err != nil || res.ExitCode != 0 {
+		t.Fatalf("kill the ghost holder: %v %+v", err, res)
+	}
+	sid, err := c.Checkpoint(ctx, r.Env.ID)
+	if err != nil {
+		t.Fatalf("forced checkpoint after a failed one: %v", err)
+	}
+	if st, err := engine.State(sid); err != nil || st.Kind != branch.Full {
+		t.Errorf("forced state %s: %+v %v, want committed full", sid, st, err)
+	}
+	if next := bash(t, c, r.Env.ID, "true"); !errors.Is(next.CheckpointError, branch.ErrCheckpoint) {
+		t.Errorf("the turn after: checkpoint error %v, want the earlier failure", next.CheckpointError)
 	}
 }

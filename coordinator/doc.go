@@ -2,8 +2,9 @@
 // inspector, C/R engine; docs/engine.md, The path of a step). It owns:
 //
 //   - the turn: Turn runs a command, classifies it (the engine's inspector,
-//     the one classification entry), makes it full after a failed
-//     background checkpoint, queues its checkpoint, verifies skipped
+//     the one classification entry), queues its checkpoint (the engine
+//     makes it full after a failed background checkpoint, the one home
+//     of that rule; the turn reports the kind used), verifies skipped
 //     checkpoints (VerifySkips) and counts it against the task's MaxTurns.
 //     Boundary is a turn without a command (the LLM proxy's).
 //   - the life of every env it hands out: Reset (through Tasks: envpool,

@@ -5,14 +5,16 @@ import (
 	"errors"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
-// Sentinel errors of the coordinator; test with errors.Is. They wrap, or
-// sit beside, the engine's and the sandbox's sentinels, and ProtoError
-// maps all of them to protocol codes (docs/protocol.md, Errors).
+// Sentinel errors of the coordinator; test with errors.Is. They sit
+// beside the task pool's (envpool), the engine's and the sandbox's
+// sentinels, and ProtoError maps all of them to protocol codes
+// (docs/protocol.md, Errors).
 var (
 	// ErrUnknownEnv: no env of that id was handed out (or it was closed).
 	ErrUnknownEnv = errors.New("unknown env")
@@ -29,16 +31,14 @@ var (
 	ErrNoVerifier = errors.New("no verifier")
 	// ErrTooManyEnvs: the env limit would be passed.
 	ErrTooManyEnvs = errors.New("too many envs")
-	// ErrInfra: the task pool failed for reasons of its own (a fork, a
-	// sandbox, a verifier that could not run, a task's setup).
-	ErrInfra = errors.New("infrastructure failure")
 	// ErrClosed: the coordinator or its task pool was closed (the server
 	// is stopping).
 	ErrClosed = errors.New("coordinator closed")
 )
 
-// ProtoError maps an error of the coordinator, the task pool, the engine
-// or the sandbox to the protocol's error object (code, infra, retryable).
+// ProtoError maps an error of the coordinator, the task pool (envpool's
+// sentinels, tested here directly), the engine or the sandbox to the
+// protocol's error object (code, infra, retryable).
 // It is the one such mapping: the server answers with it, the agent tools
 // and the LLM proxy word their errors from it.
 func ProtoError(err error) *protocol.Error {
@@ -57,24 +57,28 @@ func ProtoError(err error) *protocol.Error {
 		code = protocol.CodeEnvLost
 	case errors.Is(err, ErrUnknownState), errors.Is(err, branch.ErrUnknownState):
 		code = protocol.CodeUnknownState
-	case errors.Is(err, ErrUnknownTask):
+	case errors.Is(err, ErrUnknownTask), errors.Is(err, envpool.ErrUnknownTask):
 		code = protocol.CodeUnknownTask
 	case errors.Is(err, ErrTooManyEnvs):
 		code = protocol.CodeTooManyEnvs
 	case errors.Is(err, ErrBadRequest), errors.Is(err, branch.ErrBadRequest), errors.Is(err, ErrNoVerifier),
-		errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName):
+		errors.Is(err, envpool.ErrBadRequest), errors.Is(err, envpool.ErrNoVerifier), errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName):
 		// An image that does not exist is the client's mistake, not ours.
 		code = protocol.CodeBadRequest
 	case errors.Is(err, sandbox.ErrBadCommand):
 		code = protocol.CodeTooLarge
+	case errors.Is(err, envpool.ErrVerifier), errors.Is(err, envpool.ErrSetup):
+		// Before the engine's: a verifier whose fork failed to restore
+		// could not run, whatever stopped it; so with a task's setup.
+		code = protocol.CodeSandboxFailed
 	case errors.Is(err, branch.ErrRestore):
 		code = protocol.CodeRestoreFailed
 	case errors.Is(err, branch.ErrCheckpoint):
 		code = protocol.CodeCheckpointFail
 	case errors.Is(err, sandbox.ErrDead), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrClosed),
-		errors.Is(err, sandbox.ErrUnsupported), errors.Is(err, sandbox.ErrImpostor), errors.Is(err, ErrInfra):
+		errors.Is(err, sandbox.ErrUnsupported), errors.Is(err, sandbox.ErrImpostor):
 		code = protocol.CodeSandboxFailed
-	case errors.Is(err, ErrClosed), errors.Is(err, context.Canceled):
+	case errors.Is(err, ErrClosed), errors.Is(err, envpool.ErrClosed), errors.Is(err, context.Canceled):
 		code = protocol.CodeShuttingDown
 	case errors.Is(err, branch.ErrClosed):
 		// The env was closed under the request (close, idle TTL) or the

@@ -14,7 +14,7 @@ import (
 )
 
 // TestProtoError pins the one mapping of errors to protocol codes: every
-// sentinel of the coordinator, the task pool (through poolError), the
+// sentinel of the coordinator, the task pool , the
 // engine and the sandbox, wrapped as callers wrap them.
 func TestProtoError(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("step in env e-1: %w", err) }
@@ -32,32 +32,46 @@ func TestProtoError(t *testing.T) {
 		{"unknown state", ErrUnknownState, protocol.CodeUnknownState, false, false},
 		{"engine unknown state", branch.ErrUnknownState, protocol.CodeUnknownState, false, false},
 		{"unknown task", ErrUnknownTask, protocol.CodeUnknownTask, false, false},
-		{"pool unknown task", poolError(envpool.ErrUnknownTask), protocol.CodeUnknownTask, false, false},
+		{"pool unknown task", envpool.ErrUnknownTask, protocol.CodeUnknownTask, false, false},
 		{"too many envs", ErrTooManyEnvs, protocol.CodeTooManyEnvs, false, true},
 		{"bad request", ErrBadRequest, protocol.CodeBadRequest, false, false},
-		{"pool bad request", poolError(envpool.ErrBadRequest), protocol.CodeBadRequest, false, false},
+		{"pool bad request", envpool.ErrBadRequest, protocol.CodeBadRequest, false, false},
 		{"engine bad request", branch.ErrBadRequest, protocol.CodeBadRequest, false, false},
-		{"no verifier", poolError(envpool.ErrNoVerifier), protocol.CodeBadRequest, false, false},
+		{"no verifier", envpool.ErrNoVerifier, protocol.CodeBadRequest, false, false},
 		{"unknown image", fmt.Errorf("reset image nope: %w", image.ErrNotFound), protocol.CodeBadRequest, false, false},
 		{"image without recipe", image.ErrUnknownRecipe, protocol.CodeBadRequest, false, false},
 		{"bad image name", image.ErrInvalidName, protocol.CodeBadRequest, false, false},
 		{"command too large", sandbox.ErrBadCommand, protocol.CodeTooLarge, false, false},
 		{"restore", branch.ErrRestore, protocol.CodeRestoreFailed, true, true},
-		{"pool restore keeps the engine's code", poolError(fmt.Errorf("reset: %w", branch.ErrRestore)), protocol.CodeRestoreFailed, true, true},
+		{"pool restore keeps the engine's code", fmt.Errorf("reset: %w", branch.ErrRestore), protocol.CodeRestoreFailed, true, true},
 		{"checkpoint", branch.ErrCheckpoint, protocol.CodeCheckpointFail, true, true},
 		{"sandbox dead", sandbox.ErrDead, protocol.CodeSandboxFailed, true, true},
 		{"sandbox timeout", sandbox.ErrTimeout, protocol.CodeSandboxFailed, true, true},
 		{"sandbox closed", sandbox.ErrClosed, protocol.CodeSandboxFailed, true, true},
 		{"sandbox unsupported", sandbox.ErrUnsupported, protocol.CodeSandboxFailed, true, true},
 		{"sandbox impostor", sandbox.ErrImpostor, protocol.CodeSandboxFailed, true, true},
-		{"verifier could not run", poolError(envpool.ErrVerifier), protocol.CodeSandboxFailed, true, true},
-		{"task setup", poolError(envpool.ErrSetup), protocol.CodeSandboxFailed, true, true},
+		{"verifier could not run", envpool.ErrVerifier, protocol.CodeSandboxFailed, true, true},
+		{"verifier whose fork failed to restore", fmt.Errorf("%w: fork env e-1: %w", envpool.ErrVerifier, branch.ErrRestore),
+			protocol.CodeSandboxFailed, true, true},
+		{"task setup", envpool.ErrSetup, protocol.CodeSandboxFailed, true, true},
 		{"coordinator closed", ErrClosed, protocol.CodeShuttingDown, true, true},
-		{"pool closed", poolError(envpool.ErrClosed), protocol.CodeShuttingDown, true, true},
+		{"pool closed", envpool.ErrClosed, protocol.CodeShuttingDown, true, true},
 		{"cancelled", context.Canceled, protocol.CodeShuttingDown, true, true},
 		{"env closed under the request", branch.ErrClosed, protocol.CodeUnknownEnv, false, false},
 		{"deadline", context.DeadlineExceeded, protocol.CodeTimeout, true, true},
 		{"anything else", errors.New("boom"), protocol.CodeInternal, true, false},
+		// Pairs, where the order of the cases decides.
+		{"state whose checkpoint failed (settle)", fmt.Errorf("%w: state s-1: its checkpoint failed: %w", ErrUnknownState, branch.ErrCheckpoint),
+			protocol.CodeUnknownState, false, false},
+		{"state released under a restore", fmt.Errorf("%w: state s-1 was released: %w", ErrUnknownState, branch.ErrRestore),
+			protocol.CodeUnknownState, false, false},
+		{"task setup that timed out", fmt.Errorf("%w: task t: %w", envpool.ErrSetup, context.DeadlineExceeded), protocol.CodeSandboxFailed, true, true},
+		{"sandbox died and was revived", &branch.RevivedError{Env: "e-1", State: "s-1", Turn: 3, Cause: sandbox.ErrDead},
+			protocol.CodeSandboxFailed, true, true},
+		{"revived, as a turn words it", revivedError(&branch.RevivedError{Env: "e-1", State: "s-1", Turn: 3, Cause: errors.New("oom")}, &entry{base: 1}),
+			protocol.CodeSandboxFailed, true, true},
+		{"revive whose restore failed", fmt.Errorf("env e-1: %v; restoring it failed: %w", sandbox.ErrDead, branch.ErrRestore),
+			protocol.CodeRestoreFailed, true, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pe := ProtoError(wrap(tt.err))

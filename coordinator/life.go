@@ -10,11 +10,21 @@ import (
 )
 
 // Checkpoint takes a full checkpoint of env now (high priority) and
-// returns its state id; the caller holds the env's ticket.
+// returns its state id; the caller holds the env's ticket. A failure of
+// the background checkpoint before it is not this one's: the next turn
+// reports it.
 func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, error) {
 	env, m, err := c.lookup(envID)
 	if err != nil {
 		return "", err
+	}
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+		return "", err
+	}
+	if ckErr := env.TakeCheckpointError(); ckErr != nil {
+		c.mu.Lock()
+		m.failed = ckErr
+		c.mu.Unlock()
 	}
 	c.observePending(m)
 	t := time.Now()
@@ -32,6 +42,11 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 type BranchRequest struct {
 	EnvID, StateID string
 	N              int
+	// Ephemeral: as ResetRequest's, for the children. It is the caller's
+	// to say (whoever asks owns the children), never inherited: a protocol
+	// client's children of an MCP session's env are served envs, adopted
+	// again after a crash.
+	Ephemeral bool
 }
 
 // BranchResult is what Branch made. Children[i] is nil where Errors[i]
@@ -48,7 +63,8 @@ type BranchResult struct {
 // the env they come from (for a state id: of the env that made it while
 // it is open, else the task whose prepared state it descends from), and
 // have it as origin when it is an env handed out (promote hands their
-// state back to it). The caller holds the source env's ticket.
+// state back to it). They are ephemeral only if req says so. The caller
+// holds the source env's ticket.
 func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchResult, error) {
 	if (req.EnvID == "") == (req.StateID == "") {
 		return nil, fmt.Errorf("%w: branch needs exactly one of env_id and state_id", ErrInvalidParams)
@@ -57,7 +73,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		return nil, fmt.Errorf("%w: n: want at least 1, got %d", ErrInvalidParams, req.N)
 	}
 	if req.N > c.o.MaxEnvs {
-		return nil, fmt.Errorf("%w: n=%d is over the server's limit of %d envs", ErrTooManyEnvs, req.N, c.o.MaxEnvs)
+		// No wait can make room for more children than the server may
+		// ever hold: out of range, not a retryable too_many_envs.
+		return nil, fmt.Errorf("%w: n: want at most %d (the server's max_envs), got %d", ErrInvalidParams, c.o.MaxEnvs, req.N)
 	}
 	src := branch.Source{State: req.StateID}
 	var parent *entry
@@ -90,13 +108,12 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	}
 	c.m.branch.Observe(res.Took.Seconds())
 	var (
-		task      TaskInfo
-		seed      int64
-		base      int
-		ephemeral bool
+		task TaskInfo
+		seed int64
+		base int
 	)
 	if parent != nil {
-		task, seed, base, ephemeral = parent.task, parent.seed, parent.base, parent.ephemeral
+		task, seed, base = parent.task, parent.seed, parent.base
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
 	}
@@ -119,7 +136,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			// closed since: there is no env to promote into.
 			ch.Origin = ""
 		}
-		c.register(ch, task, seed, base, ephemeral)
+		c.register(ch, task, seed, base, req.Ephemeral)
 	}
 	if failed == req.N {
 		return nil, res.Errors[0]
@@ -162,8 +179,18 @@ func (c *Coordinator) Discard(ctx context.Context, envID string) error {
 	if err != nil {
 		return err
 	}
-	c.forget(env.ID)
-	return c.e.CloseEnv(ctx, env)
+	return c.close(ctx, env)
+}
+
+// close closes env in the engine and forgets it once the engine no longer
+// has it (its close can fail after that, destroying the sandbox): never
+// while it is open, so an env no longer listed (Envs) is closed.
+func (c *Coordinator) close(ctx context.Context, env *branch.Env) error {
+	err := c.e.CloseEnv(ctx, env)
+	if _, gone := c.e.Env(env.ID); gone != nil {
+		c.forget(env.ID)
+	}
+	return err
 }
 
 // CloseEnv ends an env handed out. The caller holds the env's ticket.
@@ -201,15 +228,15 @@ func (c *Coordinator) Head(ctx context.Context, envID string) (head string, rema
 	if err != nil {
 		return "", false, err
 	}
-	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
 		return "", false, err
 	}
-	if c.takeFailure(env, m) != nil {
-		// It failed; the env has changes no state holds.
-		if head, err = c.e.Checkpoint(ctx, env, branch.Full); err != nil {
-			return "", false, err
-		}
-		remade = true
+	// When it failed, the env has changes no state holds: the engine makes
+	// the checkpoint below full (Engine.CheckpointAsync's rule); else it is
+	// the head as it is.
+	remade = c.takeFailure(env, m) != nil
+	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+		return "", false, err
 	}
 	c.observePending(m)
 	return head, remade, nil

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 func sandboxOpts() sandbox.ExecOptions { return sandbox.ExecOptions{Timeout: 10 * time.Second} }
@@ -124,24 +126,30 @@ func TestInternalEnvsInvisible(t *testing.T) {
 		if _, err := c.Turn(ctx, env.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
 			t.Errorf("turn on the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
 		}
+		if _, err := c.Branch(ctx, BranchRequest{EnvID: env.ID, N: 1}); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("branch of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, _, err := c.Promote(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("promote of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, err := c.Evaluate(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("evaluate of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if err := c.Discard(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+			t.Errorf("discard of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		}
+		if _, err := engine.Env(env.ID); err != nil {
+			t.Errorf("the pool's env %s is gone after the coordinator refused to touch it: %v", env.ID, err)
+		}
 		if c.Has(env.ID) {
 			t.Errorf("pool env %s is registered", env.ID)
 		}
-		wait, release := c.Ticket(env.ID)
-		done := make(chan struct{})
-		go func() { wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("ticket of an env not handed out blocks")
+		if tk := c.take(env.ID); !tk.ready() || len(tk.nexts) != 0 {
+			t.Errorf("ticket of the pool's env %s queues", env.ID)
 		}
-		release()
 	}
 	if hidden == 0 {
 		t.Error("the engine has no env besides the reset one: no template or warm copy to check")
-	}
-	if _, err := c.Branch(ctx, BranchRequest{EnvID: pool.Stats().Tasks[0].Name, N: 1}); !errors.Is(err, ErrUnknownEnv) {
-		t.Errorf("branch of a name that is no env: %v", err)
 	}
 }
 
@@ -171,6 +179,24 @@ func TestIdleTTL(t *testing.T) {
 		t.Errorf("turn on the closed env: %v", err)
 	}
 
+	// An operation that runs longer than the TTL (a long command) holds
+	// the env's ticket while the janitor finds the env idle: the close
+	// waits for it, and the env, used until the operation ended, stays.
+	long := reset(t, c, ResetRequest{Image: "busybox"}).Env
+	wait, release := c.Ticket(long.ID)
+	wait()
+	found := c.idleAt(later)
+	if _, ok := found[long.ID]; !ok {
+		t.Fatalf("env %s not idle at %v: the test needs it found idle while its ticket is held", long.ID, later)
+	}
+	swept := make(chan struct{})
+	go func() { c.closeIdle(found); close(swept) }()
+	release() // the long operation ends
+	<-swept
+	if !c.Has(long.ID) {
+		t.Error("an env whose operation ran while the janitor found it idle was closed when the operation ended")
+	}
+
 	// The janitor runs on its own.
 	c2 := newCoordinator(t, Options{Classify: Full, IdleTTL: 100 * time.Millisecond})
 	env := reset(t, c2, ResetRequest{Image: "busybox"}).Env
@@ -192,6 +218,10 @@ func TestLimitsAndErrors(t *testing.T) {
 	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 2}); !errors.Is(err, ErrTooManyEnvs) {
 		t.Errorf("branch past MaxEnvs: %v", err)
 	}
+	// More children than MaxEnvs can never be made: out of range.
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 3}); !errors.Is(err, ErrInvalidParams) {
+		t.Errorf("branch of more than MaxEnvs children: %v, want ErrInvalidParams", err)
+	}
 	if _, err := c.Reset(ctx, ResetRequest{Task: "nope"}); ProtoError(err).Code != "unknown_task" {
 		t.Errorf("unknown task: %v", err)
 	}
@@ -207,8 +237,8 @@ func TestLimitsAndErrors(t *testing.T) {
 // TestReleasedState: a restore that failed because its state was released
 // meanwhile (a concurrent close) is the client's unknown_state, not an
 // infra restore_failed; a restore failure of a state that still exists
-// stays restore_failed. (The race itself is not reproducible on demand:
-// this pins the wording of its outcome.)
+// stays restore_failed. (TestBranchOfReleasedState runs the race itself,
+// its order fixed by a held queue; this pins the other cases of released.)
 func TestReleasedState(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	ctx := context.Background()
@@ -236,6 +266,41 @@ func TestReleasedState(t *testing.T) {
 	}
 }
 
+// TestBranchOfReleasedState: a branch from a state id whose env is closed
+// while the branch's restore waits in the queue (held, so the close comes
+// first for sure) answers unknown_state, not the infra restore_failed.
+func TestBranchOfReleasedState(t *testing.T) {
+	c, e := ownCoordinator(t, Options{Classify: Full})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	s1 := bash(t, c, r.Env.ID, "echo 1 > /tmp/f").StateID
+	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	release := branchtest.HoldQueue(t, e, "busybox")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Branch(ctx, BranchRequest{StateID: s1, N: 1})
+		done <- err
+	}()
+	// The branch's restore is queued behind the held workers.
+	branchtest.WaitFor(t, "the branch's restore queued", func() bool {
+		u, err := e.Usage()
+		return err == nil && u.Queue.High.Queued > 0
+	})
+	if err := c.CloseEnv(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.State(s1); !errors.Is(err, branch.ErrUnknownState) {
+		t.Fatalf("state %s of the closed env: %v; the test needs it released", s1, err)
+	}
+	release()
+	err := <-done
+	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Infra || !errors.Is(err, branch.ErrRestore) {
+		t.Errorf("branch of a state released under it: %v (%+v), want unknown_state (not infra) wrapping the restore failure", err, pe)
+	}
+}
+
 // TestLabels: an env handed out carries what a restarted coordinator
 // needs to adopt it (task, seed, base turn); an ephemeral one (an MCP
 // session's) carries none, so a restart closes it.
@@ -250,33 +315,80 @@ func TestLabels(t *testing.T) {
 	if l := eph.Env.Labels(); l[labelServed] != "" {
 		t.Errorf("ephemeral env labelled %v", l)
 	}
+	// A protocol client's children of an ephemeral env (an MCP session's)
+	// are its own, served envs: labelled, by env and by state id alike.
+	ctx := context.Background()
+	for _, req := range []BranchRequest{{EnvID: eph.Env.ID, N: 1}, {StateID: eph.StateID, N: 1}} {
+		res, err := c.Branch(ctx, req)
+		if err != nil || res.Children[0] == nil {
+			t.Fatal(err, res)
+		}
+		if l := res.Children[0].Labels(); l[labelServed] != "1" {
+			t.Errorf("child (%+v) of an ephemeral env labelled %v, want served", req, l)
+		}
+	}
+	res, err := c.Branch(ctx, BranchRequest{EnvID: eph.Env.ID, N: 1, Ephemeral: true})
+	if err != nil || res.Children[0] == nil {
+		t.Fatal(err, res)
+	}
+	if l := res.Children[0].Labels(); l[labelServed] != "" {
+		t.Errorf("ephemeral child labelled %v", l)
+	}
 }
 
 // TestTicketOrder: operations on one env run one at a time in the order
 // their tickets were taken, whoever takes them (server, agent, proxy,
-// janitor); tickets of other envs do not wait.
+// janitor); a ticket naming two envs waits for each; tickets of other
+// envs do not wait. Whether a ticket may run is read without waiting
+// (ready), so every check is exact.
 func TestTicketOrder(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	a := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
 	b := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
-	wait1, release1 := c.Ticket(a)
-	wait2, release2 := c.Ticket(a)
-	wait3, release3 := c.Ticket(a, b)
-	waitB, releaseB := c.Ticket(b)
-	wait1()
-	order := make(chan int, 3)
-	go func() { wait3(); order <- 3; release3() }()
-	go func() { wait2(); order <- 2; release2() }()
-	select {
-	case n := <-order:
-		t.Fatalf("ticket %d ran while the first one was held", n)
-	case <-time.After(100 * time.Millisecond):
+	other := reset(t, c, ResetRequest{Image: "busybox"}).Env.ID
+	b0 := c.take(b)
+	t1 := c.take(a)
+	t2 := c.take(a)
+	t3 := c.take(a, b)
+	tb := c.take(b)
+	check := func(when string, want map[string]bool) {
+		t.Helper()
+		for name, tk := range map[string]*ticket{"b0": b0, "1": t1, "2": t2, "3": t3, "b": tb} {
+			if w, ok := want[name]; ok && tk.ready() != w {
+				t.Errorf("%s: ticket %s ready %v, want %v", when, name, !w, w)
+			}
+		}
 	}
-	release1()
-	if first, second := <-order, <-order; first != 2 || second != 3 {
-		t.Errorf("tickets ran in order %d, %d; want 2, 3", first, second)
+	check("at first", map[string]bool{"b0": true, "1": true, "2": false, "3": false, "b": false})
+	if o := c.take(other); !o.ready() {
+		t.Error("a ticket of another env waits for a's and b's")
+	} else {
+		o.release()
 	}
-	// b's own ticket came after ticket 3 (which named b too).
-	waitB()
-	releaseB()
+	t1.release()
+	check("after 1", map[string]bool{"2": true, "3": false, "b": false})
+	t2.release()
+	// Ticket 3 still waits for b's first ticket.
+	check("after 2", map[string]bool{"3": false, "b": false})
+	b0.release()
+	check("after b0", map[string]bool{"3": true, "b": false})
+	t3.release()
+	check("after 3", map[string]bool{"b": true})
+	tb.release()
+	// The public pair is the same ticket.
+	wait, release := c.Ticket(a, b)
+	if tk := c.take(a); tk.ready() {
+		t.Error("a ticket taken after Ticket(a, b) is ready before it was released")
+	} else {
+		wait() // ready: nothing held before it
+		release()
+		if !tk.ready() {
+			t.Error("releasing Ticket(a, b) did not let the next ticket of a run")
+		}
+		tk.release()
+	}
+	// Ids not handed out take no ticket.
+	if tk := c.take("e-nope"); !tk.ready() || len(tk.nexts) != 0 {
+		t.Error("a ticket of an id not handed out queues")
+	}
 }

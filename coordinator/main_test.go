@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -33,29 +32,16 @@ var countTask = envpool.Task{
 }
 
 func TestMain(m *testing.M) {
-	rig, err := branchtest.New(branchtest.Options{Inspector: true})
-	switch {
-	case errors.Is(err, branchtest.ErrSkip):
-		skipReason = err.Error()
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "coordinator tests: set up the engine:", err)
-		os.Exit(1)
-	default:
+	branchtest.Main(m, "coordinator", branchtest.Options{Inspector: true}, &skipReason, func(rig *branchtest.Rig) (func(), error) {
 		engine = rig.Engine
+		var err error
 		pool, err = envpool.NewPool(context.Background(), engine, []envpool.Task{countTask},
 			envpool.PoolOptions{Warm: 1, Logger: branchtest.Logger()})
 		if err != nil {
-			rig.Close()
-			fmt.Fprintln(os.Stderr, "coordinator tests: prepare the task:", err)
-			os.Exit(1)
+			return nil, fmt.Errorf("prepare the task: %w", err)
 		}
-	}
-	code := m.Run()
-	if rig != nil {
-		pool.Close(context.Background())
-		rig.Close()
-	}
-	os.Exit(code)
+		return func() { pool.Close(context.Background()) }, nil
+	})
 }
 
 // newCoordinator makes a coordinator on the shared engine and task pool.

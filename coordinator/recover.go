@@ -63,7 +63,8 @@ type Recovered struct {
 // task pool's reserve of the earlier run) have no owner any more and are
 // closed, as are ephemeral ones (an MCP session's), which were never
 // labelled. Handed-out envs the engine could not restore are kept as lost:
-// operations on them answer env_lost, and Lost lists them.
+// operations on them answer env_lost, and Lost lists them; lost envs
+// nobody was handed are forgotten (their states released).
 func (c *Coordinator) adoptRecovered(ctx context.Context) {
 	adopted := map[string]*branch.Env{}
 	for _, env := range c.e.Envs() {
@@ -88,15 +89,26 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 			env.Origin = "" // nothing to promote into any more
 		}
 	}
+	var orphans []string
 	lostEnvs := c.e.Lost()
 	c.mu.Lock()
 	for _, l := range lostEnvs {
 		if l.Labels[labelServed] == "1" {
 			c.lost[l.ID] = l
+		} else {
+			orphans = append(orphans, l.ID)
 		}
 	}
 	lost := len(c.lost)
 	c.mu.Unlock()
+	// Lost envs nobody was handed (a task pool's reserve, an MCP
+	// session's): nobody can close them, so they are forgotten now and
+	// their states released, not kept across every later restart.
+	for _, id := range orphans {
+		if err := c.e.ForgetLost(ctx, id); err != nil {
+			c.log.Warn("forget lost env nobody owns", slog.String("env", id), slog.Any("err", err))
+		}
+	}
 	if len(adopted)+lost > 0 {
 		c.log.Info("adopted the envs of the previous run", slog.Int("recovered", len(adopted)), slog.Int("lost", lost))
 	}

@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -101,31 +100,10 @@ func taskInfo(t envpool.Task) TaskInfo {
 	return TaskInfo{Name: t.Name, Image: t.Image, MaxTurns: t.MaxTurns, CommandTimeout: t.CommandTimeout}
 }
 
-// poolError wraps the pool's sentinels in the coordinator's.
-func poolError(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, envpool.ErrUnknownTask):
-		return fmt.Errorf("%w: %w", ErrUnknownTask, err)
-	case errors.Is(err, envpool.ErrNoVerifier):
-		return fmt.Errorf("%w: %w", ErrNoVerifier, err)
-	case errors.Is(err, envpool.ErrBadRequest):
-		return fmt.Errorf("%w: %w", ErrBadRequest, err)
-	case errors.Is(err, envpool.ErrClosed):
-		return fmt.Errorf("%w: %w", ErrClosed, err)
-	case errors.Is(err, branch.ErrRestore), errors.Is(err, branch.ErrCheckpoint):
-		return err // reported with the engine's own codes
-	case errors.Is(err, envpool.ErrVerifier), errors.Is(err, envpool.ErrSetup):
-		return fmt.Errorf("%w: %w", ErrInfra, err)
-	}
-	return err
-}
-
 func (a envpoolTasks) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
 	r, err := a.p.Reset(ctx, envpool.ResetRequest{Task: req.Task, Image: req.Image, Seed: req.Seed})
 	if err != nil {
-		return nil, poolError(err)
+		return nil, err
 	}
 	return &Reset{Env: r.Env, StateID: r.StateID, Task: taskInfo(r.Task), Instruction: r.Instruction}, nil
 }
@@ -136,7 +114,7 @@ func (a envpoolTasks) Evaluate(ctx context.Context, env *branch.Env, task TaskIn
 		t = envpool.Task{Image: env.Image}
 	}
 	ev, err := a.p.Evaluate(ctx, env, t, seed)
-	return Evaluation{Reward: ev.Reward, Details: ev.Details}, poolError(err)
+	return Evaluation{Reward: ev.Reward, Details: ev.Details}, err
 }
 
 func (a envpoolTasks) TaskOfState(sid string) (TaskInfo, bool) {

@@ -31,7 +31,7 @@ type Action struct {
 	MaxOutput int
 	// ReadOnly: the caller vouches that the command changes nothing, so
 	// the turn is checkpointed none without classifying it (unless a
-	// failed checkpoint forces full).
+	// failed checkpoint makes the engine take it full).
 	ReadOnly bool
 }
 
@@ -74,10 +74,11 @@ type TurnResult struct {
 	Recovered *Recovered
 }
 
-// Turn runs one action in env as one turn: exec, classify, force full
-// after a failed background checkpoint, queue the checkpoint, verify
-// (VerifySkips), count the turn against the task's MaxTurns. It is the
-// only place that rule is written; the caller holds the env's ticket.
+// Turn runs one action in env as one turn: exec, classify, queue the
+// checkpoint (the engine makes it full after a failed background
+// checkpoint, and the turn reports that failure), verify (VerifySkips),
+// count the turn against the task's MaxTurns. It is the only place that
+// rule is written; the caller holds the env's ticket.
 func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnResult, error) {
 	start := time.Now()
 	env, m, err := c.lookup(envID)
@@ -88,15 +89,7 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}
 	cmd := a.command()
-	timeout := a.Timeout
-	if timeout <= 0 {
-		timeout = m.task.CommandTimeout
-	}
-	if timeout <= 0 {
-		timeout = c.o.DefaultTimeout
-	}
-	timeout = min(timeout, c.o.MaxTimeout)
-	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: a.MaxOutput})
+	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: c.commandTimeout(m, a.Timeout), MaxOutput: a.MaxOutput})
 	if err != nil {
 		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}
@@ -128,6 +121,40 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	return out, nil
 }
 
+// commandTimeout is the timeout of a command in m's env: asked (the
+// action's own), else the task's command timeout, else the default;
+// capped by MaxTimeout. It is the one home of those defaults.
+func (c *Coordinator) commandTimeout(m *entry, asked time.Duration) time.Duration {
+	if asked <= 0 {
+		asked = m.task.CommandTimeout
+	}
+	if asked <= 0 {
+		asked = c.o.DefaultTimeout
+	}
+	return min(asked, c.o.MaxTimeout)
+}
+
+// CommandTimeout is the timeout a command in env envID gets when asked
+// for asked (0: none asked), as Turn picks it; for commands run outside a
+// turn (the agent's fork_try).
+func (c *Coordinator) CommandTimeout(envID string, asked time.Duration) (time.Duration, error) {
+	_, m, err := c.lookup(envID)
+	if err != nil {
+		return 0, err
+	}
+	return c.commandTimeout(m, asked), nil
+}
+
+// EpisodeTurn is env envID's turn count since its episode began (the
+// turn TurnResult and the protocol's info.turn report).
+func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
+	env, m, err := c.lookup(envID)
+	if err != nil {
+		return 0, err
+	}
+	return env.Turn() - m.base, nil
+}
+
 // classify is the one classification entry: the engine's inspector (or
 // the test seam). Its failures make the turn full.
 func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) branch.Kind {
@@ -154,19 +181,19 @@ func (c *Coordinator) takeFailure(env *branch.Env, m *entry) error {
 	return err
 }
 
-// commit queues the turn's checkpoint of kind (full when the previous
-// one failed) and fills out's StateID, Kind and CheckpointError.
+// commit queues the turn's checkpoint of kind and fills out's StateID,
+// Kind and CheckpointError. The engine waits for the previous checkpoint
+// and, when that one failed, makes this one full (its rule, in one
+// place: Engine.CheckpointAsync); commit reports the failure and the kind
+// the engine queued.
 func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
-	if ckErr := c.takeFailure(env, m); ckErr != nil {
-		// The previous turn's state never came to be: this one holds
-		// changes no state has, whatever the classifier saw.
-		out.CheckpointError = ckErr
-		kind = branch.Full
-		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
-	}
-	sid, err := c.e.CheckpointAsync(env, kind)
+	sid, kind, err := c.e.CheckpointAsync(env, kind)
 	if err != nil {
 		return fmt.Errorf("queue checkpoint of env %s: %w", env.ID, err)
+	}
+	if ckErr := c.takeFailure(env, m); ckErr != nil {
+		out.CheckpointError = ckErr
+		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
 	}
 	if kind != branch.None {
 		m.pending = sid
@@ -183,6 +210,12 @@ func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *T
 func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, error) {
 	env, m, err := c.lookup(envID)
 	if err != nil {
+		return nil, err
+	}
+	// The previous turn's checkpoint first, as Turn's exec waits for it:
+	// the inspector classifies against the state it commits, and its
+	// failure is this turn's to report (and makes its checkpoint full).
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
 		return nil, err
 	}
 	c.observePending(m)
@@ -204,7 +237,9 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 }
 
 // WaitTurn waits for env's background checkpoint and reports its failure
-// (which also makes the next turn's checkpoint full). It needs no ticket.
+// (which also makes the next turn's checkpoint full, and that turn reports
+// it too). The caller holds the env's ticket: the failure is taken from
+// the engine, which must not race with the next operation taking it.
 func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
 	c.mu.Lock()
 	m, ok := c.envs[envID]
@@ -227,7 +262,10 @@ func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
 // settle waits until state sid is committed when it is the head of an
 // open env whose background checkpoint still runs: a client may branch
 // from or roll back to a state id the moment a turn returned it. The
-// wait raises the checkpoint's priority.
+// wait raises the checkpoint's priority. When that checkpoint failed, sid
+// never came to be: the answer is an unknown state (a retry cannot
+// succeed), and the failure is kept for the env that made it, whose next
+// turn reports it (the engine makes that turn full).
 func (c *Coordinator) settle(ctx context.Context, sid string) error {
 	if _, err := c.e.State(sid); err == nil {
 		return nil
@@ -239,15 +277,16 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 		if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
 			return err
 		}
-		if ckErr := env.TakeCheckpointError(); ckErr != nil {
-			// The env has changes no state holds: checkpoint them now, so
-			// that its head is a real state again.
-			if _, err := c.e.Checkpoint(ctx, env, branch.Full); err != nil {
-				return err
-			}
-			return fmt.Errorf("state %s: %w", sid, ckErr)
+		ckErr := env.TakeCheckpointError()
+		if ckErr == nil {
+			return nil
 		}
-		return nil
+		c.mu.Lock()
+		if m, ok := c.envs[env.ID]; ok {
+			m.failed = ckErr
+		}
+		c.mu.Unlock()
+		return fmt.Errorf("%w: state %s: its checkpoint failed: %w", ErrUnknownState, sid, ckErr)
 	}
 	return nil // unknown: the caller reports it
 }
@@ -327,7 +366,15 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 // (Rejected); a restore that fails is an infrastructure error.
 func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entry, a Action, start time.Time) (*TurnResult, error) {
 	out := &TurnResult{Env: env, Task: m.task, Kind: branch.None}
-	if err := c.settle(ctx, a.StateID); err != nil {
+	reject := func(why string) (*TurnResult, error) {
+		out.Rejected = why
+		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
+		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
+		return out, nil
+	}
+	if err := c.settle(ctx, a.StateID); errors.Is(err, ErrUnknownState) {
+		return reject("rollback: " + err.Error())
+	} else if err != nil {
 		return nil, err
 	}
 	// The env's own head has no lineage in the manifest until its
@@ -337,10 +384,7 @@ func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entr
 		return nil, err
 	}
 	if _, err := c.e.State(a.StateID); err != nil || !c.Seen(env, a.StateID) {
-		out.Rejected = fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID)
-		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}
-		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
-		return out, nil
+		return reject(fmt.Sprintf("rollback: %s is not a state of this environment's history", a.StateID))
 	}
 	r, err := c.restore(ctx, env, m, a.StateID)
 	if err != nil {

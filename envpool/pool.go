@@ -424,17 +424,20 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 	return &Reset{Env: env, StateID: sid, Task: task, Instruction: task.Instruction}, nil
 }
 
-// seed exports the seed and checkpoints the result in the background.
+// seed exports the seed and checkpoints the result in the background. The
+// command runs through the engine (its gate, its turn count, its revive of
+// a dead sandbox) like any other; the coordinator takes the episode's
+// turn base after it, so the seeded state is the episode's turn 0.
 func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, error) {
 	cmd := fmt.Sprintf("export ARBOR_SEED=%d; RANDOM=%d", seed, seed)
-	r, err := env.Sandbox().Exec(ctx, cmd, sandbox.ExecOptions{Timeout: 10 * time.Second})
+	r, err := p.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: 10 * time.Second})
 	if err == nil && (r.ExitCode != 0 || r.TimedOut || r.ShellRestarted) {
 		err = fmt.Errorf("exit %d: %s", r.ExitCode, strings.TrimSpace(string(r.Stderr)))
 	}
 	if err != nil {
 		return "", fmt.Errorf("set seed in env %s: %w", env.ID, err)
 	}
-	sid, err := p.e.CheckpointAsync(env, branch.Full)
+	sid, _, err := p.e.CheckpointAsync(env, branch.Full)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint seeded env %s: %w", env.ID, err)
 	}

@@ -145,6 +145,18 @@ func TestPoolResetEvaluate(t *testing.T) {
 	if rs.StateID == p.Stats().Tasks[1].State {
 		t.Errorf("a seeded reset kept the unseeded state id %s", rs.StateID)
 	}
+	// The seed is a command of the env's lineage, run through the engine
+	// (which counts it): its state is one turn after the task's.
+	if _, err := e.WaitCheckpoint(ctx, rs.Env); err != nil {
+		t.Fatal(err)
+	}
+	seeded, err := e.State(rs.StateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if post, err := e.State(p.Stats().Tasks[1].State); err != nil || seeded.Turn != post.Turn+1 {
+		t.Errorf("seeded state at turn %d, task's state at %d (%v); want one turn after", seeded.Turn, post.Turn, err)
+	}
 	run(t, e, rs.Env, `echo 7 > /work/n`)
 	ev, err = p.Evaluate(ctx, rs.Env, rs.Task, 42)
 	if err != nil || ev.Reward != 0.7 || ev.Details["reward_from"] != "stdout" {

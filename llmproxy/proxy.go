@@ -186,6 +186,9 @@ func (p *Proxy) checkpoint(b *boundary) {
 		return
 	}
 	b.sid, b.kind = r.StateID, r.Kind
+	// Wait for the checkpoint under the ticket: its failure is taken from
+	// the engine before the next operation on the env may take it.
+	b.err = p.o.Coordinator.WaitTurn(p.ctx, b.envID)
 }
 
 // hold runs when the upstream's response headers have arrived: it waits
@@ -201,9 +204,6 @@ func (p *Proxy) hold(resp *http.Response) error {
 	case <-b.done:
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-	if b.err == nil {
-		b.err = p.o.Coordinator.WaitTurn(ctx, b.envID)
 	}
 	held := time.Since(start)
 	p.stats.turns.Add(1)

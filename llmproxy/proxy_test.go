@@ -3,6 +3,7 @@ package llmproxy_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,7 +220,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	if _, err := e.Exec(ctx, env, "echo edited > /work/f", sandbox.ExecOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.CheckpointAsync(env, branch.Full); err != nil {
+	if _, _, err := e.CheckpointAsync(env, branch.Full); err != nil {
 		t.Fatal(err)
 	}
 	type answer struct {
@@ -272,4 +274,93 @@ func proxyGoroutines() int {
 		runtime.Gosched()
 	}
 	return n
+}
+
+// TestProxyReportsItsCheckpointFailure: a turn boundary whose checkpoint
+// fails says so in its response, even when the agent's next operation on
+// the env ran before the upstream answered: the proxy takes the failure
+// under the env's ticket, so the next operation cannot take it first
+// (that operation still reports it, and its checkpoint is full).
+func TestProxyReportsItsCheckpointFailure(t *testing.T) {
+	e := branchtest.ForTest(t, branchtest.Options{}).Engine
+	// The boundary's checkpoint takes processes; the next step's none.
+	var mu sync.Mutex
+	kinds := []branch.Kind{branch.Proc, branch.None}
+	classify := func(context.Context, *branch.Env, string) (branch.Turn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(kinds) == 0 {
+			return branch.Turn{}, errors.New("no kind left")
+		}
+		k := kinds[0]
+		kinds = kinds[1:]
+		return branch.Turn{Kind: k}, nil
+	}
+	c, err := coordinator.New(coordinator.Options{Engine: e, Classify: classify, Logger: branchtest.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	r, err := c.Reset(ctx, coordinator.ResetRequest{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := r.Env
+	if err := c.WaitTurn(ctx, env.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A process holding open a deleted 2 MiB file, over CRIU's ghost
+	// limit: the boundary's dump fails.
+	if _, err := e.Exec(ctx, env, branchtest.GhostHolder, sandbox.ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-answer:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "{}")
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	p, err := llmproxy.New(llmproxy.Options{Coordinator: c, Upstream: u})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	before := env.Head()
+	type reply struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan reply, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/v1/llm/"+env.ID+"/v1/chat", "text/plain", strings.NewReader("hi"))
+		got <- reply{resp, err}
+	}()
+	branchtest.WaitFor(t, "the boundary's checkpoint queued", func() bool { return env.Head() != before })
+	// The agent's next step, after the boundary in the env's order.
+	wait, release := c.Ticket(env.ID)
+	wait()
+	step, err := c.Turn(ctx, env.ID, coordinator.Action{Tool: "bash", Cmd: "kill $(pidof sleep); wait 2>/dev/null; true"})
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(answer)
+	rp := <-got
+	if rp.err != nil {
+		t.Fatal(rp.err)
+	}
+	rp.resp.Body.Close()
+	if h := rp.resp.Header.Get(llmproxy.HeaderCheckpoint); !strings.HasPrefix(h, "failed: checkpoint_failed: ") {
+		t.Errorf("%s of the boundary whose checkpoint failed: %q, want the failure", llmproxy.HeaderCheckpoint, h)
+	}
+	if !errors.Is(step.CheckpointError, branch.ErrCheckpoint) || step.Kind != branch.Full {
+		t.Errorf("the step after the failed boundary: error %v, kind %s; want the failure and full", step.CheckpointError, step.Kind)
+	}
 }

@@ -112,7 +112,9 @@ func TestBadInputs(t *testing.T) {
 		// was internal, infra).
 		{"unknown image", func() { r.req(19, "reset", map[string]any{"image": "nope"}) }, 19, "bad_request"},
 		{"frame too large", func() { r.req(15, "step", big) }, 15, "too_large"},
-		{"too many envs", func() { r.req(16, "branch", map[string]any{"state_id": "s", "n": 1000}) }, 16, "too_many_envs"},
+		// More children than max_envs can never be made: out of range,
+		// not the retryable too_many_envs (it was).
+		{"n over max_envs", func() { r.req(16, "branch", map[string]any{"state_id": "s", "n": 1000}) }, 16, "invalid_params"},
 		{"bad n", func() { r.req(17, "branch", map[string]any{"state_id": "s", "n": 0}) }, 17, "invalid_params"},
 		{"batch item", func() { r.req(18, "step_batch", map[string]any{"items": []any{map[string]any{"env_id": 1}}}) }, 18, "invalid_params"},
 	}

@@ -2,11 +2,8 @@ package server_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,36 +38,15 @@ var testTask = envpool.Task{
 func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
-	cleanup, err := setup()
-	if errors.Is(err, branchtest.ErrSkip) {
-		skipReason = err.Error()
-	} else if err != nil {
-		// Only "cannot run here" skips; any other setup error fails.
-		fmt.Fprintf(os.Stderr, "server tests: set up the engine: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if cleanup != nil {
-		cleanup()
-	}
-	os.Exit(code)
-}
-
-func setup() (cleanup func(), err error) {
-	rig, err := branchtest.New(branchtest.Options{Inspector: true})
-	if err != nil {
-		return nil, err
-	}
-	engine = rig.Engine
-	pool, err = envpool.NewPool(context.Background(), engine, []envpool.Task{testTask}, envpool.PoolOptions{Warm: 1, Logger: quiet()})
-	if err != nil {
-		rig.Close()
-		return nil, err
-	}
-	return func() {
-		pool.Close(context.Background())
-		rig.Close()
-	}, nil
+	branchtest.Main(m, "server", branchtest.Options{Inspector: true}, &skipReason, func(rig *branchtest.Rig) (func(), error) {
+		engine = rig.Engine
+		var err error
+		pool, err = envpool.NewPool(context.Background(), engine, []envpool.Task{testTask}, envpool.PoolOptions{Warm: 1, Logger: quiet()})
+		if err != nil {
+			return nil, err
+		}
+		return func() { pool.Close(context.Background()) }, nil
+	})
 }
 
 // classifyAs is a Classify that gives every turn kind k.

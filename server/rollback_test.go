@@ -74,21 +74,7 @@ func TestRollbackToolWhileCheckpointRuns(t *testing.T) {
 	}()
 	// Let the queue go once the rollback waits for the child's checkpoint
 	// (the gate raised it); an answer before that did not wait.
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	var a answer
-wait:
-	for {
-		select {
-		case a = <-done:
-			break wait
-		case <-tick.C:
-			if branchtest.RaisedWaiting(e) {
-				release()
-			}
-		}
-	}
-	release()
+	a := branchtest.ReleaseWhenRaised(e, release, done)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}

@@ -45,6 +45,10 @@ type Options struct {
 	Limits sandbox.Limits
 	// Isolation of every sandbox (the zero value: hardened).
 	Isolation sandbox.Isolation
+	// Dir is the state directory to use ("": a fresh temporary one, removed
+	// by Close). A Rig on the Dir of one whose process was killed reopens
+	// its engine: the crash recovery runs. Close leaves Dir in place.
+	Dir string
 }
 
 // Rig is an engine and what it stands on.
@@ -78,12 +82,17 @@ func New(o Options) (r *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "arbor-engine-test-")
-	if err != nil {
-		return nil, err
+	dir := o.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "arbor-engine-test-"); err != nil {
+			return nil, err
+		}
 	}
 	r = &Rig{Dir: dir}
-	r.undo = append(r.undo, func() { os.RemoveAll(dir) }, func() { c.Close() })
+	if o.Dir == "" {
+		r.undo = append(r.undo, func() { os.RemoveAll(dir) })
+	}
+	r.undo = append(r.undo, func() { c.Close() })
 	defer func() {
 		if err != nil {
 			r.Close()

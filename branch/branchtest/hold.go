@@ -100,12 +100,40 @@ func HoldQueue(tb testing.TB, e *branch.Engine, image string) (release func()) {
 	return release
 }
 
+// GhostHolder is a busybox command that starts a process holding open a
+// deleted 2 MiB file, over CRIU's ghost limit: every dump of the env fails
+// until that process (sleep) is killed. The file is removed only once the
+// process holds it (else the rm can win, the process never starts and the
+// dump succeeds). It prints ok.
+const GhostHolder = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & " +
+	`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big; echo ok`
+
 // RaisedWaiting reports whether a job of e's queue is waiting at high
 // priority: while HoldQueue holds the workers, that is a background
 // checkpoint somebody now waits for (the gate raised it).
 func RaisedWaiting(e *branch.Engine) bool {
 	u, err := e.Usage()
 	return err == nil && u.Queue.High.Queued > 0
+}
+
+// ReleaseWhenRaised lets the queue HoldQueue holds go (release) once an
+// operation waits for a background checkpoint of e (RaisedWaiting), and
+// returns the operation's answer from done. An answer that comes before
+// the queue is let go did not wait; the caller's checks say so.
+func ReleaseWhenRaised[T any](e *branch.Engine, release func(), done <-chan T) T {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	defer release()
+	for {
+		select {
+		case a := <-done:
+			return a
+		case <-tick.C:
+			if RaisedWaiting(e) {
+				release()
+			}
+		}
+	}
 }
 
 // WaitFor polls ok until it holds, failing tb after a minute.

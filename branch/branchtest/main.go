@@ -1,0 +1,40 @@
+package branchtest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+)
+
+// Main is a package's TestMain on one shared Rig made with o: setup (nil:
+// none) then builds what the package's tests share on it (a task pool)
+// and returns its cleanup, which runs before the Rig closes. Only ErrSkip
+// ("cannot run here") skips: *skip gets its message and the tests skip
+// with it; any other setup error fails the run (exit 1). Main does not
+// return.
+func Main(m *testing.M, pkg string, o Options, skip *string, setup func(*Rig) (cleanup func(), err error)) {
+	r, err := New(o)
+	var cleanup func()
+	if err == nil && setup != nil {
+		if cleanup, err = setup(r); err != nil {
+			r.Close()
+			r = nil
+		}
+	}
+	switch {
+	case errors.Is(err, ErrSkip):
+		*skip = err.Error()
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "%s tests: set up the engine: %v\n", pkg, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if cleanup != nil {
+		cleanup()
+	}
+	if r != nil {
+		r.Close()
+	}
+	os.Exit(code)
+}
