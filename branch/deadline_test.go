@@ -59,7 +59,7 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 	run(t, e, env, "echo two > /tmp/f")
 
 	armed.Store(true)
-	sid, err := e.CheckpointAsync(env, branch.Proc)
+	sid, _, err := e.CheckpointAsync(env, branch.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
