@@ -161,6 +161,10 @@ func (c *Coordinator) Engine() *branch.Engine { return c.e }
 // MaxEnvs is the bound on the envs handed out.
 func (c *Coordinator) MaxEnvs() int { return c.o.MaxEnvs }
 
+// IdleTTL is how long a handed-out env may stay unused before the
+// coordinator closes it (0: never).
+func (c *Coordinator) IdleTTL() time.Duration { return max(c.o.IdleTTL, 0) }
+
 // TaskNames lists the tasks Reset accepts.
 func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
 

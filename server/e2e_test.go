@@ -50,6 +50,9 @@ func TestEpisode(t *testing.T) {
 	if len(hello.Capabilities.Tasks) != 1 || hello.Capabilities.Tasks[0] != "count" {
 		t.Errorf("hello tasks: %v", hello.Capabilities.Tasks)
 	}
+	if hello.Capabilities.EnvIdleTTLS != 0 {
+		t.Errorf("hello: env_idle_ttl_s %v without an idle TTL, want 0", hello.Capabilities.EnvIdleTTLS)
+	}
 	reset, err := c.Reset(ctx, arbor.ResetParams{Task: "count"})
 	if err != nil {
 		t.Fatal(err)
@@ -343,9 +346,17 @@ func TestDisconnectMidStep(t *testing.T) {
 // coordinator's idle TTL is closed: envs stops listing it and a step on
 // it answers unknown_env.
 func TestIdleEnvClosed(t *testing.T) {
-	_, addr := newServerWith(t, server.Options{}, coordinator.Options{IdleTTL: 200 * time.Millisecond})
+	_, addr := newServerWith(t, server.Options{MaxUnreadBytes: 32 << 20}, coordinator.Options{IdleTTL: 200 * time.Millisecond})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
+	// hello says what the TTL is (and the unread budget).
+	hello, err := c.Hello(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hello.Capabilities.EnvIdleTTLS != 0.2 || hello.Capabilities.MaxUnreadBytes != 32<<20 {
+		t.Errorf("hello: env_idle_ttl_s %v max_unread_bytes %d, want 0.2 and %d", hello.Capabilities.EnvIdleTTLS, hello.Capabilities.MaxUnreadBytes, 32<<20)
+	}
 	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	if err != nil {
 		t.Fatal(err)

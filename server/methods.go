@@ -112,6 +112,7 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 	return protocol.HelloResult{Version: protocol.Version, Server: "arbor " + s.o.Version, Capabilities: protocol.Capabilities{
 		Methods: protocol.Methods, Tools: protocol.Tools, CheckpointKinds: kinds, Tasks: s.c.TaskNames(),
 		MaxFrameBytes: s.o.MaxFrameBytes, MaxInFlight: s.o.MaxInFlight, MaxEnvs: s.c.MaxEnvs(), MaxBatch: s.o.MaxBatch,
+		EnvIdleTTLS: s.c.IdleTTL().Seconds(), MaxUnreadBytes: s.o.MaxUnreadBytes,
 	}}, nil
 }
 

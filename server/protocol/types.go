@@ -87,7 +87,12 @@ type Capabilities struct {
 	MaxInFlight     int      `msgpack:"max_in_flight" json:"max_in_flight"`
 	MaxEnvs         int      `msgpack:"max_envs" json:"max_envs"`
 	MaxBatch        int      `msgpack:"max_batch" json:"max_batch"`
-	EnvIdleTTLS     float64  `msgpack:"env_idle_ttl_s" json:"env_idle_ttl_s"`
+	// EnvIdleTTLS is how long an env may stay unused before the server
+	// closes it (0: never).
+	EnvIdleTTLS float64 `msgpack:"env_idle_ttl_s" json:"env_idle_ttl_s"`
+	// MaxUnreadBytes bounds the answers a connection holds unread before
+	// the server stops reading its requests.
+	MaxUnreadBytes int `msgpack:"max_unread_bytes" json:"max_unread_bytes"`
 }
 
 // Obs is what a step (or reset) observed.
