@@ -252,13 +252,14 @@ const (
 )
 
 // freezeNoTrap freezes the group so that CRIU can dump it: compel refuses
-// a thread with a pending SIGTRAP, and a process of the sandbox can send
-// one to init (which catches and drops it, initd ignoreSignals) just
-// before the freeze, where it stays pending. A task found holding one gets
+// a thread with a pending SIGTRAP, and one sent to a process that catches
+// it just before the freeze stays pending. A task found holding one gets
 // the group thawed until that signal is handled (at most trapWait), then
-// the group is frozen and checked again, at most trapRounds times. A
-// process that blocks SIGTRAP and keeps it pending cannot be dumped
-// (docs/sandbox.md, "What a checkpoint needs of the sandbox").
+// the group is frozen and checked again, at most trapRounds times. Init
+// never holds one (initd ignoreSignals leaves SIGTRAP at SIG_DFL, which
+// the kernel drops); a process of the agent's that blocks SIGTRAP and
+// keeps it pending cannot be dumped (docs/sandbox.md, "What a checkpoint
+// needs of the sandbox").
 func (cg *cgroup) freezeNoTrap() error {
 	for round := 0; ; round++ {
 		if err := cg.freeze(true); err != nil {
@@ -269,7 +270,7 @@ func (cg *cgroup) freezeNoTrap() error {
 			return nil
 		}
 		if err == nil && round == trapRounds {
-			err = fmt.Errorf("cgroup %s: task %d keeps a SIGTRAP pending after %d thaws; CRIU cannot dump a thread with a pending SIGTRAP",
+			err = fmt.Errorf("cgroup %s: task %d keeps a SIGTRAP pending after %d thaws (blocked or sent again each time); CRIU cannot dump a thread with a pending SIGTRAP",
 				cg.v2, tid, trapRounds)
 		}
 		if terr := cg.freeze(false); terr != nil || err != nil {
