@@ -243,6 +243,86 @@ func (cg *cgroup) freeze(on bool) error {
 	return err
 }
 
+// trapRounds bounds how often freezeNoTrap thaws the group to let a
+// pending SIGTRAP be handled, and trapWait how long one such thaw lasts at
+// most.
+const (
+	trapRounds = 10
+	trapWait   = 50 * time.Millisecond
+)
+
+// freezeNoTrap freezes the group so that CRIU can dump it: compel refuses
+// a thread with a pending SIGTRAP, and one sent to a process that catches
+// it just before the freeze stays pending. A task found holding one gets
+// the group thawed until that signal is handled (at most trapWait), then
+// the group is frozen and checked again, at most trapRounds times. Init
+// never holds one (initd ignoreSignals leaves SIGTRAP at SIG_DFL, which
+// the kernel drops); a process of the agent's that blocks SIGTRAP and
+// keeps it pending cannot be dumped (docs/sandbox.md, "What a checkpoint
+// needs of the sandbox").
+func (cg *cgroup) freezeNoTrap() error {
+	for round := 0; ; round++ {
+		if err := cg.freeze(true); err != nil {
+			return err
+		}
+		tid, err := cg.pendingTrap()
+		if err == nil && tid == 0 {
+			return nil
+		}
+		if err == nil && round == trapRounds {
+			err = fmt.Errorf("cgroup %s: task %d keeps a SIGTRAP pending after %d thaws (blocked or sent again each time); CRIU cannot dump a thread with a pending SIGTRAP",
+				cg.v2, tid, trapRounds)
+		}
+		if terr := cg.freeze(false); terr != nil || err != nil {
+			return errors.Join(err, terr)
+		}
+		for deadline := time.Now().Add(trapWait); time.Now().Before(deadline) && trapPending(tid); {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+}
+
+// pendingTrap returns a thread of the group with SIGTRAP pending (for the
+// thread or its whole process), or 0.
+func (cg *cgroup) pendingTrap() (int, error) {
+	b, err := os.ReadFile(filepath.Join(cg.v2, "cgroup.threads"))
+	if err != nil {
+		return 0, fmt.Errorf("read cgroup.threads: %w", err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if tid, err := strconv.Atoi(f); err == nil && trapPending(tid) {
+			return tid, nil
+		}
+	}
+	return 0, nil
+}
+
+// trapPending reports whether /proc/TID/status shows SIGTRAP in the
+// thread's (SigPnd) or its process's (ShdPnd) pending set. A thread gone
+// has nothing pending.
+func trapPending(tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return false
+	}
+	return sigPending(b, syscall.SIGTRAP)
+}
+
+// sigPending reports whether a status file's SigPnd or ShdPnd mask holds
+// sig (signal n is bit n-1).
+func sigPending(status []byte, sig syscall.Signal) bool {
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "SigPnd" && k != "ShdPnd") {
+			continue
+		}
+		if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && m&(1<<(sig-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // kill sends SIGKILL to every task of the group.
 func (cg *cgroup) kill() {
 	if err := writeFile(filepath.Join(cg.v2, "cgroup.kill"), "1"); err == nil {

@@ -804,8 +804,10 @@ func (s *Sandbox) Exclusive(fn func() error) error {
 	return fn()
 }
 
-// Freeze stops every process of the sandbox (cgroup v2 freezer).
-func (s *Sandbox) Freeze() error { return s.cg.freeze(true) }
+// Freeze stops every process of the sandbox (cgroup v2 freezer), with no
+// task left holding a pending SIGTRAP, which CRIU refuses to dump
+// (cgroup.freezeNoTrap).
+func (s *Sandbox) Freeze() error { return s.cg.freezeNoTrap() }
 
 // Thaw resumes the sandbox after Freeze.
 func (s *Sandbox) Thaw() error { return s.cg.freeze(false) }

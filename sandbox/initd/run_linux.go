@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -101,13 +102,14 @@ func run(ready *os.File) error {
 }
 
 // ignoredSignals are every catchable signal a process in the sandbox
-// could send init, but SIGCHLD (which init needs). Init is the pid
+// could send init, but SIGCHLD (which init needs) and SIGTRAP (see
+// ignoreSignals). Init is the pid
 // namespace's init, so the kernel already drops signals from inside it
 // that would take the default action; but the Go runtime installs
 // handlers for most signals and then exits on SIGTERM, SIGHUP, SIGINT,
 // SIGPIPE, SIGUSR1, SIGQUIT, a SIGSEGV sent with kill, and so on.
 var ignoredSignals = []os.Signal{
-	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT, unix.SIGBUS,
+	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGABRT, unix.SIGBUS,
 	unix.SIGFPE, unix.SIGUSR1, unix.SIGSEGV, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGTERM,
 	unix.SIGSTKFLT, unix.SIGXCPU, unix.SIGXFSZ, unix.SIGVTALRM, unix.SIGIO, unix.SIGPWR, unix.SIGSYS,
 }
@@ -118,6 +120,13 @@ var ignoredSignals = []os.Signal{
 // SIGINT, SIGTERM and SIGPIPE as usual. (Go resets caught signals to the
 // default in a forked child.) A caught SIGSEGV from kill(2) is dropped
 // too; a real fault still crashes init, as it should.
+//
+// SIGTRAP alone is set back to SIG_DFL, past the Go runtime's handler:
+// the kernel then drops it before it is queued, as for every signal that
+// would take the default action on a namespace's init. Caught, a SIGTRAP
+// sent just before a checkpoint's freeze stays pending on init's frozen
+// thread, and CRIU refuses to dump a thread with a pending SIGTRAP
+// (docs/sandbox.md, "What a checkpoint needs of the sandbox").
 func ignoreSignals() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, ignoredSignals...)
@@ -125,6 +134,11 @@ func ignoreSignals() {
 		for range ch {
 		}
 	}()
+	// The kernel's struct sigaction, all zero: handler SIG_DFL, no flags,
+	// no restorer, empty mask. Should it fail, Sandbox.Freeze still waits
+	// for init to handle a pending SIGTRAP.
+	var dfl [4]uint64
+	unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(unix.SIGTRAP), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0)
 }
 
 // setNonDumpable makes init non-dumpable (see run), except in user
