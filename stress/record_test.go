@@ -114,11 +114,26 @@ func (r *recorder) fail(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	r.mu.Lock()
 	r.nfail++
+	n := r.nfail
 	if len(r.failures) < 100 {
 		r.failures = append(r.failures, msg)
 	}
 	r.mu.Unlock()
-	r.logf("FAIL: %s", msg)
+	if n <= maxLoggedFailures {
+		r.logf("FAIL: %s", msg)
+	}
+}
+
+// maxLoggedFailures bounds the failures logged; past it the clients stop
+// (flooded), so that a broken server does not write gigabytes of log in a
+// 15-minute run.
+const maxLoggedFailures = 200
+
+// flooded reports whether so many requests failed that the run stops.
+func (r *recorder) flooded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nfail >= maxLoggedFailures
 }
 
 func (r *recorder) fault(kind string) {

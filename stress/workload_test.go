@@ -63,6 +63,11 @@ type client struct {
 	busy  map[string]bool
 	valOf map[string]int // state id -> the value of /work/v and V in it
 	next  int
+	// abandoned are envs the client dropped from its books (closed, or
+	// their state became unknown when a request on them was cut): it
+	// closes them, as a trainer drops a sample, so that a long run does not
+	// fill the server with envs nobody uses (envs outlive connections).
+	abandoned []string
 }
 
 func (r *run) newClient(id int) (*client, error) {
@@ -142,6 +147,26 @@ func (cl *client) forget(e *envState) {
 	defer cl.mu.Unlock()
 	delete(cl.envs, e.id)
 	delete(cl.busy, e.id)
+	cl.abandoned = append(cl.abandoned, e.id)
+}
+
+// closeAbandoned closes the envs forget dropped. Any answer will do: most
+// were closed already (unknown_env), and a cut leaves the rest to the end
+// of the run, which closes whatever is still open.
+func (cl *client) closeAbandoned() {
+	cl.mu.Lock()
+	ids := cl.abandoned
+	cl.abandoned = nil
+	cl.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	c := cl.conn()
+	ctx, cancel := context.WithTimeout(context.Background(), cl.r.cfg.hang)
+	defer cancel()
+	for _, id := range ids {
+		c.CloseEnv(ctx, id)
+	}
 }
 
 func (cl *client) nenvs() int {
@@ -243,7 +268,8 @@ func (cl *client) work(rng *rand.Rand, ops []op) {
 	for _, o := range ops {
 		total += o.weight
 	}
-	for time.Now().Before(cl.r.end) {
+	for time.Now().Before(cl.r.end) && !cl.r.rec.flooded() {
+		cl.closeAbandoned()
 		if cl.nenvs() == 0 {
 			cl.opReset(rng)
 			continue
