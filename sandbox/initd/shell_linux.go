@@ -631,8 +631,12 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 		now := time.Now()
 		if firstMarker == 0 && now.After(deadline) {
 			resp.TimedOut = true
-			s.killJob()
+			// SIGINT to the shell first, then the job: the shell must
+			// have the interrupt pending when it sees its job die, or it
+			// runs the rest of the line (`sleep 5; echo finished` printed
+			// finished when init was preempted between the two kills).
 			unix.Kill(s.pid, unix.SIGINT)
+			s.killJob()
 			firstMarker = s.type_("")
 			lastInt, hard = now, now.Add(5*time.Second)
 			continue
@@ -652,12 +656,12 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 			// too. The shell itself gets SIGINT again only when it has
 			// not come back for a second, with a fresh marker line, as a
 			// SIGINT can also discard the marker line it is reading.
-			s.killJob()
 			if now.Sub(lastInt) > time.Second {
 				unix.Kill(s.pid, unix.SIGINT)
 				s.type_("")
 				lastInt = now
 			}
+			s.killJob()
 		}
 	}
 	resp.Duration = time.Since(start)
