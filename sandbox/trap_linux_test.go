@@ -29,22 +29,26 @@ func TestFreezeClearsPendingTrap(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("start the trapping loop: %+v %v", res, err)
 	}
+	// The loop runs in the background: wait until it has set its trap.
+	catches := func() int {
+		b, _ := os.ReadFile(filepath.Join(sb.FreezerCgroup(), "cgroup.procs"))
+		for _, f := range strings.Fields(string(b)) {
+			if p, _ := strconv.Atoi(f); p != sb.InitPID() && trapIn(t, p, "SigCgt") {
+				return p
+			}
+		}
+		return 0
+	}
+	for deadline := time.Now().Add(10 * time.Second); catches() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	imgs := t.TempDir()
 	err = sb.Exclusive(func() error {
 		if err := sb.Freeze(); err != nil {
 			return err
 		}
 		defer sb.Thaw()
-		catcher := 0
-		b, err := os.ReadFile(filepath.Join(sb.FreezerCgroup(), "cgroup.procs"))
-		if err != nil {
-			return err
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if p, _ := strconv.Atoi(f); p != sb.InitPID() && trapIn(t, p, "SigCgt") {
-				catcher = p
-			}
-		}
+		catcher := catches()
 		if catcher == 0 {
 			t.Fatal("no process of the sandbox catches SIGTRAP: the loop did not start")
 		}
