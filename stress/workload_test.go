@@ -45,7 +45,14 @@ type envState struct {
 	head    string
 	hist    []string
 	faulted bool // the test killed its init: the next request may answer infra
-	trace   []string
+	// rolledAway: a rollback took the env to another env's state, so the
+	// states of hist it did not make (a child's branch point, a task's
+	// post-setup state) are no longer ancestors of its head, and the
+	// rollback tool rightly refuses them (docs/agent-tools.md: an ancestor
+	// of the head or a state the env made). The test does not track which
+	// states the env made, so it stops using the rollback tool on it.
+	rolledAway bool
+	trace      []string
 }
 
 // String is the env's recent history, for failure messages.
@@ -514,7 +521,7 @@ func (cl *client) opRollback(rng *rand.Rand) {
 }
 
 func (cl *client) opRollbackTool(rng *rand.Rand) {
-	es := cl.take(rng, 1, nil)
+	es := cl.take(rng, 1, func(e *envState) bool { return !e.rolledAway })
 	if len(es) == 0 {
 		return
 	}
@@ -695,7 +702,7 @@ func (cl *client) opClose(rng *rand.Rand) {
 	if err == nil {
 		// Not into o's history: once o moves on, nothing may hold sid.
 		cl.mu.Lock()
-		o.val, o.head = val, sid
+		o.val, o.head, o.rolledAway = val, sid, true
 		cl.mu.Unlock()
 		cl.verify(o, "rollback to a state of a closed env")
 	}
