@@ -2,6 +2,8 @@ package branch_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
@@ -41,7 +43,10 @@ func TestCheckpointWhileInitGetsSIGTRAP(t *testing.T) {
 		t.Errorf("%d of %d checkpoints failed while init got SIGTRAP in a loop", failed, n)
 	}
 	// The loops (four sh next to the agent's shell) ran throughout.
-	if got := run(t, e, env, `pidof sh | wc -w`); got != "5\n" {
-		t.Errorf("sh processes after the checkpoints: %q, want 5 (the shell and the loops)", got)
+	// pidof runs as a busybox applet in a fork of the shell, so the
+	// pipeline itself may add an sh of its own: at least 5.
+	got := strings.TrimSpace(run(t, e, env, `pidof sh | wc -w`))
+	if n, err := strconv.Atoi(got); err != nil || n < 5 {
+		t.Errorf("sh processes after the checkpoints: %q, want at least 5 (the shell and the loops)", got)
 	}
 }
