@@ -201,18 +201,26 @@ func NewRoot(tb testing.TB) *zfs.Snapshotter {
 }
 
 // destroyTree unmounts every filesystem below root, deepest first (zfs-fuse
-// calls a mounted dataset busy), and destroys them all.
+// calls a mounted dataset busy), and destroys them all. Like the product's
+// destroy (cr/zfs destroyMounted), it retries while zfs-fuse still calls a
+// just-unmounted dataset busy: CI saw that once in this cleanup.
 func destroyTree(root string) error {
 	out, err := exec.Command("zfs", "list", "-H", "-r", "-o", "name", root).Output()
 	if err != nil {
 		return fmt.Errorf("list %s: %v", root, err)
 	}
 	names := strings.Fields(string(out))
-	for i := len(names) - 1; i >= 0; i-- {
-		exec.Command("zfs", "umount", names[i]).Run()
+	for try := 0; ; try++ {
+		for i := len(names) - 1; i >= 0; i-- {
+			exec.Command("zfs", "umount", names[i]).Run()
+		}
+		out, err := exec.Command("zfs", "destroy", "-R", root).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		if try == 50 || !strings.Contains(string(out), "busy") {
+			return fmt.Errorf("destroy %s (try %d): %v: %s", root, try+1, err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if out, err := exec.Command("zfs", "destroy", "-R", root).CombinedOutput(); err != nil {
-		return fmt.Errorf("destroy %s: %v: %s", root, err, out)
-	}
-	return nil
 }
