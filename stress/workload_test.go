@@ -37,7 +37,10 @@ type run struct {
 
 // envState is what a client knows of one of its envs: the value its
 // steps wrote (file /work/v and shell variable V), the state ids it may
-// roll back to, and the state it is at.
+// roll back to (hist), and the state it is at. Every state of hist is an
+// ancestor of the head or one the env made, so it stays branchable and
+// the rollback tool accepts it (docs/agent-tools.md); a rollback to
+// another env's state starts hist anew (see opClose).
 type envState struct {
 	id      string
 	task    bool // the hello task (has a verifier), else the busybox image
@@ -45,14 +48,7 @@ type envState struct {
 	head    string
 	hist    []string
 	faulted bool // the test killed its init: the next request may answer infra
-	// rolledAway: a rollback took the env to another env's state, so the
-	// states of hist it did not make (a child's branch point, a task's
-	// post-setup state) are no longer ancestors of its head, and the
-	// rollback tool rightly refuses them (docs/agent-tools.md: an ancestor
-	// of the head or a state the env made). The test does not track which
-	// states the env made, so it stops using the rollback tool on it.
-	rolledAway bool
-	trace      []string
+	trace   []string
 }
 
 // String is the env's recent history, for failure messages.
@@ -521,7 +517,7 @@ func (cl *client) opRollback(rng *rand.Rand) {
 }
 
 func (cl *client) opRollbackTool(rng *rand.Rand) {
-	es := cl.take(rng, 1, func(e *envState) bool { return !e.rolledAway })
+	es := cl.take(rng, 1, nil)
 	if len(es) == 0 {
 		return
 	}
@@ -700,9 +696,15 @@ func (cl *client) opClose(rng *rand.Rand) {
 		return
 	}
 	if err == nil {
-		// Not into o's history: once o moves on, nothing may hold sid.
+		// o's earlier history that it did not make (its branch point, a
+		// task's post-setup state) is no longer an ancestor of its head:
+		// once their makers are closed, nothing holds those states, and
+		// unknown_state is the honest answer for them. hist starts anew
+		// at sid, which o's later states descend from.
 		cl.mu.Lock()
-		o.val, o.head, o.rolledAway = val, sid, true
+		o.val, o.head, o.hist = val, sid, []string{sid}
+		cl.valOf[sid] = val
+		o.trace = append(o.trace, fmt.Sprintf("rollback to %s of closed %s->%s=%d", sid, e.id, sid, val))
 		cl.mu.Unlock()
 		cl.verify(o, "rollback to a state of a closed env")
 	}
