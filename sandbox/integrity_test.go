@@ -335,6 +335,12 @@ func TestRunOutsideTheShell(t *testing.T) {
 func TestKillAllButInit(t *testing.T) {
 	sb := start(t, sandbox.Limits{})
 	run(t, sb, "export KEEP=1; for i in 1 2 3; do sleep 300 >/dev/null 2>&1 & done; (setsid sleep 301 >/dev/null 2>&1 &)", 10*time.Second)
+	// What a timeout error would say: each task with its state.
+	if d := sandbox.DescribeTasks(sb); !strings.HasPrefix(d, "tasks: ") || strings.Count(d, " sleep S ") != 4 {
+		t.Errorf("DescribeTasks = %q, want the four sleeping sleeps", d)
+	} else {
+		t.Log(d)
+	}
 	n, err := sb.KillAllButInit(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -346,6 +352,38 @@ func TestKillAllButInit(t *testing.T) {
 	r := run(t, sb, "ps -o args= | grep -c '^sleep 30'; echo ${KEEP-fresh}", 10*time.Second)
 	if !r.ShellRestarted || string(r.Stdout) != "0\nfresh\n" {
 		t.Errorf("after KillAllButInit: restarted=%v stdout=%q, want a fresh shell and no sleep", r.ShellRestarted, r.Stdout)
+	}
+}
+
+// TestShellThatCannotStart: when init cannot start a new shell (the agent
+// moved it away), KillAllButInit says why instead of waiting for one, a
+// command fails with the reason, and a shell comes back once its binary
+// is there again.
+func TestShellThatCannotStart(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	shell := strings.TrimSpace(string(run(t, sb, "readlink /proc/$$/exe", 10*time.Second).Stdout))
+	if shell == "" {
+		t.Fatal("no shell path")
+	}
+	// busybox's sh is a link to busybox: move the name init starts.
+	name := "/bin/sh"
+	if strings.HasSuffix(shell, "bash") {
+		name = shell
+	}
+	run(t, sb, "mv "+name+" "+name+".gone", 10*time.Second)
+	_, err := sb.KillAllButInit(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "init could not start one") || !strings.Contains(err.Error(), name) {
+		t.Fatalf("KillAllButInit with no shell binary: %v, want init's reason naming %s", err, name)
+	}
+	if r, err := sb.Exec(context.Background(), "echo hi", sandbox.ExecOptions{Timeout: 10 * time.Second}); err == nil || !strings.Contains(err.Error(), "no shell") || !strings.Contains(err.Error(), name) {
+		t.Fatalf("a command with no shell binary: %v %+v, want an error naming %s", err, r, name)
+	}
+	if err := os.Rename(filepath.Join(sb.Root(), name+".gone"), filepath.Join(sb.Root(), name)); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, sb, "echo back", 10*time.Second)
+	if string(r.Stdout) != "back\n" || r.ExitCode != 0 || !r.ShellRestarted {
+		t.Errorf("after the shell came back: %+v", r)
 	}
 }
 

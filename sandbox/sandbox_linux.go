@@ -578,7 +578,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	if err != nil {
 		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
 	}
-	if resp.Error != "" && !resp.ShellExited {
+	if resp.Error != "" {
+		// With ShellExited, the command ended the shell and init could
+		// not start another: the sandbox cannot run the next command.
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
 	events = append(events, s.checkLimits()...)
@@ -706,24 +708,70 @@ func (s *Sandbox) KillAllButInit(ctx context.Context) (int, error) {
 	}
 	// Init replaces the shell it lost. Wait for the new one, then sweep
 	// again, keeping it: a task that was being forked while the group
-	// froze is gone too.
-	deadline := time.Now().Add(15 * time.Second)
+	// froze is gone too. A start takes init up to 10 s before it gives
+	// up on a shell that does not answer (initd setupWait); a start that
+	// failed is reported at once (ShellError).
+	deadline := time.Now().Add(newShellWait)
 	for {
-		r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+		r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, max(time.Until(deadline), time.Second))
 		if err != nil {
+			if errors.Is(err, ErrTimeout) {
+				err = fmt.Errorf("%w (%s)", err, s.describeTasks())
+			}
 			return n, fmt.Errorf("wait for the new shell: %w", err)
+		}
+		if r.ShellError != "" {
+			// Init keeps trying in the background; this caller needs a
+			// shell now.
+			return n, fmt.Errorf("wait for the new shell: init could not start one: %s", r.ShellError)
 		}
 		if r.ShellPID != 0 && r.ShellPID != old {
 			s.shellPID = r.ShellPID
 			break
 		}
 		if time.Now().After(deadline) {
-			return n, fmt.Errorf("wait for the new shell: %w", ErrTimeout)
+			return n, fmt.Errorf("wait for the new shell: %w after %v: init still reports the killed shell (%s)", ErrTimeout, newShellWait, s.describeTasks())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	m, err := s.killAll(true)
 	return n + m, err
+}
+
+// newShellWait bounds KillAllButInit's wait for init's new shell.
+const newShellWait = 30 * time.Second
+
+// describeTasks lists the sandbox's tasks for an error message: pid in the
+// sandbox, command, scheduler state and the kernel function it waits in,
+// so that a sandbox that stops answering names where it is stuck.
+func (s *Sandbox) describeTasks() string {
+	pids, err := s.cg.procs()
+	if err != nil {
+		return "tasks unknown: " + err.Error()
+	}
+	var parts []string
+	for _, p := range pids {
+		ns, _ := nsPID(p)
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", p))
+		state := "?"
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); err == nil {
+			// pid (comm) S ...: the state follows the last ')'.
+			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+				state = string(b[i+2])
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%d %s %s %s", ns, strings.TrimSpace(string(comm)), state, strings.TrimSpace(string(wchan))))
+		if len(parts) == 8 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(pids)-8))
+			break
+		}
+	}
+	frozen := ""
+	if b, err := os.ReadFile(filepath.Join(s.cg.v2, "cgroup.events")); err == nil && bytes.Contains(b, []byte("frozen 1")) {
+		frozen = "group frozen; "
+	}
+	return frozen + "tasks: " + strings.Join(parts, ", ")
 }
 
 // killAll kills every process but init and, when keepShell, the shell,

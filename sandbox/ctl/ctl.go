@@ -95,6 +95,10 @@ type Response struct {
 	// says how the last one ended ("exit status 3", "signal: killed").
 	ShellRestarts int    `json:"shell_restarts,omitempty"`
 	LastExit      string `json:"last_exit,omitempty"`
+	// ShellError is set while the shell is dead because init could not
+	// start a new one: why the last try failed (init tries again,
+	// backing off).
+	ShellError string `json:"shell_error,omitempty"`
 	// Rejected counts what init dropped from the status channel while
 	// this command ran (bytes from processes other than the shell and
 	// records without the command's nonce and sequence number): a sign

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -226,22 +227,25 @@ func pump(sh *shell, jobs <-chan job) {
 			case ctl.OpPing, ctl.OpShell:
 				// The first request after a restore (see afterRestore).
 				sh.afterRestore()
-				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit}
+				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit, ShellError: sh.shellError()}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}
 			}
 			j.out <- piece{resp: resp}
 		default:
-			_, dead := sh.pumpOnce(-1, nil)
-			if dead {
+			wait := time.Duration(-1)
+			if sh.exited != nil {
+				// A dead shell that could not be replaced: try again at
+				// retryAt (pumpOnce would report it dead at once).
+				wait = max(0, time.Until(sh.retryAt))
+			}
+			_, dead := sh.pumpOnce(wait, nil)
+			if dead && !time.Now().Before(sh.retryAt) {
 				// The shell died between commands (killed from outside):
-				// replace it so the sandbox stays usable.
-				if sh.master >= 0 {
-					unix.Close(sh.master)
-					sh.master = -1
-				}
+				// replace it so the sandbox stays usable. A failed start
+				// is reported in every answer until one works.
 				sh.lostIdle = true
-				sh.start()
+				sh.restart()
 			}
 		}
 	}

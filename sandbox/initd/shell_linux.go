@@ -78,6 +78,12 @@ type shell struct {
 	// lostIdle is set when the shell died between commands and had to be
 	// replaced; the next command's response says so.
 	lostIdle bool
+	// startErr is why the last start failed ("" after one that worked);
+	// while the shell is dead, init says so in every answer (ShellError),
+	// and the idle loop tries again at retryAt, backing off.
+	startErr string
+	retryAt  time.Time
+	backoff  time.Duration
 	restarts int
 	lastExit string
 	exited   *syscall.WaitStatus // set when the shell was reaped
@@ -130,6 +136,39 @@ func (s *shell) start() error {
 			return fmt.Errorf("pty: %w, %d times in a row", err, ptyTries)
 		}
 	}
+}
+
+// restart replaces a dead shell: it drops the old terminal, starts a new
+// shell and records the outcome for ShellError and the idle loop's
+// back-off (restartBackoff up to restartBackoffMax between tries).
+func (s *shell) restart() error {
+	if s.master >= 0 {
+		unix.Close(s.master)
+		s.master = -1
+	}
+	err := s.start()
+	if err == nil {
+		s.startErr, s.backoff, s.retryAt = "", 0, time.Time{}
+		return nil
+	}
+	s.startErr = err.Error()
+	s.backoff = min(max(2*s.backoff, restartBackoff), restartBackoffMax)
+	s.retryAt = time.Now().Add(s.backoff)
+	return err
+}
+
+const (
+	restartBackoff    = 100 * time.Millisecond
+	restartBackoffMax = 5 * time.Second
+)
+
+// shellError is what an answer says about a shell init could not start:
+// empty while a shell runs.
+func (s *shell) shellError() string {
+	if s.exited == nil {
+		return ""
+	}
+	return s.startErr
 }
 
 // startOn is one try of start.
@@ -215,11 +254,11 @@ func (s *shell) startOn() error {
 	clear(s.want)
 	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
 	seq := s.type_(setup)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(setupWait)
 	for {
 		recs, dead := s.pumpOnce(time.Until(deadline), nil)
 		if dead {
-			return fmt.Errorf("shell %s exited during set-up", s.path)
+			return fmt.Errorf("shell %s exited during set-up (%s)", s.path, s.lastExit)
 		}
 		for _, r := range recs {
 			if r.seq == seq {
@@ -227,8 +266,24 @@ func (s *shell) startOn() error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("shell %s did not answer its set-up line", s.path)
+			// A shell that does not answer is no shell: kill it, so
+			// that init never keeps reporting one that cannot run a
+			// command, and let the caller try again.
+			s.kill()
+			return fmt.Errorf("shell %s did not answer its set-up line within %v (%d status chunks rejected)", s.path, setupWait, s.rejected)
 		}
+	}
+}
+
+// setupWait bounds how long a new shell may take to answer its set-up
+// line.
+const setupWait = 10 * time.Second
+
+// kill kills the shell and waits until it is reaped.
+func (s *shell) kill() {
+	unix.Kill(s.pid, unix.SIGKILL)
+	for s.exited == nil {
+		s.pumpOnce(10*time.Millisecond, nil)
 	}
 }
 
@@ -241,10 +296,7 @@ func (s *shell) checkPty(p *pty) error {
 		return nil
 	}
 	restarts, lastExit := s.restarts, s.lastExit
-	unix.Kill(s.pid, unix.SIGKILL)
-	for s.exited == nil {
-		s.pumpOnce(10*time.Millisecond, nil)
-	}
+	s.kill()
 	s.restarts, s.lastExit = restarts, lastExit
 	if s.master >= 0 {
 		unix.Close(s.master)
@@ -566,6 +618,14 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 	if strings.IndexByte(req.Cmd, 0) >= 0 {
 		return ctl.Response{Error: "command contains a NUL byte"}
 	}
+	if s.exited != nil {
+		// The shell died and was not replaced yet (or could not be:
+		// startErr). Replace it now; the answer says the shell is new.
+		s.lostIdle = true
+		if err := s.restart(); err != nil {
+			return ctl.Response{Error: fmt.Sprintf("no shell: %v", err), ShellError: s.startErr}
+		}
+	}
 	// Whatever reached the pipes and the status socket since the last
 	// command (a background job's late output, forged records) belongs
 	// to no command: drop it before this one starts.
@@ -673,11 +733,7 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 	s.pumpOnce(0, o)
 	o.finish(&resp)
 	if restart {
-		if s.master >= 0 {
-			unix.Close(s.master)
-			s.master = -1
-		}
-		if err := s.start(); err != nil {
+		if err := s.restart(); err != nil {
 			resp.Error = fmt.Sprintf("restart shell: %v", err)
 		}
 		if resp.Cwd == "" {
