@@ -1,53 +1,38 @@
 package stress
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/internal/servetest"
 )
 
 // server is one `arbor serve` subprocess on a state dir of its own.
 type server struct {
+	*servetest.Server
 	t       testing.TB
-	cmd     *exec.Cmd
 	pid     int
 	addr    string
 	dir     string // --state-dir
 	poolDev string // major:minor of the btrfs pool below dir
 	log     *lineLog
-	exited  chan struct{}
-	waitErr error
 }
 
-// lineLog keeps the server's WARN and ERROR lines (and the last lines of
-// everything) for the report.
+// lineLog keeps the server's WARN and ERROR lines for the report.
 type lineLog struct {
 	mu     sync.Mutex
 	warns  []string
 	errors []string
-	tail   []string
 }
 
 func (l *lineLog) add(s string) {
@@ -59,10 +44,6 @@ func (l *lineLog) add(s string) {
 	case strings.Contains(s, "level=WARN"):
 		l.warns = append(l.warns, s)
 	}
-	l.tail = append(l.tail, s)
-	if len(l.tail) > 200 {
-		l.tail = l.tail[len(l.tail)-100:]
-	}
 }
 
 func (l *lineLog) counts() (warns, errs []string) {
@@ -71,37 +52,13 @@ func (l *lineLog) counts() (warns, errs []string) {
 	return slices.Clone(l.warns), slices.Clone(l.errors)
 }
 
-// requireHost skips where the real server cannot run (root, CRIU 4.x:
-// what make deps installs).
-func requireHost(t testing.TB) {
-	t.Helper()
-	sandboxtest.RequireRoot(t)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// arborBin is $ARBOR_BIN (make test passes bin/arbor), else arbor built
-// from this tree into a temporary folder.
-func arborBin(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv("ARBOR_BIN"); p != "" {
-		return p
-	}
-	bin := filepath.Join(t.TempDir(), "arbor")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/arbor-env/arbor/cmd/arbor").CombinedOutput(); err != nil {
-		t.Fatalf("build arbor: %v\n%s", err, out)
-	}
-	return bin
-}
+// requireHost skips where the real server cannot run.
+func requireHost(t testing.TB) { servetest.RequireHost(t) }
 
 // startServer starts arbor serve with the hello task (busybox, with a
 // verifier) and waits until it answers hello. extra are more serve flags.
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
-	bin := arborBin(t)
 	dir := t.TempDir()
 	tasks := filepath.Join(dir, "tasks")
 	if err := os.MkdirAll(tasks, 0o755); err != nil {
@@ -114,168 +71,32 @@ func startServer(t testing.TB, extra ...string) *server {
 	if err := os.WriteFile(filepath.Join(tasks, "hello.yaml"), task, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	state := filepath.Join(dir, "state")
-	s := &server{t: t, addr: freeAddr(t), dir: state, log: &lineLog{}, exited: make(chan struct{})}
-	args := append([]string{"--state-dir", state, "--log-level", "warn", "serve", "--listen", s.addr, "--warm", "1",
-		"--env-idle-ttl", "-1s", "--tasks", tasks}, extra...)
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Dir = dir
-	s.cmd.Env = os.Environ()
-	if os.Getenv("ARBOR_INIT") == "" {
-		s.cmd.Env = append(s.cmd.Env, "ARBOR_INIT="+sandboxtest.InitBinary(t))
-	}
-	out, err := s.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd.Stdout = s.cmd.Stderr
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.pid = s.cmd.Process.Pid
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			s.log.add(sc.Text())
-		}
-		s.waitErr = s.cmd.Wait()
-		close(s.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-s.exited:
-		default:
-			s.cmd.Process.Kill()
-			<-s.exited
-		}
-		// What a stopped server left mounted (checked, and reported, by
-		// the test that stopped it) must not stay on the host.
-		unmountBelow(t, dir)
+	log := &lineLog{}
+	srv := servetest.Start(t, servetest.Options{
+		StateDir: filepath.Join(dir, "state"), Dir: dir, Global: []string{"--log-level", "warn"},
+		Args:   append([]string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", tasks}, extra...),
+		OnLine: log.add,
 	})
-	deadline := time.Now().Add(3 * time.Minute) // the first start builds the busybox image
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := arbor.Dial(ctx, s.addr, nil)
-		if err == nil {
-			_, err = c.Hello(ctx, "")
-			c.Close()
-		}
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-s.exited:
-			t.Fatalf("arbor serve exited: %v\n%s", s.waitErr, strings.Join(s.log.tail, "\n"))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server on %s never answered: %v", s.addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, m := range mountsBelow(state) {
-		if m.fstype == "btrfs" {
-			s.poolDev = m.dev
+	s := &server{Server: srv, t: t, pid: srv.Pid(), addr: srv.Addr, dir: srv.StateDir, log: log}
+	srv.Dial(t, context.Background(), 3*time.Minute).Close() // the first start builds the busybox image
+	for _, m := range servetest.MountsBelow(s.dir) {
+		if m.FSType == "btrfs" {
+			s.poolDev = m.Dev
 		}
 	}
 	if s.poolDev == "" {
-		t.Fatalf("no btrfs pool mounted below %s", state)
+		t.Fatalf("no btrfs pool mounted below %s", s.dir)
 	}
 	return s
 }
 
 // stop sends SIGTERM and waits for the server to exit.
-func (s *server) stop(timeout time.Duration) error {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-		return s.waitErr
-	case <-time.After(timeout):
-		s.cmd.Process.Kill()
-		<-s.exited
-		return fmt.Errorf("arbor serve did not stop within %s of SIGTERM", timeout)
-	}
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// metrics reads the server's /metrics samples without labels (the Go and
-// process collectors: go_goroutines, process_open_fds, ...).
-func (s *server) metrics() (map[string]float64, error) {
-	resp, err := http.Get("http://" + s.addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(v, 64); err == nil {
-			m[name] = f
-		}
-	}
-	return m, sc.Err()
-}
-
-// mount is one line of /proc/self/mountinfo.
-type mount struct{ dev, point, fstype string }
-
-func mountsBelow(dir string) []mount {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var ms []mount
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 9 || !strings.HasPrefix(f[4], dir) {
-			continue
-		}
-		i := slices.Index(f, "-")
-		if i < 0 || i+1 >= len(f) {
-			continue
-		}
-		ms = append(ms, mount{dev: f[2], point: f[4], fstype: f[i+1]})
-	}
-	return ms
-}
-
-// unmountBelow unmounts what is mounted below dir, deepest first.
-func unmountBelow(t testing.TB, dir string) {
-	var points []string
-	for _, m := range mountsBelow(dir) {
-		points = append(points, m.point)
-	}
-	slices.Sort(points)
-	slices.Reverse(points)
-	for _, p := range points {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
-			t.Logf("unmount %s: %v", p, err)
-		}
-	}
-}
+func (s *server) stop(timeout time.Duration) error { return s.Stop(timeout) }
 
 // cgroup hierarchies a sandbox's groups live in (docs/sandbox.md): the v2
 // node and, on a hybrid host, the v1 controllers.
 func cgroupRoots() (v2 string, all []string) {
-	v2 = "/sys/fs/cgroup/unified/arbor"
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		v2 = "/sys/fs/cgroup/arbor"
-	}
+	v2 = servetest.CgroupV2()
 	all = []string{v2}
 	for _, c := range []string{"memory", "pids", "cpu", "devices"} {
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "arbor")); err == nil {
@@ -438,14 +259,14 @@ func (s *server) snapshot(g *cgroups) (snapshot, error) {
 	}
 	// The server has no pprof endpoint (and gets none for this test):
 	// its goroutine count comes from the Go collector of /metrics.
-	m, err := s.metrics()
+	m, err := s.Metrics()
 	if err != nil {
 		return sn, fmt.Errorf("read metrics: %w", err)
 	}
 	sn.goroutines = int(m["go_goroutines"])
 	sn.conns, sn.inFlight = int(m["arbor_connections"]), int(m["arbor_requests_in_flight"])
-	for _, mt := range mountsBelow(s.dir) {
-		sn.mounts = append(sn.mounts, mt.point)
+	for _, mt := range servetest.MountsBelow(s.dir) {
+		sn.mounts = append(sn.mounts, mt.Point)
 	}
 	sort.Strings(sn.mounts)
 	live := g.scan()
@@ -524,33 +345,4 @@ func statFields(b []byte) []string {
 		return nil
 	}
 	return strings.Fields(string(b[j+1:]))
-}
-
-// killInit kills (SIGKILL) the init of the sandbox of env: the process of
-// its live cgroup (arbor/ENV or arbor/ENV-N) whose parent is outside it.
-// It reports false when the env has no live sandbox.
-func killInit(env string) (bool, error) {
-	v2, _ := cgroupRoots()
-	dirs, _ := filepath.Glob(filepath.Join(v2, env+"*"))
-	for _, dir := range dirs {
-		if name := filepath.Base(dir); name != env && !strings.HasPrefix(name, env+"-") {
-			continue
-		}
-		pids := readPids(filepath.Join(dir, "cgroup.procs"))
-		for _, pid := range pids {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			if err != nil {
-				continue
-			}
-			f := statFields(b)
-			if len(f) < 2 {
-				continue
-			}
-			pp, _ := strconv.Atoi(f[1])
-			if !slices.Contains(pids, pp) {
-				return true, unix.Kill(pid, unix.SIGKILL)
-			}
-		}
-	}
-	return false, nil
 }

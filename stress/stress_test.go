@@ -15,6 +15,7 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/internal/servetest"
 )
 
 // envInt reads an integer knob, def when unset.
@@ -179,10 +180,10 @@ func TestStress(t *testing.T) {
 	if left := g.leftover(nil); len(left) > 0 {
 		stopLeaks = append(stopLeaks, fmt.Sprintf("cgroups left after the server stopped: %v", left))
 	}
-	if m := mountsBelow(s.dir); len(m) > 0 {
+	if m := servetest.MountsBelow(s.dir); len(m) > 0 {
 		var pts []string
 		for _, x := range m {
-			pts = append(pts, x.point)
+			pts = append(pts, x.Point)
 		}
 		stopLeaks = append(stopLeaks, fmt.Sprintf("still mounted after the server stopped: %v", pts))
 	}

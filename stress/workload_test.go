@@ -11,6 +11,7 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/internal/servetest"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -914,7 +915,7 @@ func (cl *client) opKill(rng *rand.Rand) {
 		cl.r.rec.fail("client %d: states of %s: head %s, want %s", cl.id, e.id, st.Head, e.head)
 		return
 	}
-	ok, err := killInit(e.id)
+	ok, err := servetest.KillInit(e.id)
 	if err != nil || !ok {
 		cl.r.rec.fail("client %d: kill the init of %s: found %v: %v", cl.id, e.id, ok, err)
 		return

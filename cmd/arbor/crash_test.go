@@ -1,28 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/internal/servetest"
 )
 
 // TestServeSurvivesKill runs the real `arbor serve` (built from this tree)
@@ -37,12 +26,12 @@ import (
 // the next step answers sandbox_failed naming the state it was restored
 // at, arbor_envs_revived_total counts it, and the env goes on.
 func TestServeSurvivesKill(t *testing.T) {
-	bin, dir, addr := serveRig(t)
+	servetest.RequireHost(t)
+	dir, addr := t.TempDir(), servetest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	srv := startServe(t, bin, dir, addr)
-	c := dialServe(t, ctx, addr, srv)
+	srv, c := startServe(t, ctx, dir, addr)
 	r, err := c.Reset(ctx, arbor.ResetParams{Task: "hello"})
 	if err != nil {
 		t.Fatal(err)
@@ -66,14 +55,10 @@ func TestServeSurvivesKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	if err := srv.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	srv.Wait()
+	srv.Kill()
 	damageNewestImage(t, dir)
 
-	srv = startServe(t, bin, dir, addr)
-	c = dialServe(t, ctx, addr, srv)
+	srv, c = startServe(t, ctx, dir, addr)
 	defer c.Close()
 	envs, err := c.Envs(ctx)
 	if err != nil {
@@ -123,7 +108,10 @@ func TestServeSurvivesKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	step(t, ctx, c, env, "export G=gone")
-	killInit(t, env+"-0") // the sandbox name a restart gives the env
+	// env-0: the sandbox name a restart gives the env.
+	if ok, err := servetest.KillInit(env + "-0"); !ok || err != nil {
+		t.Fatalf("kill the init of %s-0: found %v, %v", env, ok, err)
+	}
 	_, err = c.Step(ctx, env, arbor.Bash("echo never", 0))
 	if !errors.Is(err, arbor.ErrSandbox) || !arbor.IsInfra(err) || !strings.Contains(err.Error(), "restored to state "+st.Head) {
 		t.Errorf("step after its init was killed: %v, want sandbox_failed naming state %s", err, st.Head)
@@ -132,8 +120,8 @@ func TestServeSurvivesKill(t *testing.T) {
 	if err != nil || s.Obs.Stdout != "hello, arbor\n1\n" {
 		t.Errorf("step after the revive: %+v %v, want the last committed state", s, err)
 	}
-	if m := metric(t, addr, "arbor_envs_revived_total"); m != "1" {
-		t.Errorf("arbor_envs_revived_total = %q, want 1", m)
+	if m, err := srv.Metrics(); err != nil || m["arbor_envs_revived_total"] != 1 {
+		t.Errorf("arbor_envs_revived_total = %v (%v), want 1", m["arbor_envs_revived_total"], err)
 	}
 	_, err = c.Step(ctx, doomed, arbor.Bash("true", 0))
 	if !errors.Is(err, arbor.ErrEnvLost) || !arbor.IsInfra(err) {
@@ -146,8 +134,9 @@ func TestServeSurvivesKill(t *testing.T) {
 	if _, err := c.Step(ctx, doomed, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
 		t.Errorf("step on the lost env after close: %v, want unknown_env", err)
 	}
-	srv.Process.Signal(syscall.SIGTERM)
-	srv.Wait()
+	if err := srv.Stop(time.Minute); err != nil {
+		t.Errorf("stop: %v", err)
+	}
 }
 
 func step(t *testing.T, ctx context.Context, c *arbor.Client, env, cmd string) {
@@ -161,87 +150,21 @@ func step(t *testing.T, ctx context.Context, c *arbor.Client, env, cmd string) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+// startServe starts the real arbor serve (the binary make test built from this
+// tree) on state dir dir and address addr, with the built-in hello task and
+// the notable lines of its log in the test's log, and waits until it
+// answers (the first start builds the busybox image and prepares the
+// task); more are more flags of serve.
+func startServe(t *testing.T, ctx context.Context, dir, addr string, more ...string) (*servetest.Server, *arbor.Client) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// serveRig readies a run of the real arbor serve: the binary built from
-// this tree, a state dir of its own (whatever the servers leave mounted
-// below it is unmounted at the end) and a free loopback address. It skips
-// where the server cannot run.
-func serveRig(t *testing.T) (bin, dir, addr string) {
-	t.Helper()
-	sandboxtest.RequireRoot(t)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	bin = filepath.Join(t.TempDir(), "arbor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build arbor: %v\n%s", err, out)
-	}
-	dir = t.TempDir()
-	t.Cleanup(func() { unmountBelow(t, dir) })
-	return bin, dir, freeAddr(t)
-}
-
-// startServe starts arbor serve with its log in the test's log; more are
-// more flags of serve.
-func startServe(t *testing.T, bin, dir, addr string, more ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(bin, append([]string{"--state-dir", dir, "serve", "--listen", addr, "--warm", "1", "--env-idle-ttl", "-1s",
-		"--tasks", "", "--inspector", "off"}, more...)...)
-	cmd.Dir = t.TempDir() // no ./tasks: the built-in hello task
-	out, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout = cmd.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l := sc.Text(); strings.Contains(l, "restor") || strings.Contains(l, "lost") || strings.Contains(l, "ERROR") {
+	srv := servetest.Start(t, servetest.Options{StateDir: dir, Addr: addr,
+		Args: append([]string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", "", "--inspector", "off"}, more...),
+		OnLine: func(l string) {
+			if strings.Contains(l, "restor") || strings.Contains(l, "lost") || strings.Contains(l, "ERROR") {
 				t.Log("serve: " + l)
 			}
-		}
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd
-}
-
-// dialServe waits until the server answers (the first start builds the
-// busybox image and prepares the task).
-func dialServe(t *testing.T, ctx context.Context, addr string, srv *exec.Cmd) *arbor.Client {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		c, err := arbor.Dial(ctx, addr, nil)
-		if err == nil {
-			if _, err = c.Hello(ctx, ""); err == nil {
-				return c
-			}
-			c.Close()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server on %s never answered: %v", addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		}})
+	return srv, srv.Dial(t, ctx, 3*time.Minute)
 }
 
 // damageNewestImage truncates the image files of the newest process image
@@ -276,68 +199,6 @@ func damageNewestImage(t *testing.T, dir string) {
 	for _, f := range imgs {
 		if err := os.Truncate(f, 0); err != nil {
 			t.Fatal(err)
-		}
-	}
-}
-
-// killInit kills (SIGKILL) the init of sandbox name: the one process of
-// its cgroup whose parent is outside it.
-func killInit(t *testing.T, name string) {
-	t.Helper()
-	v2 := "/sys/fs/cgroup"
-	if _, err := os.Stat(filepath.Join(v2, "cgroup.controllers")); err != nil {
-		v2 = filepath.Join(v2, "unified") // a hybrid host
-	}
-	b, err := os.ReadFile(filepath.Join(v2, "arbor", name, "cgroup.procs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids := strings.Fields(string(b))
-	for _, pid := range pids {
-		st, err := os.ReadFile("/proc/" + pid + "/status")
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(st), "\n") {
-			if pp, ok := strings.CutPrefix(l, "PPid:"); ok && !slices.Contains(pids, strings.TrimSpace(pp)) {
-				var n int
-				fmt.Sscan(pid, &n)
-				if err := unix.Kill(n, unix.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-		}
-	}
-	t.Fatalf("no init among the processes %v of sandbox %s", pids, name)
-}
-
-// metric reads one sample of the server's /metrics.
-func metric(t *testing.T, addr, name string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// unmountBelow unmounts what the servers left mounted below dir (the
-// btrfs pool, the hot image tmpfs), deepest first.
-func unmountBelow(t *testing.T, dir string) {
-	points := mountsBelow(t, dir)
-	slices.Sort(points)
-	slices.Reverse(points)
-	for _, p := range points {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
-			t.Log(fmt.Sprintf("unmount %s: %v", p, err))
 		}
 	}
 }

@@ -5,26 +5,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/internal/servetest"
 )
 
-// mountsBelow lists the mount points of this mount namespace (the
-// server's too) at or below dir.
-func mountsBelow(t *testing.T, dir string) []string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
+// mountsBelow lists the mount points at or below dir.
+func mountsBelow(dir string) []string {
 	var points []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			points = append(points, f[4])
-		}
+	for _, m := range servetest.MountsBelow(dir) {
+		points = append(points, m.Point)
 	}
 	return points
 }
@@ -56,12 +48,12 @@ func loopsOf(t *testing.T, file string) []string {
 // images) and no loop device on the pool file; the images the tmpfs held
 // were moved to disk.
 func TestServeUnmountsOnStop(t *testing.T) {
-	bin, dir, addr := serveRig(t)
+	servetest.RequireHost(t)
+	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	srv := startServe(t, bin, dir, addr)
-	c := dialServe(t, ctx, addr, srv)
+	srv, c := startServe(t, ctx, dir, servetest.FreeAddr(t))
 	r, err := c.Reset(ctx, arbor.ResetParams{Task: "hello"})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +65,7 @@ func TestServeUnmountsOnStop(t *testing.T) {
 	c.Close()
 	pool := filepath.Join(dir, "pool")
 	hot := filepath.Join(dir, "engine", "images", "hot")
-	before := mountsBelow(t, dir)
+	before := mountsBelow(dir)
 	for _, want := range []string{pool, hot} {
 		if !strings.Contains(strings.Join(before, " "), want) {
 			t.Fatalf("while serving, mounts below the state dir are %v: want %s among them", before, want)
@@ -83,13 +75,10 @@ func TestServeUnmountsOnStop(t *testing.T) {
 		t.Fatal("while serving, no loop device backs the pool file")
 	}
 
-	if err := srv.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Wait(); err != nil {
+	if err := srv.Stop(2 * time.Minute); err != nil {
 		t.Fatalf("arbor serve after SIGTERM: %v", err)
 	}
-	if after := mountsBelow(t, dir); len(after) != 0 {
+	if after := mountsBelow(dir); len(after) != 0 {
 		t.Errorf("after a clean stop, still mounted below the state dir: %v (before: %v)", after, before)
 	}
 	// The kernel frees an autoclear loop device after its last user is

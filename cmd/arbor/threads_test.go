@@ -12,6 +12,7 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/internal/servetest"
 )
 
 // threadsOf reads the number of OS threads of process pid.
@@ -42,16 +43,17 @@ func threadsOf(t *testing.T, pid int) int {
 // life: 130 envs, 140 threads, and the runtime never frees them.) The
 // bound leaves room for the 32 requests' blocking file system calls.
 func TestServeThreadsBounded(t *testing.T) {
-	bin, dir, addr := serveRig(t)
+	servetest.RequireHost(t)
+	addr := servetest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	const conns = 32
 	bound := 2*runtime.GOMAXPROCS(0) + 64
 	kids := max(3, bound/conns+2) // conns*(kids+1) envs: more than bound
-	srv := startServe(t, bin, dir, addr, "--max-envs", strconv.Itoa(conns*(kids+1)+8))
-	dialServe(t, ctx, addr, srv).Close()
-	idle := threadsOf(t, srv.Process.Pid)
+	srv, c := startServe(t, ctx, t.TempDir(), addr, "--max-envs", strconv.Itoa(conns*(kids+1)+8))
+	c.Close()
+	idle := threadsOf(t, srv.Pid())
 
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
@@ -97,7 +99,7 @@ func TestServeThreadsBounded(t *testing.T) {
 		}
 	}
 	// Every env is still open: their sandboxes are all alive now.
-	loaded := threadsOf(t, srv.Process.Pid)
+	loaded := threadsOf(t, srv.Pid())
 	t.Logf("arbor serve threads: %d idle, %d with %d envs open after %d-way load (bound %d)", idle, loaded, conns*(kids+1), conns, bound)
 	if loaded > bound {
 		t.Errorf("arbor serve has %d OS threads with %d envs open, want at most %d (2 x GOMAXPROCS + 64)", loaded, conns*(kids+1), bound)
