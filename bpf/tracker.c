@@ -138,6 +138,17 @@ struct task_struct {
 #define NR_renameat2 316
 #define NR_copy_file_range 326
 #define NR_pwritev2 328
+// Calls that change another process (or the caller's pending signals):
+// reported so that a turn whose only effect is one is not skipped.
+#define NR_bind 49
+#define NR_kill 62
+#define NR_ptrace 101
+#define NR_rt_sigqueueinfo 129
+#define NR_tkill 200
+#define NR_tgkill 234
+#define NR_rt_tgsigqueueinfo 297
+#define NR_process_vm_writev 311
+#define NR_pidfd_send_signal 424
 #define NR_io_uring_setup 425
 #define NR_io_uring_enter 426
 #define NR_io_uring_register 427
@@ -154,6 +165,7 @@ struct task_struct {
 #define O_ACCMODE 3
 #define O_CREAT 0100
 #define O_TRUNC 01000
+#define AF_UNIX 1
 #define MAP_SHARED 0x01
 #define MAP_SHARED_VALIDATE 0x03
 #define FMODE_WRITE 0x2
@@ -534,6 +546,9 @@ static __always_inline int interesting(long nr)
 	case NR_io_uring_register: case NR_open_tree: case NR_move_mount: case NR_fsmount:
 	case NR_openat2: case NR_mount_setattr: case NR_fchmodat2: case NR_setxattrat:
 	case NR_removexattrat:
+	case NR_bind: case NR_kill: case NR_ptrace: case NR_rt_sigqueueinfo:
+	case NR_tkill: case NR_tgkill: case NR_rt_tgsigqueueinfo:
+	case NR_process_vm_writev: case NR_pidfd_send_signal:
 		return 1;
 	}
 	return 0;
@@ -658,6 +673,27 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		arg = a.a[2];
 		break;
 	}
+	// Signal 0 only asks whether a process exists.
+	case NR_kill: case NR_tkill: case NR_rt_sigqueueinfo: case NR_pidfd_send_signal:
+		if (a.a[1] == 0)
+			return 0;
+		arg = a.a[1];
+		break;
+	case NR_tgkill: case NR_rt_tgsigqueueinfo:
+		if (a.a[2] == 0)
+			return 0;
+		arg = a.a[2];
+		break;
+	// bind of a unix socket to a path creates a file there.
+	case NR_bind: {
+		__u16 family = 0;
+		char first = 0;
+		bpf_probe_read_user(&family, sizeof(family), (void *)a.a[1]);
+		bpf_probe_read_user(&first, sizeof(first), (void *)(a.a[1] + 2));
+		if (family != AF_UNIX || first == 0)
+			return 0; // another family, an abstract or unnamed socket
+		break;
+	}
 	case NR_open: case NR_creat: case NR_openat: case NR_openat2: case NR_open_by_handle_at: {
 		__u64 fl = 0;
 		if (nr == NR_open)
@@ -718,7 +754,11 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	case NR_symlinkat:
 		put_path(e, task, 1, (long)(int)a.a[1], (const char *)a.a[2]);
 		break;
+	case NR_bind: // sockaddr_un: sun_family, then sun_path
+		put_path(e, task, 0, AT_FDCWD, (const char *)(a.a[1] + 2));
+		break;
 	default:
+		// Signals, ptrace, process_vm_writev: by number (and signal).
 		// io_uring, mounts, chroot, swapon: reported by number only.
 		break;
 	}

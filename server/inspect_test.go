@@ -38,7 +38,9 @@ func TestTurnClassesThroughServer(t *testing.T) {
 		{"function", "greet() { echo hi; }", "proc"},
 		{"alias", "alias ll='ls -l'", "proc"},
 		{"create then delete", "echo x > /work/tmp; rm /work/tmp", "none"},
-		{"identical rewrite", "echo v1 > /work/app.txt", "none"},
+		{"identical rewrite (a new mtime)", "echo v1 > /work/app.txt", "fs"},
+		{"shell opens a descriptor", "exec 3>>/work/app.txt", "proc"},
+		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/app.txt", "fs"},
 	}
 	for _, tt := range turns {
 		r := sh(t, c, env, tt.cmd)

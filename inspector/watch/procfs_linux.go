@@ -66,8 +66,14 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 					nsPID, _ = strconv.Atoi(f[len(f)-1])
 				}
 			}
+			if v, ok := strings.CutPrefix(line, "ShdPnd:"); ok {
+				p.Pending = strings.TrimSpace(v)
+			}
 		}
 	}
+	// T: stopped by a signal; t (tracing stop) and a frozen cgroup
+	// (which shows the state the task had) are not.
+	p.Stopped = fs[0] == "T"
 	tasks, _ := os.ReadDir(dir + "/task")
 	p.Threads = len(tasks)
 	for _, t := range tasks {
@@ -76,6 +82,13 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 			if f := strings.Fields(string(s)); len(f) > 0 {
 				ns, _ := strconv.ParseInt(f[0], 10, 64)
 				p.Runtime += time.Duration(ns)
+			}
+		}
+		if st, err := os.ReadFile(td + "/status"); err == nil {
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "SigPnd:"); ok && strings.Trim(v, "\t 0") != "" {
+					p.Pending += " " + t.Name() + ":" + strings.TrimSpace(v)
+				}
 			}
 		}
 		// "running", or -1 (no syscall: stopped in user mode), means it

@@ -1,0 +1,340 @@
+package branch_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// The differential turn fuzzer (docs/inspector.md, "What a restore brings
+// back"): random agent turns from a grammar; after every turn the engine
+// classifies and checkpoints it as the server does, and when the
+// checkpoint skipped a part (none, fs or proc) a branch of the turn's state
+// is probed and compared with the live env. The probe reads, from inside
+// the sandbox and without changing anything that lasts, what a restore
+// brings back: the files under /work and /tmp with their metadata and
+// content, the shell's variables, aliases, traps, options, umask, limits,
+// cwd, jobs and open descriptors (target, flags, offset), and every
+// long-lived process with its state and pending signals. It does not use
+// the inspector's own digests, so their blind spots are not shared.
+//
+// make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns);
+// make fuzz-skips runs a long one by time (ARBOR_SKIPFUZZ_FOR) and writes
+// a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run.
+
+// fuzzPaths are few, so that turns often meet the same files.
+var (
+	fuzzFiles = []string{"/work/f0", "/work/f1", "/work/f2", "/tmp/t0"}
+	fuzzDirs  = []string{"/work/d0", "/work/d1"}
+)
+
+// turnGen makes one random turn.
+type turnGen struct {
+	weight int
+	make   func(r *rand.Rand) string
+}
+
+func pick[T any](r *rand.Rand, xs []T) T { return xs[r.Intn(len(xs))] }
+
+var turnGrammar = []turnGen{
+	// Files: content, through many calls.
+	{6, func(r *rand.Rand) string { return fmt.Sprintf("echo %d > %s", r.Intn(5), pick(r, fuzzFiles)) }},
+	{3, func(r *rand.Rand) string { return fmt.Sprintf("printf x >> %s", pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf(": > %s", pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string {
+		return fmt.Sprintf("dd if=/dev/zero of=%s bs=1 count=1 seek=%d conv=notrunc 2>/dev/null", pick(r, fuzzFiles), r.Intn(8))
+	}},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("truncate -s %d %s", r.Intn(6), pick(r, fuzzFiles)) }},
+	{3, func(r *rand.Rand) string { return "rm -f " + pick(r, fuzzFiles) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("mv -f %s %s", pick(r, fuzzFiles), pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("cp -f %s %s", pick(r, fuzzFiles), pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("ln -f %s %s", pick(r, fuzzFiles), pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("ln -sfn %s /work/l%d", pick(r, fuzzFiles), r.Intn(2)) }},
+	// Metadata only.
+	{3, func(r *rand.Rand) string { return fmt.Sprintf("chmod %o %s", 0o600+r.Intn(0o100), pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string {
+		return fmt.Sprintf("chown %d:%d %s", r.Intn(3), r.Intn(3), pick(r, fuzzFiles))
+	}},
+	{3, func(r *rand.Rand) string {
+		return fmt.Sprintf("touch -d '2001-02-03 04:05:%02d' %s", r.Intn(60), pick(r, fuzzFiles))
+	}},
+	{2, func(r *rand.Rand) string { return "touch " + pick(r, fuzzFiles) }},
+	{2, func(r *rand.Rand) string { return "mkdir -p " + pick(r, fuzzDirs) }},
+	{2, func(r *rand.Rand) string { return "rmdir " + pick(r, fuzzDirs) + " 2>/dev/null" }},
+	{1, func(r *rand.Rand) string {
+		return fmt.Sprintf("rm -f /work/p%d; mkfifo /work/p%d", r.Intn(2), r.Intn(2))
+	}},
+	{2, func(r *rand.Rand) string { return "echo tmp > /tmp/scratch && rm /tmp/scratch" }},
+	// Read only.
+	{5, func(r *rand.Rand) string {
+		return "cat " + pick(r, fuzzFiles) + " >/dev/null 2>&1; ls -l /work >/dev/null"
+	}},
+	{2, func(r *rand.Rand) string { return "true" }},
+	{1, func(r *rand.Rand) string { return "false" }},
+	// The shell's own state.
+	{3, func(r *rand.Rand) string {
+		return "cd " + pick(r, append([]string{"/", "/work", "/tmp"}, fuzzDirs...)) + " 2>/dev/null"
+	}},
+	{3, func(r *rand.Rand) string { return fmt.Sprintf("export V%d=%d", r.Intn(3), r.Intn(4)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("W%d=%d", r.Intn(3), r.Intn(4)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("unset V%d W%d", r.Intn(3), r.Intn(3)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("alias a%d='echo %d'", r.Intn(2), r.Intn(3)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("unalias a%d 2>/dev/null", r.Intn(2)) }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("fn%d() { echo %d; }", r.Intn(2), r.Intn(3)) }},
+	{1, func(r *rand.Rand) string {
+		return pick(r, []string{"set -o noglob", "set +o noglob", "set -u", "set +u"})
+	}},
+	{2, func(r *rand.Rand) string {
+		return pick(r, []string{"trap 'echo t' USR1", "trap - USR1", "trap 'echo h' HUP"})
+	}},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("umask %03o", r.Intn(0o100)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("ulimit -S -n %d", 256+r.Intn(700)) }},
+	// Descriptors of the shell: open, dup, read and write through, close.
+	{3, func(r *rand.Rand) string { return fmt.Sprintf("exec 3>>%s", pick(r, fuzzFiles)) }},
+	{3, func(r *rand.Rand) string { return fmt.Sprintf("exec 4<%s 2>/dev/null", pick(r, fuzzFiles)) }},
+	{2, func(r *rand.Rand) string { return "exec 5>&3 2>/dev/null" }},
+	{2, func(r *rand.Rand) string { return "echo w >&3 2>/dev/null" }},
+	{3, func(r *rand.Rand) string { return "head -c 1 <&4 >/dev/null 2>&1" }},
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("exec %d>&- 2>/dev/null", 3+r.Intn(3)) }},
+	// Processes: start, signal, stop, continue, end.
+	{2, func(r *rand.Rand) string { return "sleep 1000 </dev/null >/dev/null 2>&1 &" }},
+	{1, func(r *rand.Rand) string {
+		return fmt.Sprintf("(while :; do sleep 0.05; echo x >> /tmp/bg%d; done) </dev/null >/dev/null 2>&1 & sleep 0.1", r.Intn(2))
+	}},
+	{2, func(r *rand.Rand) string {
+		return fmt.Sprintf("kill -%s %%%d 2>/dev/null", pick(r, []string{"STOP", "CONT", "USR1"}), 1+r.Intn(2))
+	}},
+	{1, func(r *rand.Rand) string {
+		n := 1 + r.Intn(2)
+		return fmt.Sprintf("kill -KILL %%%d 2>/dev/null; wait %%%d 2>/dev/null", n, n)
+	}},
+	{1, func(r *rand.Rand) string { return "sleep 0.1" }},
+}
+
+// nextTurn draws a turn from the grammar.
+func nextTurn(r *rand.Rand) string {
+	total := 0
+	for _, g := range turnGrammar {
+		total += g.weight
+	}
+	n := r.Intn(total)
+	for _, g := range turnGrammar {
+		if n < g.weight {
+			return g.make(r)
+		}
+		n -= g.weight
+	}
+	panic("unreachable")
+}
+
+// skipProbe prints what a restore brings back. The parts that must be the
+// shell's own (traps, jobs) run in it; the rest in a subshell, so that the
+// probe's variables and its cwd changes do not last. Only processes
+// started before the probe are listed, without their pids' start times
+// (a restore starts them anew).
+const skipProbe = `trap; jobs -l; (
+echo "cwd=$PWD"; umask; ulimit -a; alias; set | grep -v -e '^_=' -e '^LINENO=' -e '^RANDOM=' -e '^SECONDS=' -e '^OPTIND=' -e '^PPID='
+cd /
+for fd in /proc/$$/fd/*; do n=${fd##*/}; echo "fd $n $(readlink $fd | sed 's/:\[[0-9]*\]$//') $(grep -e '^pos' -e '^flags' /proc/$$/fdinfo/$n | tr '\t\n' '  ')"; done
+find /work /tmp -xdev 2>/dev/null | sort | while read -r p; do
+  st=$(stat -c '%F %a %u:%g size=%s mtime=%Y links=%h' "$p")
+  if [ -f "$p" ] && [ ! -L "$p" ]; then st="$st $(md5sum < "$p" | cut -c1-32)"; fi
+  if [ -L "$p" ]; then st="$st -> $(readlink "$p")"; fi
+  echo "file $p $st"
+done
+mypid=$(cut -d' ' -f4 /proc/self/stat)
+me=$(cut -d' ' -f22 /proc/$mypid/stat)
+for d in /proc/[0-9]*; do
+  s=$(cut -d' ' -f22 $d/stat 2>/dev/null) || continue
+  [ -n "$s" ] && [ "$s" -le "$me" ] && [ "${d#/proc/}" != "$mypid" ] || continue
+  echo "proc ${d#/proc/} $(cut -d' ' -f3 $d/stat) $(tr '\0' ' ' < $d/cmdline) $(grep -e '^SigPnd' -e '^ShdPnd' -e '^SigBlk' -e '^SigCgt' $d/status | tr '\t\n' '  ')"
+done
+)`
+
+type skipMiss struct {
+	Turns []string // from a fresh env, the last is the one classified wrongly
+	Kind  branch.Kind
+	Diff  string
+}
+
+// fuzzRun is one run of the fuzzer: sequences of turns, each on a fresh
+// env, until the budget is spent.
+type fuzzRun struct {
+	t      *testing.T
+	r      *branchtest.Rig
+	turns  int
+	checks int // turns whose skip was checked against a branch
+	kinds  map[branch.Kind]int
+	misses []skipMiss
+}
+
+func TestSkipsAreSound(t *testing.T) {
+	r := branchtest.ForTest(t, branchtest.Options{Inspector: true})
+	if !r.Inspector.UsesBPF() {
+		t.Log("eBPF unavailable: fuzzing the fallback inspector")
+	}
+	seed := time.Now().UnixNano()
+	if v := os.Getenv("ARBOR_SKIPFUZZ_SEED"); v != "" {
+		seed, _ = strconv.ParseInt(v, 10, 64)
+	}
+	budget := 60
+	if v := os.Getenv("ARBOR_SKIPFUZZ_TURNS"); v != "" {
+		budget, _ = strconv.Atoi(v)
+	}
+	var until time.Time
+	if v := os.Getenv("ARBOR_SKIPFUZZ_FOR"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("ARBOR_SKIPFUZZ_FOR=%q: %v", v, err)
+		}
+		until, budget = time.Now().Add(d), 1<<30
+	}
+	t.Logf("seed %d (ARBOR_SKIPFUZZ_SEED replays it)", seed)
+	rng := rand.New(rand.NewSource(seed))
+	f := &fuzzRun{t: t, r: r, kinds: map[branch.Kind]int{}}
+	start := time.Now()
+	for f.turns < budget && (until.IsZero() || time.Now().Before(until)) {
+		n := 10 + rng.Intn(20)
+		seq := make([]string, n)
+		for i := range seq {
+			seq[i] = nextTurn(rng)
+		}
+		if m := f.sequence(seq, true); m != nil {
+			m = f.shrink(*m)
+			f.misses = append(f.misses, *m)
+			t.Errorf("miss: turn %q classified %s, but a branch of its state differs from the live env:\n%s\nreproduce with these turns from a fresh busybox env:\n  %s",
+				m.Turns[len(m.Turns)-1], m.Kind, m.Diff, strings.Join(m.Turns, "\n  "))
+		}
+	}
+	skipped := f.kinds[branch.None] + f.kinds[branch.FS] + f.kinds[branch.Proc]
+	report := fmt.Sprintf("skip fuzzer: seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part)\n",
+		seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
+		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)))
+	for i, m := range f.misses {
+		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
+	}
+	t.Log(report)
+	if p := os.Getenv("ARBOR_SKIPFUZZ_REPORT"); p != "" {
+		if err := os.WriteFile(p, []byte(report), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	if f.checks == 0 {
+		t.Error("no turn was checked: the grammar produced only full checkpoints")
+	}
+}
+
+// sequence runs turns on a fresh env and checks every skip; it returns the
+// first miss (the turns up to it). count adds the turns to the run's
+// figures (not while shrinking).
+func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
+	t, e := f.t, f.r.Engine
+	ctx := context.Background()
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseEnv(ctx, env)
+	if _, err := e.Exec(ctx, env, "mkdir -p /work && cd /work", sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+		t.Fatal(err)
+	}
+	for i, cmd := range turns {
+		if _, err := e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil {
+			t.Fatalf("turn %q: %v", cmd, err)
+		}
+		turn, err := e.Classify(ctx, env, cmd)
+		if err != nil {
+			t.Fatalf("classify %q: %v", cmd, err)
+		}
+		sid, kind, err := e.CheckpointAsync(env, turn.Kind)
+		if err != nil {
+			t.Fatalf("checkpoint %q: %v", cmd, err)
+		}
+		if count {
+			f.turns++
+			f.kinds[kind]++
+		}
+		if kind == branch.Full {
+			continue // everything was taken: nothing skipped to check
+		}
+		if count {
+			f.checks++
+		}
+		if diff := f.compare(ctx, env, sid); diff != "" {
+			return &skipMiss{Turns: append([]string(nil), turns[:i+1]...), Kind: kind, Diff: diff}
+		}
+	}
+	return nil
+}
+
+// compare probes env and a branch of sid and returns how they differ.
+func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string) string {
+	t, e := f.t, f.r.Engine
+	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
+	if err == nil {
+		err = res.Errors[0]
+	}
+	if err != nil {
+		t.Fatalf("branch of %s: %v", sid, err)
+	}
+	child := res.Children[0]
+	defer e.CloseEnv(ctx, child)
+	probe := func(en *branch.Env) []string {
+		r, err := e.Exec(ctx, en, skipProbe, sandbox.ExecOptions{Timeout: 20 * time.Second, MaxOutput: 1 << 20})
+		if err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		if r.Truncated {
+			t.Fatal("probe output truncated")
+		}
+		lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
+		// The probe must see what it compares: init among the processes,
+		// the shell's descriptors, /work.
+		for _, want := range []string{"proc 1 ", "fd 0 ", "file /work "} {
+			if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+				t.Fatalf("probe output lacks a %q line:\n%s", want, r.Stdout)
+			}
+		}
+		return lines
+	}
+	live, restored := probe(env), probe(child)
+	var diff []string
+	for _, l := range live {
+		if !slices.Contains(restored, l) {
+			diff = append(diff, "    live only:     "+l)
+		}
+	}
+	for _, l := range restored {
+		if !slices.Contains(live, l) {
+			diff = append(diff, "    restored only: "+l)
+		}
+	}
+	return strings.Join(diff, "\n")
+}
+
+// shrink drops the turns before the missed one that the miss does not need
+// (one pass, each replayed on a fresh env), so that the report names a
+// short sequence.
+func (f *fuzzRun) shrink(m skipMiss) *skipMiss {
+	best := m
+	for i := len(best.Turns) - 2; i >= 0; i-- {
+		try := append(append([]string(nil), best.Turns[:i]...), best.Turns[i+1:]...)
+		if got := f.sequence(try, false); got != nil && got.Turns[len(got.Turns)-1] == best.Turns[len(best.Turns)-1] {
+			best = *got
+		}
+	}
+	return &best
+}
