@@ -138,17 +138,12 @@ struct task_struct {
 #define NR_renameat2 316
 #define NR_copy_file_range 326
 #define NR_pwritev2 328
-// Calls that change another process (or the caller's pending signals):
-// reported so that a turn whose only effect is one is not skipped.
+// bind of a unix socket creates a file; ptrace and process_vm_writev
+// change another process that need not run. (Signals need no tracing: the
+// inspector samples each process's stopped state and pending signals.)
 #define NR_bind 49
-#define NR_kill 62
 #define NR_ptrace 101
-#define NR_rt_sigqueueinfo 129
-#define NR_tkill 200
-#define NR_tgkill 234
-#define NR_rt_tgsigqueueinfo 297
 #define NR_process_vm_writev 311
-#define NR_pidfd_send_signal 424
 #define NR_io_uring_setup 425
 #define NR_io_uring_enter 426
 #define NR_io_uring_register 427
@@ -546,9 +541,7 @@ static __always_inline int interesting(long nr)
 	case NR_io_uring_register: case NR_open_tree: case NR_move_mount: case NR_fsmount:
 	case NR_openat2: case NR_mount_setattr: case NR_fchmodat2: case NR_setxattrat:
 	case NR_removexattrat:
-	case NR_bind: case NR_kill: case NR_ptrace: case NR_rt_sigqueueinfo:
-	case NR_tkill: case NR_tgkill: case NR_rt_tgsigqueueinfo:
-	case NR_process_vm_writev: case NR_pidfd_send_signal:
+	case NR_bind: case NR_ptrace: case NR_process_vm_writev:
 		return 1;
 	}
 	return 0;
@@ -673,17 +666,6 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		arg = a.a[2];
 		break;
 	}
-	// Signal 0 only asks whether a process exists.
-	case NR_kill: case NR_tkill: case NR_rt_sigqueueinfo: case NR_pidfd_send_signal:
-		if (a.a[1] == 0)
-			return 0;
-		arg = a.a[1];
-		break;
-	case NR_tgkill: case NR_rt_tgsigqueueinfo:
-		if (a.a[2] == 0)
-			return 0;
-		arg = a.a[2];
-		break;
 	// bind of a unix socket to a path creates a file there.
 	case NR_bind: {
 		__u16 family = 0;
@@ -758,7 +740,7 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		put_path(e, task, 0, AT_FDCWD, (const char *)(a.a[1] + 2));
 		break;
 	default:
-		// Signals, ptrace, process_vm_writev: by number (and signal).
+		// ptrace, process_vm_writev: by number.
 		// io_uring, mounts, chroot, swapon: reported by number only.
 		break;
 	}

@@ -39,13 +39,8 @@ var unaccountedCalls = map[string]string{
 	"mount": "mount", "umount2": "mount", "move_mount": "mount", "fsmount": "mount",
 	"open_tree": "mount", "mount_setattr": "mount", "pivot_root": "mount",
 	"chroot": "chroot", "swapon": "swapon",
-	// A signal (not 0) may stop, wake or end a process, or stay pending in
-	// one that does not run; ptrace and process_vm_writev change another
-	// process. None of that shows in the files or in the processes that
-	// ran, so such a turn is full (docs/inspector.md, "What a restore
-	// brings back").
-	"kill": "signal", "tkill": "signal", "tgkill": "signal", "rt_sigqueueinfo": "signal",
-	"rt_tgsigqueueinfo": "signal", "pidfd_send_signal": "signal",
+	// ptrace and process_vm_writev change another process, which need not
+	// run for it (docs/inspector.md, "What a restore brings back").
 	"ptrace": "ptrace", "process_vm_writev": "process_vm_writev",
 }
 

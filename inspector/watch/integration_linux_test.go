@@ -174,10 +174,10 @@ var suite = []turnCase{
 	{name: "read-only after shell changes", cmd: "ll >/dev/null; greet >/dev/null; echo $FOO >/dev/null", want: inspector.None},
 	{name: "idle background process", cmd: "sleep 1000 >/dev/null 2>&1 & sleep 0.1", want: inspector.Proc},
 	{name: "idle process sleeps on", cmd: "ls /work >/dev/null", want: inspector.None, fallback: inspector.Proc},
-	// A signal changes a process that does not run: the tracer sees the
-	// kill, the fallback the stopped state.
-	{name: "stop the idle process", cmd: "kill -STOP %1", want: inspector.Full, fallback: inspector.Proc},
-	{name: "continue it", cmd: "kill -CONT %1", want: inspector.Full, fallback: inspector.Proc},
+	// A signal changes a process that does not run: its stopped state
+	// (and pending signals) are sampled.
+	{name: "stop the idle process", cmd: "kill -STOP %1", want: inspector.Proc},
+	{name: "continue it", cmd: "kill -CONT %1", want: inspector.Proc},
 	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: inspector.Full},
 	{name: "server keeps logging", cmd: "sleep 0.2", want: inspector.Full},
 	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: inspector.Proc, atLeast: true},
