@@ -24,7 +24,9 @@ import (
 // the sandbox and without changing anything that lasts, what a restore
 // brings back: the files under /work and /tmp with their metadata and
 // content, the shell's variables, aliases, traps, options, umask, limits,
-// cwd, jobs and open descriptors (target, flags, offset), and every
+// cwd, jobs and open descriptors (target, flags but O_LARGEFILE, which
+// CRIU adds to the terminal it restores and which no program observes on
+// x86_64, offset), and every
 // long-lived process with its state and pending signals. It does not use
 // the inspector's own digests, so their blind spots are not shared.
 //
@@ -139,13 +141,18 @@ func nextTurn(r *rand.Rand) string {
 
 // skipProbe prints what a restore brings back. The parts that must be the
 // shell's own (traps, jobs) run in it; the rest in a subshell, so that the
-// probe's variables and its cwd changes do not last. Only processes
+// probe's variables, its cwd and its options (globbing back on, unset
+// variables allowed, whatever the turns set) do not last. Only processes
 // started before the probe are listed, without their pids' start times
 // (a restore starts them anew).
-const skipProbe = `trap; jobs -l; (
+const skipProbe = `trap; jobs -l; set -o; (
+set +f +u
 echo "cwd=$PWD"; umask; ulimit -a; alias; set | grep -v -e '^_=' -e '^LINENO=' -e '^RANDOM=' -e '^SECONDS=' -e '^OPTIND=' -e '^PPID='
 cd /
-for fd in /proc/$$/fd/*; do n=${fd##*/}; echo "fd $n $(readlink $fd | sed 's/:\[[0-9]*\]$//') $(grep -e '^pos' -e '^flags' /proc/$$/fdinfo/$n | tr '\t\n' '  ')"; done
+for fd in /proc/$$/fd/*; do n=${fd##*/}
+  fl=$(sed -n 's/^flags:[[:space:]]*//p' /proc/$$/fdinfo/$n); fl=$(printf %o $((0$fl & ~0100000)))
+  echo "fd $n $(readlink $fd | sed 's/:\[[0-9]*\]$//') flags=$fl $(grep '^pos' /proc/$$/fdinfo/$n | tr '\t' ' ')"
+done
 find /work /tmp -xdev 2>/dev/null | sort | while read -r p; do
   st=$(stat -c '%F %a %u:%g size=%s mtime=%Y links=%h' "$p")
   if [ -f "$p" ] && [ ! -L "$p" ]; then st="$st $(md5sum < "$p" | cut -c1-32)"; fi
@@ -234,9 +241,9 @@ func TestSkipsAreSound(t *testing.T) {
 	}
 }
 
-// sequence runs turns on a fresh env and checks every skip; it returns the
-// first miss (the turns up to it). count adds the turns to the run's
-// figures (not while shrinking).
+// sequence runs turns on a fresh env and checks every skip (only the last
+// turn's while shrinking); it returns the first miss (the turns up to it).
+// count adds the turns to the run's figures (not while shrinking).
 func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 	t, e := f.t, f.r.Engine
 	ctx := context.Background()
@@ -267,11 +274,16 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 			f.turns++
 			f.kinds[kind]++
 		}
-		if kind == branch.Full {
-			continue // everything was taken: nothing skipped to check
+		if kind == branch.Full || (!count && i < len(turns)-1) {
+			continue // everything was taken, or shrinking: only the last turn counts
 		}
 		if count {
 			f.checks++
+		}
+		// As the server does before a branch of a fresh state id: wait
+		// for its checkpoint to commit.
+		if _, err := e.WaitCheckpoint(ctx, env); err != nil {
+			t.Fatalf("checkpoint %q: %v", cmd, err)
 		}
 		if diff := f.compare(ctx, env, sid); diff != "" {
 			return &skipMiss{Turns: append([]string(nil), turns[:i+1]...), Kind: kind, Diff: diff}
@@ -330,7 +342,8 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string) stri
 // short sequence.
 func (f *fuzzRun) shrink(m skipMiss) *skipMiss {
 	best := m
-	for i := len(best.Turns) - 2; i >= 0; i-- {
+	deadline := time.Now().Add(2 * time.Minute)
+	for i := len(best.Turns) - 2; i >= 0 && time.Now().Before(deadline); i-- {
 		try := append(append([]string(nil), best.Turns[:i]...), best.Turns[i+1:]...)
 		if got := f.sequence(try, false); got != nil && got.Turns[len(got.Turns)-1] == best.Turns[len(best.Turns)-1] {
 			best = *got

@@ -48,6 +48,10 @@ func ReadShell(ctx context.Context, t Target) (ShellState, error) {
 	return st, nil
 }
 
+// oLargefile is the kernel's O_LARGEFILE on x86_64 (x/sys/unix defines it
+// as 0 there, as user space never needs to pass it).
+const oLargefile = 0o100000
+
 // kernelObject matches the names /proc/PID/fd gives what is not a path:
 // "pipe:[1234]", "socket:[99]", "anon_inode:[eventfd]". The inode number
 // is dropped: a restore makes new pipes and sockets.
@@ -94,6 +98,11 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 			target = "/" + strings.TrimPrefix(strings.TrimPrefix(target, root), "/")
 		}
 		flags, pos := fdInfo(fmt.Sprintf("/proc/%d/fdinfo/%d", host, n))
+		// O_LARGEFILE: CRIU opens the terminal it restores with it, and on
+		// x86_64 every open has it in effect; no program can tell.
+		if v, err := strconv.ParseUint(flags, 8, 64); err == nil {
+			flags = strconv.FormatUint(v&^oLargefile, 8)
+		}
 		if !file {
 			pos = "" // pipes and sockets have no offset of their own
 		}
