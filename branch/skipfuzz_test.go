@@ -30,7 +30,9 @@ import (
 // long-lived process with its state and pending signals. It does not use
 // the inspector's own digests, so their blind spots are not shared.
 //
-// make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns);
+// make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns)
+// on busybox (ARBOR_SKIPFUZZ_IMAGE=debian adds bash's arrays, attributes,
+// directory stack and shopt);
 // make fuzz-skips runs a long one by time (ARBOR_SKIPFUZZ_FOR) and writes
 // a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run.
 
@@ -123,18 +125,37 @@ var turnGrammar = []turnGen{
 	{1, func(r *rand.Rand) string { return "sleep 0.1" }},
 }
 
-// nextTurn draws a turn from the grammar.
-func nextTurn(r *rand.Rand) string {
+// bashGrammar is added in bash (the debian image): arrays and attributes,
+// the directory stack, shopt.
+var bashGrammar = []turnGen{
+	{2, func(r *rand.Rand) string { return fmt.Sprintf("declare -a A%d=(%d x 'y z')", r.Intn(2), r.Intn(3)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("A%d+=(%d)", r.Intn(2), r.Intn(3)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("declare -A M=([k%d]=%d)", r.Intn(2), r.Intn(3)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("declare -i I%d=%d", r.Intn(2), r.Intn(9)) }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("export -n V%d 2>/dev/null", r.Intn(3)) }},
+	{2, func(r *rand.Rand) string { return "pushd " + pick(r, []string{"/tmp", "/work", "/"}) + " >/dev/null" }},
+	{1, func(r *rand.Rand) string { return "popd >/dev/null 2>&1" }},
+	{1, func(r *rand.Rand) string {
+		return pick(r, []string{"shopt -s extglob", "shopt -u extglob", "set -o pipefail", "set +o pipefail"})
+	}},
+}
+
+// nextTurn draws a turn from the grammar (with bash's when bash).
+func nextTurn(r *rand.Rand, bash bool) string {
+	g := turnGrammar
+	if bash {
+		g = append(slices.Clone(turnGrammar), bashGrammar...)
+	}
 	total := 0
-	for _, g := range turnGrammar {
-		total += g.weight
+	for _, t := range g {
+		total += t.weight
 	}
 	n := r.Intn(total)
-	for _, g := range turnGrammar {
-		if n < g.weight {
-			return g.make(r)
+	for _, t := range g {
+		if n < t.weight {
+			return t.make(r)
 		}
-		n -= g.weight
+		n -= t.weight
 	}
 	panic("unreachable")
 }
@@ -145,9 +166,9 @@ func nextTurn(r *rand.Rand) string {
 // variables allowed, whatever the turns set) do not last. Only processes
 // started before the probe are listed, without their pids' start times
 // (a restore starts them anew).
-const skipProbe = `trap; jobs -l; set -o; (
+const skipProbe = `trap; jobs -l; set -o; [ -n "${BASH_VERSION-}" ] && { shopt -p; dirs -l -p; declare -p | grep -v -E '^declare -[-a-zA-Z]+ (BASHPID|BASH_COMMAND|BASH_LINENO|BASH_SOURCE|FUNCNAME|PIPESTATUS|HISTCMD|BASH_ARGC|BASH_ARGV|BASH_ARGV0|LINENO|RANDOM|SRANDOM|SECONDS|EPOCHSECONDS|EPOCHREALTIME|_|__arbor_cmd|COLUMNS|LINES)(=|$)'; declare -f; }; (
 set +f +u
-echo "cwd=$PWD"; umask; ulimit -a; alias; set | grep -v -e '^_=' -e '^LINENO=' -e '^RANDOM=' -e '^SECONDS=' -e '^OPTIND=' -e '^PPID='
+echo "cwd=$PWD"; umask; ulimit -a; alias; set | grep -v -E '^(_|LINENO|RANDOM|SRANDOM|SECONDS|EPOCHSECONDS|EPOCHREALTIME|BASHPID|BASH_COMMAND|BASH_LINENO|BASH_SOURCE|FUNCNAME|PIPESTATUS|HISTCMD|BASH_ARGC|BASH_ARGV|BASH_ARGV0|OPTIND|PPID|COLUMNS|LINES|BASH_SUBSHELL)='
 cd /
 for fd in /proc/$$/fd/*; do n=${fd##*/}
   fl=$(sed -n 's/^flags:[[:space:]]*//p' /proc/$$/fdinfo/$n); fl=$(printf %o $((0$fl & ~0100000)))
@@ -179,6 +200,7 @@ type skipMiss struct {
 type fuzzRun struct {
 	t      *testing.T
 	r      *branchtest.Rig
+	img    string
 	turns  int
 	checks int // turns whose skip was checked against a branch
 	kinds  map[branch.Kind]int
@@ -206,26 +228,30 @@ func TestSkipsAreSound(t *testing.T) {
 		}
 		until, budget = time.Now().Add(d), 1<<30
 	}
-	t.Logf("seed %d (ARBOR_SKIPFUZZ_SEED replays it)", seed)
+	img := os.Getenv("ARBOR_SKIPFUZZ_IMAGE")
+	if img == "" {
+		img = "busybox"
+	}
+	t.Logf("seed %d (ARBOR_SKIPFUZZ_SEED replays it), image %s", seed, img)
 	rng := rand.New(rand.NewSource(seed))
-	f := &fuzzRun{t: t, r: r, kinds: map[branch.Kind]int{}}
+	f := &fuzzRun{t: t, r: r, img: img, kinds: map[branch.Kind]int{}}
 	start := time.Now()
 	for f.turns < budget && (until.IsZero() || time.Now().Before(until)) {
 		n := 10 + rng.Intn(20)
 		seq := make([]string, n)
 		for i := range seq {
-			seq[i] = nextTurn(rng)
+			seq[i] = nextTurn(rng, img != "busybox")
 		}
 		if m := f.sequence(seq, true); m != nil {
 			m = f.shrink(*m)
 			f.misses = append(f.misses, *m)
-			t.Errorf("miss: turn %q classified %s, but a branch of its state differs from the live env:\n%s\nreproduce with these turns from a fresh busybox env:\n  %s",
-				m.Turns[len(m.Turns)-1], m.Kind, m.Diff, strings.Join(m.Turns, "\n  "))
+			t.Errorf("miss: turn %q classified %s, but a branch of its state differs from the live env:\n%s\nreproduce with these turns from a fresh %s env:\n  %s",
+				m.Turns[len(m.Turns)-1], m.Kind, m.Diff, img, strings.Join(m.Turns, "\n  "))
 		}
 	}
 	skipped := f.kinds[branch.None] + f.kinds[branch.FS] + f.kinds[branch.Proc]
-	report := fmt.Sprintf("skip fuzzer: seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part)\n",
-		seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
+	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part)\n",
+		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
 		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)))
 	for i, m := range f.misses {
 		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
@@ -247,7 +273,7 @@ func TestSkipsAreSound(t *testing.T) {
 func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 	t, e := f.t, f.r.Engine
 	ctx := context.Background()
-	env, _, err := e.NewEnv(ctx, "busybox")
+	env, _, err := e.NewEnv(ctx, f.img)
 	if err != nil {
 		t.Fatal(err)
 	}
