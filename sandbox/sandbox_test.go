@@ -207,7 +207,7 @@ func TestIsolation(t *testing.T) {
 				return
 			}
 			if string(r.Stdout) != tt.want {
-				t.Errorf("got %q (stderr %q), want %q", r.Stdout, r.Stderr, tt.want)
+				t.Errorf("got %q (stderr %q, exit %d, timed out %v, shell restarted %v, %v), want %q", r.Stdout, r.Stderr, r.ExitCode, r.TimedOut, r.ShellRestarted, r.Duration, tt.want)
 			}
 		})
 	}

@@ -75,7 +75,7 @@ func testUserNSMapsRoot(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := run(t, sb, tt.cmd, 10*time.Second)
 			if string(r.Stdout) != tt.want {
-				t.Errorf("got %q (stderr %q), want %q", r.Stdout, r.Stderr, tt.want)
+				t.Errorf("got %q (stderr %q, exit %d, timed out %v, shell restarted %v, %v), want %q", r.Stdout, r.Stderr, r.ExitCode, r.TimedOut, r.ShellRestarted, r.Duration, tt.want)
 			}
 		})
 	}

@@ -23,7 +23,18 @@ for t in "${targets[@]}"; do
 	pkg=$(dirname "$file")
 	echo "fuzz: $pkg $name for $FUZZTIME"
 	# -run '^$': the package's other tests run in make test already.
+	corpus="$pkg/testdata/fuzz/$name"
+	before=$(ls "$corpus" 2>/dev/null | sort || true)
 	if ! out=$("$GO" test -run '^$' -fuzz "^$name\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1); then
+		after=$(ls "$corpus" 2>/dev/null | sort || true)
+		# Go before 1.27 can end a duration -fuzztime with a bare "context
+		# deadline exceeded" and no failing input, when a worker is busy as
+		# the deadline fires (golang/go#75804, a race in its coordinator).
+		# A real failure always writes its input to testdata/fuzz/<Target>/.
+		if [[ "$before" == "$after" ]] && grep -q '^    context deadline exceeded$' <<<"$out" && ! grep -q -e 'panic:' -e 'Failing input written' <<<"$out"; then
+			echo "fuzz: $name: go's end-of-fuzztime race (golang/go#75804), no failing input: not counted as a failure"
+			continue
+		fi
 		printf '%s\n' "$out"
 		failed+=("$pkg $name")
 	else

@@ -62,7 +62,10 @@ func TestDumpRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Destroy(ctx)
-	for _, cmd := range []string{"cd /tmp && export K=v && f() { echo fun; }", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &"} {
+	// The loop replaces the counter file whole (write, then rename): a
+	// reader, or the frozen snapshot, never sees it truncated and empty
+	// (make test once read "" between the loop's truncate and its write).
+	for _, cmd := range []string{"cd /tmp && export K=v && f() { echo fun; }", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &"} {
 		if r, err := sb.Exec(ctx, cmd, sandbox.ExecOptions{}); err != nil || r.ExitCode != 0 {
 			t.Fatalf("%q: %v %+v", cmd, err, r)
 		}
