@@ -27,8 +27,11 @@ import (
 // cwd, jobs and open descriptors (target, flags but O_LARGEFILE, which
 // CRIU adds to the terminal it restores and which no program observes on
 // x86_64, offset), and every
-// long-lived process with its state and pending signals. It does not use
-// the inspector's own digests, so their blind spots are not shared.
+// long-lived process with its state and pending signals. It leaves out two
+// documented gaps (docs/inspector.md, "What a restore brings back"):
+// directory mtimes, and a SIGSTOP pending in a process already stopped
+// (CRIU drops it; SIGCONT would discard it anyway). It does not use the
+// inspector's own digests, so their blind spots are not shared.
 //
 // make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns)
 // on busybox (ARBOR_SKIPFUZZ_IMAGE=debian adds bash's arrays, attributes,
@@ -193,7 +196,8 @@ for fd in /proc/$$/fd/*; do n=${fd##*/}
   echo "fd $n $(readlink $fd | sed 's/:\[[0-9]*\]$//') flags=$fl $(grep '^pos' /proc/$$/fdinfo/$n | tr '\t' ' ')"
 done
 find /work /tmp -xdev 2>/dev/null | sort | while read -r p; do
-  st=$(stat -c '%F %a %u:%g size=%s mtime=%Y links=%h' "$p")
+  if [ -d "$p" ] && [ ! -L "$p" ]; then st=$(stat -c '%F %a %u:%g size=%s links=%h' "$p")
+  else st=$(stat -c '%F %a %u:%g size=%s mtime=%Y links=%h' "$p"); fi
   if [ -f "$p" ] && [ ! -L "$p" ]; then st="$st $(md5sum < "$p" | cut -c1-32)"; fi
   if [ -L "$p" ]; then st="$st -> $(readlink "$p")"; fi
   echo "file $p $st"
@@ -203,7 +207,13 @@ me=$(cut -d' ' -f22 /proc/$mypid/stat)
 for d in /proc/[0-9]*; do
   s=$(cut -d' ' -f22 $d/stat 2>/dev/null) || continue
   [ -n "$s" ] && [ "$s" -le "$me" ] && [ "${d#/proc/}" != "$mypid" ] || continue
-  echo "proc ${d#/proc/} $(cut -d' ' -f3 $d/stat) $(tr '\0' ' ' < $d/cmdline) $(grep -e '^SigPnd' -e '^ShdPnd' -e '^SigBlk' -e '^SigCgt' $d/status | tr '\t\n' '  ')"
+  sig=""
+  for k in SigPnd ShdPnd SigBlk SigCgt; do
+    v=$(sed -n "s/^$k:[[:space:]]*//p" $d/status)
+    case $k in *Pnd) v=$(printf %x $((0x$v & ~0x40000)));; esac
+    sig="$sig $k=$v"
+  done
+  echo "proc ${d#/proc/} $(cut -d' ' -f3 $d/stat) $(tr '\0' ' ' < $d/cmdline)$sig"
 done
 )`
 
