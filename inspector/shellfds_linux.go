@@ -69,6 +69,9 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := atPrompt(host); err != nil {
+		return "", err
+	}
 	dir := fmt.Sprintf("/proc/%d/fd", host)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -97,6 +100,11 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		case root != "" && root != "/" && (target == root || strings.HasPrefix(target, root+"/")):
 			target = "/" + strings.TrimPrefix(strings.TrimPrefix(target, root), "/")
 		}
+		// CRIU restores a descriptor of a deleted file through a link it
+		// makes and removes, NAME.cr_link: the same file.
+		if t, ok := strings.CutSuffix(target, ".cr_link (deleted)"); ok {
+			target = t + " (deleted)"
+		}
 		flags, pos := fdInfo(fmt.Sprintf("/proc/%d/fdinfo/%d", host, n))
 		// O_LARGEFILE: CRIU opens the terminal it restores with it, and on
 		// x86_64 every open has it in effect; no program can tell.
@@ -109,6 +117,33 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		fmt.Fprintf(&b, "%d %q flags=%s pos=%s\n", n, target, flags, pos)
 	}
 	return b.String(), nil
+}
+
+// promptWait bounds how long FDTable waits for the shell to be back at its
+// prompt.
+const promptWait = 2 * time.Second
+
+// atPrompt waits until the shell (host pid) is blocked reading its terminal
+// (read on fd 0: /proc/PID/syscall starts "0 0x0 "), its prompt. The status
+// record of a command reaches init while the shell still runs the rest of
+// the line: the printf's own redirection has moved fd 1 aside into a saved
+// copy for a moment, and a table read then differs from the one at rest
+// (seen as a flaky "shell state changed" in the turn suite).
+func atPrompt(pid int) error {
+	deadline := time.Now().Add(promptWait)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		if err != nil {
+			return err
+		}
+		if bytes.HasPrefix(b, []byte("0 0x0 ")) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the shell is not back at its prompt after %v (syscall %q)", promptWait, bytes.TrimSpace(b))
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
 }
 
 // fdInfo reads the flags and pos lines of an fdinfo file.

@@ -301,7 +301,8 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	in.mu.Unlock()
 
 	var same []string
-	facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
+	files := in.fileFacts(ctx, t, touched, &same)
+	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
 	var shell inspector.ShellState
@@ -418,7 +419,8 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind,
 	in.mu.Unlock()
 	if !k.Has(inspector.FS) {
 		var same []string
-		facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
+		files := in.fileFacts(ctx, t, touched, &same)
+		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
 	}
 	if !k.Has(inspector.Proc) {
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
