@@ -52,6 +52,9 @@ func ReadShell(ctx context.Context, t Target) (ShellState, error) {
 // as 0 there, as user space never needs to pass it).
 const oLargefile = 0o100000
 
+// oCloexec is close-on-exec as fdinfo shows it (O_CLOEXEC).
+const oCloexec = 0o2000000
+
 // kernelObject matches the names /proc/PID/fd gives what is not a path:
 // "pipe:[1234]", "socket:[99]", "anon_inode:[eventfd]". The inode number
 // is dropped: a restore makes new pipes and sockets.
@@ -109,7 +112,14 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		// O_LARGEFILE: CRIU opens the terminal it restores with it, and on
 		// x86_64 every open has it in effect; no program can tell.
 		if v, err := strconv.ParseUint(flags, 8, 64); err == nil {
-			flags = strconv.FormatUint(v&^oLargefile, 8)
+			v &^= oLargefile
+			if strings.HasPrefix(target, "/dev/pts/") {
+				// The shell's terminal: CRIU does not bring back its
+				// close-on-exec bit, and commands never get it (their
+				// stdin is /dev/null).
+				v &^= oCloexec
+			}
+			flags = strconv.FormatUint(v, 8)
 		}
 		if !file {
 			pos = "" // pipes and sockets have no offset of their own

@@ -45,8 +45,11 @@ func TestTurnClassesThroughServer(t *testing.T) {
 		{"alias", "alias ll='ls -l'", "proc"},
 		{"create then delete", "echo x > /work/tmp; rm /work/tmp", "none"},
 		{"identical rewrite (a new mtime)", "echo v1 > /work/app.txt", "fs"},
-		{"shell opens a descriptor", "exec 3>>/work/app.txt", "proc"},
 		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/app.txt", "fs"},
+		{"shell opens a descriptor", "exec 3>>/work/app.txt", "proc"},
+		// The file is open in the shell now: its image records the size,
+		// so a change to it needs the processes too.
+		{"a change to a file the shell holds", "echo more >> /work/app.txt", "full"},
 	}
 	for _, tt := range turns {
 		r := sh(t, c, env, tt.cmd)
