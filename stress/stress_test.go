@@ -94,7 +94,9 @@ func TestStress(t *testing.T) {
 	rec := newRecorder(table, t.Logf)
 	r := &run{cfg: cfg, s: s, g: g, rec: rec}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// The control connection's context outlives the load (a run of
+	// ARBOR_STRESS_DURATION) and the checks after it.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+5*time.Minute)
 	defer cancel()
 	ctl, err := arbor.Dial(ctx, s.addr, nil)
 	if err != nil {

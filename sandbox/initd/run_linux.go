@@ -227,7 +227,7 @@ func pump(sh *shell, jobs <-chan job) {
 			case ctl.OpPing, ctl.OpShell:
 				// The first request after a restore (see afterRestore).
 				sh.afterRestore()
-				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit, ShellError: sh.shellError()}
+				resp = ctl.Response{ShellPID: sh.pid, ShellPath: sh.path, ShellRestarts: sh.restarts, LastExit: sh.lastExit, ShellError: sh.startErr}
 			default:
 				resp = ctl.Response{Error: fmt.Sprintf("unknown op %q", j.req.Op)}
 			}

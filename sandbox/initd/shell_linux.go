@@ -78,8 +78,9 @@ type shell struct {
 	// lostIdle is set when the shell died between commands and had to be
 	// replaced; the next command's response says so.
 	lostIdle bool
-	// startErr is why the last start failed ("" after one that worked);
-	// while the shell is dead, init says so in every answer (ShellError),
+	// startErr is why the last start failed ("" after one that worked;
+	// while it is set, the shell is dead): init says so in every answer
+	// (ShellError),
 	// and the idle loop tries again at retryAt, backing off.
 	startErr string
 	retryAt  time.Time
@@ -161,15 +162,6 @@ const (
 	restartBackoff    = 100 * time.Millisecond
 	restartBackoffMax = 5 * time.Second
 )
-
-// shellError is what an answer says about a shell init could not start:
-// empty while a shell runs.
-func (s *shell) shellError() string {
-	if s.exited == nil {
-		return ""
-	}
-	return s.startErr
-}
 
 // startOn is one try of start.
 func (s *shell) startOn() error {
@@ -623,7 +615,7 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 		// startErr). Replace it now; the answer says the shell is new.
 		s.lostIdle = true
 		if err := s.restart(); err != nil {
-			return ctl.Response{Error: fmt.Sprintf("no shell: %v", err), ShellError: s.startErr}
+			return ctl.Response{Error: fmt.Sprintf("no shell: %v", err)}
 		}
 	}
 	// Whatever reached the pipes and the status socket since the last
