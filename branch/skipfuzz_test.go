@@ -245,6 +245,11 @@ type fuzzRun struct {
 	checks int // turns whose skip was checked against a branch
 	kinds  map[branch.Kind]int
 	misses []skipMiss
+	// unchanged counts the turns after which the probe read the live env
+	// as before the turn; falsePos those of them that took a checkpoint.
+	// The probe does not read process memory or atimes, so falsePos is an
+	// upper bound on the checkpoints taken for nothing.
+	unchanged, falsePos int
 }
 
 func TestSkipsAreSound(t *testing.T) {
@@ -298,9 +303,10 @@ func TestSkipsAreSound(t *testing.T) {
 		}
 	}
 	skipped := f.kinds[branch.None] + f.kinds[branch.FS] + f.kinds[branch.Proc]
-	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part)\n",
+	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
 		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
-		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)))
+		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)),
+		f.falsePos, f.unchanged, 100*float64(f.falsePos)/float64(max(f.unchanged, 1)))
 	for i, m := range f.misses {
 		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
 	}
@@ -332,6 +338,12 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
 		t.Fatal(err)
 	}
+	// Counting, every turn's live state is probed (for the false
+	// positives); shrinking, only the last turn's, in compare.
+	var prev []string
+	if count {
+		prev = f.probe(ctx, env)
+	}
 	for i, cmd := range turns {
 		if _, err := e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil {
 			t.Fatalf("turn %q: %v", cmd, err)
@@ -344,9 +356,23 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		if err != nil {
 			t.Fatalf("checkpoint %q: %v", cmd, err)
 		}
+		// As the server does before a branch of a fresh state id: wait
+		// for its checkpoint to commit.
+		if _, err := e.WaitCheckpoint(ctx, env); err != nil {
+			t.Fatalf("checkpoint %q: %v", cmd, err)
+		}
+		var live []string
 		if count {
 			f.turns++
 			f.kinds[kind]++
+			live = f.probe(ctx, env)
+			if slices.Equal(live, prev) {
+				f.unchanged++
+				if kind != branch.None {
+					f.falsePos++
+				}
+			}
+			prev = live
 		}
 		if kind == branch.Full || (!count && i < len(turns)-1) {
 			continue // everything was taken, or shrinking: only the last turn counts
@@ -354,20 +380,37 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		if count {
 			f.checks++
 		}
-		// As the server does before a branch of a fresh state id: wait
-		// for its checkpoint to commit.
-		if _, err := e.WaitCheckpoint(ctx, env); err != nil {
-			t.Fatalf("checkpoint %q: %v", cmd, err)
-		}
-		if diff := f.compare(ctx, env, sid); diff != "" {
+		if diff := f.compare(ctx, env, sid, live); diff != "" {
 			return &skipMiss{Turns: append([]string(nil), turns[:i+1]...), Kind: kind, Diff: diff}
 		}
 	}
 	return nil
 }
 
-// compare probes env and a branch of sid and returns how they differ.
-func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string) string {
+// probe runs skipProbe in env and returns its lines.
+func (f *fuzzRun) probe(ctx context.Context, en *branch.Env) []string {
+	t := f.t
+	r, err := f.r.Engine.Exec(ctx, en, skipProbe, sandbox.ExecOptions{Timeout: 20 * time.Second, MaxOutput: 1 << 20})
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if r.Truncated {
+		t.Fatal("probe output truncated")
+	}
+	lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
+	// The probe must see what it compares: init among the processes,
+	// the shell's descriptors, /work.
+	for _, want := range []string{"proc 1 ", "fd 0 ", "file /work "} {
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+			t.Fatalf("probe output lacks a %q line:\n%s", want, r.Stdout)
+		}
+	}
+	return lines
+}
+
+// compare probes a branch of sid and returns how it differs from live,
+// the probe of env (probed here when nil).
+func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live []string) string {
 	t, e := f.t, f.r.Engine
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
 	if err == nil {
@@ -378,25 +421,10 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string) stri
 	}
 	child := res.Children[0]
 	defer e.CloseEnv(ctx, child)
-	probe := func(en *branch.Env) []string {
-		r, err := e.Exec(ctx, en, skipProbe, sandbox.ExecOptions{Timeout: 20 * time.Second, MaxOutput: 1 << 20})
-		if err != nil {
-			t.Fatalf("probe: %v", err)
-		}
-		if r.Truncated {
-			t.Fatal("probe output truncated")
-		}
-		lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
-		// The probe must see what it compares: init among the processes,
-		// the shell's descriptors, /work.
-		for _, want := range []string{"proc 1 ", "fd 0 ", "file /work "} {
-			if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
-				t.Fatalf("probe output lacks a %q line:\n%s", want, r.Stdout)
-			}
-		}
-		return lines
+	if live == nil {
+		live = f.probe(ctx, env)
 	}
-	live, restored := probe(env), probe(child)
+	restored := f.probe(ctx, child)
 	var diff []string
 	for _, l := range live {
 		if !slices.Contains(restored, l) {
