@@ -96,4 +96,5 @@ var Syscall = map[uint32]string{
 	426: "io_uring_enter", 427: "io_uring_register", 428: "open_tree", 429: "move_mount",
 	432: "fsmount", 437: "openat2", 442: "mount_setattr", 452: "fchmodat2",
 	463: "setxattrat", 466: "removexattrat",
+	49: "bind", 101: "ptrace", 311: "process_vm_writev",
 }

@@ -138,6 +138,12 @@ struct task_struct {
 #define NR_renameat2 316
 #define NR_copy_file_range 326
 #define NR_pwritev2 328
+// bind of a unix socket creates a file; ptrace and process_vm_writev
+// change another process that need not run. (Signals need no tracing: the
+// inspector samples each process's stopped state and pending signals.)
+#define NR_bind 49
+#define NR_ptrace 101
+#define NR_process_vm_writev 311
 #define NR_io_uring_setup 425
 #define NR_io_uring_enter 426
 #define NR_io_uring_register 427
@@ -154,6 +160,7 @@ struct task_struct {
 #define O_ACCMODE 3
 #define O_CREAT 0100
 #define O_TRUNC 01000
+#define AF_UNIX 1
 #define MAP_SHARED 0x01
 #define MAP_SHARED_VALIDATE 0x03
 #define FMODE_WRITE 0x2
@@ -534,6 +541,7 @@ static __always_inline int interesting(long nr)
 	case NR_io_uring_register: case NR_open_tree: case NR_move_mount: case NR_fsmount:
 	case NR_openat2: case NR_mount_setattr: case NR_fchmodat2: case NR_setxattrat:
 	case NR_removexattrat:
+	case NR_bind: case NR_ptrace: case NR_process_vm_writev:
 		return 1;
 	}
 	return 0;
@@ -658,6 +666,16 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		arg = a.a[2];
 		break;
 	}
+	// bind of a unix socket to a path creates a file there.
+	case NR_bind: {
+		__u16 family = 0;
+		char first = 0;
+		bpf_probe_read_user(&family, sizeof(family), (void *)a.a[1]);
+		bpf_probe_read_user(&first, sizeof(first), (void *)(a.a[1] + 2));
+		if (family != AF_UNIX || first == 0)
+			return 0; // another family, an abstract or unnamed socket
+		break;
+	}
 	case NR_open: case NR_creat: case NR_openat: case NR_openat2: case NR_open_by_handle_at: {
 		__u64 fl = 0;
 		if (nr == NR_open)
@@ -718,7 +736,11 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	case NR_symlinkat:
 		put_path(e, task, 1, (long)(int)a.a[1], (const char *)a.a[2]);
 		break;
+	case NR_bind: // sockaddr_un: sun_family, then sun_path
+		put_path(e, task, 0, AT_FDCWD, (const char *)(a.a[1] + 2));
+		break;
 	default:
+		// ptrace, process_vm_writev: by number.
 		// io_uring, mounts, chroot, swapon: reported by number only.
 		break;
 	}

@@ -67,7 +67,11 @@ func TestEventsOfTrackedCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	script := `cd "$1" && echo a > f && echo b >> f && mkdir -p d/e && mv f d/g && ln -s d/g s && chmod 600 d/g && rm s && cat d/g >/dev/null && sh -c 'exit 0'`
+	script := `cd "$1" && echo a > f && echo b >> f && mkdir -p d/e && mv f d/g && ln -s d/g s && chmod 600 d/g && rm s && cat d/g >/dev/null && sh -c 'exit 0' && kill -0 $$ &&
+python3 -c 'import os, socket
+socket.socket(socket.AF_UNIX).bind("sock")
+socket.socket(socket.AF_UNIX).bind("\0abstract")
+os.kill(os.getpid(), 18)'`
 	cmd := exec.Command("/bin/sh", "-c", script, "sh", dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -120,6 +124,10 @@ func TestEventsOfTrackedCgroup(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	tr.Flush()
 	<-done
+	// bind of a socket to a path names it; an abstract one is no file.
+	if got["bind /sock"] != 1 || got["bind "] != 0 {
+		t.Errorf("bind /sock reported %d times (want 1), the abstract bind %d (want 0); got %v", got["bind /sock"], got["bind "], got)
+	}
 	for _, want := range []string{"openat /f", "write /f", "mkdir /d", "mkdir /d/e", "renameat2 /f /d/g", "symlinkat  /s", "fchmodat /d/g", "unlinkat /s"} {
 		if got[want] == 0 {
 			t.Errorf("no event %q; got %v", want, got)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 )
@@ -244,6 +245,46 @@ func BenchmarkIsolation(b *testing.B) {
 					lat.report(b, "")
 				})
 			}
+		})
+	}
+}
+
+// BenchmarkClassify is the cost of classifying a turn (Engine.Classify:
+// the eBPF inspector's EndTurn, with the shell state query and the
+// descriptor table) on the sandbox of benchEnv, for a read-only turn and a
+// file edit.
+func BenchmarkClassify(b *testing.B) {
+	r := branchtest.ForTest(b, branchtest.Options{Inspector: true})
+	ctx := context.Background()
+	env, _, err := r.Engine.NewEnv(ctx, "busybox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	run(b, r.Engine, env, "mkdir -p /work && cd /work && export K=v && f() { echo fun; } && seq 1000 > /work/numbers && exec 3>>/work/log")
+	if _, err := r.Engine.Checkpoint(ctx, env, branch.Full); err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct{ name, cmd string }{
+		{"read-only", "cat /work/numbers >/dev/null"},
+		{"file-edit", "echo x >> /work/numbers"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var lat latencies
+			for i := 0; i < b.N; i++ {
+				run(b, r.Engine, env, tc.cmd)
+				turn, err := r.Engine.Classify(ctx, env, tc.cmd)
+				if err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, turn.Took)
+				if _, _, err := r.Engine.CheckpointAsync(env, turn.Kind); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r.Engine.WaitCheckpoint(ctx, env); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lat.report(b, "")
 		})
 	}
 }

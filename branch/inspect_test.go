@@ -55,9 +55,21 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		{"file edit", "echo one > /work/a", branch.FS},
 		{"shell state", "cd /work; export K=v", branch.Proc},
 		{"create then delete", "echo tmp > /tmp/x; rm /tmp/x", branch.None},
-		{"identical rewrite", "echo one > /work/a", branch.None},
+		// The content is the same, the modification time is not (make
+		// would see it).
+		{"identical rewrite", "echo one > /work/a", branch.FS},
 		{"both", "echo two > /work/b; cd /tmp", branch.Full},
+		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/a", branch.FS},
+		{"shell opens a descriptor", "exec 3</etc/passwd", branch.Proc},
+		// Only the shared offset of the shell's descriptor moves.
+		{"a child reads through it", "head -c 10 <&3 >/dev/null", branch.Proc},
+		{"shell closes it", "exec 3<&-", branch.Proc},
 	}
+	// What the turns change, read without changing it: cwd, a variable,
+	// two files, the mtime of one, the shell's fd 3 and its offset (when
+	// the shell has no fd 3, $(...)'s pipe takes that number: a pipe's
+	// inode differs after a restore and is dropped).
+	const probe = `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,) $(stat -c %Y /work/a) $(readlink /proc/$$/fd/3 | sed 's/:\[[0-9]*\]//') $(grep pos /proc/$$/fdinfo/3 2>/dev/null | tr -d '\t')"`
 	type ref struct{ sid, want string }
 	var refs []ref
 	for _, tt := range turns {
@@ -81,7 +93,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		if len(v.Misses) > 0 {
 			t.Errorf("%s (%s): verification misses: %v", tt.name, turn.Kind, v.Misses)
 		}
-		live := run(t, e, env, `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,)"`)
+		live := run(t, e, env, probe)
 		refs = append(refs, ref{sid, live})
 	}
 	if u, _ := e.Usage(); u.Coord.Verified != int64(len(turns)) || u.Coord.Misses != 0 {
@@ -92,6 +104,8 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		{"echo sneaky > /work/c", "file /work/c"},
 		{"export Z=1", "shell state differs"},
 		{"sleep 300 >/dev/null 2>&1 &", "process missing after restore"},
+		{"exec 5</etc/passwd", "shell descriptors differ"},
+		{"touch -d '2002-01-01' /work/a", "file /work/a"},
 	} {
 		run(t, e, env, miss.cmd)
 		sid, _, err := e.CheckpointAsync(env, branch.None)
@@ -114,7 +128,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		if err != nil || res.Errors[0] != nil {
 			t.Fatalf("turn %d: branch: %v %v", i, err, res.Errors)
 		}
-		got := run(t, e, res.Children[0], `echo "$(pwd) $K $(cat /work/a /work/b 2>/dev/null | tr '\n' ,)"`)
+		got := run(t, e, res.Children[0], probe)
 		if got != r.want {
 			t.Errorf("turn %d (%s): restored %q, live was %q", i, turns[i].name, got, r.want)
 		}

@@ -54,15 +54,18 @@ func (e *Engine) Verify(ctx context.Context, env *Env, sid string) (Verification
 	for _, d := range diffs {
 		v.Misses = append(v.Misses, "file "+d)
 	}
-	live, err := shellDigest(ctx, env.sb)
+	live, err := readShell(ctx, env.sb)
 	if err != nil {
 		return v, err
 	}
-	restored, err := shellDigest(ctx, r.sb)
+	restored, err := readShell(ctx, r.sb)
 	if err != nil {
 		return v, err
 	}
-	if live != restored {
+	switch {
+	case live.FDs != restored.FDs:
+		v.Misses = append(v.Misses, fmt.Sprintf("shell descriptors differ: live %q, restored %q", live.FDs, restored.FDs))
+	case live.Digest != restored.Digest:
 		v.Misses = append(v.Misses, "shell state differs")
 	}
 	lp, rp := processSet(env.sb.FreezerCgroup()), processSet(r.sb.FreezerCgroup())
@@ -84,12 +87,9 @@ func (e *Engine) Verify(ctx context.Context, env *Env, sid string) (Verification
 	return v, nil
 }
 
-func shellDigest(ctx context.Context, sb *sandbox.Sandbox) (string, error) {
-	r, err := sb.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
-	if err != nil {
-		return "", fmt.Errorf("read shell state: %w", err)
-	}
-	return inspector.NormalizeShellState(r.Stdout).Digest, nil
+// readShell reads a sandbox's shell state as the inspector does.
+func readShell(ctx context.Context, sb *sandbox.Sandbox) (inspector.ShellState, error) {
+	return inspector.ReadShell(ctx, inspector.Target{Shell: sb, Cgroup: sb.FreezerCgroup(), LiveRoot: sb.Root()})
 }
 
 // processSet lists "nspid cmdline" of every live process in a cgroup.

@@ -25,11 +25,17 @@ type Options struct {
 	// engine's Classify (its inspector; none: every turn full). It is the
 	// only classification entry point.
 	Classify func(ctx context.Context, env *branch.Env, cmd string) (branch.Turn, error)
-	// VerifySkips: after every turn checkpointed as none, fs or proc,
-	// restore that state and compare it with the live env (files, shell
-	// state, processes); misses are reported in the turn's result and
-	// counted. Costs a restore per turn.
-	VerifySkips bool
+	// VerifySkips is the share of turns checkpointed as none, fs or proc
+	// whose state is restored and compared with the live env (files,
+	// shell state, processes; Engine.Verify), costing a restore each. At
+	// 1 (arbor serve --verify-skips) every such turn is verified before
+	// the step answers, and misses are in the turn's result. Below 1
+	// (--verify-skips=0.01) a random share is verified in the background
+	// after the step answered, holding the env's ticket like a background
+	// checkpoint (the next operation on the env waits for it); misses are
+	// logged with the env, turn and state. Both count in
+	// arbor_verify_total{result}. 0: none.
+	VerifySkips float64
 	// MaxEnvs bounds the envs handed out (default 256).
 	MaxEnvs int
 	// IdleTTL closes handed-out envs nobody touched for this long since

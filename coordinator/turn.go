@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
@@ -102,23 +103,55 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	if err := c.commit(env, m, kind, out); err != nil {
 		return nil, err
 	}
-	if c.o.VerifySkips && out.Kind != branch.Full {
-		v, err := c.e.Verify(ctx, env, out.StateID)
-		switch {
-		case err != nil:
-			out.VerifyMisses = []string{"verification failed: " + err.Error()}
-			c.m.verified.WithLabelValues("miss").Inc()
-		case len(v.Misses) > 0:
-			out.VerifyMisses = v.Misses
-			c.m.verified.WithLabelValues("miss").Inc()
-		default:
-			c.m.verified.WithLabelValues("ok").Inc()
+	out.Turn = env.Turn() - m.base
+	if out.Kind != branch.Full {
+		switch r := c.o.VerifySkips; {
+		case r >= 1:
+			out.VerifyMisses = c.verify(ctx, env, out.StateID)
+		case r > 0 && rand.Float64() < r:
+			c.verifyLater(envID, env, out.StateID, out.Turn)
 		}
 	}
-	out.Turn = env.Turn() - m.base
 	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
 	c.m.step.WithLabelValues(a.Tool).Observe(time.Since(start).Seconds())
 	return out, nil
+}
+
+// verify restores sid and compares it with env's live state
+// (Engine.Verify), counts the outcome and returns the misses.
+func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) []string {
+	v, err := c.e.Verify(ctx, env, sid)
+	switch {
+	case err != nil:
+		c.m.verified.WithLabelValues("miss").Inc()
+		return []string{"verification failed: " + err.Error()}
+	case len(v.Misses) > 0:
+		c.m.verified.WithLabelValues("miss").Inc()
+		return v.Misses
+	}
+	c.m.verified.WithLabelValues("ok").Inc()
+	return nil
+}
+
+// verifyLater verifies a sampled skip in the background (VerifySkips
+// below 1). It queues on the env's ticket now, so it runs right after the
+// operation in progress and before any later one, while env is still at
+// sid; Close waits for it.
+func (c *Coordinator) verifyLater(envID string, env *branch.Env, sid string, turn int) {
+	t := c.take(envID)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		t.wait()
+		defer t.release()
+		if c.ctx.Err() != nil || env.Head() != sid {
+			return // stopping, or closed or moved meanwhile
+		}
+		if misses := c.verify(c.ctx, env, sid); len(misses) > 0 && c.ctx.Err() == nil {
+			c.log.Warn("skipped checkpoint verification found a miss", slog.String("env", envID), slog.Int("turn", turn),
+				slog.String("state", sid), slog.Any("misses", misses))
+		}
+	}()
 }
 
 // commandTimeout is the timeout of a command in m's env: asked (the

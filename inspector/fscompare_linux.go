@@ -72,9 +72,14 @@ func resolveIn(root, p string) (host string, missing bool, err error) {
 
 // fileState is what a path looks like in one tree, as far as the net-change
 // rules care: existence, type, mode, owner, size, symlink target, content,
-// extended attributes. Times and inode numbers do not count.
+// extended attributes and the modification time of what is not a directory
+// (make and other build tools decide on it, and a snapshot brings the old
+// one back). The access
+// and change times and inode numbers do not count (docs/inspector.md,
+// "What a restore brings back").
 type fileState struct {
 	exists     bool
+	mtime      unix.Timespec
 	mode       uint32
 	uid, gid   uint32
 	size       int64
@@ -97,8 +102,17 @@ func stateOf(root, p string) (fileState, error) {
 		}
 		return fileState{}, fmt.Errorf("lstat %s: %w", host, err)
 	}
-	s := fileState{exists: true, mode: st.Mode, uid: st.Uid, gid: st.Gid, resolvedTo: strings.TrimPrefix(host, root)}
+	s := fileState{exists: true, mtime: st.Mtim, mode: st.Mode, uid: st.Uid, gid: st.Gid, resolvedTo: strings.TrimPrefix(host, root)}
 	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		// A directory's mtime moves whenever an entry comes or goes, a
+		// temporary file included: it is not compared (docs/inspector.md,
+		// "What a restore brings back": a known gap).
+		s.mtime = unix.Timespec{}
+	case unix.S_IFSOCK:
+		// A restore binds a socket anew (init's control socket too),
+		// which gives its file a new mtime.
+		s.mtime = unix.Timespec{}
 	case unix.S_IFREG:
 		s.size = st.Size
 		if s.sum, err = hashFile(host); err != nil {

@@ -27,6 +27,12 @@ type ProcSample struct {
 	// so it will run again without a syscall returning.
 	Running bool
 	Zombie  bool
+	// Stopped: stopped by a signal (SIGSTOP, SIGTSTP: state T), and
+	// Pending: its pending signals (the process's and each thread's).
+	// Both change without the process running (a signal from another
+	// process), and a restore brings them back.
+	Stopped bool
+	Pending string
 	// SharedWritable lists shared writable file mappings: writes through
 	// them reach files without any syscall.
 	SharedWritable []string
@@ -63,6 +69,10 @@ func CompareProcs(base, now []ProcSample, precise bool) []Fact {
 			continue
 		case b.Running:
 			why = "was running at the checkpoint"
+		case p.Stopped != b.Stopped:
+			why = fmt.Sprintf("stopped %v -> %v", b.Stopped, p.Stopped)
+		case p.Pending != b.Pending:
+			why = fmt.Sprintf("pending signals %s -> %s", b.Pending, p.Pending)
 		case p.Threads != b.Threads:
 			why = fmt.Sprintf("threads %d -> %d", b.Threads, p.Threads)
 		case precise && (p.HasReturns != b.HasReturns || p.Returns != b.Returns):

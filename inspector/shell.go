@@ -44,6 +44,9 @@ type ShellState struct {
 	PID int
 	// Bash: the shell is bash (it can list its functions).
 	Bash bool
+	// FDs is the shell's descriptor table (FDTable), when ReadShell
+	// read it; Digest covers it then.
+	FDs string
 }
 
 // NormalizeShellState drops what changes by itself from ShellQuery's output

@@ -167,6 +167,32 @@ func TestTimeoutKeepsShell(t *testing.T) {
 	}
 }
 
+// A background job that ends, stops or continues while the shell waits
+// for its next command sends it SIGCHLD; the shell and its state stay
+// (busybox ash took the interrupted read for end of input and exited, see
+// docs/sandbox.md, "Signals while the shell waits").
+func TestBackgroundJobEndsWhileIdle(t *testing.T) {
+	sb := start(t, sandbox.Limits{})
+	run(t, sb, "cd /tmp; KEEP=yes", 5*time.Second)
+	steps := []struct{ name, cmd string }{
+		{"a job ends", "sleep 0.2 >/dev/null 2>&1 &"},
+		{"a job stops and continues", "sleep 1000 >/dev/null 2>&1 & p=$!; (sleep 0.2; kill -STOP $p; sleep 0.2; kill -CONT $p) >/dev/null 2>&1 &"},
+	}
+	for _, st := range steps {
+		if r := run(t, sb, st.cmd, 5*time.Second); r.ExitCode != 0 || r.ShellRestarted {
+			t.Fatalf("%s: start: %+v stderr %q", st.name, r, r.Stderr)
+		}
+		time.Sleep(time.Second) // the shell is idle while the job changes
+		r := run(t, sb, "echo $KEEP; pwd", 5*time.Second)
+		if string(r.Stdout) != "yes\n/tmp\n" || r.ShellRestarted {
+			t.Fatalf("%s while the shell was idle: stdout %q, shell restarted %v", st.name, r.Stdout, r.ShellRestarted)
+		}
+	}
+	if r := run(t, sb, "jobs; kill $p", 5*time.Second); !strings.Contains(string(r.Stdout), "sleep 1000") || r.ExitCode != 0 {
+		t.Errorf("the stopped and continued job is not in the shell's jobs: stdout %q, exit %d, stderr %q", r.Stdout, r.ExitCode, r.Stderr)
+	}
+}
+
 func TestExitRestartsShell(t *testing.T) {
 	sb := start(t, sandbox.Limits{})
 	r := run(t, sb, "exit 3", 5*time.Second)

@@ -1,12 +1,18 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
@@ -17,7 +23,7 @@ import (
 // verification mode on: each turn gets its expected class, and a restore
 // of every skipped or partial checkpoint equals the live env.
 func TestTurnClassesThroughServer(t *testing.T) {
-	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: engine.Classify, VerifySkips: true})
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: engine.Classify, VerifySkips: 1})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
@@ -38,7 +44,12 @@ func TestTurnClassesThroughServer(t *testing.T) {
 		{"function", "greet() { echo hi; }", "proc"},
 		{"alias", "alias ll='ls -l'", "proc"},
 		{"create then delete", "echo x > /work/tmp; rm /work/tmp", "none"},
-		{"identical rewrite", "echo v1 > /work/app.txt", "none"},
+		{"identical rewrite (a new mtime)", "echo v1 > /work/app.txt", "fs"},
+		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/app.txt", "fs"},
+		{"shell opens a descriptor", "exec 3>>/work/app.txt", "proc"},
+		// The file is open in the shell now: its image records the size,
+		// so a change to it needs the processes too.
+		{"a change to a file the shell holds", "echo more >> /work/app.txt", "full"},
 	}
 	for _, tt := range turns {
 		r := sh(t, c, env, tt.cmd)
@@ -103,4 +114,78 @@ func TestMetrics(t *testing.T) {
 	if strings.Contains(string(body), reset.EnvID) {
 		t.Errorf("/metrics mentions an env id")
 	}
+}
+
+// TestSampledVerification: with --verify-skips below 1, a sampled skip is
+// verified in the background. The step answers without verify_misses, the
+// next operation on the env runs after the verification, and a wrong skip
+// (a classifier that calls every turn none) is counted in
+// arbor_verify_total{result="miss"} and logged with the env and turn.
+func TestSampledVerification(t *testing.T) {
+	var logs lockedBuffer
+	reg := prometheus.NewRegistry()
+	alwaysNone := func(ctx context.Context, env *branch.Env, cmd string) (branch.Turn, error) {
+		return branch.Turn{Kind: branch.None}, nil
+	}
+	_, addr := newServerWith(t, server.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registry: reg},
+		coordinator.Options{Classify: alwaysNone, VerifySkips: 0.999999})
+	ctx := context.Background()
+	c := dial(t, addr, nil)
+	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := reset.EnvID
+	defer c.CloseEnv(ctx, env)
+	r := sh(t, c, env, "export Z=1")
+	if r.Info.Checkpoint != "none" || len(r.Info.VerifyMisses) != 0 {
+		t.Errorf("step: checkpoint %q, verify_misses %v; want none and no misses in the answer (verified later)", r.Info.Checkpoint, r.Info.VerifyMisses)
+	}
+	sh(t, c, env, "true") // queued behind the verification
+	if got := counterValue(t, reg, "arbor_verify_total", "miss"); got < 1 {
+		t.Errorf("arbor_verify_total{result=miss} = %v after a wrong skip, want at least 1", got)
+	}
+	if l := logs.String(); !strings.Contains(l, "skipped checkpoint verification found a miss") || !strings.Contains(l, env) || !strings.Contains(l, "turn=1") {
+		t.Errorf("no log line naming the miss, env %s and turn 1:\n%s", env, l)
+	}
+}
+
+// counterValue reads one labelled counter from a registry.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

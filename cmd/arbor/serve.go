@@ -44,7 +44,7 @@ type serveOptions struct {
 	grace       time.Duration
 	mcp         bool
 	inspect     string
-	verifySkips bool
+	verifySkips float64
 	llmUpstream string
 	extraCaps   bool
 	disk        string
@@ -76,7 +76,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
 	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
-	f.BoolVar(&o.verifySkips, "verify-skips", false, "after every turn checkpointed none, fs or proc, restore it and compare with the live env (slow; for tests and benchmarks)")
+	f.Float64Var(&o.verifySkips, "verify-skips", 0, "share of turns checkpointed none, fs or proc to restore and compare with the live env: alone or 1, every such turn before the step answers (slow; for tests and debugging); below 1 (e.g. 0.01), sampled in the background, misses logged and counted in arbor_verify_total")
+	f.Lookup("verify-skips").NoOptDefVal = "1"
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")

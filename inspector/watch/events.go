@@ -39,6 +39,9 @@ var unaccountedCalls = map[string]string{
 	"mount": "mount", "umount2": "mount", "move_mount": "mount", "fsmount": "mount",
 	"open_tree": "mount", "mount_setattr": "mount", "pivot_root": "mount",
 	"chroot": "chroot", "swapon": "swapon",
+	// ptrace and process_vm_writev change another process, which need not
+	// run for it (docs/inspector.md, "What a restore brings back").
+	"ptrace": "ptrace", "process_vm_writev": "process_vm_writev",
 }
 
 // EventPaths returns the sandbox paths (absolute, not yet cleaned: ".."

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/bpf"
-	"github.com/arbor-env/arbor/sandbox"
 )
 
 // Options configure an Inspector.
@@ -302,23 +301,16 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	in.mu.Unlock()
 
 	var same []string
-	facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
+	files := in.fileFacts(ctx, t, touched, &same)
+	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
 	var shell inspector.ShellState
 	shellOK := false
-	if t.Shell != nil {
-		r, err := t.Shell.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
-		switch {
-		case err != nil:
-			facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: err.Error()})
-		case r.Truncated || r.ShellRestarted:
-			facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: "state query output truncated or shell restarted"})
-		default:
-			shell, shellOK = inspector.NormalizeShellState(r.Stdout), true
-		}
+	if st, err := inspector.ReadShell(ctx, t); err != nil {
+		facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: err.Error()})
 	} else {
-		facts = append(facts, inspector.Fact{Kind: inspector.ShellUnknown, Detail: "no shell given"})
+		shell, shellOK = st, true
 	}
 	if shellOK {
 		switch {
@@ -427,7 +419,8 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind,
 	in.mu.Unlock()
 	if !k.Has(inspector.FS) {
 		var same []string
-		facts = append(facts, in.fileFacts(ctx, t, touched, &same)...)
+		files := in.fileFacts(ctx, t, touched, &same)
+		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
 	}
 	if !k.Has(inspector.Proc) {
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
@@ -498,11 +491,10 @@ func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Tar
 	if err := in.sync(ctx); err != nil {
 		return err
 	}
-	r, err := t.Shell.Exec(ctx, inspector.ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	shell, err := inspector.ReadShell(ctx, t)
 	if err != nil {
-		return fmt.Errorf("baseline of %s: read shell state: %w", envID, err)
+		return fmt.Errorf("baseline of %s: %w", envID, err)
 	}
-	shell := inspector.NormalizeShellState(r.Stdout)
 	in.mu.Lock()
 	if st, ok := in.envs[envID]; ok {
 		st.shell = shell

@@ -160,7 +160,11 @@ var suite = []turnCase{
 	{name: "file edit", cmd: "echo hello > /work/a.txt", want: inspector.FS},
 	{name: "directory tree", cmd: "mkdir -p /work/src/pkg/sub && echo 'package sub' > /work/src/pkg/sub/x.go", want: inspector.FS},
 	{name: "create then delete", cmd: "echo tmp > /work/tmp.txt && mkdir /work/d && rm -r /work/tmp.txt /work/d", want: inspector.None},
-	{name: "identical rewrite", cmd: "echo hello > /work/a.txt && cp /work/a.txt /work/b && mv /work/b /work/a.txt", want: inspector.None},
+	{name: "identical rewrite (a new mtime)", cmd: "echo hello > /work/a.txt && cp /work/a.txt /work/b && mv /work/b /work/a.txt", want: inspector.FS},
+	{name: "metadata only", cmd: "touch -d '2001-02-03 04:05:06' /work/a.txt", want: inspector.FS},
+	{name: "shell opens a descriptor", cmd: "exec 3</etc/passwd", want: inspector.Proc},
+	{name: "a child reads through it", cmd: "head -c 10 <&3 >/dev/null", want: inspector.Proc},
+	{name: "shell closes it", cmd: "exec 3<&-", want: inspector.Proc},
 	{name: "chmod", cmd: "chmod 600 /work/a.txt", want: inspector.FS},
 	{name: "chmod back and forth", cmd: "chmod 644 /work/a.txt && chmod 600 /work/a.txt", want: inspector.None},
 	{name: "cd", cmd: "cd /work", want: inspector.Proc},
@@ -170,6 +174,10 @@ var suite = []turnCase{
 	{name: "read-only after shell changes", cmd: "ll >/dev/null; greet >/dev/null; echo $FOO >/dev/null", want: inspector.None},
 	{name: "idle background process", cmd: "sleep 1000 >/dev/null 2>&1 & sleep 0.1", want: inspector.Proc},
 	{name: "idle process sleeps on", cmd: "ls /work >/dev/null", want: inspector.None, fallback: inspector.Proc},
+	// A signal changes a process that does not run: its stopped state
+	// (and pending signals) are sampled.
+	{name: "stop the idle process", cmd: "kill -STOP %1", want: inspector.Proc},
+	{name: "continue it", cmd: "kill -CONT %1", want: inspector.Proc},
 	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: inspector.Full},
 	{name: "server keeps logging", cmd: "sleep 0.2", want: inspector.Full},
 	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: inspector.Proc, atLeast: true},

@@ -66,8 +66,14 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 					nsPID, _ = strconv.Atoi(f[len(f)-1])
 				}
 			}
+			if v, ok := strings.CutPrefix(line, "ShdPnd:"); ok {
+				p.Pending = strings.TrimSpace(v)
+			}
 		}
 	}
+	// T: stopped by a signal; t (tracing stop) and a frozen cgroup
+	// (which shows the state the task had) are not.
+	p.Stopped = fs[0] == "T"
 	tasks, _ := os.ReadDir(dir + "/task")
 	p.Threads = len(tasks)
 	for _, t := range tasks {
@@ -76,6 +82,13 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 			if f := strings.Fields(string(s)); len(f) > 0 {
 				ns, _ := strconv.ParseInt(f[0], 10, 64)
 				p.Runtime += time.Duration(ns)
+			}
+		}
+		if st, err := os.ReadFile(td + "/status"); err == nil {
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "SigPnd:"); ok && strings.Trim(v, "\t 0") != "" {
+					p.Pending += " " + t.Name() + ":" + strings.TrimSpace(v)
+				}
 			}
 		}
 		// "running", or -1 (no syscall: stopped in user mode), means it
@@ -110,6 +123,67 @@ func sharedWritable(maps string) []string {
 			continue
 		}
 		out = append(out, name)
+	}
+	return out
+}
+
+// heldFacts turns each changed file that a process of the sandbox holds
+// open or maps into a fact that the processes changed too. CRIU records
+// the size of every file an image has open or mapped and refuses to
+// restore the image next to a different one ("File ... has bad size"), so
+// a file snapshot with that file changed cannot pair with the last process
+// image: the turn needs both (issue 13's skip fuzzer found it: `exec
+// 4<f`, then `: > f` classified fs, and the branch failed to restore).
+func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
+	changed := map[string]bool{}
+	for _, f := range facts {
+		if f.Kind == inspector.FileChanged && f.Path != "" {
+			changed[f.Path] = true
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", err)}}
+	}
+	root = filepath.Clean(root)
+	inSandbox := func(p string) string {
+		p = strings.TrimSuffix(p, " (deleted)")
+		if root != "" && root != "/" && (p == root || strings.HasPrefix(p, root+"/")) {
+			p = "/" + strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
+		}
+		return p
+	}
+	var out []inspector.Fact
+	seen := map[string]bool{}
+	hold := func(pid int, p, how string) {
+		if p = inSandbox(p); changed[p] && !seen[p] {
+			seen[p] = true
+			out = append(out, inspector.Fact{Kind: inspector.ProcRan, PID: pid,
+				Detail: fmt.Sprintf("%s changed while process %d %s it (its image records the file)", p, pid, how)})
+		}
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if t, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(t, "/") {
+				hold(pid, t, "holds open")
+			}
+		}
+		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+			for _, line := range strings.Split(string(m), "\n") {
+				if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(fs[5], "/") {
+					hold(pid, strings.Join(fs[5:], " "), "maps")
+				}
+			}
+		}
 	}
 	return out
 }

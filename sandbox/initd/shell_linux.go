@@ -245,6 +245,16 @@ func (s *shell) startOn() error {
 	s.pid, s.master, s.ptsN, s.exited = pid, master, n, nil
 	clear(s.want)
 	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
+	if !s.isBash {
+		// busybox ash, its terminal without echo, reads lines with
+		// fgets, and a signal while it waits (SIGCHLD when a background
+		// job ends or stops) makes the read fail, which ash takes for
+		// end of input: it exited between commands and init replaced
+		// it, losing its state. With ignoreeof it reads on (after up
+		// to 50 such signals between two commands). See
+		// docs/sandbox.md, "The shell".
+		setup += "; set -o ignoreeof 2>/dev/null"
+	}
 	seq := s.type_(setup)
 	deadline := time.Now().Add(setupWait)
 	for {

@@ -1,0 +1,209 @@
+package inspector
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/arbor-env/arbor/sandbox"
+)
+
+// ReadShell reads the state of t's managed shell: ShellQuery's output (run
+// in the shell) and the shell's open file descriptors (read from /proc on
+// the host, FDTable), digested together. It is the one way the inspector,
+// its baseline and --verify-skips read a shell, so that all three compare
+// the same things.
+func ReadShell(ctx context.Context, t Target) (ShellState, error) {
+	if t.Shell == nil {
+		return ShellState{}, fmt.Errorf("no shell given")
+	}
+	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	if err != nil {
+		return ShellState{}, fmt.Errorf("read shell state: %w", err)
+	}
+	if r.Truncated || r.ShellRestarted {
+		return ShellState{}, fmt.Errorf("state query output truncated or shell restarted")
+	}
+	st := NormalizeShellState(r.Stdout)
+	fds, err := FDTable(t.Cgroup, st.PID, t.LiveRoot)
+	if err != nil {
+		return ShellState{}, fmt.Errorf("read the shell's descriptors: %w", err)
+	}
+	st.FDs = fds
+	h := sha256.New()
+	h.Write([]byte(st.Digest))
+	h.Write([]byte{0})
+	h.Write([]byte(fds))
+	st.Digest = hex.EncodeToString(h.Sum(nil))
+	return st, nil
+}
+
+// oLargefile is the kernel's O_LARGEFILE on x86_64 (x/sys/unix defines it
+// as 0 there, as user space never needs to pass it).
+const oLargefile = 0o100000
+
+// oCloexec is close-on-exec as fdinfo shows it (O_CLOEXEC).
+const oCloexec = 0o2000000
+
+// kernelObject matches the names /proc/PID/fd gives what is not a path:
+// "pipe:[1234]", "socket:[99]", "anon_inode:[eventfd]". The inode number
+// is dropped: a restore makes new pipes and sockets.
+var kernelObject = regexp.MustCompile(`^([a-z_]+):\[[0-9]+\]$`)
+
+// FDTable lists the open file descriptors of the process whose pid in the
+// sandbox is nsPID (in the sandbox whose v2 cgroup is cgroup and whose root
+// is root on the host): one line per descriptor with its number, what it
+// refers to (a path inside the sandbox, or the kind of kernel object), its
+// open flags and, for a file, its offset: what a CRIU restore brings back
+// for each descriptor and a program can observe (`exec 3>>log`, `exec
+// 4<file; read -u 4`).
+func FDTable(cgroup string, nsPID int, root string) (string, error) {
+	host, err := hostPID(cgroup, nsPID)
+	if err != nil {
+		return "", err
+	}
+	if err := atPrompt(host); err != nil {
+		return "", err
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", host)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	fds := make([]int, 0, len(ents))
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			fds = append(fds, n)
+		}
+	}
+	slices.Sort(fds)
+	root = filepath.Clean(root)
+	var b strings.Builder
+	for _, n := range fds {
+		target, err := os.Readlink(fmt.Sprintf("%s/%d", dir, n))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		file := true
+		switch m := kernelObject.FindStringSubmatch(target); {
+		case m != nil:
+			target, file = m[1], false
+		case strings.HasPrefix(target, "anon_inode:"):
+			file = false
+		case root != "" && root != "/" && (target == root || strings.HasPrefix(target, root+"/")):
+			target = "/" + strings.TrimPrefix(strings.TrimPrefix(target, root), "/")
+		}
+		// CRIU restores a descriptor of a deleted file through a link it
+		// makes and removes, NAME.cr_link: the same file.
+		if t, ok := strings.CutSuffix(target, ".cr_link (deleted)"); ok {
+			target = t + " (deleted)"
+		}
+		flags, pos := fdInfo(fmt.Sprintf("/proc/%d/fdinfo/%d", host, n))
+		// O_LARGEFILE: CRIU opens the terminal it restores with it, and on
+		// x86_64 every open has it in effect; no program can tell.
+		if v, err := strconv.ParseUint(flags, 8, 64); err == nil {
+			v &^= oLargefile
+			if strings.HasPrefix(target, "/dev/pts/") {
+				// The shell's terminal: CRIU does not bring back its
+				// close-on-exec bit, and commands never get it (their
+				// stdin is /dev/null).
+				v &^= oCloexec
+			}
+			flags = strconv.FormatUint(v, 8)
+		}
+		if !file {
+			pos = "" // pipes and sockets have no offset of their own
+		}
+		fmt.Fprintf(&b, "%d %q flags=%s pos=%s\n", n, target, flags, pos)
+	}
+	return b.String(), nil
+}
+
+// promptWait bounds how long FDTable waits for the shell to be back at its
+// prompt.
+const promptWait = 2 * time.Second
+
+// atPrompt waits until the shell (host pid) is blocked reading its terminal
+// (read on fd 0: /proc/PID/syscall starts "0 0x0 "), its prompt. The status
+// record of a command reaches init while the shell still runs the rest of
+// the line: the printf's own redirection has moved fd 1 aside into a saved
+// copy for a moment, and a table read then differs from the one at rest
+// (seen as a flaky "shell state changed" in the turn suite).
+func atPrompt(pid int) error {
+	deadline := time.Now().Add(promptWait)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		if err != nil {
+			return err
+		}
+		if bytes.HasPrefix(b, []byte("0 0x0 ")) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the shell is not back at its prompt after %v (syscall %q)", promptWait, bytes.TrimSpace(b))
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// fdInfo reads the flags and pos lines of an fdinfo file.
+func fdInfo(p string) (flags, pos string) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "?", "?"
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "flags":
+			flags = strings.TrimSpace(v)
+		case "pos":
+			pos = strings.TrimSpace(v)
+		}
+	}
+	return flags, pos
+}
+
+// hostPID finds the host pid of the process of cgroup whose pid in the
+// sandbox's namespace is nsPID.
+func hostPID(cgroup string, nsPID int) (int, error) {
+	if nsPID <= 0 {
+		return 0, fmt.Errorf("no shell pid")
+	}
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+				if fs := strings.Fields(v); len(fs) > 0 && fs[len(fs)-1] == strconv.Itoa(nsPID) {
+					return pid, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process %d in %s", nsPID, cgroup)
+}
