@@ -162,14 +162,27 @@ func startDaemon(tmp string) (stop func(), err error) {
 		return nil, fmt.Errorf("zfs-fuse pid file: %v", err)
 	}
 	return func() {
-		syscall.Kill(pid, syscall.SIGTERM)
-		for range 100 {
-			if syscall.Kill(pid, 0) != nil {
-				return
+		// zfs-fuse syncs its pools before it exits, which took over 5 s
+		// under load once; one that does not stop in 15 s is killed, so
+		// that the next package's tests never meet it.
+		stopped := func(d time.Duration) bool {
+			for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if syscall.Kill(pid, 0) != nil {
+					return true
+				}
 			}
-			time.Sleep(50 * time.Millisecond)
+			return false
 		}
-		fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop\n", pid)
+		syscall.Kill(pid, syscall.SIGTERM)
+		if stopped(15 * time.Second) {
+			return
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		if stopped(5 * time.Second) {
+			fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop within 15 s of SIGTERM: killed\n", pid)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop, even after SIGKILL\n", pid)
 	}, nil
 }
 
