@@ -122,6 +122,8 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) []string {
 	v, err := c.e.Verify(ctx, env, sid)
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil // cancelled (a client gone, a shutdown): no verdict, no miss
 	case err != nil:
 		c.m.verified.WithLabelValues("miss").Inc()
 		return []string{"verification failed: " + err.Error()}
@@ -138,8 +140,15 @@ func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) [
 // operation in progress and before any later one, while env is still at
 // sid; Close waits for it.
 func (c *Coordinator) verifyLater(envID string, env *branch.Env, sid string, turn int) {
-	t := c.take(envID)
+	// Counted before Close can wait, or not started at all.
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
 	c.wg.Add(1)
+	c.mu.Unlock()
+	t := c.take(envID)
 	go func() {
 		defer c.wg.Done()
 		t.wait()

@@ -70,6 +70,12 @@ func resolveIn(root, p string) (host string, missing bool, err error) {
 	return root + cur, false, nil
 }
 
+// ResolveIn resolves sandbox path p inside root as the sandbox would
+// (symlinks in its parents followed, never out of root) and returns the
+// host path of p itself, not followed; missing says a parent does not
+// exist.
+func ResolveIn(root, p string) (host string, missing bool, err error) { return resolveIn(root, p) }
+
 // fileState is what a path looks like in one tree, as far as the net-change
 // rules care: existence, type, mode, owner, size, symlink target, content,
 // extended attributes and the modification time of what is not a directory
@@ -78,15 +84,19 @@ func resolveIn(root, p string) (host string, missing bool, err error) {
 // and change times and inode numbers do not count (docs/inspector.md,
 // "What a restore brings back").
 type fileState struct {
-	exists     bool
-	mtime      unix.Timespec
-	mode       uint32
-	uid, gid   uint32
-	size       int64
-	rdev       uint64
-	target     string
-	sum        [32]byte
-	xattrs     string
+	exists   bool
+	mtime    unix.Timespec
+	mode     uint32
+	uid, gid uint32
+	size     int64
+	rdev     uint64
+	target   string
+	sum      [32]byte
+	xattrs   string
+	// nlink of what is not a directory: a name replaced by a copy
+	// (`cp -p f1 t && mv t f1`) leaves its old hard links with one
+	// name fewer, which a restore brings back.
+	nlink      uint64
 	resolvedTo string // the sandbox path the parents resolved to
 }
 
@@ -115,6 +125,7 @@ func stateOf(root, p string) (fileState, error) {
 		s.mtime = unix.Timespec{}
 	case unix.S_IFREG:
 		s.size = st.Size
+		s.nlink = uint64(st.Nlink)
 		if s.sum, err = hashFile(host); err != nil {
 			return s, err
 		}
@@ -124,6 +135,9 @@ func stateOf(root, p string) (fileState, error) {
 		}
 	case unix.S_IFCHR, unix.S_IFBLK:
 		s.rdev = st.Rdev
+		s.nlink = uint64(st.Nlink)
+	case unix.S_IFIFO:
+		s.nlink = uint64(st.Nlink)
 	}
 	s.xattrs = xattrsOf(host)
 	return s, nil
@@ -144,25 +158,53 @@ func hashFile(p string) ([32]byte, error) {
 	return sum, nil
 }
 
-// xattrsOf lists a path's extended attributes and values, sorted.
+// xattrsOf lists a path's extended attributes and values, sorted. A list
+// or value that cannot be read shows as an error, never as "none": two
+// trees whose attributes cannot be read compare equal only when the errors
+// do.
 func xattrsOf(p string) string {
-	buf := make([]byte, 4096)
-	n, err := unix.Llistxattr(p, buf)
-	if err != nil || n == 0 {
+	list, err := readSized(func(b []byte) (int, error) { return unix.Llistxattr(p, b) })
+	if errors.Is(err, unix.ENOTSUP) {
 		return ""
 	}
-	names := strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00")
+	if err != nil {
+		return "listxattr: " + err.Error()
+	}
+	if len(list) == 0 {
+		return ""
+	}
+	names := strings.Split(strings.TrimRight(string(list), "\x00"), "\x00")
 	slices.Sort(names)
 	var b bytes.Buffer
-	val := make([]byte, 64<<10)
 	for _, name := range names {
-		m, err := unix.Lgetxattr(p, name, val)
+		val, err := readSized(func(b []byte) (int, error) { return unix.Lgetxattr(p, name, b) })
 		if err != nil {
-			m = 0
+			fmt.Fprintf(&b, "%s: %v;", name, err)
+			continue
 		}
-		fmt.Fprintf(&b, "%s=%x;", name, val[:m])
+		fmt.Fprintf(&b, "%s=%x;", name, val)
 	}
 	return b.String()
+}
+
+// readSized calls read with a buffer that fits what it returns: first 4
+// KiB, then, on ERANGE, the size a nil buffer reports (a list or value
+// can grow in between: it tries a few times).
+func readSized(read func([]byte) (int, error)) ([]byte, error) {
+	buf := make([]byte, 4096)
+	for try := 0; ; try++ {
+		n, err := read(buf)
+		if err == nil {
+			return buf[:n], nil
+		}
+		if !errors.Is(err, unix.ERANGE) || try == 3 {
+			return nil, err
+		}
+		if n, err = read(nil); err != nil {
+			return nil, err
+		}
+		buf = make([]byte, n+64)
+	}
 }
 
 // PathChanged compares sandbox path p in the live tree and in the snapshot

@@ -33,6 +33,9 @@ type ProcSample struct {
 	// process), and a restore brings them back.
 	Stopped bool
 	Pending string
+	// Attrs is ProcAttrs: limits, nice and oom_score_adj, which another
+	// process changes without this one running (prlimit, renice).
+	Attrs string
 	// SharedWritable lists shared writable file mappings: writes through
 	// them reach files without any syscall.
 	SharedWritable []string
@@ -73,6 +76,8 @@ func CompareProcs(base, now []ProcSample, precise bool) []Fact {
 			why = fmt.Sprintf("stopped %v -> %v", b.Stopped, p.Stopped)
 		case p.Pending != b.Pending:
 			why = fmt.Sprintf("pending signals %s -> %s", b.Pending, p.Pending)
+		case p.Attrs != b.Attrs:
+			why = "limits, nice or oom_score_adj changed"
 		case p.Threads != b.Threads:
 			why = fmt.Sprintf("threads %d -> %d", b.Threads, p.Threads)
 		case precise && (p.HasReturns != b.HasReturns || p.Returns != b.Returns):

@@ -64,9 +64,11 @@ var kernelObject = regexp.MustCompile(`^([a-z_]+):\[[0-9]+\]$`)
 // sandbox is nsPID (in the sandbox whose v2 cgroup is cgroup and whose root
 // is root on the host): one line per descriptor with its number, what it
 // refers to (a path inside the sandbox, or the kind of kernel object), its
-// open flags and, for a file, its offset: what a CRIU restore brings back
-// for each descriptor and a program can observe (`exec 3>>log`, `exec
-// 4<file; read -u 4`).
+// open flags, for a file its offset, and the locks on it: what a CRIU
+// restore brings back for each descriptor and a program can observe (`exec
+// 3>>log`, `exec 4<file; read -u 4`, `flock 9` in a child). It ends with
+// the process's ProcAttrs (limits, nice, oom_score_adj), which its children
+// can change without it running.
 func FDTable(cgroup string, nsPID int, root string) (string, error) {
 	host, err := hostPID(cgroup, nsPID)
 	if err != nil {
@@ -108,7 +110,7 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		if t, ok := strings.CutSuffix(target, ".cr_link (deleted)"); ok {
 			target = t + " (deleted)"
 		}
-		flags, pos := fdInfo(fmt.Sprintf("/proc/%d/fdinfo/%d", host, n))
+		flags, pos, locks := fdInfo(fmt.Sprintf("/proc/%d/fdinfo/%d", host, n))
 		// O_LARGEFILE: CRIU opens the terminal it restores with it, and on
 		// x86_64 every open has it in effect; no program can tell.
 		if v, err := strconv.ParseUint(flags, 8, 64); err == nil {
@@ -124,8 +126,13 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		if !file {
 			pos = "" // pipes and sockets have no offset of their own
 		}
-		fmt.Fprintf(&b, "%d %q flags=%s pos=%s\n", n, target, flags, pos)
+		fmt.Fprintf(&b, "%d %q flags=%s pos=%s", n, target, flags, pos)
+		if locks != "" {
+			fmt.Fprintf(&b, " locks=%s", locks)
+		}
+		b.WriteByte('\n')
 	}
+	b.WriteString(ProcAttrs(host))
 	return b.String(), nil
 }
 
@@ -156,11 +163,14 @@ func atPrompt(pid int) error {
 	}
 }
 
-// fdInfo reads the flags and pos lines of an fdinfo file.
-func fdInfo(p string) (flags, pos string) {
+// fdInfo reads the flags and pos lines of an fdinfo file, and its lock
+// lines (flock and POSIX locks on the open file, which a child holding the
+// same open file can take or drop while the holder sleeps, and CRIU
+// restores) without their index, owner pid and device:inode.
+func fdInfo(p string) (flags, pos, locks string) {
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return "?", "?"
+		return "?", "?", ""
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
@@ -173,9 +183,42 @@ func fdInfo(p string) (flags, pos string) {
 			flags = strings.TrimSpace(v)
 		case "pos":
 			pos = strings.TrimSpace(v)
+		case "lock":
+			// "1: FLOCK  ADVISORY  WRITE 16656 fe:00:9977927 0 EOF"
+			if f := strings.Fields(v); len(f) >= 8 {
+				locks += " " + strings.Join(append(f[1:4:4], f[6:]...), ",")
+			} else {
+				locks += " " + strings.Join(f, ",")
+			}
 		}
 	}
-	return flags, pos
+	return flags, pos, locks
+}
+
+// ProcAttrs reads, from the host, what another process can change in
+// process pid without pid running and a restore brings back: its resource
+// limits, soft and hard (prlimit), its nice value (setpriority, renice)
+// and its oom_score_adj.
+func ProcAttrs(pid int) string {
+	var b strings.Builder
+	if l, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid)); err == nil {
+		b.Write(l)
+	} else {
+		fmt.Fprintf(&b, "limits: %v\n", err)
+	}
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		// Fields after the command's closing parenthesis: state is the
+		// first (field 3), nice the 17th (field 19).
+		if i := bytes.LastIndexByte(st, ')'); i >= 0 {
+			if f := strings.Fields(string(st[i+1:])); len(f) > 16 {
+				fmt.Fprintf(&b, "nice %s\n", f[16])
+			}
+		}
+	}
+	if o, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil {
+		fmt.Fprintf(&b, "oom_score_adj %s", o)
+	}
+	return b.String()
 }
 
 // hostPID finds the host pid of the process of cgroup whose pid in the

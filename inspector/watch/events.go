@@ -83,6 +83,11 @@ func EventPaths(e bpf.Event) (paths []string, unaccounted string) {
 				return nil, fmt.Sprintf("ioctl %#x on %s by process %d", e.Arg, p, e.TGID)
 			}
 		}
+		if p == "/proc" || strings.HasPrefix(p, "/proc/") {
+			// /proc/PID/mem, oom_score_adj, comm...: state of a process
+			// that need not run for it, or of the kernel.
+			return nil, fmt.Sprintf("write to %s in %s by process %d", p, name, e.TGID)
+		}
 		return inspector.SnapshotPath(p), ""
 	}
 	for i := 0; i < 2; i++ {

@@ -33,7 +33,10 @@ func TestEventPaths(t *testing.T) {
 		{name: "empty path means the dirfd", e: ev(280, bpf.FlagPath0|bpf.FlagPath1, "", "/work/f"), want: []string{"/work/f"}},
 		{name: "rename", e: ev(renameat2, bpf.FlagPath0|bpf.FlagPath1|bpf.FlagPath2|bpf.FlagPath3, "a", "/w", "/x/b", "/w"), want: []string{"/w/a", "/x/b"}},
 		{name: "symlink", e: ev(symlinkat, bpf.FlagPath2|bpf.FlagPath3, "", "", "s", "/w"), want: []string{"/w/s"}},
-		{name: "proc is not in snapshots", e: ev(openat, fd, "", "/proc/1/oom_score_adj"), want: nil},
+		// A write to /proc changes a process (or the kernel) that need not
+		// run for it: no snapshot holds it, and the turn is full.
+		{name: "a write to proc is unaccounted", e: ev(openat, fd, "", "/proc/1/oom_score_adj"), unacc: "write to /proc/1/oom_score_adj"},
+		{name: "a user path in proc is not in snapshots", e: ev(mkdir, bpf.FlagPath0, "/proc/x"), want: nil},
 		{name: "outside base", e: ev(unlinkat, bpf.FlagPath0|bpf.FlagPath1|bpf.FlagOutside1, "f", "/"), want: nil},
 		{name: "shared mapping", e: ev(mmap, fd, "", "/db"), unacc: "shared writable mapping of /db"},
 		{name: "io_uring", e: ev(ioUringSetup, 0), unacc: "io_uring"},

@@ -330,6 +330,11 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	}
 	if shellOK {
 		st.shell = shell
+	} else {
+		// Forget the digest of the last read, or a checkpoint of this
+		// turn would record it as the state its image holds, and a later
+		// turn that went back to it would compare equal and skip.
+		st.shell = inspector.ShellState{PID: st.shell.PID}
 	}
 	in.mu.Unlock()
 	return inspector.Classify(facts), nil
@@ -456,6 +461,13 @@ func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Ta
 		}
 		var err error
 		if procs, err = sampleProcs(t.Cgroup, shellPID, in.returns()); err != nil {
+			// The image holds processes no sample describes: the next
+			// turn must dump them again, whatever it does.
+			in.mu.Lock()
+			if st, ok := in.envs[envID]; ok {
+				st.haveProc, st.shellBase = false, inspector.ShellState{}
+			}
+			in.mu.Unlock()
 			return err
 		}
 	}

@@ -178,6 +178,20 @@ var suite = []turnCase{
 	// (and pending signals) are sampled.
 	{name: "stop the idle process", cmd: "kill -STOP %1", want: inspector.Proc},
 	{name: "continue it", cmd: "kill -CONT %1", want: inspector.Proc},
+	// Another process changes the idle one: its nice value, its
+	// oom_score_adj (a write to /proc, which no snapshot holds: full with
+	// eBPF; without, the sampled value changed), and the shell's hard
+	// limit.
+	{name: "renice the idle process", cmd: "renice -n 3 -p $! >/dev/null", want: inspector.Proc},
+	{name: "its oom_score_adj", cmd: "echo 100 > /proc/$!/oom_score_adj", want: inspector.Full, fallback: inspector.Proc},
+	{name: "a soft limit", cmd: "ulimit -S -c 1000", want: inspector.Proc},
+	{name: "a hard limit alone", cmd: "ulimit -H -c 5000", want: inspector.Proc},
+	// A file the shell holds changed by another name: the process image
+	// records it, so the turn needs both parts.
+	{name: "hold a file", cmd: "mkdir -p /work/hd && echo 1 > /work/hd/h && exec 6</work/hd/h", want: inspector.Full},
+	{name: "empty it through ..", cmd: "(cd /work/hd && : > ../hd/h)", want: inspector.Full},
+	{name: "change it through a hard link", cmd: "ln -f /work/hd/h /work/hd/k && echo 333 > /work/hd/k", want: inspector.Full},
+	{name: "let it go", cmd: "exec 6<&-; rm -r /work/hd", want: inspector.Full},
 	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: inspector.Full},
 	{name: "server keeps logging", cmd: "sleep 0.2", want: inspector.Full},
 	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: inspector.Proc, atLeast: true},

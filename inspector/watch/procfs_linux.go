@@ -7,10 +7,13 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sampleProcs reads every process of the v2 cgroup dir cg except the
@@ -74,6 +77,7 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 	// T: stopped by a signal; t (tracing stop) and a frozen cgroup
 	// (which shows the state the task had) are not.
 	p.Stopped = fs[0] == "T"
+	p.Attrs = inspector.ProcAttrs(pid)
 	tasks, _ := os.ReadDir(dir + "/task")
 	p.Threads = len(tasks)
 	for _, t := range tasks {
@@ -128,17 +132,41 @@ func sharedWritable(maps string) []string {
 }
 
 // heldFacts turns each changed file that a process of the sandbox holds
-// open or maps into a fact that the processes changed too. CRIU records
-// the size of every file an image has open or mapped and refuses to
-// restore the image next to a different one ("File ... has bad size"), so
-// a file snapshot with that file changed cannot pair with the last process
-// image: the turn needs both (issue 13's skip fuzzer found it: `exec
-// 4<f`, then `: > f` classified fs, and the branch failed to restore).
+// open, maps or has as its cwd into a fact that the processes changed
+// too. CRIU records the path and size of every file an image has open or
+// mapped and refuses to restore the image next to a different one ("File
+// ... has bad size", or a missing file), so a file snapshot with that file
+// changed cannot pair with the last process image: the turn needs both
+// (issue 13's skip fuzzer found it: `exec 4<f`, then `: > f` classified
+// fs, and the branch failed to restore).
+//
+// A held file is matched by any of its names: the changed path as written
+// (`..` cleaned), as resolved inside root (a symlinked parent), a changed
+// directory above it (a renamed or removed directory moves or drops what
+// is held below it), and its inode (a hard link changed by its other
+// name).
 func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
+	root = filepath.Clean(root)
 	changed := map[string]bool{}
+	type devIno struct{ dev, ino uint64 }
+	inodes := map[devIno]bool{}
+	inos := map[uint64]bool{} // maps name a file's inode with the device of its superblock, not stat's
 	for _, f := range facts {
-		if f.Kind == inspector.FileChanged && f.Path != "" {
-			changed[f.Path] = true
+		if f.Kind != inspector.FileChanged || f.Path == "" {
+			continue
+		}
+		changed[path.Clean("/"+f.Path)] = true
+		host, missing, err := inspector.ResolveIn(root, f.Path)
+		if err != nil || missing {
+			continue
+		}
+		if root != "/" {
+			changed[path.Clean("/"+strings.TrimPrefix(host, root))] = true
+		}
+		var st unix.Stat_t
+		if unix.Lstat(host, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			inodes[devIno{st.Dev, st.Ino}] = true
+			inos[st.Ino] = true
 		}
 	}
 	if len(changed) == 0 {
@@ -148,39 +176,57 @@ func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
 	if err != nil {
 		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", err)}}
 	}
-	root = filepath.Clean(root)
 	inSandbox := func(p string) string {
 		p = strings.TrimSuffix(p, " (deleted)")
 		if root != "" && root != "/" && (p == root || strings.HasPrefix(p, root+"/")) {
 			p = "/" + strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
 		}
-		return p
+		return path.Clean(p)
+	}
+	// covered reports whether p or a directory above it changed.
+	covered := func(p string) bool {
+		for ; ; p = path.Dir(p) {
+			if changed[p] {
+				return true
+			}
+			if p == "/" || p == "." {
+				return false
+			}
+		}
 	}
 	var out []inspector.Fact
 	seen := map[string]bool{}
-	hold := func(pid int, p, how string) {
-		if p = inSandbox(p); changed[p] && !seen[p] {
+	hold := func(pid int, p, how string, byInode bool) {
+		if p = inSandbox(p); (byInode || covered(p)) && !seen[p] {
 			seen[p] = true
 			out = append(out, inspector.Fact{Kind: inspector.ProcRan, PID: pid,
-				Detail: fmt.Sprintf("%s changed while process %d %s it (its image records the file)", p, pid, how)})
+				Detail: fmt.Sprintf("%s changed while process %d %s (its image records the file)", p, pid, how)})
 		}
+	}
+	statIn := func(p string) bool {
+		var st unix.Stat_t
+		return len(inodes) > 0 && unix.Stat(p, &st) == nil && inodes[devIno{st.Dev, st.Ino}]
 	}
 	for _, f := range strings.Fields(string(b)) {
 		pid, err := strconv.Atoi(f)
 		if err != nil {
 			continue
 		}
+		if t, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil {
+			hold(pid, t, "has it as its cwd", false)
+		}
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if t, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(t, "/") {
-				hold(pid, t, "holds open")
+				hold(pid, t, "holds it open", statIn(dir+"/"+e.Name()))
 			}
 		}
 		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
 			for _, line := range strings.Split(string(m), "\n") {
 				if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(fs[5], "/") {
-					hold(pid, strings.Join(fs[5:], " "), "maps")
+					ino, _ := strconv.ParseUint(fs[4], 10, 64)
+					hold(pid, strings.Join(fs[5:], " "), "maps it", ino != 0 && inos[ino])
 				}
 			}
 		}
