@@ -201,8 +201,10 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	for _, env := range e.envs {
 		p.Keep = append(p.Keep, env.Head())
 	}
-	for sid := range e.warm {
-		p.Keep = append(p.Keep, sid)
+	for sid, ws := range e.warm {
+		if len(ws) > 0 {
+			p.Keep = append(p.Keep, sid)
+		}
 	}
 	for sid := range e.refs {
 		p.Keep = append(p.Keep, sid)

@@ -52,8 +52,9 @@ func numbered(t *testing.T, e *branch.Engine, n int) (*branch.Env, []string) {
 }
 
 // branchCheck branches one child from sid, checks that its /f says want
-// ("" for no /f: an env's first state) and closes it.
-func branchCheck(t *testing.T, e *branch.Engine, sid, want string) {
+// ("" for no /f: an env's first state) and closes it; it returns the
+// state the child made.
+func branchCheck(t *testing.T, e *branch.Engine, sid, want string) string {
 	t.Helper()
 	ctx := context.Background()
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
@@ -68,6 +69,14 @@ func branchCheck(t *testing.T, e *branch.Engine, sid, want string) {
 	if got := strings.TrimSpace(run(t, e, child, "cat /f 2>/dev/null; true")); got != want {
 		t.Errorf("branch from %s: /f = %q, want %q", sid, got, want)
 	}
+	// The child moves on to a state of its own before it closes, so that
+	// nothing of sid stays with the child (its head).
+	run(t, e, child, "echo child > /g")
+	own, err := e.Checkpoint(ctx, child, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return own
 }
 
 // gone reports whether every state of sids is unknown to e.
@@ -213,8 +222,9 @@ func TestReleaseOpenHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	exists(t, e, "released states of an open env's lineage", sids...)
-	branchCheck(t, e, sids[2], "2")
-	branchCheck(t, e, sids[1], "1")
+	// The children's own states are retained (they closed): they would
+	// keep their ancestors; they are released by name at the end.
+	kids := []string{branchCheck(t, e, sids[2], "2"), branchCheck(t, e, sids[1], "1")}
 	run(t, e, env, "echo 3 > /f")
 	s3, err := e.Checkpoint(ctx, env, branch.Full)
 	if err != nil {
@@ -224,7 +234,7 @@ func TestReleaseOpenHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	exists(t, e, "released ancestors of an open env's head", sids...)
-	branchCheck(t, e, sids[2], "2")
+	kids = append(kids, branchCheck(t, e, sids[2], "2"))
 	if err := e.CloseEnv(ctx, env); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +245,7 @@ func TestReleaseOpenHead(t *testing.T) {
 	// not; but they are s3's ancestors, and the lineage of a kept state
 	// is kept whole.
 	exists(t, e, "the retained head's lineage", append(sids, s3)...)
-	if err := e.Release(s3); err != nil {
+	if err := e.Release(append(kids, s3)...); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.GC(ctx); err != nil {
@@ -243,7 +253,7 @@ func TestReleaseOpenHead(t *testing.T) {
 	}
 	// Now only s0, retained, stays: s1..s3 were released by name.
 	exists(t, e, "the retained first state", sids[0])
-	if !gone(e, sids[1], sids[2], s3) {
+	if !gone(e, append(kids, sids[1], sids[2], s3)...) {
 		t.Error("states released by name in a closed lineage survived GC")
 	}
 }
