@@ -25,7 +25,7 @@ const (
 	DefaultGCInterval = time.Minute
 	// DefaultGCBatch is how many states one pass deletes at most (and
 	// twice as many artifacts).
-	DefaultGCBatch = 64
+	DefaultGCBatch = 16
 )
 
 // GCStats are the background GC's totals since Open.
@@ -40,9 +40,9 @@ type GCStats struct {
 	Errors int64
 	// LastPass is how long the last pass held the GC lock (the time
 	// commits, restores and branches could have waited for it), LastAt
-	// when it ended.
-	LastPass time.Duration
-	LastAt   time.Time
+	// when it ended, MaxPass the longest pass.
+	LastPass, MaxPass time.Duration
+	LastAt            time.Time
 }
 
 // gcStats are GCStats under their lock.
@@ -189,7 +189,7 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 		if err != nil {
 			s.Errors++
 		}
-		s.LastPass, s.LastAt = took, time.Now()
+		s.LastPass, s.LastAt, s.MaxPass = took, time.Now(), max(s.MaxPass, took)
 		e.gcStats.mu.Unlock()
 	}()
 	e.mu.Lock()

@@ -129,10 +129,13 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 		}
 	}
 	// A pending branch keeps its state: GC leaves it until the children
-	// are restored (docs/engine.md, "Retention").
+	// are restored (docs/engine.md, "Retention"). Held and looked up under
+	// the GC lock, so that no pass falls between the look-up and the hold.
+	e.gcMu.RLock()
 	e.hold(sid)
-	defer e.unhold(sid)
 	st, err := e.State(sid)
+	e.gcMu.RUnlock()
+	defer e.unhold(sid)
 	if err != nil {
 		return nil, err
 	}

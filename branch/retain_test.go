@@ -478,7 +478,50 @@ func TestGCWhileStepping(t *testing.T) {
 			branchCheck(t, e, st.ID, want)
 		}
 	}
-	if u, err := e.Usage(); err != nil || u.GC.Errors != 0 {
+	u, err := e.Usage()
+	if err != nil || u.GC.Errors != 0 {
 		t.Errorf("GC: %+v %v", u.GC, err)
 	}
+	t.Logf("GC: %d passes, %d states and %d artifacts (%d bytes) deleted, longest pass %v",
+		u.GC.Passes, u.GC.States, u.GC.Artifacts, u.GC.Bytes, u.GC.MaxPass)
+}
+
+// TestGCBatches: a pass deletes at most GCBatch states; a closed lineage
+// longer than that is collected in several passes, back to back, by the
+// background GC alone.
+func TestGCBatches(t *testing.T) {
+	const batch, n = 4, 20
+	r := retainRig(t, 0, func(o *branch.Options) { o.GCBatch = batch })
+	ctx := context.Background()
+	e := r.e
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		run(t, e, env, "echo "+strconv.Itoa(i)+" > /f")
+		if _, err := e.Checkpoint(ctx, env, branch.FS); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CloseEnv(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	branchtest.WaitFor(t, "the closed lineage collected", func() bool {
+		u, err := e.Usage()
+		return err == nil && u.Manifest.States == 0
+	})
+	u, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, passes := u.GC.States-before.GC.States, u.GC.Passes-before.GC.Passes
+	if deleted != n+1 || passes < (n+1+batch-1)/batch {
+		t.Errorf("%d states deleted in %d passes, want %d in at least %d (batches of %d)", deleted, passes, n+1, (n+1+batch-1)/batch, batch)
+	}
+	t.Logf("GC: %d states in %d passes, longest pass %v", deleted, passes, u.GC.MaxPass)
 }

@@ -83,6 +83,8 @@ func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
 			usage(func(u branch.Usage) float64 { return float64(u.GC.Bytes) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_last_pass_seconds", Help: "How long the last garbage collection pass held the GC lock."},
 			usage(func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_max_pass_seconds", Help: "The longest a garbage collection pass held the GC lock since the server started."},
+			usage(func(u branch.Usage) float64 { return u.GC.MaxPass.Seconds() })),
 	)
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_time_seconds_total",
