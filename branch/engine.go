@@ -243,7 +243,9 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	return open, nil
 }
 
-func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
+// deleteArtifact removes an artifact's files (logging a failure, which
+// it also returns); one already gone is no failure.
+func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) error {
 	var err error
 	if a.Kind == manifest.ArtifactProc {
 		err = e.cache.Remove(ctx, a.Location)
@@ -259,6 +261,7 @@ func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
 	if err != nil {
 		e.log.Warn("delete artifact", slog.String("artifact", a.ID), slog.Any("err", err))
 	}
+	return err
 }
 
 // Close waits for running work, destroys every environment, closes the

@@ -217,21 +217,30 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	if len(g.States)+len(g.Artifacts) == 0 {
 		return g.More, g.Next, nil
 	}
+	// The files go first, then the records (crash safety). A deletion is
+	// not cut short by Close (its ctx ends only the wait for the lock): an
+	// artifact whose files could not be deleted keeps its record, an
+	// orphan the next pass tries again, never files nobody knows about.
 	var bytes int64
+	var failed int
+	aids := make([]string, 0, len(g.Artifacts))
 	for _, a := range g.Artifacts {
-		e.deleteArtifact(ctx, a)
+		if err := e.deleteArtifact(context.WithoutCancel(ctx), a); err != nil {
+			failed++
+			continue
+		}
+		aids = append(aids, a.ID)
 		bytes += a.Bytes
 	}
 	sids := make([]string, len(g.States))
 	for i, s := range g.States {
 		sids[i] = s.ID
 	}
-	aids := make([]string, len(g.Artifacts))
-	for i, a := range g.Artifacts {
-		aids[i] = a.ID
-	}
 	if err := e.man.ForgetWith(p, sids, aids); err != nil {
 		return false, time.Time{}, err
+	}
+	if failed > 0 {
+		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
 	}
 	e.gcStats.mu.Lock()
 	e.gcStats.s.States += int64(len(sids))
@@ -240,7 +249,7 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	e.gcStats.mu.Unlock()
 	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
 		slog.Int64("bytes", bytes), slog.Bool("more", g.More))
-	return g.More, g.Next, nil
+	return g.More, g.Next, err
 }
 
 // lockGC takes gcMu for writing without queueing for it: restores (CRIU

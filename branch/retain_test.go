@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -524,4 +526,60 @@ func TestGCBatches(t *testing.T) {
 		t.Errorf("%d states deleted in %d passes, want %d in at least %d (batches of %d)", deleted, passes, n+1, (n+1+batch-1)/batch, batch)
 	}
 	t.Logf("GC: %d states in %d passes, longest pass %v", deleted, passes, u.GC.MaxPass)
+}
+
+// TestGCKeepsUndeletedArtifact: an artifact whose files cannot be deleted
+// (the snapshots' directory made append-only: btrfs refuses with EPERM)
+// keeps its record, the pass counts an error, and a later pass deletes it
+// once it can; no snapshot is left that the manifest does not know.
+func TestGCKeepsUndeletedArtifact(t *testing.T) {
+	r := retainRig(t, 0, nil)
+	ctx := context.Background()
+	e := r.e
+	env, sids := numbered(t, e, 1)
+	dir := r.snap.Path(strings.TrimSuffix(branch.SnapshotPrefix, "/"))
+	chattr := func(flag string) {
+		t.Helper()
+		if out, err := exec.Command("chattr", flag, dir).CombinedOutput(); err != nil {
+			t.Fatalf("chattr %s %s: %v: %s", flag, dir, err, out)
+		}
+	}
+	chattr("+a")
+	appendOnly := true
+	defer func() {
+		if appendOnly {
+			exec.Command("chattr", "-a", dir).Run()
+		}
+	}()
+	if err := e.CloseEnv(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.GC(ctx); err == nil {
+		t.Fatal("GC reported no failure while the snapshots could not be deleted")
+	} else {
+		t.Logf("GC: %v", err)
+	}
+	if !gone(e, sids...) {
+		t.Error("the states were not forgotten")
+	}
+	vols, _ := r.snap.List(ctx, branch.SnapshotPrefix)
+	u, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := u.Manifest.Artifacts[manifest.ArtifactFS].Count; n != len(sids) || len(vols) != len(sids) || u.GC.Errors == 0 {
+		t.Errorf("after the failed deletions: %d fs records, snapshots %v, GC %+v; want the %d records and snapshots kept and the errors counted",
+			n, vols, u.GC, len(sids))
+	}
+	chattr("-a")
+	appendOnly = false
+	if err := e.GC(ctx); err != nil {
+		t.Fatalf("GC once the snapshots can go: %v", err)
+	}
+	if vols, _ := r.snap.List(ctx, branch.SnapshotPrefix); len(vols) != 0 {
+		t.Errorf("snapshots left: %v", vols)
+	}
+	if u, _ := e.Usage(); u.Manifest.Artifacts[manifest.ArtifactFS].Count != 0 {
+		t.Errorf("fs artifacts left: %+v", u.Manifest.Artifacts)
+	}
 }
