@@ -238,8 +238,9 @@ func TestLimitsAndErrors(t *testing.T) {
 // TestReleasedState: a restore that failed because its state was released
 // meanwhile (a concurrent close) is the client's unknown_state, not an
 // infra restore_failed; a restore failure of a state that still exists
-// stays restore_failed. (TestBranchOfReleasedState runs the race itself,
-// its order fixed by a held queue; this pins the other cases of released.)
+// stays restore_failed. (The engine now holds a pending branch's state,
+// so TestBranchOfReleasedState's race ends with a child; released stays
+// the fallback this pins.)
 func TestReleasedState(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	ctx := context.Background()
