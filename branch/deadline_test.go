@@ -212,7 +212,7 @@ func TestReadsDoNotWaitForBusyEnv(t *testing.T) {
 
 // TestSlowRestoreDoesNotStallOthers: a restore whose CRIU is stopped
 // (SIGSTOP at setup-namespaces) holds the engine's GC lock for reading
-// while it runs. A GC waiting for that lock (here from closing another
+// while it runs. A GC waiting for that lock (here after closing another
 // env) must not make every other env's checkpoint wait behind it: the
 // checkpoint of a third env completes while the restore is still stopped.
 // Before, GC queued in RWMutex.Lock, which blocks new readers, and the
@@ -272,13 +272,16 @@ func TestSlowRestoreDoesNotStallOthers(t *testing.T) {
 	}
 	defer resume()
 
+	if err := e.CloseEnv(ctx, closing); err != nil {
+		t.Fatal(err)
+	}
 	closed := make(chan error, 1)
-	go func() { closed <- e.CloseEnv(ctx, closing) }()
+	go func() { closed <- e.GC(ctx) }()
 	// Wait until the GC has started waiting for its lock.
 	for !inGC() {
 		select {
 		case err := <-closed:
-			t.Fatalf("close ended while a restore held the GC lock: %v", err)
+			t.Fatalf("GC ended while a restore held the GC lock: %v", err)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -302,7 +305,7 @@ func TestSlowRestoreDoesNotStallOthers(t *testing.T) {
 		t.Errorf("branch after its CRIU resumed: %v", err)
 	}
 	if err := <-closed; err != nil {
-		t.Errorf("close: %v", err)
+		t.Errorf("GC: %v", err)
 	}
 }
 

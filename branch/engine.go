@@ -68,7 +68,18 @@ type Options struct {
 	// a fresh start, instead of restoring them at their last committed
 	// state (docs/engine.md, "Crash safety").
 	NoRecover bool
-	Logger    *slog.Logger
+	// Retain is how long the states of a closed env stay branchable by
+	// state id after its close; 0 releases them as soon as nothing needs
+	// them (no open env's lineage, pin, pending branch or warm copy).
+	// DefaultRetain is the server's default (docs/engine.md, "Retention").
+	Retain time.Duration
+	// GCInterval is the longest the background GC sleeps between passes
+	// (default DefaultGCInterval); closes and releases wake it sooner.
+	GCInterval time.Duration
+	// GCBatch bounds the states one GC pass deletes (default
+	// DefaultGCBatch; artifacts: twice as many).
+	GCBatch int
+	Logger  *slog.Logger
 }
 
 // Engine runs checkpoints, branches and rollbacks.
@@ -84,10 +95,19 @@ type Engine struct {
 
 	stats coordStats
 
+	// The background GC (gc.go): its wake-up, its stop, its totals, and
+	// how far tests moved the clock retention is measured with (now).
+	gcNudge  chan struct{}
+	gcCancel context.CancelFunc
+	gcDone   chan struct{}
+	gcStats  gcStats
+	clockOff atomic.Int64
+
 	mu     sync.Mutex
 	envs   map[string]*Env
 	warm   map[string][]*warmCopy // state id -> frozen copies
 	lost   map[string]LostEnv     // envs of an earlier run that Open could not restore
+	refs   map[string]int         // states held by branches in flight (hold)
 	closed bool
 	bg     sync.WaitGroup
 }
@@ -111,7 +131,17 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{}}
+	if o.Retain < 0 {
+		o.Retain = 0
+	}
+	if o.GCInterval <= 0 {
+		o.GCInterval = DefaultGCInterval
+	}
+	if o.GCBatch <= 0 {
+		o.GCBatch = DefaultGCBatch
+	}
+	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{},
+		refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
 	e.cache, err = imgcache.Open(imgcache.Options{
 		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
 		HotBytes: o.HotBytes, NoMount: o.NoTmpfs, Logger: o.Logger,
@@ -141,6 +171,7 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	e.q = queue.New(o.Workers, o.Logger)
 	e.restoreEnvs(ctx, open)
+	e.startGC()
 	return e, nil
 }
 
@@ -212,7 +243,9 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	return open, nil
 }
 
-func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
+// deleteArtifact removes an artifact's files (logging a failure, which
+// it also returns); one already gone is no failure.
+func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) error {
 	var err error
 	if a.Kind == manifest.ArtifactProc {
 		err = e.cache.Remove(ctx, a.Location)
@@ -228,6 +261,7 @@ func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) {
 	if err != nil {
 		e.log.Warn("delete artifact", slog.String("artifact", a.ID), slog.Any("err", err))
 	}
+	return err
 }
 
 // Close waits for running work, destroys every environment, closes the
@@ -247,6 +281,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	warm := e.warm
 	e.warm = map[string][]*warmCopy{}
 	e.mu.Unlock()
+	e.stopGC()
 	var errs []error
 	for _, env := range envs {
 		if err := e.closeEnv(ctx, env, false); err != nil {

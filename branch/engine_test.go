@@ -79,14 +79,24 @@ func newRigLimits(tb testing.TB, snap cr.Snapshotter, dir string, warm int, lim 
 // isolation, user namespace mode).
 func newRigLauncher(tb testing.TB, snap cr.Snapshotter, dir string, warm int, adjust func(*launch.Launcher)) *rig {
 	tb.Helper()
+	return newRigOptions(tb, snap, dir, func(o *branch.Options) {
+		o.WarmCopies = warm
+		adjust(o.Launcher)
+	})
+}
+
+// newRigOptions is newRig with adjust applied to the engine's options
+// (the launcher among them) before it opens.
+func newRigOptions(tb testing.TB, snap cr.Snapshotter, dir string, adjust func(*branch.Options)) *rig {
+	tb.Helper()
 	c := requireCR(tb)
 	images := &image.Store{Snap: snap, CacheDir: os.Getenv("ARBOR_IMAGE_CACHE"), Logger: quiet()}
 	l := &launch.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(tb), AutoBuild: true, Logger: quiet()}
 	if os.Getenv("ARBOR_TEST_USERNS") == "1" { // the whole package in user namespace mode
 		l.UserNS = sandbox.UserNSConfig{Enabled: true}
 	}
-	adjust(l)
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, WarmCopies: warm, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Logger: quiet()}
+	adjust(&o)
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {
 		tb.Fatal(err)
@@ -374,6 +384,10 @@ func TestReleaseAndGC(t *testing.T) {
 	}
 	before, _ := e.Usage()
 	if err := e.CloseEnv(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	// The background GC may have begun already; GC collects the rest now.
+	if err := e.GC(ctx); err != nil {
 		t.Fatal(err)
 	}
 	after, _ := e.Usage()

@@ -1,7 +1,26 @@
 package branch
 
-import "github.com/arbor-env/arbor/cr/manifest"
+import (
+	"time"
+
+	"github.com/arbor-env/arbor/cr/manifest"
+)
 
 // SetCrashHook installs f as the hook every checkpoint calls at each phase
 // of the crash-safety protocol (crashHook); tests only.
 func SetCrashHook(f func(phase string, made []manifest.Artifact)) { crashHook = f }
+
+// AdvanceClock moves the clock e measures retention with d ahead and
+// wakes its GC; tests only.
+func AdvanceClock(e *Engine, d time.Duration) {
+	e.clockOff.Add(int64(d))
+	e.nudgeGC()
+}
+
+// Held reports whether a pending branch holds state sid from GC; tests
+// only.
+func Held(e *Engine, sid string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.refs[sid] > 0
+}

@@ -151,10 +151,11 @@ func (e *Engine) ForgetLost(ctx context.Context, id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %s is not a lost env", ErrUnknownEnv, id)
 	}
-	if err := e.man.ReleaseEnv(id); err != nil {
+	if err := e.man.ReleaseEnvAt(id, e.now()); err != nil {
 		return err
 	}
-	return e.GC(ctx)
+	e.nudgeGC()
+	return nil
 }
 
 // Lost lists the environments a restart could not restore (this one or an

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/cr/criu"
-	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/sandbox"
@@ -129,7 +128,14 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 			return nil, err
 		}
 	}
+	// A pending branch keeps its state: GC leaves it until the children
+	// are restored (docs/engine.md, "Retention"). Held and looked up under
+	// the GC lock, so that no pass falls between the look-up and the hold.
+	e.gcMu.RLock()
+	e.hold(sid)
 	st, err := e.State(sid)
+	e.gcMu.RUnlock()
+	defer e.unhold(sid)
 	if err != nil {
 		return nil, err
 	}
@@ -295,12 +301,14 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	if _, err := env.gate(ctx); err != nil {
 		return err
 	}
+	// The state is looked up under the GC lock: GC cannot take it between
+	// the look-up and the restore.
+	e.gcMu.RLock()
+	defer e.gcMu.RUnlock()
 	st, err := e.State(sid)
 	if err != nil {
 		return err
 	}
-	e.gcMu.RLock()
-	defer e.gcMu.RUnlock()
 	r, err := e.restore(ctx, sid, env.ID+"-"+strconv.Itoa(env.gen+1))
 	if err != nil {
 		return err
@@ -353,13 +361,13 @@ func (e *Engine) Promote(ctx context.Context, child *Env) (string, error) {
 	return sid, e.CloseEnv(ctx, child)
 }
 
-// CloseEnv destroys env and releases its states; states that other
-// environments descend from stay until they are released too.
+// CloseEnv destroys env and releases its states: they stay for
+// Options.Retain, and states that other environments descend from (or
+// that are pinned) stay until those release them too. The background
+// GC removes them (docs/engine.md, "Retention"); CloseEnv only nudges it.
 func (e *Engine) CloseEnv(ctx context.Context, env *Env) error {
 	err := e.closeEnv(ctx, env, true)
-	if gerr := e.GC(ctx); gerr != nil {
-		e.log.Warn("garbage collection", slog.Any("err", gerr))
-	}
+	e.nudgeGC()
 	return err
 }
 
@@ -383,81 +391,9 @@ func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
 	}
 	errs := []error{env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume)}
 	if release {
-		errs = append(errs, e.man.ReleaseEnv(env.ID))
+		errs = append(errs, e.man.ReleaseEnvAt(env.ID, e.now()))
 	} else {
 		errs = append(errs, e.man.CloseEnv(env.ID))
 	}
 	return errors.Join(errs...)
-}
-
-// Release marks a state as no longer wanted; GC removes it once nothing
-// descends from it.
-func (e *Engine) Release(id string) error { return e.man.Release(id) }
-
-// GC deletes the artifacts of states nobody needs any more.
-func (e *Engine) GC(ctx context.Context) error {
-	if err := e.lockGC(ctx); err != nil {
-		return err
-	}
-	defer e.gcMu.Unlock()
-	states, arts, err := e.man.Garbage()
-	if err != nil {
-		return err
-	}
-	for _, a := range arts {
-		e.deleteArtifact(ctx, a)
-	}
-	sids := make([]string, len(states))
-	for i, s := range states {
-		sids[i] = s.ID
-	}
-	aids := make([]string, len(arts))
-	for i, a := range arts {
-		aids[i] = a.ID
-	}
-	return e.man.Forget(sids, aids)
-}
-
-// lockGC takes gcMu for writing without queueing for it: restores (CRIU
-// runs of up to criu.Checkpointer.Timeout) hold it for reading, and a
-// writer waiting in Lock would block every new reader, so every other
-// env's checkpoint commit, branch and rollback would wait for the slowest
-// restore in flight.
-func (e *Engine) lockGC(ctx context.Context) error {
-	for !e.gcMu.TryLock() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-// Usage is the engine's disk and memory accounting.
-type Usage struct {
-	Manifest manifest.Usage
-	Images   imgcache.Stats
-	Queue    queue.Stats
-	Envs     int
-	Warm     int
-	Coord    CoordStats
-}
-
-// Usage reports what the engine holds.
-func (e *Engine) Usage() (Usage, error) {
-	mu, err := e.man.Usage()
-	if err != nil {
-		return Usage{}, err
-	}
-	e.mu.Lock()
-	n, w := len(e.envs), 0
-	for _, ws := range e.warm {
-		w += len(ws)
-	}
-	e.mu.Unlock()
-	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
-		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load(),
-		Revived: e.stats.revived.Load()}
-	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c}, nil
 }

@@ -39,7 +39,9 @@ func (e *Engine) Verify(ctx context.Context, env *Env, sid string) (Verification
 	if env.ckptErr != nil {
 		return v, env.ckptErr
 	}
+	e.gcMu.RLock()
 	r, err := e.restore(ctx, sid, newID("verify-"))
+	e.gcMu.RUnlock()
 	if err != nil {
 		return v, err
 	}

@@ -90,7 +90,13 @@ func (e *Engine) takeWarm(sid string, n int) []*warmCopy {
 	ws := e.warm[sid]
 	k := min(n, len(ws))
 	out := ws[:k:k]
-	e.warm[sid] = ws[k:]
+	if k == len(ws) {
+		// No entry for a state without copies: every branched state id
+		// would stay in the map (and keep its state from GC).
+		delete(e.warm, sid)
+	} else {
+		e.warm[sid] = ws[k:]
+	}
 	e.mu.Unlock()
 	if k > 0 {
 		e.fillWarm(sid, k)

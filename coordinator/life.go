@@ -278,3 +278,37 @@ func (c *Coordinator) States(ctx context.Context, envID string) (string, []State
 	}
 	return head, out, nil
 }
+
+// Release drops states a client will never branch from again (protocol
+// release); Pin keeps states until Unpin, through their env's close and
+// past its retention (docs/engine.md, "Retention"). Each is all or nothing:
+// an unknown id (ErrUnknownState) changes none. A state id a step returned
+// may be named at once: its checkpoint is waited for first, as for branch.
+func (c *Coordinator) Release(ctx context.Context, ids []string) error {
+	return c.onStates(ctx, ids, c.e.Release)
+}
+
+// Pin: see Release.
+func (c *Coordinator) Pin(ctx context.Context, ids []string) error {
+	return c.onStates(ctx, ids, c.e.Pin)
+}
+
+// Unpin: see Release.
+func (c *Coordinator) Unpin(ctx context.Context, ids []string) error {
+	return c.onStates(ctx, ids, c.e.Unpin)
+}
+
+func (c *Coordinator) onStates(ctx context.Context, ids []string, f func(...string) error) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)
+	}
+	for _, id := range ids {
+		if id == "" {
+			return fmt.Errorf("%w: state_ids: empty id", ErrInvalidParams)
+		}
+		if err := c.settle(ctx, id); err != nil {
+			return err
+		}
+	}
+	return f(ids...)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -237,8 +238,9 @@ func TestLimitsAndErrors(t *testing.T) {
 // TestReleasedState: a restore that failed because its state was released
 // meanwhile (a concurrent close) is the client's unknown_state, not an
 // infra restore_failed; a restore failure of a state that still exists
-// stays restore_failed. (TestBranchOfReleasedState runs the race itself,
-// its order fixed by a held queue; this pins the other cases of released.)
+// stays restore_failed. (The engine now holds a pending branch's state,
+// so TestBranchOfReleasedState's race ends with a child; released stays
+// the fallback this pins.)
 func TestReleasedState(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full})
 	ctx := context.Background()
@@ -248,6 +250,9 @@ func TestReleasedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.CloseEnv(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.GC(ctx); err != nil { // the engine keeps no retention here
 		t.Fatal(err)
 	}
 	if _, err := engine.State(s1); !errors.Is(err, branch.ErrUnknownState) {
@@ -267,8 +272,9 @@ func TestReleasedState(t *testing.T) {
 }
 
 // TestBranchOfReleasedState: a branch from a state id whose env is closed
-// while the branch's restore waits in the queue (held, so the close comes
-// first for sure) answers unknown_state, not the infra restore_failed.
+// (with no retention) while the branch's restore waits in the queue (held,
+// so the close and a GC come first for sure) still gets its child: the
+// pending branch holds its state (docs/engine.md, "Retention").
 func TestBranchOfReleasedState(t *testing.T) {
 	c, e := ownCoordinator(t, Options{Classify: Full})
 	ctx := context.Background()
@@ -278,10 +284,14 @@ func TestBranchOfReleasedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := branchtest.HoldQueue(t, e, "busybox")
-	done := make(chan error, 1)
+	type answer struct {
+		res *BranchResult
+		err error
+	}
+	done := make(chan answer, 1)
 	go func() {
-		_, err := c.Branch(ctx, BranchRequest{StateID: s1, N: 1})
-		done <- err
+		res, err := c.Branch(ctx, BranchRequest{StateID: s1, N: 1})
+		done <- answer{res, err}
 	}()
 	// The branch's restore is queued behind the held workers.
 	branchtest.WaitFor(t, "the branch's restore queued", func() bool {
@@ -291,13 +301,66 @@ func TestBranchOfReleasedState(t *testing.T) {
 	if err := c.CloseEnv(ctx, r.Env.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.State(s1); !errors.Is(err, branch.ErrUnknownState) {
-		t.Fatalf("state %s of the closed env: %v; the test needs it released", s1, err)
+	if err := e.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.State(s1); err != nil {
+		t.Fatalf("state %s of a pending branch after its env closed and GC ran: %v", s1, err)
 	}
 	release()
-	err := <-done
-	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Infra || !errors.Is(err, branch.ErrRestore) {
-		t.Errorf("branch of a state released under it: %v (%+v), want unknown_state (not infra) wrapping the restore failure", err, pe)
+	a := <-done
+	if a.err != nil {
+		t.Fatalf("branch of a state whose env closed under it: %v", a.err)
+	}
+	child := a.res.Children[0]
+	if got := bash(t, c, child.ID, "cat /tmp/f").Result.Stdout; strings.TrimSpace(string(got)) != "1" {
+		t.Errorf("child /tmp/f = %q, want 1", got)
+	}
+	if err := c.CloseEnv(ctx, child.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPinAndRelease: a state id a step just returned can be pinned at
+// once (its checkpoint is waited for); the pin keeps it through its env's
+// close and GC, also when it is released; unpinned, it goes. Unknown ids
+// are unknown_state and change nothing; no ids is invalid_params.
+func TestPinAndRelease(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	ctx := context.Background()
+	r := reset(t, c, ResetRequest{Image: "busybox"})
+	s1 := bash(t, c, r.Env.ID, "echo 1 > /tmp/f").StateID
+	if err := c.Pin(ctx, []string{s1}); err != nil {
+		t.Fatalf("pin of the state a step just returned: %v", err)
+	}
+	for name, f := range map[string]func(context.Context, []string) error{"pin": c.Pin, "unpin": c.Unpin, "release": c.Release} {
+		if pe := ProtoError(f(ctx, []string{s1, "s-nosuch"})); pe == nil || pe.Code != protocol.CodeUnknownState {
+			t.Errorf("%s naming an unknown state: %+v, want unknown_state", name, pe)
+		}
+		if pe := ProtoError(f(ctx, nil)); pe == nil || pe.Code != protocol.CodeInvalidParams {
+			t.Errorf("%s of no states: %+v, want invalid_params", name, pe)
+		}
+	}
+	if err := c.CloseEnv(ctx, r.Env.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, []string{s1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.State(s1); err != nil {
+		t.Fatalf("pinned state after its env closed, its release and GC: %v", err)
+	}
+	if err := c.Unpin(ctx, []string{s1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.State(s1); !errors.Is(err, branch.ErrUnknownState) {
+		t.Errorf("unpinned state of a closed env after GC: %v, want unknown", err)
 	}
 }
 

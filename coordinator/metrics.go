@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/manifest"
 )
 
 // metrics are the coordinator's Prometheus collectors. No label carries
@@ -60,6 +61,31 @@ func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
 			return f(u)
 		}
 	}
+	for _, k := range []manifest.ArtifactKind{manifest.ArtifactFS, manifest.ArtifactProc} {
+		labels := prometheus.Labels{"kind": string(k)}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifacts", Help: "Ready artifacts in the manifest, by kind (fs snapshots, proc images).",
+				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Count) })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs snapshots record none yet).",
+				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Bytes) })),
+		)
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_passes_total", Help: "Passes of the engine's background garbage collection."},
+			usage(func(u branch.Usage) float64 { return float64(u.GC.Passes) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_errors_total", Help: "Garbage collection passes that failed."},
+			usage(func(u branch.Usage) float64 { return float64(u.GC.Errors) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_states_total", Help: "States garbage collection deleted."},
+			usage(func(u branch.Usage) float64 { return float64(u.GC.States) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_artifacts_total", Help: "Artifacts (snapshots, process images) garbage collection deleted."},
+			usage(func(u branch.Usage) float64 { return float64(u.GC.Artifacts) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_bytes_total", Help: "Bytes the manifest accounted for the artifacts garbage collection deleted."},
+			usage(func(u branch.Usage) float64 { return float64(u.GC.Bytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_last_pass_seconds", Help: "How long the last garbage collection pass held the GC lock."},
+			usage(func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_max_pass_seconds", Help: "The longest a garbage collection pass held the GC lock since the server started."},
+			usage(func(u branch.Usage) float64 { return u.GC.MaxPass.Seconds() })),
+	)
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_time_seconds_total",
 			Help: "Summed duration of the checkpoints taken."}, usage(func(u branch.Usage) float64 { return u.Coord.CheckpointTime.Seconds() })),

@@ -333,9 +333,11 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 	return nil // unknown: the caller reports it
 }
 
-// released words a restore of sid that failed because sid was released
-// meanwhile (a concurrent close dropped the last env holding it) as the
-// client's unknown state, not as an infrastructure failure.
+// released words a restore of sid that failed because sid is gone (was
+// deleted) as the client's unknown state, not as an infrastructure
+// failure. The engine holds a branch's state from its look-up to its
+// restores and a rollback looks its state up under the GC lock
+// (docs/engine.md, "Retention"), so this is a fallback.
 func (c *Coordinator) released(sid string, err error) error {
 	if sid == "" || !errors.Is(err, branch.ErrRestore) {
 		return err

@@ -95,6 +95,9 @@ func init() {
 		protocol.MethodEnvs:       method(nil, (*request).envs),
 		protocol.MethodStates:     method(envEnvs, (*request).states),
 		protocol.MethodStepBatch:  batch,
+		protocol.MethodRelease:    method(nil, (*request).releaseStates),
+		protocol.MethodPin:        method(nil, (*request).pinStates),
+		protocol.MethodUnpin:      method(nil, (*request).unpinStates),
 	}
 }
 
@@ -272,6 +275,20 @@ func (r *request) states(ctx context.Context, p *protocol.EnvParams) (any, error
 			Turn: st.Turn, Kind: string(st.Kind), Created: st.Created.Format(time.RFC3339Nano)})
 	}
 	return out, nil
+}
+
+// release, pin and unpin change the retention of states (docs/engine.md,
+// "Retention"); they name no env, so they take no ticket.
+func (r *request) releaseStates(ctx context.Context, p *protocol.ReleaseParams) (any, error) {
+	return protocol.Empty{}, r.server().c.Release(ctx, p.StateIDs)
+}
+
+func (r *request) pinStates(ctx context.Context, p *protocol.PinParams) (any, error) {
+	return protocol.Empty{}, r.server().c.Pin(ctx, p.StateIDs)
+}
+
+func (r *request) unpinStates(ctx context.Context, p *protocol.UnpinParams) (any, error) {
+	return protocol.Empty{}, r.server().c.Unpin(ctx, p.StateIDs)
 }
 
 // recovered is the protocol's form of a coordinator.Recovered.

@@ -373,6 +373,25 @@ func (c *Client) States(ctx context.Context, envID string) (*StatesResult, error
 	return &r, c.Call(ctx, protocol.MethodStates, protocol.EnvParams{EnvID: envID}, &r)
 }
 
+// Release drops states the caller will never branch from again: the
+// server may delete them as soon as nothing needs them (an open env's
+// lineage, a pin, a pending branch). All or none: an unknown id is
+// ErrUnknownState.
+func (c *Client) Release(ctx context.Context, stateIDs ...string) error {
+	return c.Call(ctx, protocol.MethodRelease, protocol.StateIDsParams{StateIDs: stateIDs}, nil)
+}
+
+// Pin keeps states (and their ancestors) until Unpin, through their env's
+// close and past the server's retention.
+func (c *Client) Pin(ctx context.Context, stateIDs ...string) error {
+	return c.Call(ctx, protocol.MethodPin, protocol.StateIDsParams{StateIDs: stateIDs}, nil)
+}
+
+// Unpin undoes Pin.
+func (c *Client) Unpin(ctx context.Context, stateIDs ...string) error {
+	return c.Call(ctx, protocol.MethodUnpin, protocol.StateIDsParams{StateIDs: stateIDs}, nil)
+}
+
 // StepBatch steps many envs in one request. onItem (may be nil) gets each
 // item as it finishes, first finishers first, on the client's read loop;
 // the result holds every item in request order.

@@ -36,6 +36,7 @@ type serveOptions struct {
 	tasksDir    string
 	warm        int
 	idleTTL     time.Duration
+	retain      time.Duration
 	maxEnvs     int
 	maxInFlight int
 	maxFrame    string
@@ -69,6 +70,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
+	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
@@ -167,7 +169,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in

@@ -28,17 +28,21 @@
 //     (SetLabels), so the engine can bring each back under its id.
 //
 // A failed checkpoint is undone with AbortArtifact after its files are
-// deleted. Garbage collection runs the other way round: Garbage lists what
-// no live lineage needs, the caller deletes the files, then Forget drops
+// deleted. Garbage collection runs the other way round: Collect lists what
+// no live lineage needs, the caller deletes the files, then ForgetWith drops
 // the records; a crash in between leaves ready records whose files are gone,
 // which Recover reports as missing.
 //
 // # Liveness
 //
-// A state is live if it is not released, or it is the head of an open env,
-// or it is an ancestor (via Parent, across envs) of a live state; so a
-// branch child keeps the states it was forked from. Everything else is
-// garbage, and so is every ready artifact no live state references.
+// A state is live if it is not released, or pinned (Pin), or released by
+// its env's close less than Policy.Retain ago (ClosedAt), or the head of an
+// open env, or named by the caller (Policy.Keep), or an ancestor (via
+// Parent, across envs) of a live state; so a branch child keeps the states
+// it was forked from. Everything else is garbage, and so is every ready
+// artifact no live state references. Collect lists garbage in bounded
+// batches (Policy.MaxStates, MaxArtifacts) and ForgetWith re-checks it
+// under the same policy (docs/engine.md, "Retention").
 //
 // A Manifest is safe for concurrent use. The database file is locked
 // against a second opener, in this or another process.

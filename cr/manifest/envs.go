@@ -162,10 +162,15 @@ func closeEnv(tx *bolt.Tx, id string) error {
 	return put(tx, bucketEnvs, e)
 }
 
-// ReleaseEnv releases every state of env and closes it, in one
-// transaction; a lost env is no longer reported lost. States that branch
-// children descend from stay alive.
-func (m *Manifest) ReleaseEnv(id string) error {
+// ReleaseEnv is ReleaseEnvAt now.
+func (m *Manifest) ReleaseEnv(id string) error { return m.ReleaseEnvAt(id, time.Now()) }
+
+// ReleaseEnvAt releases every state of env and closes it, in one
+// transaction; a lost env is no longer reported lost. The states it
+// releases get at as their ClosedAt: their retention starts then (states
+// released by name before keep none). States that branch children
+// descend from stay alive.
+func (m *Manifest) ReleaseEnvAt(id string, at time.Time) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		if err := closeEnv(tx, id); err != nil {
 			return err
@@ -177,7 +182,7 @@ func (m *Manifest) ReleaseEnv(id string) error {
 			}
 		}
 		for _, sid := range envStateIDs(tx, id) {
-			if err := release(tx, sid); err != nil {
+			if err := closeRelease(tx, sid, at); err != nil {
 				return err
 			}
 		}

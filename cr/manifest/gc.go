@@ -1,10 +1,53 @@
 package manifest
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
+
+// Policy is what garbage collection keeps besides the lineages of open
+// envs and unreleased states (docs/engine.md, "Retention").
+type Policy struct {
+	// Now is the time retention is measured at (zero: time.Now()).
+	Now time.Time
+	// Retain is how long a state released by its env's close (ClosedAt)
+	// is kept; 0 keeps it no longer than something needs it.
+	Retain time.Duration
+	// Keep are more states to keep with their ancestors: references the
+	// caller holds outside the manifest (a branch in flight, warm copies).
+	// Ids that do not exist are ignored.
+	Keep []string
+	// MaxStates and MaxArtifacts bound what one Collect returns (0: no
+	// bound), so that one pass of garbage collection does bounded work.
+	MaxStates, MaxArtifacts int
+}
+
+func (p Policy) now() time.Time {
+	if p.Now.IsZero() {
+		return time.Now()
+	}
+	return p.Now
+}
+
+// retained reports whether p keeps s for itself (not for a descendant),
+// and until when it does so by retention alone (zero: no end, or none).
+func (p Policy) retained(s State, now time.Time) (bool, time.Time) {
+	switch {
+	case !s.Released, s.Pinned:
+		return true, time.Time{}
+	case s.ClosedAt.IsZero() || p.Retain <= 0:
+		return false, time.Time{}
+	}
+	until := s.ClosedAt.Add(p.Retain)
+	if now.Before(until) {
+		return true, until
+	}
+	return false, time.Time{}
+}
 
 // graph is every state and env, read in one transaction.
 type graph struct {
@@ -28,11 +71,14 @@ func loadGraph(tx *bolt.Tx) (graph, error) {
 	return g, nil
 }
 
-// live marks the states some owner still needs: unreleased states, heads
-// of open envs, and every ancestor of those. An ancestor of a head is kept
-// too, so an open env's lineage never has holes GC made.
-func (g graph) live() map[string]bool {
-	live := map[string]bool{}
+// live marks the states some owner still needs under p: unreleased and
+// pinned states, released ones still in their retention, heads of open
+// envs, p.Keep, and every ancestor of those. An ancestor is kept too, so
+// an open env's lineage never has holes GC made. next is the earliest end
+// of a retention that keeps a state now (zero: none).
+func (g graph) live(p Policy) (live map[string]bool, next time.Time) {
+	live = map[string]bool{}
+	now := p.now()
 	mark := func(id string) {
 		for id != "" && !live[id] {
 			s, ok := g.states[id]
@@ -44,8 +90,13 @@ func (g graph) live() map[string]bool {
 		}
 	}
 	for id, s := range g.states {
-		if !s.Released {
-			mark(id)
+		keep, until := p.retained(s, now)
+		if !keep {
+			continue
+		}
+		mark(id)
+		if !until.IsZero() && (next.IsZero() || until.Before(next)) {
+			next = until
 		}
 	}
 	for _, e := range g.envs {
@@ -53,66 +104,114 @@ func (g graph) live() map[string]bool {
 			mark(e.Head)
 		}
 	}
-	return live
+	for _, id := range p.Keep {
+		mark(id)
+	}
+	return live, next
 }
 
-// Garbage returns the states no owner needs any more (released, not the
-// head of an open env, not an ancestor of a live state) and the ready
-// artifacts no remaining state references, both in id order. Intents are
-// never garbage: they are checkpoints in progress.
-func (m *Manifest) Garbage() (states []State, artifacts []Artifact, err error) {
-	err = m.db.View(func(tx *bolt.Tx) error {
+// Garbage is what Collect found.
+type Garbage struct {
+	// States no owner needs, oldest first, and Artifacts no state needs
+	// once they are gone (ready ones only), in id order.
+	States    []State
+	Artifacts []Artifact
+	// More says that the bounds of the policy left garbage out.
+	More bool
+	// Next is the earliest time a retention now in force ends (zero:
+	// none), when more may become garbage without any other change.
+	Next time.Time
+}
+
+// Collect returns what p does not keep: the states no owner needs
+// (released, out of their retention, not pinned, not the head of an open
+// env, not an ancestor of a live state), oldest first, and the ready
+// artifacts no remaining state references, both within p's bounds.
+// Intents are never garbage: they are checkpoints in progress.
+func (m *Manifest) Collect(p Policy) (Garbage, error) {
+	var out Garbage
+	err := m.db.View(func(tx *bolt.Tx) error {
 		g, err := loadGraph(tx)
 		if err != nil {
 			return err
 		}
-		live := g.live()
+		live, next := g.live(p)
+		out.Next = next
+		var dead []State
+		for id, s := range g.states {
+			if !live[id] {
+				dead = append(dead, s)
+			}
+		}
+		slices.SortFunc(dead, func(a, b State) int {
+			return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
+		})
+		if p.MaxStates > 0 && len(dead) > p.MaxStates {
+			dead, out.More = dead[:p.MaxStates], true
+		}
+		gone := make(map[string]bool, len(dead))
+		for _, s := range dead {
+			gone[s.ID] = true
+		}
 		used := map[string]bool{}
 		for id, s := range g.states {
-			if live[id] {
+			if !gone[id] {
 				used[s.FS] = true
 				used[s.Proc] = true
 			}
 		}
-		// Iterate the bucket, not the map, for id order.
-		err = tx.Bucket(bucketStates).ForEach(func(k, _ []byte) error {
-			if !live[string(k)] {
-				states = append(states, g.states[string(k)])
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+		out.States = dead
 		as, err := all[Artifact](tx, bucketArtifacts)
 		if err != nil {
 			return err
 		}
 		for _, a := range as {
-			if a.Ready && !used[a.ID] {
-				artifacts = append(artifacts, a)
+			if !a.Ready || used[a.ID] {
+				continue
 			}
+			if p.MaxArtifacts > 0 && len(out.Artifacts) == p.MaxArtifacts {
+				out.More = true
+				break
+			}
+			out.Artifacts = append(out.Artifacts, a)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("collect garbage: %w", err)
+		return Garbage{}, fmt.Errorf("collect garbage: %w", err)
 	}
-	return states, artifacts, nil
+	return out, nil
 }
 
-// Forget deletes state and artifact records in one transaction, after the
-// caller deleted the artifacts' files. It re-checks what Garbage promised
-// and refuses with ErrInUse, deleting nothing, if a listed state became
-// live or a listed artifact is an intent or is referenced by a state that
-// stays. Ids already gone are skipped, so a retry is harmless.
+// Garbage returns everything Collect finds with no retention, no bounds
+// and no outside references, states in id order.
+func (m *Manifest) Garbage() (states []State, artifacts []Artifact, err error) {
+	g, err := m.Collect(Policy{})
+	if err != nil {
+		return nil, nil, err
+	}
+	slices.SortFunc(g.States, func(a, b State) int { return cmp.Compare(a.ID, b.ID) })
+	return g.States, g.Artifacts, nil
+}
+
+// Forget is ForgetWith under the policy of Garbage.
 func (m *Manifest) Forget(stateIDs, artifactIDs []string) error {
+	return m.ForgetWith(Policy{}, stateIDs, artifactIDs)
+}
+
+// ForgetWith deletes state and artifact records in one transaction, after
+// the caller deleted the artifacts' files. It re-checks what Collect
+// promised under p and refuses with ErrInUse, deleting nothing, if a
+// listed state became live or a listed artifact is an intent or is
+// referenced by a state that stays. Ids already gone are skipped, so a
+// retry is harmless.
+func (m *Manifest) ForgetWith(p Policy, stateIDs, artifactIDs []string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		g, err := loadGraph(tx)
 		if err != nil {
 			return err
 		}
-		live := g.live()
+		live, _ := g.live(p)
 		gone := map[string]bool{}
 		for _, id := range stateIDs {
 			s, ok := g.states[id]

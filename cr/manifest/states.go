@@ -153,17 +153,67 @@ func (m *Manifest) Lineage(id string) ([]State, error) {
 	return line, nil
 }
 
-// Release marks a state as no longer wanted by its owner. It stays while
-// it is an env's open head or an ancestor of a live state.
-func (m *Manifest) Release(id string) error {
-	err := m.db.Update(func(tx *bolt.Tx) error { return release(tx, id) })
+// Release marks states as no longer wanted by their owner, in one
+// transaction: all of them or, when one does not exist (ErrNotFound),
+// none. A released state has no retention, even one its env's close
+// released before (that retention ends). It stays while it is pinned, an
+// env's open head or an ancestor of a live state.
+func (m *Manifest) Release(ids ...string) error {
+	err := m.updateStates(ids, func(s *State) {
+		s.Released, s.ClosedAt = true, time.Time{}
+	})
 	if err != nil {
-		return fmt.Errorf("release state %s: %w", id, err)
+		return fmt.Errorf("release states %v: %w", ids, err)
 	}
 	return nil
 }
 
-func release(tx *bolt.Tx, id string) error {
+// Pin keeps states (and their ancestors) until Unpin, whatever releases
+// them; all of them or, when one does not exist (ErrNotFound), none.
+func (m *Manifest) Pin(ids ...string) error {
+	err := m.updateStates(ids, func(s *State) { s.Pinned = true })
+	if err != nil {
+		return fmt.Errorf("pin states %v: %w", ids, err)
+	}
+	return nil
+}
+
+// Unpin undoes Pin: each state is kept again only as far as the rest of
+// the policy says (released, retained, live). All or none, as Pin.
+func (m *Manifest) Unpin(ids ...string) error {
+	err := m.updateStates(ids, func(s *State) { s.Pinned = false })
+	if err != nil {
+		return fmt.Errorf("unpin states %v: %w", ids, err)
+	}
+	return nil
+}
+
+// updateStates changes the states ids with f in one transaction; nothing
+// is written when one of them does not exist.
+func (m *Manifest) updateStates(ids []string, f func(*State)) error {
+	return m.db.Update(func(tx *bolt.Tx) error {
+		for _, id := range ids {
+			s, err := get[State](tx, bucketStates, "state", id)
+			if err != nil {
+				return err
+			}
+			before := s
+			f(&s)
+			if s.Released == before.Released && s.Pinned == before.Pinned && s.ClosedAt.Equal(before.ClosedAt) {
+				continue
+			}
+			if err := put(tx, bucketStates, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// closeRelease releases state id as its env's close does: with the
+// retention that starts at at. A state released before keeps its own
+// standing.
+func closeRelease(tx *bolt.Tx, id string, at time.Time) error {
 	s, err := get[State](tx, bucketStates, "state", id)
 	if err != nil {
 		return err
@@ -171,6 +221,6 @@ func release(tx *bolt.Tx, id string) error {
 	if s.Released {
 		return nil
 	}
-	s.Released = true
+	s.Released, s.ClosedAt = true, at
 	return put(tx, bucketStates, s)
 }

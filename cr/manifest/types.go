@@ -56,8 +56,16 @@ type State struct {
 	Created time.Time                `json:"created"`
 	Timings map[string]time.Duration `json:"timings,omitempty"` // e.g. "freeze", "snapshot", "dump", "total"
 	// Released means the owner no longer wants the state; GC may remove it
-	// once no live state descends from it.
+	// once no live state descends from it and its retention is over.
 	Released bool `json:"released,omitempty"`
+	// ClosedAt is when the env that made the state closed and released it:
+	// its retention runs from then (Policy.Retain). It is zero for a state
+	// released by name (Release), which has no retention, and in records
+	// written before retention existed, which are read as such.
+	ClosedAt time.Time `json:"closed_at,omitzero"`
+	// Pinned keeps the state (and its ancestors) whatever else says, until
+	// Unpin.
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // Env is one sandbox's record: its image and current state, and what a

@@ -131,6 +131,27 @@ func (p *RollbackParams) check(c *checker) {
 	c.required("state_id", p.StateID)
 }
 
+// StateIDsParams name states: the params of release, pin and unpin.
+type StateIDsParams struct {
+	StateIDs []string `msgpack:"state_ids"`
+}
+
+func (p *StateIDsParams) check(c *checker) {
+	if len(p.StateIDs) == 0 && !c.isBad("state_ids") {
+		c.fail("state_ids", "want at least one state id")
+	}
+	for i, id := range p.StateIDs {
+		c.required("state_ids["+strconv.Itoa(i)+"]", id)
+	}
+}
+
+// The methods whose params are states.
+type (
+	ReleaseParams = StateIDsParams
+	PinParams     = StateIDsParams
+	UnpinParams   = StateIDsParams
+)
+
 // EnvsParams are the params of envs: none.
 type EnvsParams struct{}
 
@@ -168,6 +189,7 @@ func (p *EnvParams) Validate() error       { return validate(p) }
 func (p *RollbackParams) Validate() error  { return validate(p) }
 func (p *EnvsParams) Validate() error      { return validate(p) }
 func (p *StepBatchParams) Validate() error { return validate(p) }
+func (p *StateIDsParams) Validate() error  { return validate(p) }
 
 func validate(p Params) error {
 	c := newChecker()

@@ -138,6 +138,14 @@ func TestDecodeParams(t *testing.T) {
 		{name: "rollback missing", in: m{}, into: &RollbackParams{}, wantErr: "env_id: required string is missing; state_id: required string is missing"},
 		{name: "rollback state float", in: m{"env_id": "e", "state_id": 1.5}, into: &RollbackParams{}, wantErr: "state_id: want string, got float"},
 
+		// release, pin, unpin
+		{name: "release", in: m{"state_ids": []any{"s1", []byte("s2")}}, into: &ReleaseParams{}, want: &ReleaseParams{StateIDs: []string{"s1", "s2"}}},
+		{name: "pin missing", in: m{}, into: &PinParams{}, wantErr: "state_ids: want at least one state id"},
+		{name: "unpin empty", in: m{"state_ids": []any{}}, into: &UnpinParams{}, wantErr: "state_ids: want at least one state id"},
+		{name: "pin empty id", in: m{"state_ids": []any{"s1", ""}}, into: &PinParams{}, wantErr: "state_ids[1]: required string is missing"},
+		{name: "release not an array", in: m{"state_ids": "s1"}, into: &ReleaseParams{}, wantErr: "state_ids: want array, got string"},
+		{name: "release id int", in: m{"state_ids": []any{7}}, into: &ReleaseParams{}, wantErr: "state_ids[0]: want string, got integer"},
+
 		// envs
 		{name: "envs", in: m{"filter": "x"}, into: &EnvsParams{}, want: &EnvsParams{}},
 		{name: "envs no params", in: nil, into: &EnvsParams{}, want: &EnvsParams{}},
@@ -198,6 +206,7 @@ func TestParamsRoundTrip(t *testing.T) {
 		&EnvParams{EnvID: "e"},
 		&RollbackParams{EnvID: "e", StateID: "s"},
 		&EnvsParams{},
+		&StateIDsParams{StateIDs: []string{"s1", "s2"}},
 		&StepBatchParams{Items: []BatchItem{{EnvID: "a", Action: Action{Tool: ToolReadFile, Path: "f"}}}},
 	} {
 		got := reflect.New(reflect.TypeOf(p).Elem()).Interface().(Params)
@@ -224,7 +233,7 @@ func TestValidate(t *testing.T) {
 // allParams is a zero value of every params type.
 func allParams() []Params {
 	return []Params{&HelloParams{}, &ResetParams{}, &StepParams{}, &BranchParams{}, &EnvParams{},
-		&RollbackParams{}, &EnvsParams{}, &StepBatchParams{}}
+		&RollbackParams{}, &EnvsParams{}, &StepBatchParams{}, &StateIDsParams{}}
 }
 
 // FuzzDecodeParams decodes the params of arbitrary frames into every

@@ -24,11 +24,15 @@ const (
 	MethodEnvs       = "envs"
 	MethodStates     = "states"
 	MethodStepBatch  = "step_batch"
+	MethodRelease    = "release"
+	MethodPin        = "pin"
+	MethodUnpin      = "unpin"
 )
 
 // Methods lists every method of protocol v1.
 var Methods = []string{MethodHello, MethodReset, MethodStep, MethodBranch, MethodCheckpoint, MethodRollback,
-	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch}
+	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch,
+	MethodRelease, MethodPin, MethodUnpin}
 
 // Server notifications.
 const (

@@ -1,0 +1,301 @@
+package branch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/arbor-env/arbor/cr/imgcache"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/cr/queue"
+)
+
+// DefaultRetain is the retention of a closed env's states that the
+// server uses when it is not told otherwise (arbor serve --retain); the
+// engine's own zero value, Options.Retain = 0, keeps none.
+const DefaultRetain = 10 * time.Minute
+
+// The background GC's defaults (docs/engine.md, "Retention").
+const (
+	// DefaultGCInterval is the longest the GC sleeps between passes when
+	// nothing nudges it and no retention ends sooner.
+	DefaultGCInterval = time.Minute
+	// DefaultGCBatch is how many states one pass deletes at most (and
+	// twice as many artifacts).
+	DefaultGCBatch = 16
+)
+
+// GCStats are the background GC's totals since Open.
+type GCStats struct {
+	// Passes counts the passes that ran (took the GC lock), with or
+	// without garbage to delete.
+	Passes int64
+	// States and Artifacts count what the passes deleted; Bytes is the
+	// size the manifest recorded for those artifacts.
+	States, Artifacts, Bytes int64
+	// Errors counts passes that failed.
+	Errors int64
+	// LastPass is how long the last pass held the GC lock (the time
+	// commits, restores and branches could have waited for it), LastAt
+	// when it ended, MaxPass the longest pass.
+	LastPass, MaxPass time.Duration
+	LastAt            time.Time
+}
+
+// gcStats are GCStats under their lock.
+type gcStats struct {
+	mu sync.Mutex
+	s  GCStats
+}
+
+// hold keeps state sid from GC (a branch from it in flight) until unhold.
+func (e *Engine) hold(sid string) {
+	e.mu.Lock()
+	e.refs[sid]++
+	e.mu.Unlock()
+}
+
+func (e *Engine) unhold(sid string) {
+	e.mu.Lock()
+	if e.refs[sid]--; e.refs[sid] <= 0 {
+		delete(e.refs, sid)
+	}
+	e.mu.Unlock()
+}
+
+// manifestErr words a manifest's missing state as ErrUnknownState.
+func manifestErr(err error) error {
+	if errors.Is(err, manifest.ErrNotFound) {
+		return fmt.Errorf("%w: %v", ErrUnknownState, err)
+	}
+	return err
+}
+
+// Release marks states as no longer wanted, all of them or (one is
+// unknown: ErrUnknownState) none. A released state has no retention: GC
+// removes it as soon as nothing keeps it (an open env's lineage, a pin, a
+// pending branch, a warm copy). Releasing a state an open env still needs
+// is harmless: it stays until that env closes, and then goes at once.
+func (e *Engine) Release(ids ...string) error {
+	if err := manifestErr(e.man.Release(ids...)); err != nil {
+		return err
+	}
+	e.nudgeGC()
+	return nil
+}
+
+// Pin keeps states (and their ancestors) until Unpin, through the close of
+// their env and past its retention; all or (one is unknown:
+// ErrUnknownState) none.
+func (e *Engine) Pin(ids ...string) error { return manifestErr(e.man.Pin(ids...)) }
+
+// Unpin undoes Pin; the states are then kept only as the rest of the
+// retention policy says.
+func (e *Engine) Unpin(ids ...string) error {
+	if err := manifestErr(e.man.Unpin(ids...)); err != nil {
+		return err
+	}
+	e.nudgeGC()
+	return nil
+}
+
+// now is the time retention is measured at: the wall clock, moved on by
+// tests (export_test.go).
+func (e *Engine) now() time.Time { return time.Now().Add(time.Duration(e.clockOff.Load())) }
+
+// nudgeGC wakes the background GC (something may have become garbage).
+func (e *Engine) nudgeGC() {
+	select {
+	case e.gcNudge <- struct{}{}:
+	default:
+	}
+}
+
+// startGC starts the background GC; Close stops it (stopGC).
+func (e *Engine) startGC() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.gcCancel = cancel
+	e.gcDone = make(chan struct{})
+	go e.gcLoop(ctx)
+}
+
+func (e *Engine) stopGC() {
+	if e.gcCancel == nil {
+		return
+	}
+	e.gcCancel()
+	<-e.gcDone
+}
+
+// gcLoop runs passes of bounded work: at once after Open, after a nudge,
+// when a retention ends, at the latest every GCInterval; back to back
+// while a pass leaves garbage over (releasing the lock in between).
+func (e *Engine) gcLoop(ctx context.Context) {
+	defer close(e.gcDone)
+	wait := time.Duration(0)
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-e.gcNudge:
+			t.Stop()
+		case <-t.C:
+		}
+		more, next, err := e.gcPass(ctx)
+		wait = e.o.GCInterval
+		switch {
+		case ctx.Err() != nil, errors.Is(err, ErrClosed):
+			return
+		case err != nil:
+			e.log.Warn("garbage collection", slog.Any("err", err))
+		case more:
+			wait = 0
+		case !next.IsZero():
+			wait = min(wait, max(next.Sub(e.now()), 0)+10*time.Millisecond)
+		}
+	}
+}
+
+// GC deletes everything no owner needs any more now, in as many bounded
+// passes as it takes (the background GC does the same, a pass at a time).
+func (e *Engine) GC(ctx context.Context) error {
+	for {
+		more, _, err := e.gcPass(ctx)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// gcPass deletes at most Options.GCBatch states no owner needs and the
+// artifacts only they used, under the GC lock. It reports whether garbage
+// was left over and when the next retention ends.
+func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err error) {
+	if err := e.lockGC(ctx); err != nil {
+		return false, time.Time{}, err
+	}
+	start := time.Now()
+	defer func() {
+		took := time.Since(start)
+		e.gcMu.Unlock()
+		e.gcStats.mu.Lock()
+		s := &e.gcStats.s
+		s.Passes++
+		if err != nil {
+			s.Errors++
+		}
+		s.LastPass, s.LastAt, s.MaxPass = took, time.Now(), max(s.MaxPass, took)
+		e.gcStats.mu.Unlock()
+	}()
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return false, time.Time{}, ErrClosed
+	}
+	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
+	for _, env := range e.envs {
+		p.Keep = append(p.Keep, env.Head())
+	}
+	for sid, ws := range e.warm {
+		if len(ws) > 0 {
+			p.Keep = append(p.Keep, sid)
+		}
+	}
+	for sid := range e.refs {
+		p.Keep = append(p.Keep, sid)
+	}
+	e.mu.Unlock()
+	g, err := e.man.Collect(p)
+	if err != nil {
+		return false, time.Time{}, err
+	}
+	if len(g.States)+len(g.Artifacts) == 0 {
+		return g.More, g.Next, nil
+	}
+	// The files go first, then the records (crash safety). A deletion is
+	// not cut short by Close (its ctx ends only the wait for the lock): an
+	// artifact whose files could not be deleted keeps its record, an
+	// orphan the next pass tries again, never files nobody knows about.
+	var bytes int64
+	var failed int
+	aids := make([]string, 0, len(g.Artifacts))
+	for _, a := range g.Artifacts {
+		if err := e.deleteArtifact(context.WithoutCancel(ctx), a); err != nil {
+			failed++
+			continue
+		}
+		aids = append(aids, a.ID)
+		bytes += a.Bytes
+	}
+	sids := make([]string, len(g.States))
+	for i, s := range g.States {
+		sids[i] = s.ID
+	}
+	if err := e.man.ForgetWith(p, sids, aids); err != nil {
+		return false, time.Time{}, err
+	}
+	if failed > 0 {
+		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
+	}
+	e.gcStats.mu.Lock()
+	e.gcStats.s.States += int64(len(sids))
+	e.gcStats.s.Artifacts += int64(len(aids))
+	e.gcStats.s.Bytes += bytes
+	e.gcStats.mu.Unlock()
+	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
+		slog.Int64("bytes", bytes), slog.Bool("more", g.More))
+	return g.More, g.Next, err
+}
+
+// lockGC takes gcMu for writing without queueing for it: restores (CRIU
+// runs of up to criu.Checkpointer.Timeout) hold it for reading, and a
+// writer waiting in Lock would block every new reader, so every other
+// env's checkpoint commit, branch and rollback would wait for the slowest
+// restore in flight.
+func (e *Engine) lockGC(ctx context.Context) error {
+	for !e.gcMu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Usage is the engine's disk and memory accounting.
+type Usage struct {
+	Manifest manifest.Usage
+	Images   imgcache.Stats
+	Queue    queue.Stats
+	Envs     int
+	Warm     int
+	Coord    CoordStats
+	GC       GCStats
+}
+
+// Usage reports what the engine holds.
+func (e *Engine) Usage() (Usage, error) {
+	mu, err := e.man.Usage()
+	if err != nil {
+		return Usage{}, err
+	}
+	e.mu.Lock()
+	n, w := len(e.envs), 0
+	for _, ws := range e.warm {
+		w += len(ws)
+	}
+	e.mu.Unlock()
+	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
+		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load(),
+		Revived: e.stats.revived.Load()}
+	e.gcStats.mu.Lock()
+	gs := e.gcStats.s
+	e.gcStats.mu.Unlock()
+	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c, GC: gs}, nil
+}

@@ -1,0 +1,196 @@
+package manifest
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRetention: the tree of TestGarbageAndForget, with e2 (x, y, a
+// branch of a) closed at t0 and the policy's clock and retention varied.
+func TestRetention(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	setup := func(t *testing.T, m *Manifest) {
+		putEnv(t, m, "e1")
+		putEnv(t, m, "e2")
+		checkpoint(t, m, "e1", "r", "", 0, KindFull)
+		checkpoint(t, m, "e1", "a", "r", 1, KindFS)
+		checkpoint(t, m, "e1", "b", "a", 2, KindProc)
+		checkpoint(t, m, "e1", "c", "b", 3, KindFS)
+		checkpoint(t, m, "e2", "x", "a", 2, KindFull)
+		checkpoint(t, m, "e2", "y", "x", 3, KindFS)
+	}
+	do := func(f func(m *Manifest) error) func(*testing.T, *Manifest) {
+		return func(t *testing.T, m *Manifest) {
+			if err := f(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	closeE2 := func(m *Manifest) error { return m.ReleaseEnvAt("e2", t0) }
+	tests := []struct {
+		name       string
+		act        []func(*testing.T, *Manifest)
+		p          Policy
+		wantStates []string
+		wantNext   time.Time
+	}{
+		{name: "within retention", act: []func(*testing.T, *Manifest){do(closeE2)},
+			p: Policy{Now: t0.Add(time.Minute), Retain: 10 * time.Minute}, wantStates: []string{}, wantNext: t0.Add(10 * time.Minute)},
+		{name: "retention over", act: []func(*testing.T, *Manifest){do(closeE2)},
+			p: Policy{Now: t0.Add(10 * time.Minute), Retain: 10 * time.Minute}, wantStates: []string{"x", "y"}},
+		{name: "no retention", act: []func(*testing.T, *Manifest){do(closeE2)},
+			p: Policy{Now: t0, Retain: 0}, wantStates: []string{"x", "y"}},
+		{name: "released by name within retention", act: []func(*testing.T, *Manifest){do(closeE2), do(func(m *Manifest) error { return m.Release("y") })},
+			p: Policy{Now: t0.Add(time.Minute), Retain: 10 * time.Minute}, wantStates: []string{"y"}, wantNext: t0.Add(10 * time.Minute)},
+		{name: "pinned outlives retention", act: []func(*testing.T, *Manifest){do(func(m *Manifest) error { return m.Pin("x") }), do(closeE2)},
+			p: Policy{Now: t0.Add(time.Hour), Retain: time.Minute}, wantStates: []string{"y"}},
+		{name: "pinned and released by name stays", act: []func(*testing.T, *Manifest){do(closeE2), do(func(m *Manifest) error { return m.Pin("y") }),
+			do(func(m *Manifest) error { return m.Release("x", "y") })},
+			p: Policy{Now: t0, Retain: 0}, wantStates: []string{}},
+		{name: "unpinned goes", act: []func(*testing.T, *Manifest){do(func(m *Manifest) error { return m.Pin("y") }), do(closeE2),
+			do(func(m *Manifest) error { return m.Unpin("y") })},
+			p: Policy{Now: t0.Add(time.Hour), Retain: time.Minute}, wantStates: []string{"x", "y"}},
+		{name: "kept by the caller", act: []func(*testing.T, *Manifest){do(closeE2)},
+			p: Policy{Now: t0, Keep: []string{"x", "nosuch"}}, wantStates: []string{"y"}},
+		{name: "head of an open env released by name stays", act: []func(*testing.T, *Manifest){do(func(m *Manifest) error { return m.Release("c", "b") })},
+			p: Policy{Now: t0}, wantStates: []string{}},
+		{name: "closed after a release by name: the released state has no retention",
+			act: []func(*testing.T, *Manifest){do(func(m *Manifest) error { return m.Release("y") }), do(closeE2)},
+			p:   Policy{Now: t0.Add(time.Minute), Retain: 10 * time.Minute}, wantStates: []string{"y"}, wantNext: t0.Add(10 * time.Minute)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := openTest(t, Options{})
+			setup(t, m)
+			for _, a := range tt.act {
+				a(t, m)
+			}
+			g, err := m.Collect(tt.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ids(g.States)
+			if len(got) > 1 && got[0] > got[1] { // oldest first: same instant here
+				got[0], got[1] = got[1], got[0]
+			}
+			if !reflect.DeepEqual(got, tt.wantStates) || !g.Next.Equal(tt.wantNext) || g.More {
+				t.Fatalf("collect: states %v next %v more %v, want %v next %v", got, g.Next, g.More, tt.wantStates, tt.wantNext)
+			}
+			if err := m.ForgetWith(tt.p, ids(g.States), artifactIDs(g.Artifacts)); err != nil {
+				t.Fatal(err)
+			}
+			if g, err := m.Collect(tt.p); err != nil || len(g.States)+len(g.Artifacts) != 0 {
+				t.Errorf("garbage after forget: %v %v %v", ids(g.States), artifactIDs(g.Artifacts), err)
+			}
+		})
+	}
+}
+
+// TestForgetWithRefusesRetained: what a policy keeps cannot be forgotten
+// under it, though a policy without retention may.
+func TestForgetWithRefusesRetained(t *testing.T) {
+	t0 := time.Now()
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "r", "", 0, KindFull)
+	checkpoint(t, m, "e1", "a", "r", 1, KindFS)
+	if err := m.ReleaseEnvAt("e1", t0); err != nil {
+		t.Fatal(err)
+	}
+	keep := Policy{Now: t0, Retain: time.Hour}
+	if err := m.ForgetWith(keep, []string{"a"}, nil); !errors.Is(err, ErrInUse) {
+		t.Fatalf("forget a retained state: %v, want ErrInUse", err)
+	}
+	if err := m.ForgetWith(Policy{Now: t0, Retain: time.Hour, Keep: []string{"a"}}, nil, []string{"fs-a"}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("forget an artifact of a kept state: %v, want ErrInUse", err)
+	}
+	if err := m.ForgetWith(Policy{Now: t0.Add(time.Hour), Retain: time.Hour}, []string{"a"}, []string{"fs-a"}); err != nil {
+		t.Fatalf("forget after the retention: %v", err)
+	}
+}
+
+// TestCollectBounds: one Collect returns at most MaxStates states and
+// MaxArtifacts artifacts and says there is more; repeated collections get
+// everything.
+func TestCollectBounds(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	parent := ""
+	for i, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
+		checkpoint(t, m, "e1", id, parent, i, KindFull)
+		parent = id
+	}
+	if err := m.ReleaseEnv("e1"); err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{MaxStates: 2, MaxArtifacts: 3}
+	var all []string
+	for pass := 0; ; pass++ {
+		g, err := m.Collect(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(g.States) > 2 || len(g.Artifacts) > 3 {
+			t.Fatalf("pass %d: %d states, %d artifacts: over the bounds", pass, len(g.States), len(g.Artifacts))
+		}
+		if len(g.States)+len(g.Artifacts) == 0 {
+			if g.More {
+				t.Fatal("nothing collected but more announced")
+			}
+			break
+		}
+		if pass > 10 {
+			t.Fatal("collection does not end")
+		}
+		if err := m.ForgetWith(p, ids(g.States), artifactIDs(g.Artifacts)); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ids(g.States)...)
+	}
+	if u, _ := m.Usage(); u.States != 0 || len(all) != 5 || u.Artifacts[ArtifactFS].Count+u.Artifacts[ArtifactProc].Count != 0 {
+		t.Errorf("after bounded passes: %+v, collected %v", u, all)
+	}
+}
+
+// TestOldStateRecord: a state record written before retention and pins
+// (no closed_at, no pinned) reads as released with no retention.
+func TestOldStateRecord(t *testing.T) {
+	old := []byte(`{"id":"s1","env":"e1","turn":2,"kind":"full","fs":"f1","proc":"p1","created":"2026-01-01T00:00:00Z","released":true}`)
+	s, err := decode[State]([]byte("s1"), old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Released || s.Pinned || !s.ClosedAt.IsZero() {
+		t.Fatalf("old record read as %+v", s)
+	}
+	if keep, _ := (Policy{Retain: time.Hour}).retained(s, time.Now()); keep {
+		t.Error("an old released record is retained")
+	}
+	// New records leave the new fields out when they are zero.
+	b, err := encode(State{ID: "s2", Env: "e1", Kind: KindFull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(b); strings.Contains(s, "closed_at") || strings.Contains(s, "pinned") {
+		t.Errorf("zero retention fields encoded: %s", s)
+	}
+}
+
+// TestPinReleaseAtomic: an unknown id refuses the whole call.
+func TestPinReleaseAtomic(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "r", "", 0, KindFull)
+	for name, f := range map[string]func(...string) error{"pin": m.Pin, "unpin": m.Unpin, "release": m.Release} {
+		if err := f("r", "nosuch"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("%s with an unknown id: %v, want ErrNotFound", name, err)
+		}
+	}
+	s, err := m.GetState("r")
+	if err != nil || s.Pinned || s.Released {
+		t.Errorf("refused calls changed the state: %+v %v", s, err)
+	}
+}
