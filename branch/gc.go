@@ -323,3 +323,7 @@ func (e *Engine) Usage() (Usage, error) {
 	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c, GC: gs,
 		Disk: disk, Pressure: ps}, nil
 }
+
+// CheckManifest runs the manifest's consistency check (manifest.Check):
+// soak tests and tools call it.
+func (e *Engine) CheckManifest() error { return e.man.Check() }
