@@ -351,7 +351,7 @@ type Env struct {
 	mustFull bool
 	closed   bool
 
-	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered: read without env.mu
+	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered, charged: read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).
@@ -359,6 +359,11 @@ type Env struct {
 	labels  map[string]string
 	// recovered is set once, when Open restored the env after a crash.
 	recovered *Recovered
+	// charged is what root volume chargedVol had written at its last file
+	// snapshot (cr.QuotaUsage.Charged): the base of the next snapshot's
+	// size. A new root (rollback, revive) starts from 0.
+	charged    int64
+	chargedVol string
 
 	stats *coordStats // the engine's, shared by all envs
 }

@@ -33,3 +33,10 @@ func SetStatfs(e *Engine, f func(name, path string) (used, total, free int64, er
 	e.pr.mu.Unlock()
 	e.nudgeGC()
 }
+
+// ArtifactBytes is the size the manifest records for artifact id; tests
+// only.
+func ArtifactBytes(e *Engine, id string) (int64, error) {
+	a, err := e.man.GetArtifact(id)
+	return a.Bytes, err
+}

@@ -97,3 +97,50 @@ func TestDiskPressure(t *testing.T) {
 	e.CloseEnv(ctx, env)
 	exists(t, e, "the open lineage at the end", as...)
 }
+
+// TestStateBytes: a file snapshot's size is what the turn wrote that it
+// holds (the root's simple-quota charge since the previous snapshot), a
+// state of kind full adds its process image, and the lineage counts each
+// artifact once.
+func TestStateBytes(t *testing.T) {
+	r := retainRig(t, 0, nil)
+	ctx := context.Background()
+	e := r.e
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "dd if=/dev/urandom of=/x bs=1M count=3 2>/dev/null")
+	s1, err := e.Checkpoint(ctx, env, branch.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "echo small > /y")
+	s2, err := e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := e.Lineage(s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, total := e.StateBytes(line)
+	if len(line) != 3 || line[1].ID != s1 {
+		t.Fatalf("lineage %v", line)
+	}
+	st2, _ := e.State(s2)
+	img, err := branch.ArtifactBytes(e, st2.Proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("own bytes %v, lineage %d, image %d", own, total, img)
+	if own[1] < 3<<20 || own[1] > 4<<20 {
+		t.Errorf("fs state after writing 3 MiB: %d bytes, want about 3 MiB", own[1])
+	}
+	if fs := own[2] - img; img < 1<<20 || fs < 0 || fs > 1<<20 {
+		t.Errorf("full state after a small write: %d bytes with a %d byte image, want the image and under 1 MiB of files", own[2], img)
+	}
+	if sum := own[0] + own[1] + own[2]; total != sum {
+		t.Errorf("lineage %d bytes, want the sum of its states' own %d (no artifact shared here)", total, sum)
+	}
+}

@@ -66,7 +66,7 @@ func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifacts", Help: "Ready artifacts in the manifest, by kind (fs snapshots, proc images).",
 				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Count) })),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs snapshots record none yet).",
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs: what each snapshot's turn wrote, where the backend tells).",
 				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Bytes) })),
 		)
 	}

@@ -218,11 +218,14 @@ func (s *Snapshotter) quota(name string) (cr.QuotaUsage, error) {
 }
 
 func (c cappedVolume) usage() (cr.QuotaUsage, error) {
-	var used int64
+	var used, charged int64
 	for _, f := range []string{"referenced", "rsv_data"} {
 		n, err := readInt(filepath.Join(c.qgroup, f))
 		if err != nil {
 			return cr.QuotaUsage{}, qgroupErr(err)
+		}
+		if f == "referenced" {
+			charged = n
 		}
 		used += n
 	}
@@ -230,7 +233,7 @@ func (c cappedVolume) usage() (cr.QuotaUsage, error) {
 	if err := unix.Statfs(c.path, &st); err != nil {
 		return cr.QuotaUsage{}, err
 	}
-	u := cr.QuotaUsage{Free: int64(st.Bavail) * st.Bsize}
+	u := cr.QuotaUsage{Free: int64(st.Bavail) * st.Bsize, Charged: charged}
 	if c.limit > 0 {
 		u.Free = min(u.Free, max(0, c.limit-used))
 	}
