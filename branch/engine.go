@@ -477,7 +477,7 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 
 // NewEnvWith is NewEnv with launch options (a task's capability set).
 func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Options) (*Env, string, error) {
-	if err := e.admit(ctx); err != nil {
+	if err := e.Admit(ctx); err != nil {
 		return nil, "", err
 	}
 	le, err := e.o.Launcher.LaunchWith(ctx, imageName, o)

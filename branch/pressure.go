@@ -178,11 +178,13 @@ func (e *Engine) relieve(ctx context.Context) (bool, error) {
 	return true, err
 }
 
-// admit lets a new env (reset, branch) start unless a watched file system
+// Admit lets a new env (reset, branch) start unless a watched file system
 // is at or above the high mark: then it nudges the GC and waits up to
 // Options.PressureWait for eviction to bring it under, and refuses with
-// ErrNoSpace if it does not. Steps and checkpoints are never refused.
-func (e *Engine) admit(ctx context.Context) error {
+// ErrNoSpace if it does not. NewEnv and Branch call it; so does a task's
+// reset that hands out a ready env of its pool. Steps and checkpoints are
+// never refused.
+func (e *Engine) Admit(ctx context.Context) error {
 	deadline := time.Now().Add(e.o.PressureWait)
 	for {
 		var full []string

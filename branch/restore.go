@@ -121,7 +121,7 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	if n < 1 {
 		return nil, fmt.Errorf("%w: branch n=%d, want at least 1", ErrBadRequest, n)
 	}
-	if err := e.admit(ctx); err != nil {
+	if err := e.Admit(ctx); err != nil {
 		return nil, err
 	}
 	sid := src.State
