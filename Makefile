@@ -17,8 +17,10 @@ STRESS_CLIENTS ?= 8
 # SKIPFUZZ_TURNS is set, how many turns it runs instead (5000: about 35 min).
 SKIPFUZZ_FOR ?= 10m
 SKIPFUZZ_TURNS ?=
+# make soak: turns per worker of the disk soak test (make test runs 100).
+SOAK_TURNS ?= 2000
 
-.PHONY: help deps build run test test-images fuzz fuzz-skips generate bench gobench stress lint
+.PHONY: help deps build run test test-images fuzz fuzz-skips generate bench gobench stress soak lint
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -71,6 +73,10 @@ stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a rep
 	ARBOR_STRESS_DURATION=$(STRESS_DURATION) ARBOR_STRESS_CLIENTS=$(STRESS_CLIENTS) \
 	ARBOR_STRESS_REPORT=$(CURDIR)/stress/results/$$(date -u +%Y%m%dT%H%M%SZ).md \
 	$(GO) test -count=1 -timeout 60m -run '^TestStress$$' -v ./stress/
+
+soak: build ## the disk soak test of make test (branch TestSoak) for SOAK_TURNS turns per worker (2000)
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_SOAK_TURNS=$(SOAK_TURNS) \
+	$(GO) test -count=1 -timeout 180m -run '^TestSoak$$' -v ./branch/
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
@@ -180,6 +181,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 				return fmt.Errorf("snapshot files: %w", err)
 			}
 			st.Timings["snapshot"] = time.Since(t)
+			fsArt.Bytes = e.snapshotBytes(ctx, env, volume)
 		}
 		if procArt != nil {
 			t = time.Now()
@@ -213,6 +215,11 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		return err
 	}
 	crashPoint("dump", made)
+	if fsArt != nil && fsArt.Bytes > 0 {
+		if err := e.man.SetArtifactBytes(fsArt.ID, fsArt.Bytes); err != nil {
+			return err
+		}
+	}
 	if procArt != nil {
 		n, err := e.cache.Commit(procArt.Location)
 		if err != nil {
@@ -266,3 +273,65 @@ func (e *Engine) Lineage(id string) ([]manifest.State, error) {
 
 // States lists the committed states of an environment, oldest first.
 func (e *Engine) States(envID string) ([]manifest.State, error) { return e.man.States(envID) }
+
+// snapshotBytes is the size of the file snapshot just taken of volume:
+// what the root wrote since its previous snapshot that still exists (the
+// growth of cr.QuotaUsage.Charged), 0 when the backend does not tell
+// (docs/engine.md, "Accounting").
+func (e *Engine) snapshotBytes(ctx context.Context, env *Env, volume string) int64 {
+	q, ok := e.o.Snap.(cr.Quotaer)
+	if !ok {
+		return 0
+	}
+	u, err := q.Quota(ctx, volume)
+	if err != nil || u.Charged <= 0 {
+		return 0
+	}
+	env.fsMu.Lock()
+	defer env.fsMu.Unlock()
+	base := env.charged
+	if env.chargedVol != volume {
+		base = 0 // a new root: a clone starts with nothing charged
+	}
+	env.charged, env.chargedVol = u.Charged, volume
+	return max(u.Charged-base, 0)
+}
+
+// StateBytes is what a state takes on its own: the sizes of the artifacts
+// it made (a new file snapshot for kinds fs and full, a new process image
+// for proc and full), and what its lineage, the state and all its
+// ancestors, takes: every distinct artifact they reference once. A file
+// snapshot's size is 0 when the backend does not tell (docs/engine.md,
+// "Accounting").
+func (e *Engine) StateBytes(line []manifest.State) (own []int64, total int64) {
+	size := map[string]int64{}
+	bytes := func(id string) int64 {
+		if id == "" {
+			return 0
+		}
+		if n, ok := size[id]; ok {
+			return n
+		}
+		a, err := e.man.GetArtifact(id)
+		if err != nil {
+			return 0
+		}
+		size[id] = a.Bytes
+		return a.Bytes
+	}
+	own = make([]int64, len(line))
+	for i, st := range line {
+		if st.Kind == FS || st.Kind == Full {
+			own[i] += bytes(st.FS)
+		}
+		if st.Kind == Proc || st.Kind == Full {
+			own[i] += bytes(st.Proc)
+		}
+		bytes(st.FS)
+		bytes(st.Proc)
+	}
+	for _, n := range size {
+		total += n
+	}
+	return own, total
+}

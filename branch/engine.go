@@ -79,7 +79,16 @@ type Options struct {
 	// GCBatch bounds the states one GC pass deletes (default
 	// DefaultGCBatch; artifacts: twice as many).
 	GCBatch int
-	Logger  *slog.Logger
+	// HighWater and LowWater are the watermarks of disk pressure, shares
+	// of the pool, the cold image store and the hot tmpfs in use (defaults
+	// DefaultHighWater, DefaultLowWater): above the high mark GC evicts by
+	// the retention policy until under the low mark, and while still
+	// above it NewEnv and Branch wait up to PressureWait (default
+	// DefaultPressureWait) and are refused with ErrNoSpace
+	// (docs/engine.md, "Disk pressure"). A high mark above 1 turns it off.
+	HighWater, LowWater float64
+	PressureWait        time.Duration
+	Logger              *slog.Logger
 }
 
 // Engine runs checkpoints, branches and rollbacks.
@@ -102,6 +111,7 @@ type Engine struct {
 	gcDone   chan struct{}
 	gcStats  gcStats
 	clockOff atomic.Int64
+	pr       pressure // disk pressure (pressure.go)
 
 	mu     sync.Mutex
 	envs   map[string]*Env
@@ -140,6 +150,15 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.GCBatch <= 0 {
 		o.GCBatch = DefaultGCBatch
 	}
+	if o.HighWater <= 0 {
+		o.HighWater = DefaultHighWater
+	}
+	if o.LowWater <= 0 || o.LowWater >= o.HighWater {
+		o.LowWater = min(DefaultLowWater, o.HighWater-0.1)
+	}
+	if o.PressureWait <= 0 {
+		o.PressureWait = DefaultPressureWait
+	}
 	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{},
 		refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
 	e.cache, err = imgcache.Open(imgcache.Options{
@@ -170,6 +189,7 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 		return nil, err
 	}
 	e.q = queue.New(o.Workers, o.Logger)
+	e.initPressure()
 	e.restoreEnvs(ctx, open)
 	e.startGC()
 	return e, nil
@@ -331,7 +351,7 @@ type Env struct {
 	mustFull bool
 	closed   bool
 
-	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered: read without env.mu
+	fsMu  sync.Mutex // guards fsLoc, pubHead, labels, recovered, charged: read without env.mu
 	fsLoc string     // snapshot of the head's filesystem artifact
 	// pubHead mirrors head for readers that must not wait for env.mu
 	// (which a gate may hold for a whole checkpoint).
@@ -339,6 +359,11 @@ type Env struct {
 	labels  map[string]string
 	// recovered is set once, when Open restored the env after a crash.
 	recovered *Recovered
+	// charged is what root volume chargedVol had written at its last file
+	// snapshot (cr.QuotaUsage.Charged): the base of the next snapshot's
+	// size. A new root (rollback, revive) starts from 0.
+	charged    int64
+	chargedVol string
 
 	stats *coordStats // the engine's, shared by all envs
 }
@@ -452,6 +477,9 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 
 // NewEnvWith is NewEnv with launch options (a task's capability set).
 func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Options) (*Env, string, error) {
+	if err := e.Admit(ctx); err != nil {
+		return nil, "", err
+	}
 	le, err := e.o.Launcher.LaunchWith(ctx, imageName, o)
 	if err != nil {
 		return nil, "", err

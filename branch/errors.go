@@ -25,6 +25,11 @@ var (
 	// last committed state (a *RevivedError says which); the operation
 	// that found it did not run.
 	ErrRevived = errors.New("sandbox died; environment restored")
+	// ErrNoSpace: a watched file system (the pool, the image store) is
+	// still above its high mark after eviction, so no new env is started
+	// (NewEnv, Branch); retry once space is freed (docs/engine.md, "Disk
+	// pressure").
+	ErrNoSpace = errors.New("no space: disk over its high mark")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

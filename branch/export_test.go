@@ -24,3 +24,19 @@ func Held(e *Engine, sid string) bool {
 	defer e.mu.Unlock()
 	return e.refs[sid] > 0
 }
+
+// SetStatfs makes e measure its watched file systems with f (name is
+// DiskPool, DiskCold or DiskHot); tests only.
+func SetStatfs(e *Engine, f func(name, path string) (used, total, free int64, err error)) {
+	e.pr.mu.Lock()
+	e.pr.statfs = f
+	e.pr.mu.Unlock()
+	e.nudgeGC()
+}
+
+// ArtifactBytes is the size the manifest records for artifact id; tests
+// only.
+func ArtifactBytes(e *Engine, id string) (int64, error) {
+	a, err := e.man.GetArtifact(id)
+	return a.Bytes, err
+}

@@ -146,7 +146,12 @@ func (e *Engine) gcLoop(ctx context.Context) {
 			t.Stop()
 		case <-t.C:
 		}
-		more, next, err := e.gcPass(ctx)
+		_, more, next, err := e.gcPass(ctx, false)
+		var pressured bool
+		if err == nil {
+			// Disk pressure: evict by the policy after the normal pass.
+			pressured, err = e.relieve(ctx)
+		}
 		wait = e.o.GCInterval
 		switch {
 		case ctx.Err() != nil, errors.Is(err, ErrClosed):
@@ -158,6 +163,9 @@ func (e *Engine) gcLoop(ctx context.Context) {
 		case !next.IsZero():
 			wait = min(wait, max(next.Sub(e.now()), 0)+10*time.Millisecond)
 		}
+		if pressured {
+			wait = min(wait, pressureSettle)
+		}
 	}
 }
 
@@ -165,7 +173,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 // passes as it takes (the background GC does the same, a pass at a time).
 func (e *Engine) GC(ctx context.Context) error {
 	for {
-		more, _, err := e.gcPass(ctx)
+		_, more, _, err := e.gcPass(ctx, false)
 		if err != nil || !more {
 			return err
 		}
@@ -173,11 +181,13 @@ func (e *Engine) GC(ctx context.Context) error {
 }
 
 // gcPass deletes at most Options.GCBatch states no owner needs and the
-// artifacts only they used, under the GC lock. It reports whether garbage
-// was left over and when the next retention ends.
-func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err error) {
+// artifacts only they used, under the GC lock; with evict, under disk
+// pressure, the retention of closed lineages is ignored
+// (manifest.Policy.Evict). It reports how many states it deleted, whether
+// garbage was left over and when the next retention ends.
+func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool, next time.Time, err error) {
 	if err := e.lockGC(ctx); err != nil {
-		return false, time.Time{}, err
+		return 0, false, time.Time{}, err
 	}
 	start := time.Now()
 	defer func() {
@@ -195,9 +205,9 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return false, time.Time{}, ErrClosed
+		return 0, false, time.Time{}, ErrClosed
 	}
-	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
+	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch, Evict: evict}
 	for _, env := range e.envs {
 		p.Keep = append(p.Keep, env.Head())
 	}
@@ -212,10 +222,10 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	e.mu.Unlock()
 	g, err := e.man.Collect(p)
 	if err != nil {
-		return false, time.Time{}, err
+		return 0, false, time.Time{}, err
 	}
 	if len(g.States)+len(g.Artifacts) == 0 {
-		return g.More, g.Next, nil
+		return 0, g.More, g.Next, nil
 	}
 	// The files go first, then the records (crash safety). A deletion is
 	// not cut short by Close (its ctx ends only the wait for the lock): an
@@ -237,7 +247,7 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 		sids[i] = s.ID
 	}
 	if err := e.man.ForgetWith(p, sids, aids); err != nil {
-		return false, time.Time{}, err
+		return 0, false, time.Time{}, err
 	}
 	if failed > 0 {
 		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
@@ -247,9 +257,14 @@ func (e *Engine) gcPass(ctx context.Context) (more bool, next time.Time, err err
 	e.gcStats.s.Artifacts += int64(len(aids))
 	e.gcStats.s.Bytes += bytes
 	e.gcStats.mu.Unlock()
+	if evict {
+		e.pr.mu.Lock()
+		e.pr.stats.Evicted += int64(len(sids))
+		e.pr.mu.Unlock()
+	}
 	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
-		slog.Int64("bytes", bytes), slog.Bool("more", g.More))
-	return g.More, g.Next, err
+		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict))
+	return len(sids), g.More, g.Next, err
 }
 
 // lockGC takes gcMu for writing without queueing for it: restores (CRIU
@@ -277,6 +292,10 @@ type Usage struct {
 	Warm     int
 	Coord    CoordStats
 	GC       GCStats
+	// Disk is every watched file system, measured now, and Pressure what
+	// disk pressure did (docs/engine.md, "Disk pressure").
+	Disk     []DiskUsage
+	Pressure PressureStats
 }
 
 // Usage reports what the engine holds.
@@ -297,5 +316,14 @@ func (e *Engine) Usage() (Usage, error) {
 	e.gcStats.mu.Lock()
 	gs := e.gcStats.s
 	e.gcStats.mu.Unlock()
-	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c, GC: gs}, nil
+	disk := e.measure()
+	e.pr.mu.Lock()
+	ps := e.pr.stats
+	e.pr.mu.Unlock()
+	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c, GC: gs,
+		Disk: disk, Pressure: ps}, nil
 }
+
+// CheckManifest runs the manifest's consistency check (manifest.Check):
+// soak tests and tools call it.
+func (e *Engine) CheckManifest() error { return e.man.Check() }

@@ -61,6 +61,8 @@ func ProtoError(err error) *protocol.Error {
 		code = protocol.CodeUnknownTask
 	case errors.Is(err, ErrTooManyEnvs):
 		code = protocol.CodeTooManyEnvs
+	case errors.Is(err, branch.ErrNoSpace):
+		code = protocol.CodeNoSpace
 	case errors.Is(err, ErrBadRequest), errors.Is(err, branch.ErrBadRequest), errors.Is(err, ErrNoVerifier),
 		errors.Is(err, envpool.ErrBadRequest), errors.Is(err, envpool.ErrNoVerifier), errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName):
 		// An image that does not exist is the client's mistake, not ours.

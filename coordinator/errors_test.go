@@ -34,6 +34,7 @@ func TestProtoError(t *testing.T) {
 		{"unknown task", ErrUnknownTask, protocol.CodeUnknownTask, false, false},
 		{"pool unknown task", envpool.ErrUnknownTask, protocol.CodeUnknownTask, false, false},
 		{"too many envs", ErrTooManyEnvs, protocol.CodeTooManyEnvs, false, true},
+		{"no space", branch.ErrNoSpace, protocol.CodeNoSpace, true, true},
 		{"bad request", ErrBadRequest, protocol.CodeBadRequest, false, false},
 		{"pool bad request", envpool.ErrBadRequest, protocol.CodeBadRequest, false, false},
 		{"engine bad request", branch.ErrBadRequest, protocol.CodeBadRequest, false, false},

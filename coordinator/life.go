@@ -248,14 +248,17 @@ type StateInfo struct {
 	Turn            int // since the env's episode began
 	Kind            branch.Kind
 	Created         time.Time
+	// Bytes is what the state's own artifacts take (Engine.StateBytes).
+	Bytes int64
 }
 
-// States returns env's committed head and its lineage, oldest first. The
-// caller holds the env's ticket.
-func (c *Coordinator) States(ctx context.Context, envID string) (string, []StateInfo, error) {
+// States returns env's committed head, its lineage, oldest first, and
+// the bytes the lineage's artifacts take (each once). The caller holds the
+// env's ticket.
+func (c *Coordinator) States(ctx context.Context, envID string) (string, []StateInfo, int64, error) {
 	env, m, err := c.lookup(envID)
 	if err != nil {
-		return "", nil, err
+		return "", nil, 0, err
 	}
 	head := env.Head()
 	l, err := c.e.Lineage(head)
@@ -263,20 +266,21 @@ func (c *Coordinator) States(ctx context.Context, envID string) (string, []State
 		// The head's checkpoint is still running: wait for it. (A failure
 		// the head already survived stays for the next turn to report.)
 		if head, _, err = c.Head(ctx, envID); err != nil {
-			return "", nil, err
+			return "", nil, 0, err
 		}
 		l, err = c.e.Lineage(head)
 	}
 	if err != nil {
-		return "", nil, err
+		return "", nil, 0, err
 	}
 	c.observePending(m)
 	base := m.base
+	own, total := c.e.StateBytes(l)
 	out := make([]StateInfo, 0, len(l))
-	for _, st := range l {
-		out = append(out, StateInfo{ID: st.ID, Parent: st.Parent, Env: st.Env, Turn: st.Turn - base, Kind: st.Kind, Created: st.Created})
+	for i, st := range l {
+		out = append(out, StateInfo{ID: st.ID, Parent: st.Parent, Env: st.Env, Turn: st.Turn - base, Kind: st.Kind, Created: st.Created, Bytes: own[i]})
 	}
-	return head, out, nil
+	return head, out, total, nil
 }
 
 // Release drops states a client will never branch from again (protocol

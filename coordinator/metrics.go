@@ -66,7 +66,7 @@ func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifacts", Help: "Ready artifacts in the manifest, by kind (fs snapshots, proc images).",
 				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Count) })),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs snapshots record none yet).",
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs: what each snapshot's turn wrote, where the backend tells).",
 				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Bytes) })),
 		)
 	}
@@ -85,6 +85,45 @@ func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
 			usage(func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_max_pass_seconds", Help: "The longest a garbage collection pass held the GC lock since the server started."},
 			usage(func(u branch.Usage) float64 { return u.GC.MaxPass.Seconds() })),
+	)
+	// Disk pressure (docs/engine.md): one series per watched file system.
+	disk := func(name string, f func(branch.DiskUsage) float64) func() float64 {
+		return usage(func(u branch.Usage) float64 {
+			for _, d := range u.Disk {
+				if d.Name == name {
+					return f(d)
+				}
+			}
+			return 0
+		})
+	}
+	if u, err := e.Usage(); err == nil {
+		for _, d := range u.Disk {
+			labels := prometheus.Labels{"fs": d.Name}
+			reg.MustRegister(
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_used_bytes", Help: "Bytes in use on a watched file system (pool, cold image store, hot image tmpfs).",
+					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Used) })),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_free_bytes", Help: "Bytes still free on a watched file system.",
+					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Free) })),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_size_bytes", Help: "Size of a watched file system.",
+					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Total) })),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_pressure", Help: "1 while a watched file system is under pressure (from its high mark until back under its low mark), else 0.",
+					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 {
+					if d.Over {
+						return 1
+					}
+					return 0
+				})),
+			)
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_disk_refused_total", Help: "Resets and branches refused because a disk was over its high mark after eviction (no_space)."},
+			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Refused) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_evicted_states_total", Help: "States garbage collection deleted under disk pressure (retention of closed lineages ignored)."},
+			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Evicted) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_image_shrunk_bytes_total", Help: "Hot process image bytes moved to disk under tmpfs pressure."},
+			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Shrunk) })),
 	)
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_time_seconds_total",

@@ -83,4 +83,10 @@ type QuotaUsage struct {
 	// left under the cap, or in the pool when that is less (or when the
 	// volume has no cap).
 	Free int64
+	// Charged is what the volume wrote since it was made that still
+	// exists, in it or in snapshots of it (btrfs: its simple-quota
+	// qgroup); 0 when the backend does not tell (zfs here). Between two
+	// snapshots of a volume it grows by what the second one holds that
+	// the first does not: the engine's size of a file snapshot.
+	Charged int64
 }

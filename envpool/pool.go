@@ -390,6 +390,11 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 			return nil, fmt.Errorf("%w: task %s runs on image %s, not %s", ErrBadRequest, s.task.Name, s.task.Image, req.Image)
 		}
 		task = s.task
+		// A ready env of the pool is a new env too: refused under disk
+		// pressure like the others (docs/engine.md, "Disk pressure").
+		if err := p.e.Admit(ctx); err != nil {
+			return nil, fmt.Errorf("reset %s: %w", task.Name, err)
+		}
 		if env = p.take(s); env == nil {
 			res, err := p.e.Branch(ctx, branch.Source{State: s.state}, 1)
 			if err != nil {

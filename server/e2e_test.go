@@ -180,6 +180,15 @@ func TestEpisode(t *testing.T) {
 	if n := len(st.States); n < 3 || st.States[n-1].StateID != st.Head {
 		t.Errorf("states: %+v", st)
 	}
+	// Accounting: the first state has a process image of its own, and
+	// the lineage counts at least what its states own.
+	var own int64
+	for _, s := range st.States {
+		own += s.Bytes
+	}
+	if st.States[0].Bytes <= 0 || st.Bytes < own {
+		t.Errorf("states bytes: lineage %d, states %+v; want the first state's image and the lineage at least their sum %d", st.Bytes, st.States, own)
+	}
 	envs, err := c.Envs(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -265,14 +265,14 @@ func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error)
 }
 
 func (r *request) states(ctx context.Context, p *protocol.EnvParams) (any, error) {
-	head, l, err := r.server().c.States(ctx, p.EnvID)
+	head, l, total, err := r.server().c.States(ctx, p.EnvID)
 	if err != nil {
 		return nil, err
 	}
-	out := protocol.StatesResult{EnvID: p.EnvID, Head: head, States: make([]protocol.StateInfo, 0, len(l))}
+	out := protocol.StatesResult{EnvID: p.EnvID, Head: head, Bytes: total, States: make([]protocol.StateInfo, 0, len(l))}
 	for _, st := range l {
 		out.States = append(out.States, protocol.StateInfo{StateID: st.ID, Parent: st.Parent, EnvID: st.Env,
-			Turn: st.Turn, Kind: string(st.Kind), Created: st.Created.Format(time.RFC3339Nano)})
+			Turn: st.Turn, Kind: string(st.Kind), Created: st.Created.Format(time.RFC3339Nano), Bytes: st.Bytes})
 	}
 	return out, nil
 }

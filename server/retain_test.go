@@ -117,7 +117,11 @@ func TestReleasePinUnpin(t *testing.T) {
 	if got := metricValue(t, reg, "arbor_gc_deleted_bytes_total"); got <= 0 {
 		t.Errorf("arbor_gc_deleted_bytes_total = %v after process images were removed", got)
 	}
-	for _, name := range []string{"arbor_gc_last_pass_seconds", "arbor_gc_errors_total", "arbor_artifacts", "arbor_artifact_bytes"} {
+	if got := metricValue(t, reg, "arbor_disk_used_bytes"); got <= 0 {
+		t.Errorf("arbor_disk_used_bytes = %v, want the watched file systems' use", got)
+	}
+	for _, name := range []string{"arbor_gc_last_pass_seconds", "arbor_gc_errors_total", "arbor_artifacts", "arbor_artifact_bytes",
+		"arbor_disk_free_bytes", "arbor_disk_size_bytes", "arbor_disk_pressure", "arbor_disk_refused_total", "arbor_gc_evicted_states_total"} {
 		metricValue(t, reg, name) // present
 	}
 }

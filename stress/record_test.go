@@ -268,7 +268,7 @@ func TestErrorTable(t *testing.T) {
 		protocol.CodeBadRequest, protocol.CodeTooLarge, protocol.CodeUnauthorized, protocol.CodeUnknownEnv,
 		protocol.CodeUnknownState, protocol.CodeUnknownTask, protocol.CodeTooManyReqs, protocol.CodeTooManyEnvs,
 		protocol.CodeShuttingDown, protocol.CodeRestoreFailed, protocol.CodeCheckpointFail, protocol.CodeSandboxFailed,
-		protocol.CodeTimeout, protocol.CodeInternal, protocol.CodeEnvLost} {
+		protocol.CodeTimeout, protocol.CodeInternal, protocol.CodeEnvLost, protocol.CodeNoSpace} {
 		row, ok := table[code]
 		e := protocol.Errorf(code, "x")
 		if !ok || row.retryable != e.Retryable || row.infra != e.Infra {

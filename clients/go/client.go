@@ -59,6 +59,7 @@ var (
 	ErrInvalidParams = protocol.ErrInvalidParams
 	ErrBadRequest    = protocol.ErrBadRequest
 	ErrTooManyEnvs   = protocol.ErrTooManyEnvs
+	ErrNoSpace       = protocol.ErrNoSpace
 	ErrTooManyReqs   = protocol.ErrTooManyReqs
 	ErrUnauthorized  = protocol.ErrUnauthorized
 	ErrShuttingDown  = protocol.ErrShuttingDown

@@ -37,6 +37,8 @@ type serveOptions struct {
 	warm        int
 	idleTTL     time.Duration
 	retain      time.Duration
+	highWater   float64
+	lowWater    float64
 	maxEnvs     int
 	maxInFlight int
 	maxFrame    string
@@ -71,6 +73,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
+	f.Float64Var(&o.highWater, "high-water", branch.DefaultHighWater, "share of the pool (and image stores) in use above which GC evicts closed lineages' retained states and, if still above, reset and branch answer no_space (above 1: off)")
+	f.Float64Var(&o.lowWater, "low-water", branch.DefaultLowWater, "share in use eviction brings a file system back under")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
@@ -169,7 +173,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, HighWater: o.highWater, LowWater: o.lowWater, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in

@@ -21,6 +21,7 @@ const (
 	iocQgroupLimit       = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
 	iocQgroupCreate      = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
 	iocTreeSearch        = 0xd0009411 // _IOWR(0x94, 17, struct btrfs_ioctl_search_args)
+	iocSync              = 0x00009408 // _IO(0x94, 8)
 	rootTreeObjectID     = 1          // BTRFS_ROOT_TREE_OBJECTID
 	rootItemKey          = 132        // BTRFS_ROOT_ITEM_KEY
 	quotaCtlEnableSimple = 4          // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (Linux 6.7)

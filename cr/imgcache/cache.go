@@ -448,6 +448,26 @@ func (c *Cache) Acquire(ctx context.Context, id string) (path string, release fu
 	return path, c.releaser(e), nil
 }
 
+// Shrink moves idle hot images to ColdDir, least recently used first,
+// until the hot ones take at most target bytes (pinned and busy images
+// stay), and returns the hot bytes left: disk pressure on the tmpfs
+// (docs/engine.md, "Disk pressure"). Later commits keep to HotBytes again.
+func (c *Cache) Shrink(target int64) int64 {
+	c.mu.Lock()
+	for c.hotBytes > max(target, 0) {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
+	v := c.victims
+	c.victims = nil
+	c.mu.Unlock()
+	c.evict(v)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hotBytes
+}
+
 // Get returns the hot path of image id like Acquire, without pinning it:
 // the path may be evicted at any moment after Get returns. Callers that
 // read the image (restores) use Acquire.

@@ -664,3 +664,34 @@ func BenchmarkColdLoad(b *testing.B) {
 		})
 	}
 }
+
+// TestShrink: Shrink moves idle hot images to disk, oldest first, down to
+// its target, leaving a pinned one hot; the moved ones load back intact.
+func TestShrink(t *testing.T) {
+	c := open(t, newDirs(t), 1<<20, false)
+	for _, id := range []string{"a1", "b2", "c3"} {
+		put(t, c, id, 1000)
+	}
+	_, release, err := c.Acquire(context.Background(), "a1") // pinned, and now the newest
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := c.Shrink(1500); left != 1000 {
+		t.Errorf("Shrink(1500) left %d hot bytes, want 1000 (a1, pinned)", left)
+	}
+	if left := c.Shrink(0); left != 1000 {
+		t.Errorf("Shrink(0) left %d hot bytes, want 1000 (a1, pinned)", left)
+	}
+	s := c.Stats()
+	if s.HotCount != 1 || s.ColdCount != 2 {
+		t.Errorf("after Shrink: %+v, want a1 hot and b2, c3 on disk", s)
+	}
+	release()
+	for _, id := range []string{"b2", "c3"} {
+		p, err := c.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkImage(t, p, id, 1000)
+	}
+}

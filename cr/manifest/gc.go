@@ -24,6 +24,13 @@ type Policy struct {
 	// MaxStates and MaxArtifacts bound what one Collect returns (0: no
 	// bound), so that one pass of garbage collection does bounded work.
 	MaxStates, MaxArtifacts int
+	// Evict is the policy under disk pressure: the retention of closed
+	// lineages is ignored (Retain keeps nothing), so their states are
+	// garbage unless pinned, an open env's lineage or kept by Keep.
+	// Collect then lists the states that are garbage anyway first, then
+	// the retained ones by the time their env closed, oldest first
+	// (docs/engine.md, "Disk pressure").
+	Evict bool
 }
 
 func (p Policy) now() time.Time {
@@ -39,7 +46,7 @@ func (p Policy) retained(s State, now time.Time) (bool, time.Time) {
 	switch {
 	case !s.Released, s.Pinned:
 		return true, time.Time{}
-	case s.ClosedAt.IsZero() || p.Retain <= 0:
+	case s.ClosedAt.IsZero() || p.Retain <= 0 || p.Evict:
 		return false, time.Time{}
 	}
 	until := s.ClosedAt.Add(p.Retain)
@@ -137,14 +144,26 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		}
 		live, next := g.live(p)
 		out.Next = next
+		now := p.now()
 		var dead []State
 		for id, s := range g.states {
 			if !live[id] {
 				dead = append(dead, s)
 			}
 		}
+		// Under Evict, a state only the ignored retention would keep
+		// sorts after every other garbage, by its close, oldest first.
+		retainedAt := func(s State) time.Time {
+			if !p.Evict {
+				return time.Time{}
+			}
+			if keep, _ := (Policy{Retain: p.Retain}).retained(s, now); keep {
+				return s.ClosedAt
+			}
+			return time.Time{}
+		}
 		slices.SortFunc(dead, func(a, b State) int {
-			return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
+			return cmp.Or(retainedAt(a).Compare(retainedAt(b)), a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
 		if p.MaxStates > 0 && len(dead) > p.MaxStates {
 			dead, out.More = dead[:p.MaxStates], true

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestRetention: the tree of TestGarbageAndForget, with e2 (x, y, a
@@ -192,5 +194,87 @@ func TestPinReleaseAtomic(t *testing.T) {
 	s, err := m.GetState("r")
 	if err != nil || s.Pinned || s.Released {
 		t.Errorf("refused calls changed the state: %+v %v", s, err)
+	}
+}
+
+// TestEvictPolicy: under Evict the retention of closed lineages is
+// ignored: Collect lists what is garbage anyway first, then the retained
+// states by the close of their env, oldest first; pinned states, open
+// lineages and Keep stay.
+func TestEvictPolicy(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := openTest(t, Options{})
+	for _, e := range []string{"open", "old", "new"} {
+		putEnv(t, m, e)
+	}
+	checkpoint(t, m, "open", "o0", "", 0, KindFull)
+	checkpoint(t, m, "open", "o1", "o0", 1, KindFS)
+	checkpoint(t, m, "open", "o2", "o1", 2, KindFull)
+	checkpoint(t, m, "new", "n0", "o1", 3, KindFull) // a branch of o1, newest state
+	checkpoint(t, m, "new", "np", "n0", 4, KindFull) // pinned
+	checkpoint(t, m, "new", "nk", "n0", 5, KindFull) // kept by the caller
+	checkpoint(t, m, "old", "d0", "", 6, KindFull)   // made last, closed first
+	checkpoint(t, m, "old", "d1", "d0", 7, KindFull) //
+	checkpoint(t, m, "old", "dr", "d0", 8, KindFull) // released by name
+	if err := m.Pin("np"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ReleaseEnvAt("old", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ReleaseEnvAt("new", t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release("dr", "o1"); err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Now: t0.Add(2 * time.Minute), Retain: time.Hour, Keep: []string{"nk"}}
+	if g, err := m.Collect(p); err != nil || !reflect.DeepEqual(ids(g.States), []string{"dr"}) {
+		t.Fatalf("without pressure: %v %v, want [dr]", ids(g.States), err)
+	}
+	p.Evict = true
+	g, err := m.Collect(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// dr is garbage anyway; then old's (closed at t0) oldest first, then
+	// nothing of new: n0 is an ancestor of the pinned and the kept state.
+	if want := []string{"dr", "d0", "d1"}; !reflect.DeepEqual(ids(g.States), want) {
+		t.Fatalf("under pressure: %v, want %v", ids(g.States), want)
+	}
+	if err := m.ForgetWith(p, ids(g.States), artifactIDs(g.Artifacts)); err != nil {
+		t.Fatal(err)
+	}
+	p.Keep = nil
+	if g, err := m.Collect(p); err != nil || !reflect.DeepEqual(ids(g.States), []string{"nk"}) {
+		t.Fatalf("once nk is no longer kept: %v %v, want [nk]", ids(g.States), err)
+	}
+	if err := m.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheck: Check passes on a consistent manifest and reports a state
+// whose artifact record is gone and an index entry without its state.
+func TestCheck(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e1", "a", "", 0, KindFull)
+	checkpoint(t, m, "e1", "b", "a", 1, KindFS)
+	if err := m.Check(); err != nil {
+		t.Fatalf("consistent manifest: %v", err)
+	}
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketArtifacts).Delete([]byte("fs-b")); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketByEnv).Put(byEnvKey("e1", "ghost"), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Check()
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "fs artifact fs-b missing") || !strings.Contains(err.Error(), "ghost") {
+		t.Fatalf("Check of a broken manifest: %v", err)
 	}
 }

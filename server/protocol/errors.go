@@ -45,6 +45,7 @@ const (
 	CodeSandboxFailed  = "sandbox_failed"    // infra: the sandbox died or did not answer
 	CodeTimeout        = "timeout"           // infra: the server gave up waiting
 	CodeEnvLost        = "env_lost"          // infra: the env could not be restored after a crash
+	CodeNoSpace        = "no_space"          // infra: disk over its high mark after eviction (reset, branch; retryable)
 	CodeInternal       = "internal"          // infra: anything else
 )
 
@@ -54,7 +55,7 @@ func Errorf(code, format string, args ...any) *Error {
 	switch code {
 	case CodeTooManyReqs, CodeTooManyEnvs:
 		e.Retryable = true
-	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail:
+	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail, CodeNoSpace:
 		e.Retryable, e.Infra = true, true
 	case CodeInternal, CodeEnvLost:
 		e.Infra = true
@@ -81,6 +82,7 @@ var (
 	ErrSandbox       = &Error{Code: CodeSandboxFailed}
 	ErrTimeout       = &Error{Code: CodeTimeout}
 	ErrEnvLost       = &Error{Code: CodeEnvLost}
+	ErrNoSpace       = &Error{Code: CodeNoSpace}
 	ErrInternal      = &Error{Code: CodeInternal}
 )
 

@@ -230,6 +230,11 @@ type StateInfo struct {
 	Kind    string `msgpack:"kind" json:"kind"`
 	// Created is RFC 3339 with nanoseconds.
 	Created string `msgpack:"created" json:"created"`
+	// Bytes is what the state's own artifacts take: the file snapshot it
+	// made (what the turn wrote that it holds; 0 where the backend does
+	// not tell) and the process image it made (docs/engine.md,
+	// "Accounting").
+	Bytes int64 `msgpack:"bytes" json:"bytes"`
 }
 
 // StatesResult is what states returns: the lineage of the env's head,
@@ -238,6 +243,9 @@ type StatesResult struct {
 	EnvID  string      `msgpack:"env_id" json:"env_id"`
 	Head   string      `msgpack:"head" json:"head"`
 	States []StateInfo `msgpack:"states" json:"states"`
+	// Bytes is what the lineage takes: every artifact its states
+	// reference, once.
+	Bytes int64 `msgpack:"bytes" json:"bytes"`
 }
 
 // BatchItemResult is one finished item of a step_batch: sent as a

@@ -1,0 +1,229 @@
+package branch_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
+)
+
+// smallPool is an engine on a 1 GiB btrfs pool whose sandboxes may write
+// quota bytes each (-1: no quota), with no retention.
+func smallPool(t *testing.T, quota int64, adjust func(*branch.Options)) *rig {
+	t.Helper()
+	dir := t.TempDir()
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 1 << 30, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snap.Unmount(context.Background()) })
+	return newRigOptions(t, snap, dir, func(o *branch.Options) {
+		o.Launcher.Limits = sandbox.Limits{DiskBytes: quota}
+		o.GCInterval = 100 * time.Millisecond
+		o.PressureWait = 500 * time.Millisecond
+		if adjust != nil {
+			adjust(o)
+		}
+	})
+}
+
+// pool is the engine's pool as last measured.
+func pool(t *testing.T, e *branch.Engine) branch.DiskUsage {
+	t.Helper()
+	u, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range u.Disk {
+		if d.Name == branch.DiskPool {
+			return d
+		}
+	}
+	t.Fatal("no pool in Usage().Disk")
+	return branch.DiskUsage{}
+}
+
+// execOK runs cmd in env and returns its result, failing the test on an
+// engine error (not on the command's exit code).
+func execOK(t *testing.T, e *branch.Engine, env *branch.Env, cmd string) *sandbox.Result {
+	t.Helper()
+	res, err := e.Exec(context.Background(), env, cmd, sandbox.ExecOptions{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return res
+}
+
+// keepStepping has env write a small file, checkpoint, and checks the
+// state branches with it: the other envs' work while a filler runs.
+func keepStepping(t *testing.T, e *branch.Engine, env *branch.Env, what string) {
+	t.Helper()
+	ctx := context.Background()
+	if res := execOK(t, e, env, "echo "+what+" > /f"); res.ExitCode != 0 {
+		t.Errorf("%s: write: exit %d: %s", what, res.ExitCode, res.Stderr)
+	}
+	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+		t.Errorf("%s: checkpoint: %v", what, err)
+	}
+}
+
+const filler = "dd if=/dev/zero of=/big bs=1M 2>&1; sync"
+
+// TestFillerStoppedByQuota: with a per-sandbox quota (here 256 MiB on a
+// 1 GiB pool; the server's default is 2 GiB on 16), an env that writes
+// until it fails is stopped by its quota (EDQUOT), the pool stays under
+// its high mark, and the other envs keep stepping, checkpointing and
+// branching, as do resets. Once the filler removes its file and closes
+// (no retention), the pool's room comes back without a restart.
+func TestFillerStoppedByQuota(t *testing.T) {
+	r := smallPool(t, 256<<20, nil)
+	ctx := context.Background()
+	e := r.e
+	other, _ := numbered(t, e, 1)
+	fill, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := pool(t, e)
+	res := execOK(t, e, fill, filler)
+	if !strings.Contains(string(res.Stdout)+string(res.Stderr), "Disk quota exceeded") {
+		t.Fatalf("filler: exit %d, %q; want it stopped by its quota", res.ExitCode, string(res.Stdout)+string(res.Stderr))
+	}
+	// The filler's turn is checkpointed like any other: the state holds /big.
+	if _, err := e.Checkpoint(ctx, fill, branch.Full); err != nil {
+		t.Errorf("checkpoint of the full sandbox: %v", err)
+	}
+	full := pool(t, e)
+	t.Logf("pool before %d/%d, after the filler %d/%d (%.0f%%)", before.Used, before.Total, full.Used, full.Total, 100*full.Fraction())
+	if full.Used-before.Used < 200<<20 || full.Fraction() >= 0.9 {
+		t.Errorf("pool after the filler: %+v, want about 256 MiB more and under the high mark", full)
+	}
+	t.Log("filler stopped")
+	for _, what := range []string{"a", "b", "c"} {
+		keepStepping(t, e, other, what)
+	}
+	t.Log("other env stepped")
+	branchCheck(t, e, other.Head(), "c")
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatalf("reset next to a filler stopped by its quota: %v", err)
+	}
+	e.CloseEnv(ctx, env)
+	// rm alone frees nothing while the filler's checkpoint holds /big;
+	// closing it (no retention) lets GC take its states.
+	execOK(t, e, fill, "rm /big; sync")
+	if err := e.CloseEnv(ctx, fill); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("filler closed")
+	branchtest.WaitFor(t, "the filler's room back", func() bool { syncPool(t, r.snap); return pool(t, e).Used < full.Used-200<<20 })
+}
+
+// TestFillerWithoutQuota: a sandbox with no quota (removed from its
+// root) fills the 1 GiB pool. What follows: statfs shows the pool over its
+// high mark, so resets and branches are refused with ErrNoSpace; the
+// other env's steps still run (a command's write may fail inside the
+// sandbox, the engine does not) and a checkpoint that finds no room fails
+// cleanly (ErrCheckpoint). Once the filler removes its file and closes
+// (no retention), GC frees its states, the pool comes back under its
+// marks, resets and branches work again, and so do the other env's
+// checkpoints: no restart.
+func TestFillerWithoutQuota(t *testing.T) {
+	r := smallPool(t, 256<<20, nil)
+	ctx := context.Background()
+	e := r.e
+	other, _ := numbered(t, e, 1)
+	fill, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.WaitCheckpoint(ctx, fill); err != nil {
+		t.Fatal(err)
+	}
+	vol := rootOf(t, r.snap, fill)
+	if err := r.snap.(cr.Quotaer).SetQuota(ctx, vol, 0); err != nil {
+		t.Fatal(err)
+	}
+	res := execOK(t, e, fill, filler)
+	out := string(res.Stdout) + string(res.Stderr)
+	if !strings.Contains(out, "No space left on device") {
+		t.Fatalf("filler without a quota: exit %d, %q; want it stopped by the full pool", res.ExitCode, out)
+	}
+	full := pool(t, e)
+	t.Logf("pool full: %d of %d bytes used (%.1f%%), %d free", full.Used, full.Total, 100*full.Fraction(), full.Free)
+	if full.Fraction() < 0.9 || !full.Over {
+		t.Fatalf("statfs after the pool filled: %+v, want it over the high mark", full)
+	}
+	// The filler's turn is checkpointed (its state then holds /big, so
+	// that rm alone frees nothing), or fails cleanly for lack of room.
+	if _, err := e.Checkpoint(ctx, fill, branch.Full); err != nil && !errors.Is(err, branch.ErrCheckpoint) {
+		t.Errorf("checkpoint of the filler on a full pool: %v, want success or ErrCheckpoint", err)
+	} else {
+		t.Logf("checkpoint of the filler on the full pool: %v", err)
+	}
+	if _, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, branch.ErrNoSpace) {
+		t.Errorf("reset on a full pool: %v, want ErrNoSpace", err)
+	}
+	if _, err := e.Branch(ctx, branch.Source{Env: other}, 1); !errors.Is(err, branch.ErrNoSpace) {
+		t.Errorf("branch on a full pool: %v, want ErrNoSpace", err)
+	}
+	// The other env still steps; what its write does on a full pool is
+	// the kernel's (logged), and a checkpoint either works or fails
+	// cleanly.
+	res = execOK(t, e, other, "echo full > /f; echo exit $?")
+	t.Logf("other env's write on the full pool: %q %q", res.Stdout, res.Stderr)
+	if _, err := e.Checkpoint(ctx, other, branch.Full); err != nil && !errors.Is(err, branch.ErrCheckpoint) {
+		t.Errorf("checkpoint on a full pool: %v, want success or ErrCheckpoint", err)
+	} else {
+		t.Logf("checkpoint on the full pool: %v", err)
+	}
+	execOK(t, e, fill, "rm /big; sync")
+	if err := e.CloseEnv(ctx, fill); err != nil {
+		t.Fatal(err)
+	}
+	branchtest.WaitFor(t, "the pool under its low mark", func() bool { d := pool(t, e); return !d.Over && d.Fraction() < 0.8 })
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatalf("reset once the filler is gone: %v", err)
+	}
+	e.CloseEnv(ctx, env)
+	keepStepping(t, e, other, "after")
+	branchCheck(t, e, other.Head(), "after")
+	if err := e.CheckManifest(); err != nil {
+		t.Error(err)
+	}
+}
+
+// syncPool commits the pool's transaction and wakes its cleaner: what GC
+// deleted outside pressure is freed after btrfs's next periodic commit
+// (30 s by default), which this brings forward.
+func syncPool(t *testing.T, snap cr.Snapshotter) {
+	if err := snap.(*btrfs.Snapshotter).Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rootOf is the volume of env's root.
+func rootOf(t *testing.T, snap cr.Snapshotter, env *branch.Env) string {
+	t.Helper()
+	vols, err := snap.List(context.Background(), launch.VolumePrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vols {
+		if strings.HasPrefix(filepath.Base(v.Name), env.ID) {
+			return v.Name
+		}
+	}
+	t.Fatalf("no root volume for env %s in %v", env.ID, vols)
+	return ""
+}

@@ -1,0 +1,146 @@
+package branch_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/branch/branchtest"
+)
+
+// TestDiskPressure: with the pool reported over its high mark (a fake
+// statfs: how full it is follows how many of the test's states exist),
+// the GC evicts closed lineages' states within their retention, the
+// env closed first first, down to the low mark; never an open env's
+// lineage or a pinned state. While nothing more can go, resets and
+// branches are refused with ErrNoSpace and steps and checkpoints go on;
+// once the pool is under the mark again, they are admitted.
+func TestDiskPressure(t *testing.T) {
+	r := retainRig(t, time.Hour, func(o *branch.Options) {
+		o.GCBatch = 1
+		o.GCInterval = 50 * time.Millisecond
+		o.PressureWait = 200 * time.Millisecond
+	})
+	ctx := context.Background()
+	e := r.e
+	a, as := numbered(t, e, 2)
+	b, bs := numbered(t, e, 2)
+	c, cs := numbered(t, e, 2)
+	if err := e.CloseEnv(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CloseEnv(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Pin(cs[1]); err != nil { // keeps cs[0] and cs[1]
+		t.Fatal(err)
+	}
+	all := append(append(append([]string{}, as...), bs...), cs...)
+	// The pool is at 95% while more than limit of the test's states exist.
+	var limit atomic.Int64
+	limit.Store(int64(len(all)))
+	const total = 1 << 30
+	branch.SetStatfs(e, func(name, _ string) (int64, int64, int64, error) {
+		used := int64(total / 2)
+		if name == branch.DiskPool {
+			n := 0
+			for _, sid := range all {
+				if _, err := e.State(sid); err == nil {
+					n++
+				}
+			}
+			if int64(n) > limit.Load() {
+				used = total / 100 * 95
+			}
+		}
+		return used, total, total - used, nil
+	})
+	waitPasses(t, e, 2)
+	exists(t, e, "under the high mark", all...)
+
+	limit.Store(int64(len(all) - len(bs)))
+	branchtest.WaitFor(t, "b's states evicted", func() bool { return gone(e, bs...) })
+	waitPasses(t, e, 3)
+	exists(t, e, "back under the low mark: the env closed later", cs...)
+
+	limit.Store(0) // over for good: only cs[2] can still go
+	branchtest.WaitFor(t, "cs[2] evicted", func() bool { return gone(e, cs[2]) })
+	waitPasses(t, e, 3)
+	exists(t, e, "open lineage and pinned states under pressure", append(as, cs[:2]...)...)
+	if _, err := e.Branch(ctx, branch.Source{State: cs[1]}, 1); !errors.Is(err, branch.ErrNoSpace) {
+		t.Errorf("branch over the high mark: %v, want ErrNoSpace", err)
+	}
+	if _, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, branch.ErrNoSpace) {
+		t.Errorf("new env over the high mark: %v, want ErrNoSpace", err)
+	}
+	run(t, e, a, "echo 3 > /f")
+	if _, err := e.Checkpoint(ctx, a, branch.Full); err != nil {
+		t.Errorf("checkpoint over the high mark: %v", err)
+	}
+	u, err := e.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Pressure.Refused != 2 || u.Pressure.Evicted != int64(len(bs)+1) || !u.Disk[0].Over || u.Disk[0].Name != branch.DiskPool {
+		t.Errorf("usage under pressure: %+v %+v, want 2 refusals, %d evicted, the pool over", u.Pressure, u.Disk, len(bs)+1)
+	}
+
+	limit.Store(int64(len(all)))
+	branchCheck(t, e, cs[1], "1")
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatalf("new env once under the mark: %v", err)
+	}
+	e.CloseEnv(ctx, env)
+	exists(t, e, "the open lineage at the end", as...)
+}
+
+// TestStateBytes: a file snapshot's size is what the turn wrote that it
+// holds (the root's simple-quota charge since the previous snapshot), a
+// state of kind full adds its process image, and the lineage counts each
+// artifact once.
+func TestStateBytes(t *testing.T) {
+	r := retainRig(t, 0, nil)
+	ctx := context.Background()
+	e := r.e
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "dd if=/dev/urandom of=/x bs=1M count=3 2>/dev/null")
+	s1, err := e.Checkpoint(ctx, env, branch.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "echo small > /y")
+	s2, err := e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := e.Lineage(s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, total := e.StateBytes(line)
+	if len(line) != 3 || line[1].ID != s1 {
+		t.Fatalf("lineage %v", line)
+	}
+	st2, _ := e.State(s2)
+	img, err := branch.ArtifactBytes(e, st2.Proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("own bytes %v, lineage %d, image %d", own, total, img)
+	if own[1] < 3<<20 || own[1] > 4<<20 {
+		t.Errorf("fs state after writing 3 MiB: %d bytes, want about 3 MiB", own[1])
+	}
+	if fs := own[2] - img; img < 1<<20 || fs < 0 || fs > 1<<20 {
+		t.Errorf("full state after a small write: %d bytes with a %d byte image, want the image and under 1 MiB of files", own[2], img)
+	}
+	if sum := own[0] + own[1] + own[2]; total != sum {
+		t.Errorf("lineage %d bytes, want the sum of its states' own %d (no artifact shared here)", total, sum)
+	}
+}
