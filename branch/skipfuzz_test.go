@@ -153,7 +153,11 @@ var turnGrammar = []turnGen{
 		return fmt.Sprintf("mkdir -p %s && echo h >> %s/h && sleep 1000 3<%s/h </dev/null >/dev/null 2>&1 &", d, d, d)
 	}},
 	{1, func(r *rand.Rand) string {
-		return fmt.Sprintf("mkdir -p %s && (cd %s && exec sleep 1000) </dev/null >/dev/null 2>&1 &", pick(r, fuzzDirs), pick(r, fuzzDirs))
+		// The same directory for both: a job that fails at once (cd to a
+		// missing one) ends after the turn, and the live env and the
+		// branch report it at different moments.
+		d := pick(r, fuzzDirs)
+		return fmt.Sprintf("mkdir -p %s && (cd %s && exec sleep 1000) </dev/null >/dev/null 2>&1 &", d, d)
 	}},
 	{2, func(r *rand.Rand) string {
 		a, b := pick(r, fuzzDirs), pick(r, fuzzDirs)
