@@ -192,16 +192,7 @@ func (c *Cache) Close() error {
 	if !c.ownMount {
 		return nil
 	}
-	c.mu.Lock()
-	for {
-		if _, _, ok := c.lru.RemoveOldest(); !ok {
-			break
-		}
-	}
-	v := c.victims
-	c.victims = nil
-	c.mu.Unlock()
-	c.evict(v)
+	c.evictWhile(func() bool { return true })
 	c.mu.Lock()
 	left := c.hotCount
 	c.mu.Unlock()
@@ -453,8 +444,18 @@ func (c *Cache) Acquire(ctx context.Context, id string) (path string, release fu
 // stay), and returns the hot bytes left: disk pressure on the tmpfs
 // (docs/engine.md, "Disk pressure"). Later commits keep to HotBytes again.
 func (c *Cache) Shrink(target int64) int64 {
+	c.evictWhile(func() bool { return c.hotBytes > max(target, 0) })
 	c.mu.Lock()
-	for c.hotBytes > max(target, 0) {
+	defer c.mu.Unlock()
+	return c.hotBytes
+}
+
+// evictWhile drops the least recently used hot images from the LRU while
+// more (called with c.mu held) says so, then moves the victims to disk
+// outside the lock: the one way Close and Shrink empty the tmpfs.
+func (c *Cache) evictWhile(more func() bool) {
+	c.mu.Lock()
+	for more() {
 		if _, _, ok := c.lru.RemoveOldest(); !ok {
 			break
 		}
@@ -463,9 +464,6 @@ func (c *Cache) Shrink(target int64) int64 {
 	c.victims = nil
 	c.mu.Unlock()
 	c.evict(v)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.hotBytes
 }
 
 // Get returns the hot path of image id like Acquire, without pinning it:
