@@ -246,13 +246,16 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 	for i, s := range g.States {
 		sids[i] = s.ID
 	}
+	// The counters change under the same lock as the records, so a
+	// reader that sees a state gone (Usage, a test) sees it counted.
+	e.gcStats.mu.Lock()
 	if err := e.man.ForgetWith(p, sids, aids); err != nil {
+		e.gcStats.mu.Unlock()
 		return 0, false, time.Time{}, err
 	}
 	if failed > 0 {
 		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
 	}
-	e.gcStats.mu.Lock()
 	e.gcStats.s.States += int64(len(sids))
 	e.gcStats.s.Artifacts += int64(len(aids))
 	e.gcStats.s.Bytes += bytes
