@@ -34,7 +34,7 @@ func TestLostOrphanForgotten(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLostOrphanForgotten$", "-test.v")
-	cmd.Env = append(os.Environ(), lostHelperDir+"="+dir)
+	cmd.Env = append(os.Environ(), lostHelperDir+"="+dir, branchtest.HelperVar+"=1")
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
