@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
-	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/arbor-env/arbor/cr"
@@ -168,7 +168,7 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
-	if ds, err := stats.CriuGetDumpStats(dir); err == nil {
+	if ds, err := crit.GetDumpStats(r.Dir); err == nil {
 		st.FrozenTime = time.Duration(ds.GetFrozenTime()) * time.Microsecond
 		st.PagesWritten = ds.GetPagesWritten()
 	}
@@ -199,8 +199,12 @@ type RestoreRequest struct {
 // notify answers a restore's notifications: it places the root task
 // (setup-namespaces) and learns its pid (post-restore).
 type notify struct {
-	join func(int) error
-	pid  int
+	join  func(int) error
+	pid   int
+	aside *setAside // put back at pre-resume (ghostdir_linux.go)
+	// putBack is that put-back's error: CRIU only logs a failed
+	// pre-resume answer, so Restore fails the restore itself.
+	putBack error
 }
 
 func (n *notify) handle(m *rpc.CriuNotify) error {
@@ -211,6 +215,9 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 		}
 	case "post-restore":
 		n.pid = int(m.GetPid())
+	case "pre-resume":
+		// CRIU has removed its ghost directories; no task runs yet.
+		n.putBack = n.aside.putBack()
 	}
 	return nil
 }
@@ -248,7 +255,18 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 			return 0, err
 		}
 	}
-	n := &notify{join: r.Join}
+	// What stands where CRIU will make a deleted directory a process
+	// holds goes aside until the tree is back (ghostdir_linux.go).
+	ghosts, err := ghostDirs(r.Dir)
+	if err != nil {
+		return 0, fmt.Errorf("read the images' deleted directories: %w", err)
+	}
+	aside, err := moveAside(r.Root, ghosts)
+	if err != nil {
+		return 0, err
+	}
+	defer aside.undo()
+	n := &notify{join: r.Join, aside: aside}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		WorkDirFd:         proto.Int32(int32(wd.Fd())),
@@ -268,6 +286,9 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 	}
 	if n.pid == 0 {
 		return 0, errors.New("criu restore reported no pid")
+	}
+	if n.putBack != nil {
+		return 0, fmt.Errorf("criu restore into %s: %w", r.Root, n.putBack)
 	}
 	return n.pid, nil
 }

@@ -1,0 +1,76 @@
+package branch_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// TestDeletedCwdWithNewDirAtItsPath: a process whose cwd was removed, with
+// a new directory made at the same path, restores with both: the process
+// in its deleted directory, the new directory (and what it holds) in the
+// tree. CRIU's restore recreates a deleted directory at its old path and
+// removes it once the process is in it; without help it took the new
+// directory with it (docs/inspector.md, "What a restore brings back").
+func TestDeletedCwdWithNewDirAtItsPath(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, newBtrfs(t, dir), dir, 0)
+	e := r.e
+	ctx := context.Background()
+	for _, c := range []struct{ name, fill, want string }{
+		{"empty new directory", "", ""},
+		{"new directory with a file", "echo new > /work/d/f", "f\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env, _, err := e.NewEnv(ctx, "busybox")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.CloseEnv(ctx, env)
+			run(t, e, env, "mkdir -p /work/d && (cd /work/d && exec sleep 1000) & sleep 0.3")
+			run(t, e, env, "rmdir /work/d && mkdir /work/d && chmod 750 /work/d && "+orTrue(c.fill))
+			before := run(t, e, env, probeDeletedCwd)
+			if !strings.Contains(before, "(deleted)") {
+				t.Fatalf("the test needs the daemon in a deleted cwd: %q", before)
+			}
+			for _, kind := range []branch.Kind{branch.Full} {
+				if _, err := e.Checkpoint(ctx, env, kind); err != nil {
+					t.Fatal(err)
+				}
+				res, err := e.Branch(ctx, branch.Source{Env: env}, 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, ch := range res.Children {
+					if res.Errors[i] != nil {
+						t.Fatalf("child %d: %v", i, res.Errors[i])
+					}
+					if got := run(t, e, ch, probeDeletedCwd); got != before {
+						t.Errorf("child %d:\n%s\nwant (the live env):\n%s", i, got, before)
+					}
+					if got := run(t, e, ch, "ls /work/d"); got != c.want {
+						t.Errorf("child %d: /work/d holds %q, want %q", i, got, c.want)
+					}
+					e.CloseEnv(ctx, ch)
+				}
+			}
+			// The live env still has both too.
+			if got := run(t, e, env, "ls /work/d"); got != c.want {
+				t.Errorf("live env after the branch: /work/d holds %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// probeDeletedCwd prints the daemon's cwd and the new directory's type and
+// mode.
+const probeDeletedCwd = `p=$(pidof sleep); readlink /proc/$p/cwd; stat -c '%F %a' /work/d; ls -la /work | grep -c ' d$'`
+
+func orTrue(s string) string {
+	if s == "" {
+		return "true"
+	}
+	return s
+}
