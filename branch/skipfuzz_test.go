@@ -495,7 +495,15 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live
 		return "    the branch does not restore: " + strings.ReplaceAll(err.Error(), "\n", "\n    ")
 	}
 	if err != nil {
-		t.Fatalf("branch of %s: %v", sid, err)
+		// Not a miss: the engine lost a state its open env made. Say
+		// what it still has, to tell GC from the checkpoint path.
+		var have []string
+		states, serr := e.States(env.ID)
+		for _, s := range states {
+			have = append(have, s.ID+"("+string(s.Kind)+")")
+		}
+		u, _ := e.Usage()
+		t.Fatalf("branch of %s: %v\nenv %s head %s, its states %v (%v)\nGC %+v", sid, err, env.ID, env.Head(), have, serr, u.GC)
 	}
 	child := res.Children[0]
 	defer e.CloseEnv(ctx, child)
