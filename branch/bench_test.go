@@ -343,26 +343,33 @@ func BenchmarkGC(b *testing.B) {
 // branch, side by side. One open busybox env takes turns (a small command
 // and the fs checkpoint a turn would take after it, timed together: the
 // step) and, after each, a branch(1) from a past full state of its own
-// (timed: the branch; the child is closed outside the timer). Condition
-// idle: no garbage, GC only runs its empty passes (the children's close
-// nudges it). Condition gc: a backlog of closed lineages (several envs,
-// fs checkpoints, one in ten full) kept by a retention of an hour, which
-// the engine's clock then passes (branch.AdvanceClock): only the samples
-// that start after GC's first deletion and end before it has deleted the
-// whole backlog count, so each ran with the GC deleting. That takes a few
-// rounds of backlog (made with the timer stopped, like the rest of the
-// set-up). It reports p50/p95/p99 of each (idle-step-p50-ms,
-// gc-branch-p99-ms, ...), the samples per condition, the states GC
-// deleted inside the windows and its rate there, and for comparison its
-// rate on a backlog of the same size with nothing else running
-// (gc-alone-states/s). One run per invocation: use -benchtime 1x (about
-// a minute).
+// (timed: the branch; the child is closed outside the timer), in three
+// conditions:
+//
+//   - idle: no other states; the GC only runs the empty passes the
+//     children's close nudges.
+//   - retained: a backlog of closed lineages (several envs, fs
+//     checkpoints, one in twenty full) kept by a retention of an hour; the
+//     GC's passes find nothing to delete. The control for gc: the same
+//     manifest and pool, no deletion.
+//   - gc: the engine's clock passes that retention (branch.AdvanceClock)
+//     and the background GC deletes the backlog; only the samples that
+//     start after its first deletion and end before it has deleted the
+//     whole backlog count, so each ran with the GC deleting (another
+//     backlog when one gave too few).
+//
+// Backlogs are made with the timer stopped. It reports p50/p95/p99 of
+// each (idle-step-p50-ms, gc-branch-p99-ms, ...), the samples in the gc
+// windows, the states the GC deleted inside them and its rate there,
+// and for comparison its rate on a backlog of the same size with nothing
+// else running (gc-alone-states/s). One run per invocation: use
+// -benchtime 1x (one to two minutes).
 func BenchmarkGCLatency(b *testing.B) {
 	const (
-		samples  = 40  // per condition, at least (gc: whole rounds)
-		rounds   = 5   // gc condition: backlogs made, at most
+		samples  = 30  // per condition, at least
+		rounds   = 4   // gc condition: backlogs deleted, at most
 		lineages = 4   // closed lineages per backlog, made in parallel
-		states   = 500 // states per lineage
+		states   = 400 // states per lineage
 	)
 	dir := b.TempDir()
 	r := newRigOptions(b, newBtrfs(b, dir), dir, func(o *branch.Options) { o.Retain = time.Hour })
@@ -397,23 +404,27 @@ func BenchmarkGCLatency(b *testing.B) {
 		step = time.Since(t)
 		return step, branchOnce(b, e, past, 1)
 	}
-
-	// Idle.
-	var idleStep, idleBranch latencies
-	u0 := usage()
-	for range samples {
-		s, br := sample()
-		idleStep, idleBranch = append(idleStep, s), append(idleBranch, br)
+	// still takes the samples of a condition in which the GC must delete
+	// nothing.
+	still := func(name string) (steps, branches latencies) {
+		u0 := usage()
+		for range samples {
+			s, br := sample()
+			steps, branches = append(steps, s), append(branches, br)
+		}
+		u1 := usage()
+		if u1.GC.States != u0.GC.States {
+			b.Fatalf("%s: GC deleted %d states", name, u1.GC.States-u0.GC.States)
+		}
+		b.Logf("%s: %d samples, %d states in the manifest, %d GC passes (none deleted anything; the last held the GC lock %v)",
+			name, samples, u1.Manifest.States, u1.GC.Passes-u0.GC.Passes, u1.GC.LastPass)
+		return steps, branches
 	}
-	u1 := usage()
-	if u1.GC.States != u0.GC.States {
-		b.Fatalf("idle: GC deleted %d states", u1.GC.States-u0.GC.States)
-	}
-	b.Logf("idle: %d samples, %d GC passes (none deleted anything)", samples, u1.GC.Passes-u0.GC.Passes)
-
 	// backlog makes the closed lineages, retained for the hour, and
 	// returns how many states they hold.
 	backlog := func() int64 {
+		b.StopTimer()
+		defer b.StartTimer()
 		before := usage().Manifest.States
 		errs := make(chan error, lineages)
 		for range lineages {
@@ -429,7 +440,7 @@ func BenchmarkGCLatency(b *testing.B) {
 							return err
 						}
 						kind := branch.FS
-						if j%10 == 9 {
+						if j%20 == 19 {
 							kind = branch.Full
 						}
 						if _, err := e.Checkpoint(ctx, env, kind); err != nil {
@@ -448,21 +459,20 @@ func BenchmarkGCLatency(b *testing.B) {
 		return int64(usage().Manifest.States - before)
 	}
 
-	// GC running.
+	idleStep, idleBranch := still("idle")
+	n := backlog()
+	retStep, retBranch := still("retained")
+
 	var gcStep, gcBranch latencies
 	var deleted, passes int64
 	var window time.Duration
 	made := 0
-	for round := 0; round < rounds && len(gcStep) < samples; round++ {
-		b.StopTimer()
-		n := backlog()
-		b.StartTimer()
-		u := usage()
-		if u.GC.States != u1.GC.States+deleted || int64(u.Manifest.States) < n {
-			b.Fatalf("round %d: GC deleted states within their retention (%+v)", round, u.GC)
+	for ; made < rounds && len(gcStep) < samples; made++ {
+		if made > 0 {
+			n = backlog()
 		}
+		u := usage()
 		target := u.GC.States + n
-		made++
 		branch.AdvanceClock(e, time.Hour+time.Second)
 		var first branch.Usage
 		branchtest.WaitFor(b, "the GC's first deletion", func() bool {
@@ -483,36 +493,39 @@ func BenchmarkGCLatency(b *testing.B) {
 		deleted += last.GC.States - first.GC.States
 		passes += last.GC.Passes - first.GC.Passes
 		window += took
-		b.Logf("round %d: backlog of %d states; %d samples while the GC deleted %d states in %d passes (%v, longest pass so far %v)",
-			round, n, len(gcStep), last.GC.States-first.GC.States, last.GC.Passes-first.GC.Passes, took.Round(time.Millisecond), last.GC.MaxPass)
+		b.Logf("gc round %d: backlog of %d states; %d samples so far; the GC deleted %d states in %d passes in this window (%v, longest pass so far %v)",
+			made, n, len(gcStep), last.GC.States-first.GC.States, last.GC.Passes-first.GC.Passes, took.Round(time.Millisecond), last.GC.MaxPass)
 		branchtest.WaitFor(b, "the backlog deleted", func() bool { return usage().GC.States >= target })
 	}
 	if len(gcStep) == 0 {
 		b.Fatal("no sample fell inside a GC window: make the backlog bigger")
 	}
-	// For comparison, the GC alone on a backlog of the same size: its
-	// rate with nothing else running.
+	b.Logf("gc: %d samples in %d windows, in which the GC deleted %d states in %d passes (%v)",
+		len(gcStep), made, deleted, passes, window.Round(time.Millisecond))
+
+	// For comparison, the GC alone on a backlog of the same size.
+	n = backlog()
 	b.StopTimer()
-	n := backlog()
 	u := usage()
 	branch.AdvanceClock(e, time.Hour+time.Second)
 	t0 := time.Now()
 	branchtest.WaitFor(b, "the backlog deleted", func() bool { return usage().GC.States >= u.GC.States+n })
 	alone := time.Since(t0)
 	a := usage()
-	b.Logf("alone: GC deleted %d states in %d passes in %v (longest pass so far %v)",
+	b.Logf("alone: the GC deleted %d states in %d passes in %v (longest pass so far %v)",
 		n, a.GC.Passes-u.GC.Passes, alone.Round(time.Millisecond), a.GC.MaxPass)
-	b.ReportMetric(float64(n)/alone.Seconds(), "gc-alone-states/s")
 	b.StartTimer()
-	b.Logf("gc: %d samples in %d rounds, GC deleted %d states in %d passes within the windows (%v)",
-		len(gcStep), made, deleted, passes, window.Round(time.Millisecond))
+
 	idleStep.report(b, "idle-step-")
+	retStep.report(b, "retained-step-")
 	gcStep.report(b, "gc-step-")
 	idleBranch.report(b, "idle-branch-")
+	retBranch.report(b, "retained-branch-")
 	gcBranch.report(b, "gc-branch-")
 	b.ReportMetric(float64(len(gcStep)), "gc-samples")
 	b.ReportMetric(float64(deleted), "gc-deleted-states")
 	if window > 0 {
 		b.ReportMetric(float64(deleted)/window.Seconds(), "gc-window-states/s")
 	}
+	b.ReportMetric(float64(n)/alone.Seconds(), "gc-alone-states/s")
 }
