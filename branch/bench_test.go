@@ -338,3 +338,194 @@ func BenchmarkGC(b *testing.B) {
 	b.Logf("%d states deleted in %v (%d passes, longest %v)", u.GC.States, took, u.GC.Passes, u.GC.MaxPass)
 	b.ReportMetric(float64(u.GC.States)/took.Seconds(), "states/s")
 }
+
+// BenchmarkGCLatency: what a busy background GC costs a turn and a
+// branch, side by side. One open busybox env takes turns (a small command
+// and the fs checkpoint a turn would take after it, timed together: the
+// step) and, after each, a branch(1) from a past full state of its own
+// (timed: the branch; the child is closed outside the timer), in three
+// conditions:
+//
+//   - idle: no other states; the GC only runs the empty passes the
+//     children's close nudges.
+//   - retained: a backlog of closed lineages (several envs, fs
+//     checkpoints, one in twenty full) kept by a retention of an hour; the
+//     GC's passes find nothing to delete. The control for gc: the same
+//     manifest and pool, no deletion.
+//   - gc: the engine's clock passes that retention (branch.AdvanceClock)
+//     and the background GC deletes the backlog; only the samples that
+//     start after its first deletion and end before it has deleted the
+//     whole backlog count, so each ran with the GC deleting (another
+//     backlog when one gave too few).
+//
+// Backlogs are made with the timer stopped. It reports p50/p95/p99 of
+// each (idle-step-p50-ms, gc-branch-p99-ms, ...), the samples in the gc
+// windows, the states the GC deleted inside them and its rate there,
+// and for comparison its rate on a backlog of the same size with nothing
+// else running (gc-alone-states/s). One run per invocation: use
+// -benchtime 1x (one to two minutes).
+func BenchmarkGCLatency(b *testing.B) {
+	const (
+		samples  = 30  // per condition, at least
+		rounds   = 4   // gc condition: backlogs deleted, at most
+		lineages = 4   // closed lineages per backlog, made in parallel
+		states   = 400 // states per lineage
+	)
+	dir := b.TempDir()
+	r := newRigOptions(b, newBtrfs(b, dir), dir, func(o *branch.Options) { o.Retain = time.Hour })
+	e := r.e
+	ctx := context.Background()
+	usage := func() branch.Usage {
+		u, err := e.Usage()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return u
+	}
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	start, _ := counterCmd("busybox")
+	run(b, e, env, "mkdir -p /work && cd /work && export K=v && seq 1000 > /work/numbers")
+	run(b, e, env, start)
+	past, err := e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		b.Fatal(err)
+	}
+	turn := 0
+	sample := func() (step, br time.Duration) {
+		turn++
+		t := time.Now()
+		run(b, e, env, fmt.Sprintf("echo %d > /work/turn", turn))
+		if _, err := e.Checkpoint(ctx, env, branch.FS); err != nil {
+			b.Fatal(err)
+		}
+		step = time.Since(t)
+		return step, branchOnce(b, e, past, 1)
+	}
+	// still takes the samples of a condition in which the GC must delete
+	// nothing.
+	still := func(name string) (steps, branches latencies) {
+		u0 := usage()
+		for range samples {
+			s, br := sample()
+			steps, branches = append(steps, s), append(branches, br)
+		}
+		u1 := usage()
+		if u1.GC.States != u0.GC.States {
+			b.Fatalf("%s: GC deleted %d states", name, u1.GC.States-u0.GC.States)
+		}
+		b.Logf("%s: %d samples, %d states in the manifest, %d GC passes (none deleted anything; the last held the GC lock %v)",
+			name, samples, u1.Manifest.States, u1.GC.Passes-u0.GC.Passes, u1.GC.LastPass)
+		return steps, branches
+	}
+	// backlog makes the closed lineages, retained for the hour, and
+	// returns how many states they hold.
+	backlog := func() int64 {
+		b.StopTimer()
+		defer b.StartTimer()
+		before := usage().Manifest.States
+		errs := make(chan error, lineages)
+		for range lineages {
+			go func() {
+				errs <- func() error {
+					env, _, err := e.NewEnv(ctx, "busybox")
+					if err != nil {
+						return err
+					}
+					defer e.CloseEnv(ctx, env)
+					for j := range states - 1 {
+						if _, err := e.Exec(ctx, env, fmt.Sprintf("echo %d > /f", j), execOpts()); err != nil {
+							return err
+						}
+						kind := branch.FS
+						if j%20 == 19 {
+							kind = branch.Full
+						}
+						if _, err := e.Checkpoint(ctx, env, kind); err != nil {
+							return err
+						}
+					}
+					return nil
+				}()
+			}()
+		}
+		for range lineages {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		return int64(usage().Manifest.States - before)
+	}
+
+	idleStep, idleBranch := still("idle")
+	n := backlog()
+	retStep, retBranch := still("retained")
+
+	var gcStep, gcBranch latencies
+	var deleted, passes int64
+	var window time.Duration
+	made := 0
+	for ; made < rounds && len(gcStep) < samples; made++ {
+		if made > 0 {
+			n = backlog()
+		}
+		u := usage()
+		target := u.GC.States + n
+		branch.AdvanceClock(e, time.Hour+time.Second)
+		var first branch.Usage
+		branchtest.WaitFor(b, "the GC's first deletion", func() bool {
+			first = usage()
+			return first.GC.States > u.GC.States
+		})
+		t0, last := time.Now(), first
+		var took time.Duration
+		for {
+			s, br := sample()
+			now := usage()
+			if now.GC.States >= target {
+				break // the GC finished during this sample
+			}
+			gcStep, gcBranch = append(gcStep, s), append(gcBranch, br)
+			last, took = now, time.Since(t0)
+		}
+		deleted += last.GC.States - first.GC.States
+		passes += last.GC.Passes - first.GC.Passes
+		window += took
+		b.Logf("gc round %d: backlog of %d states; %d samples so far; the GC deleted %d states in %d passes in this window (%v, longest pass so far %v)",
+			made, n, len(gcStep), last.GC.States-first.GC.States, last.GC.Passes-first.GC.Passes, took.Round(time.Millisecond), last.GC.MaxPass)
+		branchtest.WaitFor(b, "the backlog deleted", func() bool { return usage().GC.States >= target })
+	}
+	if len(gcStep) == 0 {
+		b.Fatal("no sample fell inside a GC window: make the backlog bigger")
+	}
+	b.Logf("gc: %d samples in %d windows, in which the GC deleted %d states in %d passes (%v)",
+		len(gcStep), made, deleted, passes, window.Round(time.Millisecond))
+
+	// For comparison, the GC alone on a backlog of the same size.
+	n = backlog()
+	b.StopTimer()
+	u := usage()
+	branch.AdvanceClock(e, time.Hour+time.Second)
+	t0 := time.Now()
+	branchtest.WaitFor(b, "the backlog deleted", func() bool { return usage().GC.States >= u.GC.States+n })
+	alone := time.Since(t0)
+	a := usage()
+	b.Logf("alone: the GC deleted %d states in %d passes in %v (longest pass so far %v)",
+		n, a.GC.Passes-u.GC.Passes, alone.Round(time.Millisecond), a.GC.MaxPass)
+	b.StartTimer()
+
+	idleStep.report(b, "idle-step-")
+	retStep.report(b, "retained-step-")
+	gcStep.report(b, "gc-step-")
+	idleBranch.report(b, "idle-branch-")
+	retBranch.report(b, "retained-branch-")
+	gcBranch.report(b, "gc-branch-")
+	b.ReportMetric(float64(len(gcStep)), "gc-samples")
+	b.ReportMetric(float64(deleted), "gc-deleted-states")
+	if window > 0 {
+		b.ReportMetric(float64(deleted)/window.Seconds(), "gc-window-states/s")
+	}
+	b.ReportMetric(float64(n)/alone.Seconds(), "gc-alone-states/s")
+}

@@ -45,102 +45,124 @@ func newMetrics(reg prometheus.Registerer, e *branch.Engine, activeEnvs func() f
 	for _, k := range []string{"none", "fs", "proc", "full"} {
 		m.checkpoints.WithLabelValues(k)
 	}
-	registerEngineMetrics(reg, e)
+	registerEngineMetrics(reg, e.Usage)
 	return m
 }
 
 // registerEngineMetrics exports the engine's checkpoint totals and its
-// disk and memory accounting, read at scrape time.
-func registerEngineMetrics(reg prometheus.Registerer, e *branch.Engine) {
-	usage := func(f func(branch.Usage) float64) func() float64 {
-		return func() float64 {
-			u, err := e.Usage()
-			if err != nil {
-				return 0
-			}
-			return f(u)
-		}
+// disk and memory accounting, read at scrape time: one collector that
+// reads engineUsage (Engine.Usage, which measures every watched file
+// system and reads the manifest) once per scrape and emits every series
+// from it. A failed read exports zeros.
+func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch.Usage, error)) {
+	c := &usageCollector{usage: engineUsage}
+	gauge := func(name, help string, labels prometheus.Labels, f func(branch.Usage) float64) {
+		c.metrics = append(c.metrics, usageMetric{prometheus.NewDesc(name, help, nil, labels), prometheus.GaugeValue, f})
+	}
+	counter := func(name, help string, f func(branch.Usage) float64) {
+		c.metrics = append(c.metrics, usageMetric{prometheus.NewDesc(name, help, nil, nil), prometheus.CounterValue, f})
 	}
 	for _, k := range []manifest.ArtifactKind{manifest.ArtifactFS, manifest.ArtifactProc} {
 		labels := prometheus.Labels{"kind": string(k)}
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifacts", Help: "Ready artifacts in the manifest, by kind (fs snapshots, proc images).",
-				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Count) })),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_artifact_bytes", Help: "Bytes of the ready artifacts the manifest accounts, by kind (fs: what each snapshot's turn wrote, where the backend tells).",
-				ConstLabels: labels}, usage(func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Bytes) })),
-		)
+		gauge("arbor_artifacts", "Ready artifacts in the manifest, by kind (fs snapshots, proc images).",
+			labels, func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Count) })
+		gauge("arbor_artifact_bytes", "Bytes of the ready artifacts the manifest accounts, by kind (fs: what each snapshot's turn wrote, where the backend tells).",
+			labels, func(u branch.Usage) float64 { return float64(u.Manifest.Artifacts[k].Bytes) })
 	}
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_passes_total", Help: "Passes of the engine's background garbage collection."},
-			usage(func(u branch.Usage) float64 { return float64(u.GC.Passes) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_errors_total", Help: "Garbage collection passes that failed."},
-			usage(func(u branch.Usage) float64 { return float64(u.GC.Errors) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_states_total", Help: "States garbage collection deleted."},
-			usage(func(u branch.Usage) float64 { return float64(u.GC.States) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_artifacts_total", Help: "Artifacts (snapshots, process images) garbage collection deleted."},
-			usage(func(u branch.Usage) float64 { return float64(u.GC.Artifacts) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_deleted_bytes_total", Help: "Bytes the manifest accounted for the artifacts garbage collection deleted."},
-			usage(func(u branch.Usage) float64 { return float64(u.GC.Bytes) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_last_pass_seconds", Help: "How long the last garbage collection pass held the GC lock."},
-			usage(func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_gc_max_pass_seconds", Help: "The longest a garbage collection pass held the GC lock since the server started."},
-			usage(func(u branch.Usage) float64 { return u.GC.MaxPass.Seconds() })),
-	)
-	// Disk pressure (docs/engine.md): one series per watched file system.
-	disk := func(name string, f func(branch.DiskUsage) float64) func() float64 {
-		return usage(func(u branch.Usage) float64 {
+	counter("arbor_gc_passes_total", "Passes of the engine's background garbage collection.",
+		func(u branch.Usage) float64 { return float64(u.GC.Passes) })
+	counter("arbor_gc_errors_total", "Garbage collection passes that failed.",
+		func(u branch.Usage) float64 { return float64(u.GC.Errors) })
+	counter("arbor_gc_deleted_states_total", "States garbage collection deleted.",
+		func(u branch.Usage) float64 { return float64(u.GC.States) })
+	counter("arbor_gc_deleted_artifacts_total", "Artifacts (snapshots, process images) garbage collection deleted.",
+		func(u branch.Usage) float64 { return float64(u.GC.Artifacts) })
+	counter("arbor_gc_deleted_bytes_total", "Bytes the manifest accounted for the artifacts garbage collection deleted.",
+		func(u branch.Usage) float64 { return float64(u.GC.Bytes) })
+	gauge("arbor_gc_last_pass_seconds", "How long the last garbage collection pass held the GC lock.",
+		nil, func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })
+	gauge("arbor_gc_max_pass_seconds", "The longest a garbage collection pass held the GC lock since the server started.",
+		nil, func(u branch.Usage) float64 { return u.GC.MaxPass.Seconds() })
+	// Disk pressure (docs/engine.md): one series per file system watched
+	// when the metrics are registered.
+	disk := func(name string, f func(branch.DiskUsage) float64) func(branch.Usage) float64 {
+		return func(u branch.Usage) float64 {
 			for _, d := range u.Disk {
 				if d.Name == name {
 					return f(d)
 				}
 			}
 			return 0
-		})
+		}
 	}
-	if u, err := e.Usage(); err == nil {
+	if u, err := engineUsage(); err == nil {
 		for _, d := range u.Disk {
 			labels := prometheus.Labels{"fs": d.Name}
-			reg.MustRegister(
-				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_used_bytes", Help: "Bytes in use on a watched file system (pool, cold image store, hot image tmpfs).",
-					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Used) })),
-				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_free_bytes", Help: "Bytes still free on a watched file system.",
-					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Free) })),
-				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_size_bytes", Help: "Size of a watched file system.",
-					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Total) })),
-				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_disk_pressure", Help: "1 while a watched file system is under pressure (from its high mark until back under its low mark), else 0.",
-					ConstLabels: labels}, disk(d.Name, func(d branch.DiskUsage) float64 {
+			gauge("arbor_disk_used_bytes", "Bytes in use on a watched file system (pool, cold image store, hot image tmpfs).",
+				labels, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Used) }))
+			gauge("arbor_disk_free_bytes", "Bytes still free on a watched file system.",
+				labels, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Free) }))
+			gauge("arbor_disk_size_bytes", "Size of a watched file system.",
+				labels, disk(d.Name, func(d branch.DiskUsage) float64 { return float64(d.Total) }))
+			gauge("arbor_disk_pressure", "1 while a watched file system is under pressure (from its high mark until back under its low mark), else 0.",
+				labels, disk(d.Name, func(d branch.DiskUsage) float64 {
 					if d.Over {
 						return 1
 					}
 					return 0
-				})),
-			)
+				}))
 		}
 	}
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_disk_refused_total", Help: "Resets and branches refused because a disk was over its high mark after eviction (no_space)."},
-			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Refused) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_gc_evicted_states_total", Help: "States garbage collection deleted under disk pressure (retention of closed lineages ignored)."},
-			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Evicted) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_image_shrunk_bytes_total", Help: "Hot process image bytes moved to disk under tmpfs pressure."},
-			usage(func(u branch.Usage) float64 { return float64(u.Pressure.Shrunk) })),
-	)
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_time_seconds_total",
-			Help: "Summed duration of the checkpoints taken."}, usage(func(u branch.Usage) float64 { return u.Coord.CheckpointTime.Seconds() })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_checkpoint_exposed_seconds_total",
-			Help: "Part of the checkpoint time operations had to wait for (not hidden behind the policy's thinking)."},
-			usage(func(u branch.Usage) float64 { return u.Coord.Exposed.Seconds() })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "arbor_envs_revived_total",
-			Help: "Envs whose sandbox died (init killed, OOM) and that were restored at their last committed state."},
-			usage(func(u branch.Usage) float64 { return float64(u.Coord.Revived) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_image_hot_bytes", Help: "Process images on tmpfs."},
-			usage(func(u branch.Usage) float64 { return float64(u.Images.HotBytes) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_image_cold_bytes", Help: "Process images on disk."},
-			usage(func(u branch.Usage) float64 { return float64(u.Images.ColdBytes) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_states", Help: "States in the manifest."},
-			usage(func(u branch.Usage) float64 { return float64(u.Manifest.States) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_warm_copies", Help: "Pre-restored frozen copies kept for branching."},
-			usage(func(u branch.Usage) float64 { return float64(u.Warm) })),
-	)
+	counter("arbor_disk_refused_total", "Resets and branches refused because a disk was over its high mark after eviction (no_space).",
+		func(u branch.Usage) float64 { return float64(u.Pressure.Refused) })
+	counter("arbor_gc_evicted_states_total", "States garbage collection deleted under disk pressure (retention of closed lineages ignored).",
+		func(u branch.Usage) float64 { return float64(u.Pressure.Evicted) })
+	counter("arbor_image_shrunk_bytes_total", "Hot process image bytes moved to disk under tmpfs pressure.",
+		func(u branch.Usage) float64 { return float64(u.Pressure.Shrunk) })
+	counter("arbor_checkpoint_time_seconds_total", "Summed duration of the checkpoints taken.",
+		func(u branch.Usage) float64 { return u.Coord.CheckpointTime.Seconds() })
+	counter("arbor_checkpoint_exposed_seconds_total", "Part of the checkpoint time operations had to wait for (not hidden behind the policy's thinking).",
+		func(u branch.Usage) float64 { return u.Coord.Exposed.Seconds() })
+	counter("arbor_envs_revived_total", "Envs whose sandbox died (init killed, OOM) and that were restored at their last committed state.",
+		func(u branch.Usage) float64 { return float64(u.Coord.Revived) })
+	gauge("arbor_image_hot_bytes", "Process images on tmpfs.",
+		nil, func(u branch.Usage) float64 { return float64(u.Images.HotBytes) })
+	gauge("arbor_image_cold_bytes", "Process images on disk.",
+		nil, func(u branch.Usage) float64 { return float64(u.Images.ColdBytes) })
+	gauge("arbor_states", "States in the manifest.",
+		nil, func(u branch.Usage) float64 { return float64(u.Manifest.States) })
+	gauge("arbor_warm_copies", "Pre-restored frozen copies kept for branching.",
+		nil, func(u branch.Usage) float64 { return float64(u.Warm) })
+	reg.MustRegister(c)
+}
+
+// usageMetric is one series of the engine's accounting: its description
+// and how to read it from a Usage.
+type usageMetric struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(branch.Usage) float64
+}
+
+// usageCollector emits every usageMetric from one read of usage per
+// scrape.
+type usageCollector struct {
+	usage   func() (branch.Usage, error)
+	metrics []usageMetric
+}
+
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.metrics {
+		ch <- m.desc
+	}
+}
+
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	u, err := c.usage()
+	if err != nil {
+		u = branch.Usage{}
+	}
+	for _, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(u))
+	}
 }

@@ -76,11 +76,11 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	}
 	img, err := l.Images.Get(ctx, imageName)
 	if errors.Is(err, image.ErrNotFound) && l.AutoBuild && slices.Contains(image.Recipes, imageName) {
+		// Ensure: concurrent first launches of an image share one build.
 		log.Info("building missing image", slog.String("image", imageName))
-		if err = l.Images.Build(ctx, imageName, l.Progress); err != nil {
+		if img, err = l.Images.Ensure(ctx, imageName, l.Progress); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", imageName, err)
 		}
-		img, err = l.Images.Get(ctx, imageName)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("launch %s: %w", imageName, err)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,6 +154,40 @@ func diskEvent(r *sandbox.Result) *sandbox.LimitEvent {
 // dd until full inside a sandbox stops at its quota with "Disk quota
 // exceeded" and a disk limit event; another sandbox can still write, a new
 // one can still start, and after rm the first can write again.
+// TestConcurrentFirstLaunches: two launches of an image a fresh pool
+// lacks, at once, both succeed (AutoBuild: they share one build,
+// image.Store.Ensure) instead of one failing with "already exists".
+func TestConcurrentFirstLaunches(t *testing.T) {
+	l := newLauncher(t)
+	ctx := context.Background()
+	envs := make([]*launch.Env, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range envs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			envs[i], errs[i] = l.Launch(ctx, "busybox")
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, e := range envs {
+		if errs[i] != nil {
+			t.Errorf("launch %d: %v", i, errs[i])
+			continue
+		}
+		if r, err := e.Sandbox.Exec(ctx, "echo ok", sandbox.ExecOptions{}); err != nil || strings.TrimSpace(string(r.Stdout)) != "ok" {
+			t.Errorf("launch %d: echo ok: %q %v", i, r.Stdout, err)
+		}
+		if err := e.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func TestDiskQuota(t *testing.T) {
 	l := newLauncher(t)
 	const quota = 48 << 20
