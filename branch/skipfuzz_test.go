@@ -292,9 +292,12 @@ for d in /proc/[0-9]*; do
   s=$(cut -d' ' -f22 $d/stat 2>/dev/null) || continue
   [ -n "$s" ] && [ "$s" -le "$me" ] && [ "${d#/proc/}" != "$mypid" ] || continue
   sig=""
+  # Init is a Go program: the runtime preempts its threads with SIGURG,
+  # pending for an instant now and then, not state a restore keeps.
+  m=0x40000; [ "${d#/proc/}" = 1 ] && m=$((m | 0x400000))
   for k in SigPnd ShdPnd SigBlk SigCgt; do
     v=$(sed -n "s/^$k:[[:space:]]*//p" $d/status)
-    case $k in *Pnd) v=$(printf %x $((0x$v & ~0x40000)));; esac
+    case $k in *Pnd) v=$(printf %x $((0x$v & ~m)));; esac
     sig="$sig $k=$v"
   done
   st=$(cut -d' ' -f3 $d/stat); case $st in [RSDI]) st=live;; esac
