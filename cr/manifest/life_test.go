@@ -1,0 +1,47 @@
+package manifest
+
+import (
+	"testing"
+	"time"
+)
+
+// TestReleaseClosed: ReleaseClosedAt releases what an env closed without
+// a release (CloseEnv) kept, with its retention from then, and leaves
+// open envs, lost envs and states released before alone.
+func TestReleaseClosed(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := openTest(t, Options{})
+	for _, e := range []string{"open", "closed", "lost", "released"} {
+		putEnv(t, m, e)
+	}
+	checkpoint(t, m, "open", "o", "", 0, KindFull)
+	checkpoint(t, m, "closed", "c1", "", 0, KindFull)
+	checkpoint(t, m, "closed", "c2", "c1", 1, KindFS)
+	checkpoint(t, m, "lost", "l", "", 0, KindFull)
+	checkpoint(t, m, "released", "r", "", 0, KindFull)
+	if err := m.ReleaseEnvAt("released", t0.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CloseEnv("closed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MarkLost("lost", "no restore"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := m.ReleaseClosedAt(t0)
+	if err != nil || n != 2 {
+		t.Fatalf("ReleaseClosedAt = %d, %v; want the 2 states of the closed env", n, err)
+	}
+	for id, want := range map[string]State{
+		"o": {}, "l": {}, "c1": {Released: true, ClosedAt: t0}, "c2": {Released: true, ClosedAt: t0},
+		"r": {Released: true, ClosedAt: t0.Add(-time.Hour)},
+	} {
+		s, err := m.GetState(id)
+		if err != nil || s.Released != want.Released || !s.ClosedAt.Equal(want.ClosedAt) {
+			t.Errorf("state %s: released %v closed at %v (%v); want %v at %v", id, s.Released, s.ClosedAt, err, want.Released, want.ClosedAt)
+		}
+	}
+	if n, err := m.ReleaseClosedAt(t0.Add(time.Hour)); err != nil || n != 0 {
+		t.Errorf("second ReleaseClosedAt = %d, %v; want nothing left to release", n, err)
+	}
+}
