@@ -34,8 +34,9 @@ type GCStats struct {
 	// without garbage to delete.
 	Passes int64
 	// States and Artifacts count what the passes deleted; Bytes is the
-	// size the manifest recorded for those artifacts.
-	States, Artifacts, Bytes int64
+	// size the manifest recorded for those artifacts; Envs counts the
+	// records of closed envs deleted once their states were all gone.
+	States, Artifacts, Bytes, Envs int64
 	// Errors counts passes that failed.
 	Errors int64
 	// LastPass is how long the last pass held the GC lock (the time
@@ -181,7 +182,8 @@ func (e *Engine) GC(ctx context.Context) error {
 }
 
 // gcPass deletes at most Options.GCBatch states no owner needs and the
-// artifacts only they used, under the GC lock; with evict, under disk
+// artifacts only they used, then at most as many records of closed envs
+// left without states, under the GC lock; with evict, under disk
 // pressure, the retention of closed lineages is ignored
 // (manifest.Policy.Evict). It reports how many states it deleted, whether
 // garbage was left over and when the next retention ends.
@@ -225,7 +227,8 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 		return 0, false, time.Time{}, err
 	}
 	if len(g.States)+len(g.Artifacts) == 0 {
-		return 0, g.More, g.Next, nil
+		more, err := e.forgetEnvs()
+		return 0, g.More || more, g.Next, err
 	}
 	// The files go first, then the records (crash safety). A deletion is
 	// not cut short by Close (its ctx ends only the wait for the lock): an
@@ -267,7 +270,19 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 	}
 	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
 		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict))
-	return len(sids), g.More, g.Next, err
+	envMore, ferr := e.forgetEnvs()
+	return len(sids), g.More || envMore, g.Next, errors.Join(err, ferr)
+}
+
+// forgetEnvs drops at most GCBatch records of closed envs whose states
+// are all gone (manifest.ForgetEnvs), in a pass, under the GC lock; it
+// reports whether some were left over.
+func (e *Engine) forgetEnvs() (more bool, err error) {
+	e.gcStats.mu.Lock()
+	defer e.gcStats.mu.Unlock()
+	ids, more, err := e.man.ForgetEnvs(e.o.GCBatch)
+	e.gcStats.s.Envs += int64(len(ids))
+	return more, err
 }
 
 // lockGC takes gcMu for writing without queueing for it: restores (CRIU

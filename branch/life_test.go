@@ -11,12 +11,14 @@ import (
 )
 
 // collected waits for the background GC to have removed every state and
-// every artifact of e (files included), then checks the manifest.
+// every artifact of e (files included) and, once their states are gone,
+// the records of the closed envs; then it checks the manifest. Every env
+// of e must be closed.
 func collected(t *testing.T, e *branch.Engine, snap cr.Snapshotter) {
 	t.Helper()
 	ctx := context.Background()
 	var u branch.Usage
-	branchtest.WaitFor(t, "every state and artifact removed", func() bool {
+	branchtest.WaitFor(t, "every state, artifact and env record removed", func() bool {
 		var err error
 		u, err = e.Usage()
 		vols, _ := snap.List(ctx, branch.SnapshotPrefix)
@@ -24,8 +26,12 @@ func collected(t *testing.T, e *branch.Engine, snap cr.Snapshotter) {
 		for _, k := range u.Manifest.Artifacts {
 			arts += k.Count
 		}
-		return err == nil && u.Manifest.States == 0 && arts == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0
+		return err == nil && u.Manifest.States == 0 && arts == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0 &&
+			u.Manifest.Envs == 0
 	})
+	if u.GC.Envs == 0 {
+		t.Errorf("GC stats %+v: want env records deleted", u.GC)
+	}
 	if err := e.CheckManifest(); err != nil {
 		t.Error(err)
 	}

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"reflect"
 	"testing"
 	"time"
 )
@@ -43,5 +44,51 @@ func TestReleaseClosed(t *testing.T) {
 	}
 	if n, err := m.ReleaseClosedAt(t0.Add(time.Hour)); err != nil || n != 0 {
 		t.Errorf("second ReleaseClosedAt = %d, %v; want nothing left to release", n, err)
+	}
+}
+
+// TestForgetEnvs: the records of closed envs without states go, a branch
+// child before its origin and within the bound; an env named as origin
+// by one that stays, a lost env, an open one and one with states stay.
+func TestForgetEnvs(t *testing.T) {
+	m := openTest(t, Options{})
+	for _, e := range []Env{
+		{ID: "open"}, {ID: "empty", Closed: true}, {ID: "child", Closed: true, Origin: "empty"},
+		{ID: "grandchild", Closed: true, Origin: "child"}, {ID: "lost"}, {ID: "kept"},
+		{ID: "origin", Closed: true}, {ID: "live", Origin: "origin"},
+	} {
+		if err := m.PutEnv(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint(t, m, "open", "o", "", 0, KindFull)
+	checkpoint(t, m, "kept", "k", "", 0, KindFull)
+	if err := m.CloseEnv("kept"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MarkLost("lost", "no committed state"); err != nil {
+		t.Fatal(err)
+	}
+	got, more, err := m.ForgetEnvs(2)
+	if err != nil || !more || !reflect.DeepEqual(got, []string{"grandchild", "child"}) {
+		t.Fatalf("ForgetEnvs(2) = %v, more %v, %v; want grandchild and child, more", got, more, err)
+	}
+	got, more, err = m.ForgetEnvs(2)
+	if err != nil || more || !reflect.DeepEqual(got, []string{"empty"}) {
+		t.Fatalf("second ForgetEnvs(2) = %v, more %v, %v; want empty, no more", got, more, err)
+	}
+	es, err := m.Envs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range es {
+		left = append(left, e.ID)
+	}
+	if want := []string{"kept", "live", "lost", "open", "origin"}; !reflect.DeepEqual(left, want) {
+		t.Errorf("envs left %v, want %v", left, want)
+	}
+	if err := m.Check(); err != nil {
+		t.Error(err)
 	}
 }
