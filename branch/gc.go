@@ -147,7 +147,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 			t.Stop()
 		case <-t.C:
 		}
-		_, more, next, err := e.gcPass(ctx, false)
+		_, more, next, err := e.gcPass(ctx, nil)
 		var pressured bool
 		if err == nil {
 			// Disk pressure: evict by the policy after the normal pass.
@@ -174,7 +174,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 // passes as it takes (the background GC does the same, a pass at a time).
 func (e *Engine) GC(ctx context.Context) error {
 	for {
-		_, more, _, err := e.gcPass(ctx, false)
+		_, more, _, err := e.gcPass(ctx, nil)
 		if err != nil || !more {
 			return err
 		}
@@ -185,9 +185,11 @@ func (e *Engine) GC(ctx context.Context) error {
 // artifacts only they used, then at most as many records of closed envs
 // left without states, under the GC lock; with evict, under disk
 // pressure, the retention of closed lineages is ignored
-// (manifest.Policy.Evict). It reports how many states it deleted, whether
-// garbage was left over and when the next retention ends.
-func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool, next time.Time, err error) {
+// (manifest.Policy.Evict) and the pass deletes no more than frees
+// *evict's bytes (manifest.Policy.MaxBytes). It reports how many states
+// it deleted, whether garbage was left over and when the next retention
+// ends.
+func (e *Engine) gcPass(ctx context.Context, evict *eviction) (deleted int, more bool, next time.Time, err error) {
 	if err := e.lockGC(ctx); err != nil {
 		return 0, false, time.Time{}, err
 	}
@@ -209,7 +211,10 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 		e.mu.Unlock()
 		return 0, false, time.Time{}, ErrClosed
 	}
-	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch, Evict: evict}
+	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
+	if evict != nil {
+		p.Evict, p.MaxBytes = true, evict.bytes
+	}
 	for _, env := range e.envs {
 		p.Keep = append(p.Keep, env.Head())
 	}
@@ -263,13 +268,13 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 	e.gcStats.s.Artifacts += int64(len(aids))
 	e.gcStats.s.Bytes += bytes
 	e.gcStats.mu.Unlock()
-	if evict {
+	if evict != nil {
 		e.pr.mu.Lock()
 		e.pr.stats.Evicted += int64(len(sids))
 		e.pr.mu.Unlock()
 	}
 	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
-		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict))
+		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict != nil))
 	envMore, ferr := e.forgetEnvs()
 	return len(sids), g.More || envMore, g.Next, errors.Join(err, ferr)
 }

@@ -31,6 +31,14 @@ type Policy struct {
 	// the retained ones by the time their env closed, oldest first
 	// (docs/engine.md, "Disk pressure").
 	Evict bool
+	// MaxBytes bounds one Collect by the room it frees (nil: no bound):
+	// it lists states, in its order, only until for every kind in the map
+	// the artifacts of that kind they alone use (no live state uses them,
+	// each counted once) sum to at least its bound (kind "": artifacts of
+	// every kind), so that eviction deletes what brings a file system
+	// under its low mark, not a whole batch more. Artifacts sized 0 (no
+	// quotas) never reach a bound.
+	MaxBytes map[ArtifactKind]int64
 }
 
 func (p Policy) now() time.Time {
@@ -165,6 +173,13 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		slices.SortFunc(dead, func(a, b State) int {
 			return cmp.Or(retainedAt(a).Compare(retainedAt(b)), a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
+		as, err := all[Artifact](tx, bucketArtifacts)
+		if err != nil {
+			return err
+		}
+		if n := g.byteBound(p.MaxBytes, live, dead, as); n < len(dead) {
+			dead, out.More = dead[:n], true
+		}
 		if p.MaxStates > 0 && len(dead) > p.MaxStates {
 			dead, out.More = dead[:p.MaxStates], true
 		}
@@ -180,10 +195,6 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 			}
 		}
 		out.States = dead
-		as, err := all[Artifact](tx, bucketArtifacts)
-		if err != nil {
-			return err
-		}
 		for _, a := range as {
 			if !a.Ready || used[a.ID] {
 				continue
@@ -200,6 +211,47 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		return Garbage{}, fmt.Errorf("collect garbage: %w", err)
 	}
 	return out, nil
+}
+
+// byteBound is how many states of dead (in order) Collect lists under
+// the bounds of max (Policy.MaxBytes): the shortest prefix whose
+// artifacts no live state uses reach every bound, or all of dead.
+func (g graph) byteBound(max map[ArtifactKind]int64, live map[string]bool, dead []State, as []Artifact) int {
+	if len(max) == 0 {
+		return len(dead)
+	}
+	liveUses := map[string]bool{}
+	for id := range live {
+		s := g.states[id]
+		liveUses[s.FS], liveUses[s.Proc] = true, true
+	}
+	arts := make(map[string]Artifact, len(as))
+	for _, a := range as {
+		arts[a.ID] = a
+	}
+	sum := map[ArtifactKind]int64{}
+	counted := map[string]bool{}
+	reached := func() bool {
+		for k, b := range max {
+			if sum[k] < b {
+				return false
+			}
+		}
+		return true
+	}
+	for i, s := range dead {
+		for _, id := range []string{s.FS, s.Proc} {
+			if a, ok := arts[id]; ok && id != "" && !liveUses[id] && !counted[id] {
+				counted[id] = true
+				sum[a.Kind] += a.Bytes
+				sum[""] += a.Bytes
+			}
+		}
+		if reached() {
+			return i + 1
+		}
+	}
+	return len(dead)
 }
 
 // Garbage returns everything Collect finds with no retention, no bounds

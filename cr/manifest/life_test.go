@@ -92,3 +92,38 @@ func TestForgetEnvs(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCollectMaxBytes: under a byte bound Collect lists states, in its
+// order, until the artifacts only they use reach the bound of every kind
+// given; shared artifacts count once and a live state's not at all.
+func TestCollectMaxBytes(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "open")
+	putEnv(t, m, "old")
+	checkpoint(t, m, "open", "o", "", 0, KindFull)
+	checkpoint(t, m, "old", "a", "o", 1, KindFS)   // fs 100, proc o's (live)
+	checkpoint(t, m, "old", "b", "a", 2, KindProc) // fs a's (counted with a), proc 1000
+	checkpoint(t, m, "old", "c", "b", 3, KindFS)   // fs 100
+	checkpoint(t, m, "old", "d", "c", 4, KindFS)   // fs 100
+	if err := m.ReleaseEnvAt("old", t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		max  map[ArtifactKind]int64
+		want []string
+		more bool
+	}{
+		{nil, []string{"a", "b", "c", "d"}, false},
+		{map[ArtifactKind]int64{ArtifactFS: 150}, []string{"a", "b", "c"}, true},
+		{map[ArtifactKind]int64{ArtifactFS: 100}, []string{"a"}, true},
+		{map[ArtifactKind]int64{ArtifactProc: 1}, []string{"a", "b"}, true},
+		{map[ArtifactKind]int64{ArtifactFS: 250, ArtifactProc: 1}, []string{"a", "b", "c", "d"}, false},
+		{map[ArtifactKind]int64{ArtifactFS: 1 << 40}, []string{"a", "b", "c", "d"}, false},
+		{map[ArtifactKind]int64{"": 1001}, []string{"a", "b"}, true},
+	} {
+		g, err := m.Collect(Policy{Now: t0, Retain: time.Hour, Evict: true, MaxBytes: tt.max})
+		if err != nil || !reflect.DeepEqual(ids(g.States), tt.want) || g.More != tt.more {
+			t.Errorf("MaxBytes %v: %v more %v, %v; want %v more %v", tt.max, ids(g.States), g.More, err, tt.want, tt.more)
+		}
+	}
+}
