@@ -336,66 +336,82 @@ func (m *Manifest) ForgetWith(p Policy, stateIDs, artifactIDs []string) error {
 // (GC removed them all), and named as origin by no env that stays. An
 // origin goes with or after the envs branched from it, never before, so
 // no remaining record names one that is gone. It returns the ids deleted
-// and whether the bound left some over.
+// and whether the bound left some over. It looks first in a read
+// transaction, so that a GC pass with no such env writes nothing.
 func (m *Manifest) ForgetEnvs(max int) (ids []string, more bool, err error) {
-	err = m.db.Update(func(tx *bolt.Tx) error {
-		ids, more = nil, false
-		es, err := all[Env](tx, bucketEnvs)
-		if err != nil {
-			return err
-		}
-		garbage := map[string]bool{}
-		for _, e := range es {
-			if e.Closed && e.Lost == "" && len(envStateIDs(tx, e.ID)) == 0 {
-				garbage[e.ID] = true
-			}
-		}
-		// An env that stays keeps its origin, and that one its own.
-		origin := make(map[string]string, len(es))
-		for _, e := range es {
-			origin[e.ID] = e.Origin
-		}
-		for _, e := range es {
-			if garbage[e.ID] {
-				continue
-			}
-			for o := e.Origin; garbage[o]; o = origin[o] {
-				delete(garbage, o)
-			}
-		}
-		// Within the bound, an env goes only once every env naming it as
-		// origin goes too (es is in id order, so the pick is stable).
-		referrers := map[string]int{}
-		for _, e := range es {
-			if garbage[e.ID] && e.Origin != "" {
-				referrers[e.Origin]++
-			}
-		}
-		for progress := true; progress; {
-			progress = false
-			for _, e := range es {
-				if !garbage[e.ID] || referrers[e.ID] > 0 {
-					continue
-				}
-				if max > 0 && len(ids) == max {
-					more = true
-					return nil
-				}
-				if err := tx.Bucket(bucketEnvs).Delete([]byte(e.ID)); err != nil {
-					return fmt.Errorf("delete env %s: %w", e.ID, err)
-				}
-				delete(garbage, e.ID)
-				ids = append(ids, e.ID)
-				if e.Origin != "" {
-					referrers[e.Origin]--
-				}
-				progress = true
-			}
-		}
-		return nil
+	err = m.db.View(func(tx *bolt.Tx) error {
+		ids, more, err = envGarbage(tx, max)
+		return err
 	})
+	if err == nil && len(ids) > 0 {
+		err = m.db.Update(func(tx *bolt.Tx) error {
+			ids, more, err = envGarbage(tx, max)
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := tx.Bucket(bucketEnvs).Delete([]byte(id)); err != nil {
+					return fmt.Errorf("delete env %s: %w", id, err)
+				}
+			}
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("forget envs: %w", err)
 	}
 	return ids, more, nil
+}
+
+// envGarbage lists the env records ForgetEnvs deletes, in the order it
+// may: an env only after every env naming it as origin (es is in id
+// order, so the pick is stable), at most max of them.
+func envGarbage(tx *bolt.Tx, max int) (ids []string, more bool, err error) {
+	es, err := all[Env](tx, bucketEnvs)
+	if err != nil {
+		return nil, false, err
+	}
+	garbage := map[string]bool{}
+	for _, e := range es {
+		if e.Closed && e.Lost == "" && len(envStateIDs(tx, e.ID)) == 0 {
+			garbage[e.ID] = true
+		}
+	}
+	// An env that stays keeps its origin, and that one its own.
+	origin := make(map[string]string, len(es))
+	for _, e := range es {
+		origin[e.ID] = e.Origin
+	}
+	for _, e := range es {
+		if garbage[e.ID] {
+			continue
+		}
+		for o := e.Origin; garbage[o]; o = origin[o] {
+			delete(garbage, o)
+		}
+	}
+	referrers := map[string]int{}
+	for _, e := range es {
+		if garbage[e.ID] && e.Origin != "" {
+			referrers[e.Origin]++
+		}
+	}
+	for progress := true; progress; {
+		progress = false
+		for _, e := range es {
+			if !garbage[e.ID] || referrers[e.ID] > 0 {
+				continue
+			}
+			if max > 0 && len(ids) == max {
+				return ids, true, nil
+			}
+			delete(garbage, e.ID)
+			ids = append(ids, e.ID)
+			if e.Origin != "" {
+				referrers[e.Origin]--
+			}
+			progress = true
+		}
+	}
+	return ids, false, nil
 }
