@@ -225,7 +225,7 @@ func (e *Engine) settle(ctx context.Context) {
 		err = s.Sync(ctx)
 	}
 	switch {
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		e.log.Debug("settle pool: the cleaner is still freeing", "err", err)
 	case err != nil:
 		e.log.Warn("settle pool", "err", err)

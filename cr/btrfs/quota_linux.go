@@ -338,8 +338,9 @@ func subvolExists(fd int, id uint64) (bool, error) {
 // (BTRFS_IOC_SYNC), so that the room of destroyed volumes and snapshots
 // comes back now instead of after the next periodic commit (30 s by
 // default): a plain syncfs commits but leaves dropped subvolumes to the
-// cleaner's next round. The engine calls it under disk pressure
-// (docs/engine.md, "Disk pressure").
+// cleaner's next round. It does not wait for the cleaner; Settle does,
+// and the engine calls that under disk pressure (docs/engine.md, "Disk
+// pressure").
 func (s *Snapshotter) Sync(ctx context.Context) error {
 	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -362,10 +363,10 @@ const settlePoll = 25 * time.Millisecond
 // (BTRFS_IOC_SUBVOL_SYNC_WAIT in its COUNT mode, Linux 6.13, which does
 // not block: its waiting modes sleep in the kernel past any deadline),
 // again every settlePoll until none is, then commits once more, which
-// frees what the cleaner released. It returns ctx's error if ctx ends first, and an error
-// wrapping cr.ErrUnavailable, after the first commit, on a kernel without
-// the ioctl. The engine calls it under disk pressure after each eviction
-// pass (docs/engine.md, "Disk pressure").
+// frees what the cleaner released. It returns ctx's error if ctx ends
+// first, and an error wrapping cr.ErrUnavailable, after the first commit,
+// on a kernel without the count. The engine calls it under disk pressure
+// after each eviction pass (docs/engine.md, "Disk pressure").
 func (s *Snapshotter) Settle(ctx context.Context) error {
 	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
