@@ -66,7 +66,8 @@ type Options struct {
 	Inspector Inspector
 	// NoRecover makes Open close the environments a crash left open, as
 	// a fresh start, instead of restoring them at their last committed
-	// state (docs/engine.md, "Crash safety").
+	// state (docs/engine.md, "Crash safety"); they are closed as CloseEnv
+	// closes an env, so their states stay for Retain.
 	NoRecover bool
 	// Retain is how long the states of a closed env stay branchable by
 	// state id after its close; 0 releases them as soon as nothing needs
@@ -127,7 +128,8 @@ type Engine struct {
 // dropped, and every environment the previous run left open is restored
 // under its id at its last committed state (Env.Recovered says which);
 // one that cannot be is closed and reported by Lost. With o.NoRecover
-// they are all closed instead. Their states stay usable either way.
+// they are all closed instead, as CloseEnv closes an env: their states
+// stay usable for Options.Retain (a lost env's until ForgetLost).
 func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.Snap == nil || o.CRIU == nil || o.Launcher == nil || o.StateDir == "" {
 		return nil, fmt.Errorf("%w: engine needs StateDir, Snap, CRIU and Launcher", ErrBadRequest)
@@ -239,12 +241,22 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 				Labels: env.Labels, Err: errors.New(env.Lost)}
 		case env.Closed:
 		case e.o.NoRecover:
-			if err := e.man.CloseEnv(env.ID); err != nil {
+			// Closed as CloseEnv closes an env: its lineage is kept for
+			// the retention from now on, then collected.
+			if err := e.man.ReleaseEnvAt(env.ID, e.now()); err != nil {
 				return nil, fmt.Errorf("close stale env %s: %w", env.ID, err)
 			}
 		default:
 			open = append(open, env)
 		}
+	}
+	// States an earlier version left unreleased when it closed envs
+	// (a graceful Close, NoRecover) are released now, their retention
+	// starting now.
+	if n, err := e.man.ReleaseClosedAt(e.now()); err != nil {
+		return nil, err
+	} else if n > 0 {
+		e.log.Info("released the states of envs closed without releasing them", slog.Int("states", n))
 	}
 	if n := sandbox.RemoveStaleCgroups(); n > 0 {
 		e.log.Info("removed cgroups of sandboxes of an earlier run", slog.Int("count", n))
@@ -284,9 +296,11 @@ func (e *Engine) deleteArtifact(ctx context.Context, a manifest.Artifact) error 
 	return err
 }
 
-// Close waits for running work, destroys every environment, closes the
-// manifest and the image cache (which unmounts the hot images' tmpfs it
-// mounted, moving them to disk). States stay on disk for the next run.
+// Close waits for running work, destroys every environment and closes it
+// as CloseEnv does (its states are released: they stay for
+// Options.Retain, in this run's files for the next run to branch from or
+// collect), then closes the manifest and the image cache (which unmounts
+// the hot images' tmpfs it mounted, moving them to disk).
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closed {
@@ -304,7 +318,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.stopGC()
 	var errs []error
 	for _, env := range envs {
-		if err := e.closeEnv(ctx, env, false); err != nil {
+		if err := e.closeEnv(ctx, env); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -496,7 +510,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 	e.track(ctx, env)
 	sid, _, err := e.CheckpointAsync(env, Full)
 	if err != nil {
-		e.closeEnv(context.Background(), env, true)
+		e.closeEnv(context.Background(), env)
 		return nil, "", err
 	}
 	return env, sid, nil

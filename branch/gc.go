@@ -34,8 +34,9 @@ type GCStats struct {
 	// without garbage to delete.
 	Passes int64
 	// States and Artifacts count what the passes deleted; Bytes is the
-	// size the manifest recorded for those artifacts.
-	States, Artifacts, Bytes int64
+	// size the manifest recorded for those artifacts; Envs counts the
+	// records of closed envs deleted once their states were all gone.
+	States, Artifacts, Bytes, Envs int64
 	// Errors counts passes that failed.
 	Errors int64
 	// LastPass is how long the last pass held the GC lock (the time
@@ -146,7 +147,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 			t.Stop()
 		case <-t.C:
 		}
-		_, more, next, err := e.gcPass(ctx, false)
+		_, more, next, err := e.gcPass(ctx, nil)
 		var pressured bool
 		if err == nil {
 			// Disk pressure: evict by the policy after the normal pass.
@@ -173,7 +174,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 // passes as it takes (the background GC does the same, a pass at a time).
 func (e *Engine) GC(ctx context.Context) error {
 	for {
-		_, more, _, err := e.gcPass(ctx, false)
+		_, more, _, err := e.gcPass(ctx, nil)
 		if err != nil || !more {
 			return err
 		}
@@ -181,11 +182,14 @@ func (e *Engine) GC(ctx context.Context) error {
 }
 
 // gcPass deletes at most Options.GCBatch states no owner needs and the
-// artifacts only they used, under the GC lock; with evict, under disk
+// artifacts only they used, then at most as many records of closed envs
+// left without states, under the GC lock; with evict, under disk
 // pressure, the retention of closed lineages is ignored
-// (manifest.Policy.Evict). It reports how many states it deleted, whether
-// garbage was left over and when the next retention ends.
-func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool, next time.Time, err error) {
+// (manifest.Policy.Evict) and the pass deletes no more than frees
+// *evict's bytes (manifest.Policy.MaxBytes). It reports how many states
+// it deleted, whether garbage was left over and when the next retention
+// ends.
+func (e *Engine) gcPass(ctx context.Context, evict *eviction) (deleted int, more bool, next time.Time, err error) {
 	if err := e.lockGC(ctx); err != nil {
 		return 0, false, time.Time{}, err
 	}
@@ -207,7 +211,10 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 		e.mu.Unlock()
 		return 0, false, time.Time{}, ErrClosed
 	}
-	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch, Evict: evict}
+	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
+	if evict != nil {
+		p.Evict, p.MaxBytes = true, evict.bytes
+	}
 	for _, env := range e.envs {
 		p.Keep = append(p.Keep, env.Head())
 	}
@@ -225,7 +232,8 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 		return 0, false, time.Time{}, err
 	}
 	if len(g.States)+len(g.Artifacts) == 0 {
-		return 0, g.More, g.Next, nil
+		more, err := e.forgetEnvs()
+		return 0, g.More || more, g.Next, err
 	}
 	// The files go first, then the records (crash safety). A deletion is
 	// not cut short by Close (its ctx ends only the wait for the lock): an
@@ -260,14 +268,26 @@ func (e *Engine) gcPass(ctx context.Context, evict bool) (deleted int, more bool
 	e.gcStats.s.Artifacts += int64(len(aids))
 	e.gcStats.s.Bytes += bytes
 	e.gcStats.mu.Unlock()
-	if evict {
+	if evict != nil {
 		e.pr.mu.Lock()
 		e.pr.stats.Evicted += int64(len(sids))
 		e.pr.mu.Unlock()
 	}
 	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
-		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict))
-	return len(sids), g.More, g.Next, err
+		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict != nil))
+	envMore, ferr := e.forgetEnvs()
+	return len(sids), g.More || envMore, g.Next, errors.Join(err, ferr)
+}
+
+// forgetEnvs drops at most GCBatch records of closed envs whose states
+// are all gone (manifest.ForgetEnvs), in a pass, under the GC lock; it
+// reports whether some were left over.
+func (e *Engine) forgetEnvs() (more bool, err error) {
+	e.gcStats.mu.Lock()
+	defer e.gcStats.mu.Unlock()
+	ids, more, err := e.man.ForgetEnvs(e.o.GCBatch)
+	e.gcStats.s.Envs += int64(len(ids))
+	return more, err
 }
 
 // lockGC takes gcMu for writing without queueing for it: restores (CRIU

@@ -2,6 +2,7 @@ package branch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/manifest"
 )
 
 // The watermarks' defaults (docs/engine.md, "Disk pressure").
@@ -24,11 +28,13 @@ const (
 	DefaultPressureWait = 2 * time.Second
 )
 
-// pressureSettle is how long the GC waits after an eviction pass before
-// it measures again: a deleted snapshot's room comes back once btrfs's
-// cleaner has dropped it, after the commit, so measuring at once would
-// evict more than needed.
+// pressureSettle is how long the GC waits after an eviction pass (and
+// its settle) before the next pass measures again.
 const pressureSettle = 250 * time.Millisecond
+
+// settleMax bounds how long an eviction pass waits for the pool to free
+// what it deleted (settle) before the GC goes on.
+const settleMax = 5 * time.Second
 
 // The watched file systems, by name (Usage().Disk, the metrics' fs label).
 const (
@@ -75,6 +81,9 @@ type pressure struct {
 	stats PressureStats
 	// statfs measures a path (unix.Statfs; tests replace it).
 	statfs func(name, path string) (used, total, free int64, err error)
+	// holds is the kind of artifact each watched file system holds
+	// ("": both, when the pool and an image store share one).
+	holds map[string]manifest.ArtifactKind
 }
 
 func realStatfs(_, path string) (used, total, free int64, err error) {
@@ -100,16 +109,25 @@ func (e *Engine) initPressure() {
 	e.pr.statfs = realStatfs
 	type fs struct{ name, path string }
 	all := []fs{{DiskPool, e.o.Snap.Path("")}, {DiskCold, e.cacheDir("cold")}, {DiskHot, e.cacheDir("hot")}}
-	seen := map[uint64]bool{}
+	seen := map[uint64]string{}
+	e.pr.holds = map[string]manifest.ArtifactKind{}
 	for _, f := range all {
+		k := manifest.ArtifactProc
+		if f.name == DiskPool {
+			k = manifest.ArtifactFS
+		}
 		var st unix.Stat_t
 		if err := unix.Stat(f.path, &st); err == nil {
-			if seen[st.Dev] {
+			if first, ok := seen[st.Dev]; ok {
+				if e.pr.holds[first] != k {
+					e.pr.holds[first] = "" // both kinds
+				}
 				continue
 			}
-			seen[st.Dev] = true
+			seen[st.Dev] = f.name
 		}
 		e.pr.disks = append(e.pr.disks, DiskUsage{Name: f.name, Path: f.path})
+		e.pr.holds[f.name] = k
 	}
 }
 
@@ -154,32 +172,70 @@ func (e *Engine) relieve(ctx context.Context) (bool, error) {
 	if len(over) == 0 {
 		return false, nil
 	}
+	excess := func(d DiskUsage) int64 { return d.Used - int64(e.o.LowWater*float64(d.Total)) }
 	if hot, ok := over[DiskHot]; ok {
 		if _, coldOver := over[DiskCold]; !coldOver {
 			before := e.cache.Stats().HotBytes
-			excess := hot.Used - int64(e.o.LowWater*float64(hot.Total))
-			after := e.cache.Shrink(before - excess)
+			after := e.cache.Shrink(before - excess(hot))
 			e.pr.mu.Lock()
 			e.pr.stats.Shrunk += max(before-after, 0)
 			e.pr.mu.Unlock()
-			if after <= before-excess {
+			if after <= before-excess(hot) {
 				delete(over, DiskHot)
+			} else {
+				hot.Used -= before - after
+				over[DiskHot] = hot
 			}
 		}
 	}
 	if len(over) == 0 {
 		return true, nil
 	}
-	_, _, _, err := e.gcPass(ctx, true)
-	// Commit what this pass and earlier ones deleted, so that it is freed
-	// now rather than at the backend's next periodic commit (btrfs: 30 s
-	// by default, and its cleaner drops deleted snapshots after that).
-	if s, ok := e.o.Snap.(interface{ Sync(context.Context) error }); ok {
-		if serr := s.Sync(ctx); serr != nil {
-			e.log.Warn("sync pool", "err", serr)
-		}
+	// A pass frees no more than takes every file system over its low
+	// mark under it, by the bytes the manifest accounts the artifacts
+	// (snapshots on the pool, process images on the image stores); the
+	// next pass, after settle, measures again and takes what is left.
+	ev := &eviction{bytes: map[manifest.ArtifactKind]int64{}}
+	for name, d := range over {
+		k := e.pr.holds[name]
+		ev.bytes[k] = max(ev.bytes[k], excess(d), 1)
 	}
+	_, _, _, err := e.gcPass(ctx, ev)
+	e.settle(ctx)
 	return true, err
+}
+
+// settle waits, at most settleMax, until what this pass and earlier ones
+// deleted from the pool is freed, so that the next measure sees it and
+// eviction stops once the room is back rather than while the backend
+// still frees it: btrfs commits only every 30 s by default and its
+// cleaner drops deleted snapshots after the commit, a snapshot at a time
+// (btrfs.Snapshotter.Settle waits for the cleaner; a backend that cannot
+// wait is only committed, Sync).
+func (e *Engine) settle(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, settleMax)
+	defer cancel()
+	var err error
+	switch s := e.o.Snap.(type) {
+	case interface{ Settle(context.Context) error }:
+		if err = s.Settle(ctx); errors.Is(err, cr.ErrUnavailable) {
+			err = nil // committed: the cleaner's frees show at the next measures
+		}
+	case interface{ Sync(context.Context) error }:
+		err = s.Sync(ctx)
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		e.log.Debug("settle pool: the cleaner is still freeing", "err", err)
+	case err != nil:
+		e.log.Warn("settle pool", "err", err)
+	}
+}
+
+// eviction is what a GC pass under disk pressure may free: at most the
+// states whose artifacts of each kind sum to bytes[kind].
+type eviction struct {
+	bytes map[manifest.ArtifactKind]int64
 }
 
 // Admit lets a new env (reset, branch) start unless a watched file system

@@ -380,14 +380,15 @@ func TestReviveAfterInitKilled(t *testing.T) {
 }
 
 // TestNoRecover: with Options.NoRecover the envs a crash left open are
-// closed, not restored, and their committed states stay usable.
+// closed, not restored, as CloseEnv closes them: their committed states
+// stay usable for the retention, and the GC removes them after it.
 func TestNoRecover(t *testing.T) {
 	c := requireCR(t)
 	dir := t.TempDir()
 	snap := newBtrfs(t, dir)
 	out := runRecoverHelper(t, dir, "commit")
 	l := &launch.Launcher{Snap: snap, Images: &image.Store{Snap: snap, Logger: quiet()}, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
-	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, NoRecover: true, Logger: quiet()}
+	o := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, NoRecover: true, Retain: time.Hour, Logger: quiet()}
 	e, err := branch.Open(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -403,4 +404,9 @@ func TestNoRecover(t *testing.T) {
 	if got := run(t, e, res.Children[0], "cat /work/f; echo $V"); got != "two\ntwo\n" {
 		t.Errorf("committed state restored to %q", got)
 	}
+	if err := e.CloseEnv(context.Background(), res.Children[0]); err != nil {
+		t.Fatal(err)
+	}
+	branch.AdvanceClock(e, time.Hour+time.Second)
+	collected(t, e, snap)
 }

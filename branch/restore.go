@@ -369,12 +369,16 @@ func (e *Engine) Promote(ctx context.Context, child *Env) (string, error) {
 // that are pinned) stay until those release them too. The background
 // GC removes them (docs/engine.md, "Retention"); CloseEnv only nudges it.
 func (e *Engine) CloseEnv(ctx context.Context, env *Env) error {
-	err := e.closeEnv(ctx, env, true)
+	err := e.closeEnv(ctx, env)
 	e.nudgeGC()
 	return err
 }
 
-func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
+// closeEnv destroys env and closes it in the manifest releasing its
+// states (manifest.ReleaseEnvAt): CloseEnv, Promote and a graceful Close
+// all close an env this way, so its lineage falls under the retention
+// from now on.
+func (e *Engine) closeEnv(ctx context.Context, env *Env) error {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	if env.closed {
@@ -392,11 +396,5 @@ func (e *Engine) closeEnv(ctx context.Context, env *Env, release bool) error {
 	if in := e.o.Inspector; in != nil {
 		in.Untrack(env.ID)
 	}
-	errs := []error{env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume)}
-	if release {
-		errs = append(errs, e.man.ReleaseEnvAt(env.ID, e.now()))
-	} else {
-		errs = append(errs, e.man.CloseEnv(env.ID))
-	}
-	return errors.Join(errs...)
+	return errors.Join(env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume), e.man.ReleaseEnvAt(env.ID, e.now()))
 }

@@ -142,12 +142,12 @@ func TestRetention(t *testing.T) {
 
 	branch.AdvanceClock(e, time.Hour+time.Second)
 	branchtest.WaitFor(t, "the background GC to remove the closed lineage", func() bool { return gone(e, sids...) })
-	// The children's close released nothing of their own (they made no
-	// state), so nothing is left at all.
-	branchtest.WaitFor(t, "every artifact removed", func() bool {
+	// The children's states went with the retention too, so nothing is
+	// left at all, not even the closed envs' records.
+	branchtest.WaitFor(t, "every artifact and env record removed", func() bool {
 		u, err := e.Usage()
 		vols, _ := r.snap.List(ctx, branch.SnapshotPrefix)
-		return err == nil && u.Manifest.States == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0
+		return err == nil && u.Manifest.States == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0 && u.Manifest.Envs == 0
 	})
 	u, err := e.Usage()
 	if err != nil {

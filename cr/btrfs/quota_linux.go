@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/arbor-env/arbor/cr"
@@ -337,8 +338,9 @@ func subvolExists(fd int, id uint64) (bool, error) {
 // (BTRFS_IOC_SYNC), so that the room of destroyed volumes and snapshots
 // comes back now instead of after the next periodic commit (30 s by
 // default): a plain syncfs commits but leaves dropped subvolumes to the
-// cleaner's next round. The engine calls it under disk pressure
-// (docs/engine.md, "Disk pressure").
+// cleaner's next round. It does not wait for the cleaner; Settle does,
+// and the engine calls that under disk pressure (docs/engine.md, "Disk
+// pressure").
 func (s *Snapshotter) Sync(ctx context.Context) error {
 	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -349,4 +351,46 @@ func (s *Snapshotter) Sync(ctx context.Context) error {
 		return fmt.Errorf("sync pool: %w", err)
 	}
 	return nil
+}
+
+// settlePoll is how often Settle commits and asks how many deleted
+// subvolumes the cleaner has left.
+const settlePoll = 25 * time.Millisecond
+
+// Settle waits until btrfs's cleaner has dropped every subvolume deleted
+// so far, so that statfs shows their room back: it commits and wakes the
+// cleaner (Sync) and counts the deleted subvolumes still queued
+// (BTRFS_IOC_SUBVOL_SYNC_WAIT in its COUNT mode, Linux 6.13, which does
+// not block: its waiting modes sleep in the kernel past any deadline),
+// again every settlePoll until none is, then commits once more, which
+// frees what the cleaner released. It returns ctx's error if ctx ends
+// first, and an error wrapping cr.ErrUnavailable, after the first commit,
+// on a kernel without the count. The engine calls it under disk pressure
+// after each eviction pass (docs/engine.md, "Disk pressure").
+func (s *Snapshotter) Settle(ctx context.Context) error {
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("settle pool: %w", err)
+	}
+	defer unix.Close(fd)
+	for {
+		if err := ioctl(fd, iocSync, nil); err != nil {
+			return fmt.Errorf("settle pool: %w", err)
+		}
+		a := subvolWait{mode: subvolSyncCount}
+		err := ioctl(fd, iocSubvolSyncWait, unsafe.Pointer(&a))
+		switch {
+		case errors.Is(err, unix.ENOTTY), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
+			return fmt.Errorf("settle pool: count deleted subvolumes: %w (%w)", cr.ErrUnavailable, err)
+		case err != nil:
+			return fmt.Errorf("settle pool: count deleted subvolumes: %w", err)
+		case a.count == 0:
+			return s.Sync(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("settle pool: %d deleted subvolumes not cleaned yet: %w", a.count, ctx.Err())
+		case <-time.After(settlePoll):
+		}
+	}
 }

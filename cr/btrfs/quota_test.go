@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/cr"
 )
 
 // The ioctl argument structs must match linux/btrfs.h byte for byte.
@@ -29,6 +31,7 @@ func TestIoctlLayouts(t *testing.T) {
 		{"btrfs_ioctl_qgroup_create_args", unsafe.Sizeof(qgroupCreateArgs{}), 16},
 		{"btrfs_ioctl_search_key", unsafe.Sizeof(searchKey{}), 104},
 		{"btrfs_ioctl_search_args", unsafe.Sizeof(searchArgs{}), 4096},
+		{"btrfs_ioctl_subvol_wait", unsafe.Sizeof(subvolWait{}), 16},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,44 +42,23 @@ func TestIoctlLayouts(t *testing.T) {
 	}
 }
 
-// waitDropped waits until the cleaner has dropped every deleted subvolume.
-// The cleaner runs after a commit, else only every 30 s: BTRFS_IOC_SYNC
-// commits and wakes it (syncfs does not), and BTRFS_IOC_SUBVOL_SYNC_WAIT
-// (Linux 6.13) counts the subvolumes still queued. Older kernels fall back
-// to `btrfs subvolume sync`.
+// waitDropped waits until the cleaner has dropped every deleted subvolume
+// (Settle); older kernels, without the count Settle polls, fall back to
+// `btrfs subvolume sync`.
 func waitDropped(tb testing.TB, s *Snapshotter) {
 	tb.Helper()
-	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := s.Settle(ctx)
+	if errors.Is(err, cr.ErrUnavailable) {
+		if out, err := exec.Command("btrfs", "subvolume", "sync", s.root).CombinedOutput(); err != nil {
+			tb.Fatalf("btrfs subvolume sync: %v: %s", err, out)
+		}
+		return
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer unix.Close(fd)
-	// struct btrfs_ioctl_subvol_wait {u64 subvolid; u32 mode; u32 count},
-	// mode BTRFS_SUBVOL_SYNC_WAIT_COUNT; _IOW(0x94, 65, 16 bytes).
-	var wait struct {
-		subvolID    uint64
-		mode, count uint32
-	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if err := ioctl(fd, 0x9408, nil); err != nil { // BTRFS_IOC_SYNC, _IO(0x94, 8)
-			tb.Fatal(err)
-		}
-		wait.mode = 2
-		err := ioctl(fd, 0x40109441, unsafe.Pointer(&wait))
-		if errors.Is(err, unix.ENOTTY) {
-			if out, err := exec.Command("btrfs", "subvolume", "sync", s.root).CombinedOutput(); err != nil {
-				tb.Fatalf("btrfs subvolume sync: %v: %s", err, out)
-			}
-			return
-		}
-		if err != nil {
-			tb.Fatalf("count deleted subvolumes: %v", err)
-		}
-		if wait.count == 0 {
-			return
-		}
-	}
-	tb.Fatal("deleted subvolumes not dropped after a minute")
 }
 
 // Destroying a capped volume also removes its qgroup, so qgroups do not
@@ -355,4 +337,42 @@ func benchQuotaCost(b *testing.B, mode string, states int) {
 			waitDropped(b, s)
 		}
 	})
+}
+
+// TestSettleFreesRoom: once Settle returns, the room of destroyed
+// snapshots is back in statfs.
+func TestSettleFreesRoom(t *testing.T) {
+	s := newPool(t)
+	ctx := context.Background()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := func() int64 {
+		var st unix.Statfs_t
+		must(unix.Statfs(s.root, &st))
+		return int64(st.Blocks-st.Bfree) * int64(st.Bsize)
+	}
+	must(s.CreateVolume(ctx, "v"))
+	for i := range 8 {
+		f := filepath.Join(s.Path("v"), "blob")
+		must(exec.Command("dd", "if=/dev/urandom", "of="+f, "bs=1M", "count=16", "conv=fsync").Run())
+		must(s.Snapshot(ctx, "v", fmt.Sprintf("states/s%d", i)))
+	}
+	must(s.Destroy(ctx, "v"))
+	waitDropped(t, s)
+	before := used()
+	for i := range 8 {
+		must(s.Destroy(ctx, fmt.Sprintf("states/s%d", i)))
+	}
+	if err := s.Settle(ctx); errors.Is(err, cr.ErrUnavailable) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if freed := before - used(); freed < 100<<20 {
+		t.Errorf("Settle returned with %d MiB of the 128 MiB of 8 destroyed snapshots freed", freed>>20)
+	}
 }

@@ -193,3 +193,42 @@ func (m *Manifest) ReleaseEnvAt(id string, at time.Time) error {
 	}
 	return nil
 }
+
+// ReleaseClosedAt releases, in one transaction, every unreleased state of
+// the closed envs that are not lost, as ReleaseEnvAt at at would have: an
+// engine that closed envs without releasing them (a graceful Close or
+// NoRecover, before they released) left their lineages kept for ever. It
+// reports how many states it released.
+func (m *Manifest) ReleaseClosedAt(at time.Time) (int, error) {
+	n := 0
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		es, err := all[Env](tx, bucketEnvs)
+		if err != nil {
+			return err
+		}
+		for _, e := range es {
+			if !e.Closed || e.Lost != "" {
+				continue
+			}
+			for _, sid := range envStateIDs(tx, e.ID) {
+				s, err := get[State](tx, bucketStates, "state", sid)
+				if err != nil {
+					return err
+				}
+				if s.Released {
+					continue
+				}
+				if err := closeRelease(tx, sid, at); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("release closed envs: %w", err)
+	}
+	return n, nil
+}

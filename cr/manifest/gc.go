@@ -31,6 +31,14 @@ type Policy struct {
 	// the retained ones by the time their env closed, oldest first
 	// (docs/engine.md, "Disk pressure").
 	Evict bool
+	// MaxBytes bounds one Collect by the room it frees (nil: no bound):
+	// it lists states, in its order, only until for every kind in the map
+	// the artifacts of that kind they alone use (no live state uses them,
+	// each counted once) sum to at least its bound (kind "": artifacts of
+	// every kind), so that eviction deletes what brings a file system
+	// under its low mark, not a whole batch more. Artifacts sized 0 (no
+	// quotas) never reach a bound.
+	MaxBytes map[ArtifactKind]int64
 }
 
 func (p Policy) now() time.Time {
@@ -165,6 +173,13 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		slices.SortFunc(dead, func(a, b State) int {
 			return cmp.Or(retainedAt(a).Compare(retainedAt(b)), a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 		})
+		as, err := all[Artifact](tx, bucketArtifacts)
+		if err != nil {
+			return err
+		}
+		if n := g.byteBound(p.MaxBytes, live, dead, as); n < len(dead) {
+			dead, out.More = dead[:n], true
+		}
 		if p.MaxStates > 0 && len(dead) > p.MaxStates {
 			dead, out.More = dead[:p.MaxStates], true
 		}
@@ -180,10 +195,6 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 			}
 		}
 		out.States = dead
-		as, err := all[Artifact](tx, bucketArtifacts)
-		if err != nil {
-			return err
-		}
 		for _, a := range as {
 			if !a.Ready || used[a.ID] {
 				continue
@@ -200,6 +211,47 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		return Garbage{}, fmt.Errorf("collect garbage: %w", err)
 	}
 	return out, nil
+}
+
+// byteBound is how many states of dead (in order) Collect lists under
+// the bounds of max (Policy.MaxBytes): the shortest prefix whose
+// artifacts no live state uses reach every bound, or all of dead.
+func (g graph) byteBound(max map[ArtifactKind]int64, live map[string]bool, dead []State, as []Artifact) int {
+	if len(max) == 0 {
+		return len(dead)
+	}
+	liveUses := map[string]bool{}
+	for id := range live {
+		s := g.states[id]
+		liveUses[s.FS], liveUses[s.Proc] = true, true
+	}
+	arts := make(map[string]Artifact, len(as))
+	for _, a := range as {
+		arts[a.ID] = a
+	}
+	sum := map[ArtifactKind]int64{}
+	counted := map[string]bool{}
+	reached := func() bool {
+		for k, b := range max {
+			if sum[k] < b {
+				return false
+			}
+		}
+		return true
+	}
+	for i, s := range dead {
+		for _, id := range []string{s.FS, s.Proc} {
+			if a, ok := arts[id]; ok && id != "" && !liveUses[id] && !counted[id] {
+				counted[id] = true
+				sum[a.Kind] += a.Bytes
+				sum[""] += a.Bytes
+			}
+		}
+		if reached() {
+			return i + 1
+		}
+	}
+	return len(dead)
 }
 
 // Garbage returns everything Collect finds with no retention, no bounds
@@ -277,4 +329,89 @@ func (m *Manifest) ForgetWith(p Policy, stateIDs, artifactIDs []string) error {
 		return fmt.Errorf("forget %d states, %d artifacts: %w", len(stateIDs), len(artifactIDs), err)
 	}
 	return nil
+}
+
+// ForgetEnvs deletes, in one transaction, at most max (0: no bound) env
+// records nothing needs any more: closed, not lost, without a state left
+// (GC removed them all), and named as origin by no env that stays. An
+// origin goes with or after the envs branched from it, never before, so
+// no remaining record names one that is gone. It returns the ids deleted
+// and whether the bound left some over. It looks first in a read
+// transaction, so that a GC pass with no such env writes nothing.
+func (m *Manifest) ForgetEnvs(max int) (ids []string, more bool, err error) {
+	err = m.db.View(func(tx *bolt.Tx) error {
+		ids, more, err = envGarbage(tx, max)
+		return err
+	})
+	if err == nil && len(ids) > 0 {
+		err = m.db.Update(func(tx *bolt.Tx) error {
+			ids, more, err = envGarbage(tx, max)
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := tx.Bucket(bucketEnvs).Delete([]byte(id)); err != nil {
+					return fmt.Errorf("delete env %s: %w", id, err)
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("forget envs: %w", err)
+	}
+	return ids, more, nil
+}
+
+// envGarbage lists the env records ForgetEnvs deletes, in the order it
+// may: an env only after every env naming it as origin (es is in id
+// order, so the pick is stable), at most max of them.
+func envGarbage(tx *bolt.Tx, max int) (ids []string, more bool, err error) {
+	es, err := all[Env](tx, bucketEnvs)
+	if err != nil {
+		return nil, false, err
+	}
+	garbage := map[string]bool{}
+	for _, e := range es {
+		if e.Closed && e.Lost == "" && len(envStateIDs(tx, e.ID)) == 0 {
+			garbage[e.ID] = true
+		}
+	}
+	// An env that stays keeps its origin, and that one its own.
+	origin := make(map[string]string, len(es))
+	for _, e := range es {
+		origin[e.ID] = e.Origin
+	}
+	for _, e := range es {
+		if garbage[e.ID] {
+			continue
+		}
+		for o := e.Origin; garbage[o]; o = origin[o] {
+			delete(garbage, o)
+		}
+	}
+	referrers := map[string]int{}
+	for _, e := range es {
+		if garbage[e.ID] && e.Origin != "" {
+			referrers[e.Origin]++
+		}
+	}
+	for progress := true; progress; {
+		progress = false
+		for _, e := range es {
+			if !garbage[e.ID] || referrers[e.ID] > 0 {
+				continue
+			}
+			if max > 0 && len(ids) == max {
+				return ids, true, nil
+			}
+			delete(garbage, e.ID)
+			ids = append(ids, e.ID)
+			if e.Origin != "" {
+				referrers[e.Origin]--
+			}
+			progress = true
+		}
+	}
+	return ids, false, nil
 }
