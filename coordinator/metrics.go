@@ -79,6 +79,8 @@ func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch
 		func(u branch.Usage) float64 { return float64(u.GC.Artifacts) })
 	counter("arbor_gc_deleted_bytes_total", "Bytes the manifest accounted for the artifacts garbage collection deleted.",
 		func(u branch.Usage) float64 { return float64(u.GC.Bytes) })
+	counter("arbor_gc_deleted_envs_total", "Records of closed envs garbage collection deleted once their states were all gone.",
+		func(u branch.Usage) float64 { return float64(u.GC.Envs) })
 	gauge("arbor_gc_last_pass_seconds", "How long the last garbage collection pass held the GC lock.",
 		nil, func(u branch.Usage) float64 { return u.GC.LastPass.Seconds() })
 	gauge("arbor_gc_max_pass_seconds", "The longest a garbage collection pass held the GC lock since the server started.",

@@ -20,7 +20,7 @@ func fakeUsage() branch.Usage {
 	var u branch.Usage
 	u.Manifest.Artifacts = map[manifest.ArtifactKind]manifest.KindUsage{manifest.ArtifactFS: {Count: 3, Bytes: 5}, manifest.ArtifactProc: {Count: 7, Bytes: 11}}
 	u.Manifest.States = 13
-	u.GC = branch.GCStats{Passes: 17, Errors: 19, States: 23, Artifacts: 29, Bytes: 31, LastPass: 37 * time.Millisecond, MaxPass: 41 * time.Millisecond}
+	u.GC = branch.GCStats{Passes: 17, Errors: 19, States: 23, Artifacts: 29, Bytes: 31, Envs: 43, LastPass: 37 * time.Millisecond, MaxPass: 41 * time.Millisecond}
 	u.Disk = []branch.DiskUsage{{Name: branch.DiskPool, Used: 43, Free: 47, Total: 90}, {Name: branch.DiskCold, Used: 53, Free: 59, Total: 112, Over: true},
 		{Name: branch.DiskHot, Used: 61, Free: 67, Total: 128}}
 	u.Pressure = branch.PressureStats{Refused: 71, Evicted: 73, Shrunk: 79}
