@@ -17,6 +17,9 @@ func AdvanceClock(e *Engine, d time.Duration) {
 	e.nudgeGC()
 }
 
+// NudgeGC wakes e's background GC for a pass; tests only.
+func NudgeGC(e *Engine) { e.nudgeGC() }
+
 // Held reports whether a pending branch holds state sid from GC; tests
 // only.
 func Held(e *Engine, sid string) bool {

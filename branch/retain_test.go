@@ -102,7 +102,9 @@ func exists(t *testing.T, e *branch.Engine, what string, sids ...string) {
 }
 
 // waitPasses waits until the background GC has run n more passes than
-// it had when called: what it decides has then been decided.
+// it had when called: what it decides has then been decided. It nudges
+// the GC while it waits: the passes a close nudged may be over already,
+// and the next timed one is GCInterval (a minute) away.
 func waitPasses(t *testing.T, e *branch.Engine, n int64) {
 	t.Helper()
 	u, err := e.Usage()
@@ -111,6 +113,7 @@ func waitPasses(t *testing.T, e *branch.Engine, n int64) {
 	}
 	from := u.GC.Passes
 	branchtest.WaitFor(t, fmt.Sprintf("%d GC passes", n), func() bool {
+		branch.NudgeGC(e)
 		u, err := e.Usage()
 		return err == nil && u.GC.Passes >= from+n
 	})
