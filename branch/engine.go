@@ -102,6 +102,9 @@ type Engine struct {
 	// gcMu keeps garbage collection apart from everything that adds
 	// references to states (commits, heads, branches).
 	gcMu sync.RWMutex
+	// passMu makes GC passes one at a time, the deletion of their
+	// artifacts (outside gcMu) included.
+	passMu sync.Mutex
 
 	stats coordStats
 

@@ -183,15 +183,70 @@ func (e *Engine) GC(ctx context.Context) error {
 
 // gcPass deletes at most Options.GCBatch states no owner needs and the
 // artifacts only they used, then at most as many records of closed envs
-// left without states, under the GC lock; with evict, under disk
-// pressure, the retention of closed lineages is ignored
-// (manifest.Policy.Evict) and the pass deletes no more than frees
-// *evict's bytes (manifest.Policy.MaxBytes). It reports how many states
-// it deleted, whether garbage was left over and when the next retention
-// ends.
+// left without states; with evict, under disk pressure, the retention of
+// closed lineages is ignored (manifest.Policy.Evict) and the pass deletes
+// no more than frees *evict's bytes (manifest.Policy.MaxBytes). It
+// reports how many states it deleted, whether garbage was left over and
+// when the next retention ends.
+//
+// Only the decision and the state records are under the GC lock: once a
+// state's record is gone no branch, rollback or commit can reach its
+// artifacts (a commit only refers to its parent's, and an open env's
+// lineage is never garbage), so their files are deleted after the lock
+// is let go, and their records after their files (crash safety: an
+// artifact record without a state is garbage the next pass, or the next
+// Open, deletes again; never files nobody knows about).
 func (e *Engine) gcPass(ctx context.Context, evict *eviction) (deleted int, more bool, next time.Time, err error) {
+	e.passMu.Lock()
+	defer e.passMu.Unlock()
+	g, p, sids, envMore, err := e.gcDecide(ctx, evict)
+	if err != nil || len(g.Artifacts) == 0 {
+		return len(sids), g.More || envMore, g.Next, err
+	}
+	// A deletion is not cut short by Close (its ctx ends only the wait
+	// for the lock): an artifact whose files could not be deleted keeps
+	// its record, an orphan the next pass tries again.
+	var bytes int64
+	var failed int
+	aids := make([]string, 0, len(g.Artifacts))
+	for _, a := range g.Artifacts {
+		if err := e.deleteArtifact(context.WithoutCancel(ctx), a); err != nil {
+			failed++
+			continue
+		}
+		aids = append(aids, a.ID)
+		bytes += a.Bytes
+	}
+	// The counters change under the same lock as the records, so a
+	// reader that sees an artifact gone (Usage, a test) sees it counted.
+	e.gcStats.mu.Lock()
+	ferr := e.man.ForgetWith(p, nil, aids)
+	if ferr == nil {
+		e.gcStats.s.Artifacts += int64(len(aids))
+		e.gcStats.s.Bytes += bytes
+	}
+	if ferr != nil {
+		err = ferr
+	} else if failed > 0 {
+		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
+	}
+	if err != nil {
+		e.gcStats.s.Errors++ // the pass failed after its decision
+	}
+	e.gcStats.mu.Unlock()
+	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
+		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict != nil))
+	return len(sids), g.More || envMore, g.Next, err
+}
+
+// gcDecide is the part of a pass under the GC lock: it collects the
+// garbage, forgets the garbage states' records and at most GCBatch
+// records of closed envs left without states, and returns what it found
+// (the artifacts are still to be deleted), the policy and the states it
+// forgot.
+func (e *Engine) gcDecide(ctx context.Context, evict *eviction) (g manifest.Garbage, p manifest.Policy, sids []string, envMore bool, err error) {
 	if err := e.lockGC(ctx); err != nil {
-		return 0, false, time.Time{}, err
+		return g, p, nil, false, err
 	}
 	start := time.Now()
 	defer func() {
@@ -209,9 +264,9 @@ func (e *Engine) gcPass(ctx context.Context, evict *eviction) (deleted int, more
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return 0, false, time.Time{}, ErrClosed
+		return g, p, nil, false, ErrClosed
 	}
-	p := manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
+	p = manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
 	if evict != nil {
 		p.Evict, p.MaxBytes = true, evict.bytes
 	}
@@ -227,56 +282,33 @@ func (e *Engine) gcPass(ctx context.Context, evict *eviction) (deleted int, more
 		p.Keep = append(p.Keep, sid)
 	}
 	e.mu.Unlock()
-	g, err := e.man.Collect(p)
-	if err != nil {
-		return 0, false, time.Time{}, err
+	if g, err = e.man.Collect(p); err != nil {
+		return manifest.Garbage{}, p, nil, false, err
 	}
-	if len(g.States)+len(g.Artifacts) == 0 {
-		more, err := e.forgetEnvs()
-		return 0, g.More || more, g.Next, err
-	}
-	// The files go first, then the records (crash safety). A deletion is
-	// not cut short by Close (its ctx ends only the wait for the lock): an
-	// artifact whose files could not be deleted keeps its record, an
-	// orphan the next pass tries again, never files nobody knows about.
-	var bytes int64
-	var failed int
-	aids := make([]string, 0, len(g.Artifacts))
-	for _, a := range g.Artifacts {
-		if err := e.deleteArtifact(context.WithoutCancel(ctx), a); err != nil {
-			failed++
-			continue
+	if len(g.States) > 0 {
+		sids = make([]string, len(g.States))
+		for i, s := range g.States {
+			sids[i] = s.ID
 		}
-		aids = append(aids, a.ID)
-		bytes += a.Bytes
-	}
-	sids := make([]string, len(g.States))
-	for i, s := range g.States {
-		sids[i] = s.ID
-	}
-	// The counters change under the same lock as the records, so a
-	// reader that sees a state gone (Usage, a test) sees it counted.
-	e.gcStats.mu.Lock()
-	if err := e.man.ForgetWith(p, sids, aids); err != nil {
+		// The counters change under the same lock as the records, so a
+		// reader that sees a state gone (Usage, a test) sees it counted.
+		e.gcStats.mu.Lock()
+		err = e.man.ForgetWith(p, sids, nil)
+		if err == nil {
+			e.gcStats.s.States += int64(len(sids))
+		}
 		e.gcStats.mu.Unlock()
-		return 0, false, time.Time{}, err
+		if err != nil {
+			return manifest.Garbage{}, p, nil, false, err
+		}
+		if evict != nil {
+			e.pr.mu.Lock()
+			e.pr.stats.Evicted += int64(len(sids))
+			e.pr.mu.Unlock()
+		}
 	}
-	if failed > 0 {
-		err = fmt.Errorf("garbage collection: %d of %d artifacts could not be deleted", failed, len(g.Artifacts))
-	}
-	e.gcStats.s.States += int64(len(sids))
-	e.gcStats.s.Artifacts += int64(len(aids))
-	e.gcStats.s.Bytes += bytes
-	e.gcStats.mu.Unlock()
-	if evict != nil {
-		e.pr.mu.Lock()
-		e.pr.stats.Evicted += int64(len(sids))
-		e.pr.mu.Unlock()
-	}
-	e.log.Debug("garbage collected", slog.Int("states", len(sids)), slog.Int("artifacts", len(aids)),
-		slog.Int64("bytes", bytes), slog.Bool("more", g.More), slog.Bool("evict", evict != nil))
-	envMore, ferr := e.forgetEnvs()
-	return len(sids), g.More || envMore, g.Next, errors.Join(err, ferr)
+	envMore, err = e.forgetEnvs()
+	return g, p, sids, envMore, err
 }
 
 // forgetEnvs drops at most GCBatch records of closed envs whose states

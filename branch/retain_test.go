@@ -150,7 +150,8 @@ func TestRetention(t *testing.T) {
 	branchtest.WaitFor(t, "every artifact and env record removed", func() bool {
 		u, err := e.Usage()
 		vols, _ := r.snap.List(ctx, branch.SnapshotPrefix)
-		return err == nil && u.Manifest.States == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0 && u.Manifest.Envs == 0
+		return err == nil && u.Manifest.States == 0 && u.Images.HotCount+u.Images.ColdCount == 0 && len(vols) == 0 && u.Manifest.Envs == 0 &&
+			u.Manifest.Artifacts[manifest.ArtifactFS].Count+u.Manifest.Artifacts[manifest.ArtifactProc].Count == 0
 	})
 	u, err := e.Usage()
 	if err != nil {
