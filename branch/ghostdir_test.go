@@ -22,6 +22,9 @@ func TestDeletedCwdWithNewDirAtItsPath(t *testing.T) {
 	for _, c := range []struct{ name, fill, want string }{
 		{"empty new directory", "", ""},
 		{"new directory with a file", "echo new > /work/d/f", "f\n"},
+		// What the 5,000-turn fuzz run found next: another process holds
+		// a file in the new directory, and the shell works in it.
+		{"a file in it held, the shell in it", "echo h > /work/d/h && (exec sleep 1000 3</work/d/h) & sleep 0.2; cd /work/d", "h\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			env, _, err := e.NewEnv(ctx, "busybox")
@@ -66,7 +69,7 @@ func TestDeletedCwdWithNewDirAtItsPath(t *testing.T) {
 
 // probeDeletedCwd prints the daemon's cwd and the new directory's type and
 // mode.
-const probeDeletedCwd = `p=$(pidof sleep); readlink /proc/$p/cwd; stat -c '%F %a' /work/d; ls -la /work | grep -c ' d$'`
+const probeDeletedCwd = `for p in $(pidof sleep); do readlink /proc/$p/cwd; readlink /proc/$p/fd/3; done | sort; pwd; stat -c '%F %a' /work/d; ls -la /work | grep -c ' d$'`
 
 func orTrue(s string) string {
 	if s == "" {

@@ -242,6 +242,12 @@ var skipRegressions = [][]string{
 	// checkpoint) until Restore moved it aside (cr/criu/ghostdir_linux.go).
 	{"mkdir -p /work/d0 && (cd /work/d0 && exec sleep 1000) </dev/null >/dev/null 2>&1 &", "rmdir /work/d0", "mkdir /work/d0", "true"},
 	{"mkdir -p /work/d0 && exec 5</work/d0", "rmdir /work/d0 && mkdir /work/d0 && echo x > /work/d0/f", "true"},
+	// The next 5,000-turn run: a file in the new directory held by
+	// another process (the restore moved the new directory aside, and that
+	// process's file could not be opened).
+	{"mkdir -p /work/d1 && (cd /work/d1 && exec sleep 1000) </dev/null >/dev/null 2>&1 &", "rmdir /work/d1 2>/dev/null",
+		"mkdir -p /work/d0 && echo h >> /work/d0/h && sleep 1000 3</work/d0/h </dev/null >/dev/null 2>&1 &",
+		"rm -rf /work/d1.x; mv /work/d0 /work/d1.x 2>/dev/null && mv /work/d1.x /work/d1 2>/dev/null", "W1=2"},
 }
 
 // nextTurn draws a turn from the grammar (with bash's when bash).

@@ -199,12 +199,9 @@ type RestoreRequest struct {
 // notify answers a restore's notifications: it places the root task
 // (setup-namespaces) and learns its pid (post-restore).
 type notify struct {
-	join  func(int) error
-	pid   int
-	aside *setAside // put back at pre-resume (ghostdir_linux.go)
-	// putBack is that put-back's error: CRIU only logs a failed
-	// pre-resume answer, so Restore fails the restore itself.
-	putBack error
+	join   func(int) error
+	pid    int
+	ghosts *ghostPlan // swapped in at post-restore (ghostdir_linux.go)
 }
 
 func (n *notify) handle(m *rpc.CriuNotify) error {
@@ -215,9 +212,8 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 		}
 	case "post-restore":
 		n.pid = int(m.GetPid())
-	case "pre-resume":
-		// CRIU has removed its ghost directories; no task runs yet.
-		n.putBack = n.aside.putBack()
+		// The tree is restored and stopped; CRIU removes its ghosts next.
+		return n.ghosts.swap()
 	}
 	return nil
 }
@@ -255,18 +251,26 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 			return 0, err
 		}
 	}
-	// What stands where CRIU will make a deleted directory a process
-	// holds goes aside until the tree is back (ghostdir_linux.go).
-	ghosts, err := ghostDirs(r.Dir)
+	// A deleted directory a process holds, with something new at its
+	// path, is made under a hidden name and swapped in at post-restore
+	// (ghostdir_linux.go).
+	ghosts, err := planGhosts(r.Dir, r.Root)
 	if err != nil {
-		return 0, fmt.Errorf("read the images' deleted directories: %w", err)
+		return 0, fmt.Errorf("plan the images' deleted directories: %w", err)
 	}
-	aside, err := moveAside(r.Root, ghosts)
-	if err != nil {
-		return 0, err
+	defer ghosts.close()
+	if ghosts.dir != r.Dir {
+		if dir, err = os.Open(ghosts.dir); err != nil {
+			return 0, err
+		}
+		defer dir.Close()
+		if r.UserNS {
+			if err := allowSearch(dir); err != nil {
+				return 0, err
+			}
+		}
 	}
-	defer aside.undo()
-	n := &notify{join: r.Join, aside: aside}
+	n := &notify{join: r.Join, ghosts: ghosts}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		WorkDirFd:         proto.Int32(int32(wd.Fd())),
@@ -286,9 +290,6 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 	}
 	if n.pid == 0 {
 		return 0, errors.New("criu restore reported no pid")
-	}
-	if n.putBack != nil {
-		return 0, fmt.Errorf("criu restore into %s: %w", r.Root, n.putBack)
 	}
 	return n.pid, nil
 }

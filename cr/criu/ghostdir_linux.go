@@ -24,19 +24,25 @@ import (
 // Deleted directories at restore (docs/inspector.md, "What a restore
 // brings back"). A process can hold a directory that was removed: its
 // cwd, or an open descriptor. CRIU dumps it as a "ghost" directory and at
-// restore makes a directory at the old path, opens it for the process and
-// removes it again. When the tree has a new directory at that path (the
-// agent ran rmdir d; mkdir d), CRIU's mkdir finds it, the process gets the
-// new directory, and the removal takes it away (if empty) or fails the
-// restore (if not). Restore therefore moves what stands at such a path
-// aside for the restore and puts it back before the tree resumes (CRIU's
-// post-restore notification: the ghosts are gone by then, no task runs).
+// restore makes a directory at the old path, gives it to the process and
+// removes it once the tree is back. When the tree has something new at
+// that path (the agent ran rmdir d; mkdir d), CRIU's mkdir finds the new
+// directory, the process gets it, and the removal takes it away (if
+// empty) or fails the restore (if not). Restore therefore has CRIU make
+// such a ghost under a hidden name next to the path (a copy of the
+// image's file list with that one name changed; the other images are
+// links to the originals) and, once the tree is restored but before it
+// runs (CRIU's post-restore notification), swaps it in: the real
+// directory aside, the ghost renamed to the path and removed there (so
+// the process's cwd reads "/path (deleted)", as it did), an empty
+// directory left at the hidden name for CRIU's own removal, the real
+// directory back.
 
 // ghostDirs lists the deleted directories the images in dir hold, as
 // paths inside the tree's root file system ("work/d"). Directories on
 // other mounts than the root are left out (CRIU restores those mounts
 // itself).
-func ghostDirs(dir string) ([]string, error) {
+func ghostDirs(dir string) ([]ghostDir, error) {
 	remaps, err := decodeImage(filepath.Join(dir, "remap-fpath.img"), &remap_file_path.RemapFilePathEntry{})
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -82,20 +88,24 @@ func ghostDirs(dir string) ([]string, error) {
 	for _, en := range old {
 		regs = append(regs, en.(*regfile.RegFileEntry))
 	}
-	seen := map[string]bool{}
-	var out []string
+	var out []ghostDir
 	for _, r := range regs {
 		if !ghosts[r.GetId()] || !roots[uint32(r.GetMntId())] {
 			continue
 		}
-		p := strings.TrimPrefix(path.Clean("/"+r.GetName()), "/")
-		if p != "" && !seen[p] {
-			seen[p] = true
-			out = append(out, p)
+		if p := strings.TrimPrefix(path.Clean("/"+r.GetName()), "/"); p != "" {
+			out = append(out, ghostDir{id: r.GetId(), path: p})
 		}
 	}
-	sort.Strings(out) // parents before children
+	sort.Slice(out, func(i, j int) bool { return out[i].path < out[j].path })
 	return out, nil
+}
+
+// ghostDir is a deleted directory of a dump: its file id in the images
+// and its path inside the root.
+type ghostDir struct {
+	id   uint32
+	path string
 }
 
 // rootMounts are the ids of the dumped tree's root mounts (mountpoint /).
@@ -137,83 +147,184 @@ func decodeImage(file string, typ proto.Message) ([]proto.Message, error) {
 	return out, nil
 }
 
-// setAside is what stood at ghost directory paths, moved out of CRIU's
-// way for one restore.
-type setAside struct {
-	moved []aside
+// ghostPlan is how one restore gets its ghost directories: the image
+// directory to give CRIU and the swaps to make at post-restore.
+type ghostPlan struct {
+	dir   string // r.Dir, or the copy with the hidden names
+	tmp   string // that copy, removed by close
+	swaps []ghostSwap
 }
 
-type aside struct {
-	parent    *os.File // the directory holding both names
-	name, tmp string
+type ghostSwap struct {
+	parent      *os.File // the directory holding the path and the hidden name
+	name, ghost string
 }
 
-// moveAside moves whatever stands at each of paths (inside root) to a
-// hidden name next to it. Paths are resolved inside root without
-// following symlinks: a component that is a symlink (the agent's doing)
-// is left alone, and so is a path where nothing stands.
-func moveAside(root string, paths []string) (*setAside, error) {
-	s := &setAside{}
-	if len(paths) == 0 {
-		return s, nil
+// planGhosts looks, for each ghost directory of the images in dir, at
+// what stands at its path in root, resolved inside root without following
+// symlinks (a component that is a symlink, the agent's doing, is left to
+// CRIU as before). Where something stands, the ghost gets a hidden name
+// next to it, in a copy of the image directory made next to dir.
+func planGhosts(dir, root string) (*ghostPlan, error) {
+	plan := &ghostPlan{dir: dir}
+	ghosts, err := ghostDirs(dir)
+	if err != nil || len(ghosts) == 0 {
+		return plan, err
 	}
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open restore root %s: %w", root, err)
 	}
 	defer unix.Close(rootFD)
-	for _, p := range paths {
-		dir, name := path.Split(p)
-		if dir == "" {
-			dir = "."
-		}
-		fd, err := unix.Openat2(rootFD, dir, &unix.OpenHow{
-			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-		})
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
-			continue // no parent to clash in (CRIU makes it), or not ours to touch
-		}
+	rename := map[uint32]string{} // file id -> its hidden name's path
+	for _, g := range ghosts {
+		parent, name, err := clash(rootFD, g.path)
 		if err != nil {
-			s.undo()
-			return nil, fmt.Errorf("open %s in the restore root: %w", dir, err)
+			plan.close()
+			return nil, err
 		}
-		parent := os.NewFile(uintptr(fd), dir)
-		var st unix.Stat_t
-		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			parent.Close()
-			continue // nothing there: CRIU's ghost does not clash
+		if parent == nil {
+			continue
 		}
-		tmp := ".arbor-aside-" + randHex()
-		if err := unix.Renameat2(fd, name, fd, tmp, unix.RENAME_NOREPLACE); err != nil {
-			parent.Close()
-			s.undo()
-			return nil, fmt.Errorf("move %s aside for the restore: %w", p, err)
-		}
-		s.moved = append(s.moved, aside{parent: parent, name: name, tmp: tmp})
+		ghost := ".arbor-ghost-" + randHex()
+		rename[g.id] = "/" + path.Join(path.Dir(g.path), ghost)
+		plan.swaps = append(plan.swaps, ghostSwap{parent: parent, name: name, ghost: ghost})
 	}
-	return s, nil
+	if len(plan.swaps) == 0 {
+		return plan, nil
+	}
+	// Next to the images, as hard links: CRIU's restored tasks read their
+	// images after they entered the sandbox's mount namespace, where a
+	// symlink to a host path leads nowhere. The image cache removes a
+	// ".tmp-" leftover when it opens.
+	plan.tmp = filepath.Join(filepath.Dir(dir), ".tmp-ghosts-"+randHex())
+	if plan.dir, err = renamedImages(dir, plan.tmp, rename); err != nil {
+		plan.close()
+		return nil, err
+	}
+	return plan, nil
 }
 
-// putBack moves everything back, last first. CRIU has removed its ghost
-// directories by then; one still standing is an error (the tree would see
-// CRIU's empty directory instead of its own).
-func (s *setAside) putBack() error {
-	var errs []error
-	for i := len(s.moved) - 1; i >= 0; i-- {
-		a := s.moved[i]
-		if err := unix.Renameat2(int(a.parent.Fd()), a.tmp, int(a.parent.Fd()), a.name, unix.RENAME_NOREPLACE); err != nil {
-			errs = append(errs, fmt.Errorf("put %s back after the restore: %w", filepath.Join(a.parent.Name(), a.name), err))
-		}
-		a.parent.Close()
+// clash opens the directory holding p (a path inside the root rootFD)
+// when something stands at p; parent is nil when nothing does, when the
+// directory does not exist, or when a component of the way is a symlink
+// (never followed: it could lead out of the root, to the host's own
+// directories).
+func clash(rootFD int, p string) (parent *os.File, name string, err error) {
+	pdir, name := path.Split(p)
+	if pdir == "" {
+		pdir = "."
 	}
-	s.moved = nil
+	fd, err := unix.Openat2(rootFD, pdir, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+		return nil, name, nil
+	}
+	if err != nil {
+		return nil, name, fmt.Errorf("open %s in the restore root: %w", pdir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		unix.Close(fd)
+		return nil, name, nil
+	}
+	return os.NewFile(uintptr(fd), pdir), name, nil
+}
+
+// renamedImages makes dst a view of the image directory src whose file
+// list gives the files of rename their new names; every other image is a
+// hard link to the original (images are shared read-only by parallel
+// restores).
+func renamedImages(src, dst string, rename map[uint32]string) (string, error) {
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return "", err
+	}
+	for _, e := range ents {
+		if e.Name() == "files.img" || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Link(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			return "", err
+		}
+	}
+	in, err := os.Open(filepath.Join(src, "files.img"))
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	img, err := crit.New(in, nil, "", false, false).Decode(&fdinfo.FileEntry{})
+	if err != nil {
+		return "", fmt.Errorf("decode files.img: %w", err)
+	}
+	n := 0
+	for _, en := range img.Entries {
+		if f, ok := en.Message.(*fdinfo.FileEntry); ok && f.GetReg() != nil {
+			if name, ok := rename[f.GetReg().GetId()]; ok {
+				f.GetReg().Name = proto.String(name)
+				n++
+			}
+		}
+	}
+	if n != len(rename) {
+		return "", fmt.Errorf("files.img names %d of the %d ghost directories to rename", n, len(rename))
+	}
+	out, err := os.OpenFile(filepath.Join(dst, "files.img"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
+	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
+		out.Close()
+		return "", fmt.Errorf("encode files.img: %w", err)
+	}
+	return dst, out.Close()
+}
+
+// swap puts each ghost at its path and removes it there, with the
+// tree's own directory out of the way meanwhile and back after, and
+// leaves an empty directory at the hidden name for CRIU to remove. The
+// tree is restored and stopped: CRIU has opened every ghost, no task
+// runs.
+func (p *ghostPlan) swap() error {
+	var errs []error
+	for _, s := range p.swaps {
+		fd := int(s.parent.Fd())
+		aside := ".arbor-aside-" + randHex()
+		steps := []struct {
+			what string
+			do   func() error
+		}{
+			{"move it aside", func() error { return unix.Renameat2(fd, s.name, fd, aside, unix.RENAME_NOREPLACE) }},
+			{"move the ghost to its path", func() error { return unix.Renameat2(fd, s.ghost, fd, s.name, unix.RENAME_NOREPLACE) }},
+			{"remove the ghost", func() error { return unix.Unlinkat(fd, s.name, unix.AT_REMOVEDIR) }},
+			{"leave CRIU its hidden name", func() error { return unix.Mkdirat(fd, s.ghost, 0o700) }},
+			{"move it back", func() error { return unix.Renameat2(fd, aside, fd, s.name, unix.RENAME_NOREPLACE) }},
+		}
+		for _, st := range steps {
+			if err := st.do(); err != nil {
+				errs = append(errs, fmt.Errorf("deleted directory %s: %s: %w", filepath.Join(s.parent.Name(), s.name), st.what, err))
+				break
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// undo is putBack for a restore that did not happen; errors go nowhere
-// (the restore failed already, and its clone is discarded).
-func (s *setAside) undo() { s.putBack() }
+func (p *ghostPlan) close() {
+	for _, s := range p.swaps {
+		s.parent.Close()
+	}
+	p.swaps = nil
+	if p.tmp != "" {
+		os.RemoveAll(p.tmp)
+		p.tmp = ""
+	}
+}
 
 func randHex() string {
 	b := make([]byte, 6)
