@@ -3,6 +3,9 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 STATE_DIR ?= /var/lib/arbor
+# make run BACKEND=zfs: the zfs backend (its own pool file in the state dir,
+# zfs-fuse started when ZFS does not answer; docs/zfs.md).
+BACKEND ?= btrfs
 GOTEST_FLAGS ?= -race -count=1 -timeout 18m
 # Fuzzing budget per fuzz target: seconds in make test, minutes in make fuzz.
 TEST_FUZZTIME ?= 5s
@@ -32,9 +35,9 @@ build: ## build bin/arbor and bin/arbor-init
 	$(GO) build -o $(BIN)/arbor ./cmd/arbor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/arbor-init ./cmd/arbor-init
 
-run: deps build ## install what is missing, build, start the server on embedded defaults
-	$(BIN)/arbor doctor
-	$(BIN)/arbor serve
+run: deps build ## install what is missing, build, start the server on embedded defaults (BACKEND=zfs: on ZFS)
+	$(BIN)/arbor --backend $(BACKEND) doctor
+	$(BIN)/arbor --backend $(BACKEND) serve
 
 test: deps build test-images ## run vet, the whole test suite (as root: real CRIU, btrfs, eBPF) and a short fuzzing budget
 	$(GO) vet ./...

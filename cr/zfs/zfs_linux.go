@@ -23,10 +23,12 @@ import (
 
 var _ cr.Snapshotter = (*Snapshotter)(nil)
 
-// Open uses (and makes, if missing) the root dataset opts.Dataset. It
-// returns an error wrapping cr.ErrUnavailable when the zfs tools are
-// missing, the caller is not root, or ZFS does not answer (no kernel module,
-// zfs-fuse daemon not running).
+// Open uses (and makes, if missing) the root dataset opts.Dataset, or with
+// no Dataset the pool it makes or imports in opts.StateDir; with a
+// StateDir it first prepares the host (PrepareHost). It returns an error
+// wrapping cr.ErrUnavailable when the zfs tools are missing, the caller is
+// not root, or ZFS does not answer (no kernel module, zfs-fuse neither
+// running nor startable).
 func Open(ctx context.Context, opts Options) (*Snapshotter, error) {
 	if _, err := exec.LookPath("zfs"); err != nil {
 		return nil, fmt.Errorf("open zfs: zfs tools not installed (run make deps): %w", cr.ErrUnavailable)
@@ -34,13 +36,39 @@ func Open(ctx context.Context, opts Options) (*Snapshotter, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("open zfs: not root: %w", cr.ErrUnavailable)
 	}
-	if opts.Dataset == "" || strings.ContainsAny(opts.Dataset, "@ ") {
+	if (opts.Dataset == "" && opts.StateDir == "") || strings.ContainsAny(opts.Dataset, "@ ") {
 		return nil, fmt.Errorf("open zfs: bad root dataset %q", opts.Dataset)
 	}
 	s := &Snapshotter{root: opts.Dataset, log: opts.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	if opts.StateDir != "" {
+		dir := filepath.Join(opts.StateDir, stateSub)
+		h, err := PrepareHost(ctx, dir, s.log)
+		if err != nil {
+			return nil, fmt.Errorf("open zfs: %w", err)
+		}
+		s.host = h
+		if s.root == "" {
+			pool, err := ownPool(ctx, opts.StateDir, dir, opts.PoolSize, s.log)
+			if err != nil {
+				h.Close()
+				return nil, fmt.Errorf("open zfs: %w", err)
+			}
+			s.pool, s.root = pool, pool+"/"+rootName
+		}
+	}
+	s2, err := s.openRoot()
+	if err != nil {
+		s.Unmount(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return s2, nil
+}
+
+// openRoot uses (and makes, if missing) the root dataset.
+func (s *Snapshotter) openRoot() (*Snapshotter, error) {
 	ds, err := gozfs.GetDataset(s.root)
 	if err != nil && errors.Is(mapErr(s.root, err), cr.ErrNotFound) {
 		ds, err = gozfs.CreateFilesystem(s.root, map[string]string{kindProp: kindDir})

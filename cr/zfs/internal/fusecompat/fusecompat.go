@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"strings"
 )
@@ -160,11 +159,4 @@ func (r listReq) run(real string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// RunAsZFS is for a test binary's TestMain: when the binary was started
-// under the name "zfs" (a symlink placed first in PATH), it serves that
-// command through Main and exits.
-func RunAsZFS(real string) {
-	os.Exit(Main(os.Args[1:], real, os.Stdin, os.Stdout, os.Stderr))
 }
