@@ -353,16 +353,31 @@ func ownPool(ctx context.Context, stateDir, dir string, size int64, log *slog.Lo
 	return name, nil
 }
 
-// exportPool exports pool name, retrying while zfs-fuse calls it busy
-// (a dataset just unmounted, as in destroyMounted).
+// exportPool exports pool name (see poolBusyRetry).
 func exportPool(ctx context.Context, name string) error {
+	return poolBusyRetry(ctx, "export", name)
+}
+
+// DestroyPool destroys pool name and everything in it (see
+// poolBusyRetry); for tests, whose pools are temporary.
+func DestroyPool(ctx context.Context, name string) error {
+	exec.CommandContext(ctx, "zfs", "umount", name).Run()
+	return poolBusyRetry(ctx, "destroy", "-f", name)
+}
+
+// poolBusyRetry runs `zpool args...`, retrying for up to about five
+// seconds while zfs-fuse calls the pool busy: it does for a moment after
+// its datasets were unmounted (as in destroyMounted). A pool whose destroy
+// failed stays in zfs-fuse's cache and comes back FAULTED, its file gone,
+// at every start of the daemon.
+func poolBusyRetry(ctx context.Context, args ...string) error {
 	for try := 0; ; try++ {
-		out, err := exec.CommandContext(ctx, "zpool", "export", name).CombinedOutput()
+		out, err := exec.CommandContext(ctx, "zpool", args...).CombinedOutput()
 		if err == nil {
 			return nil
 		}
 		if try == 50 || !strings.Contains(string(out), "busy") || ctx.Err() != nil {
-			return fmt.Errorf("zpool export %s: %v: %s", name, err, bytes.TrimSpace(out))
+			return fmt.Errorf("zpool %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

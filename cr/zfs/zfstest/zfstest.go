@@ -90,9 +90,8 @@ func setUp() (cleanup func()) {
 		return
 	}
 	undo = append(undo, func() {
-		exec.Command("zfs", "umount", name).Run()
-		if out, err := exec.Command("zpool", "destroy", "-f", name).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "zpool destroy %s: %v: %s\n", name, err, out)
+		if err := zfs.DestroyPool(ctx, name); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 		}
 	})
 	pool.name = name
