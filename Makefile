@@ -47,7 +47,7 @@ test: deps build test-images ## run vet, the whole test suite (as root: real CRI
 	# the test binary itself: under -race the zfs suites take over 10 minutes.
 	# They share one zfs-fuse daemon, so they run one package at a time.
 	$(GOTEST) -count=1 -p 1 -timeout 10m ./cr/zfs/
-	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/
+	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/ ./cmd/arbor/
 	FUZZTIME=$(TEST_FUZZTIME) bash scripts/fuzz.sh
 
 test-images: build ## the image caches the tests unpack (the debian rootfs: debootstrap once, minutes)
