@@ -23,13 +23,13 @@ import (
 // pool there, start zfs-fuse when ZFS does not answer and wire the zfs-fuse
 // shim itself. It returns the server, a client and the server's log so far
 // (log() reads it at the time of the call). At the end of the test a server
-// still running is killed and its pool exported, so that nothing stays
-// imported in a daemon other tests share.
+// still running is killed and its pool exported (servetest.Start), so that
+// nothing stays imported in a daemon other tests share.
 func zfsServe(t *testing.T, ctx context.Context, dir, addr string, more ...string) (*servetest.Server, *arbor.Client, func() string) {
 	t.Helper()
 	var mu sync.Mutex
 	var lines []string
-	srv := servetest.Start(t, servetest.Options{StateDir: dir, Addr: addr, Global: []string{"--backend", "zfs", "--pool-size", "4G"},
+	srv := servetest.Start(t, servetest.Options{StateDir: dir, Addr: addr, Global: zfsGlobal,
 		Args: append([]string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", ""}, more...),
 		OnLine: func(l string) {
 			mu.Lock()
@@ -39,24 +39,27 @@ func zfsServe(t *testing.T, ctx context.Context, dir, addr string, more ...strin
 				t.Log("serve: " + l)
 			}
 		}})
-	pool, err := zfs.PoolName(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		srv.Kill()
-		if zpoolListed(pool) {
-			if out, err := exec.Command("zpool", "export", "-f", pool).CombinedOutput(); err != nil {
-				t.Errorf("export the pool of a killed server: %v: %s", err, out)
-			}
-		}
-	})
 	log := func() string {
 		mu.Lock()
 		defer mu.Unlock()
 		return strings.Join(lines, "\n")
 	}
 	return srv, srv.Dial(t, ctx, 4*time.Minute), log
+}
+
+// zfsGlobal are the global flags of a server on the zfs backend.
+var zfsGlobal = []string{"--backend", "zfs", "--pool-size", "4G"}
+
+// requireZFS skips without the zfs tools (or what a real server needs),
+// unsets ARBOR_ZFS_DATASET and returns a fresh state dir.
+func requireZFS(t *testing.T) string {
+	t.Helper()
+	servetest.RequireHost(t)
+	if _, err := exec.LookPath("zpool"); err != nil {
+		t.Skip("zfs tools not installed (zfs-fuse on this kernel): run make deps")
+	}
+	t.Setenv("ARBOR_ZFS_DATASET", "")
+	return t.TempDir()
 }
 
 func zpoolListed(pool string) bool {
@@ -92,12 +95,7 @@ func zfsStep(t *testing.T, ctx context.Context, c *arbor.Client, env, cmd, want 
 // state dir imports the pool again, and a state of the closed env is still
 // branchable (retention).
 func TestServeQuickStartZFS(t *testing.T) {
-	servetest.RequireHost(t)
-	if _, err := exec.LookPath("zpool"); err != nil {
-		t.Skip("zfs tools not installed (zfs-fuse on this kernel): run make deps")
-	}
-	t.Setenv("ARBOR_ZFS_DATASET", "")
-	dir, addr := t.TempDir(), servetest.FreeAddr(t)
+	dir, addr := requireZFS(t), servetest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	answered := exec.Command("zpool", "list").Run() == nil

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +39,7 @@ const RealZFSEnv = "ARBOR_REAL_ZFS"
 // returns at once. A binary that opens the zfs backend on zfs-fuse (arbor,
 // a test binary through zfstest.Main) calls it first thing.
 func MainIfShim() {
+	servesShim.Store(true)
 	if filepath.Base(os.Args[0]) != "zfs" {
 		return
 	}
@@ -48,6 +50,10 @@ func MainIfShim() {
 	}
 	os.Exit(fusecompat.Main(os.Args[1:], real, os.Stdin, os.Stdout, os.Stderr))
 }
+
+// servesShim is set by MainIfShim: only a binary that calls it may be
+// wired as the shim (any other, run as zfs, would just run itself).
+var servesShim atomic.Bool
 
 // ErrNoZFSFuse is why PrepareHost cannot get a ZFS to answer here: ZFS
 // does not answer and there is no zfs-fuse to start.
@@ -190,6 +196,9 @@ func (h *Host) wireShim(dir string) error {
 	}
 	if !IsFuse(real) {
 		return nil
+	}
+	if !servesShim.Load() {
+		return fmt.Errorf("zfs is zfs-fuse's and this binary does not serve the compatibility shim (it must call zfs.MainIfShim first in main or TestMain): %w", cr.ErrUnavailable)
 	}
 	self, err := os.Executable()
 	if err != nil {
