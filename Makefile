@@ -13,6 +13,11 @@ FUZZTIME ?= 2m
 # go test through internal/gotest: readable CI output, the skips with their
 # reasons and count, and a failure on any skip not in its allowlist.
 GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) run ./internal/gotest
+# make bench: --zfs adds Arbor on the zfs backend (zfs-fuse here) beside
+# btrfs; BENCH_FLAGS= leaves it out, --quick makes the whole run smaller.
+BENCH_FLAGS ?= --zfs
+# The server tests make test also runs on ZFS (zfs-fuse is slow: a subset).
+ZFS_SERVER_TESTS ?= ^(TestEpisode|TestTurnClassesThroughServer|TestReleasePinUnpin|TestTaskLimitsHoldInBranchedChildren|TestRollbackToolWhileCheckpointRuns|TestMetrics|TestDisconnectMidStep)$$
 # make stress: how long and how many clients (stress/stress_test.go has the other knobs).
 STRESS_DURATION ?= 15m
 STRESS_CLIENTS ?= 8
@@ -48,6 +53,13 @@ test: deps build test-images ## run vet, the whole test suite (as root: real CRI
 	# They share one zfs-fuse daemon, so they run one package at a time.
 	$(GOTEST) -count=1 -p 1 -timeout 10m ./cr/zfs/
 	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/ ./cmd/arbor/
+	# A representative subset of the server suite on the zfs backend's own
+	# pool (branchtest's rig with ARBOR_TEST_BACKEND=zfs): the episode
+	# (reset, steps, branch, rollback, promote, discard, evaluate), every
+	# turn class restored and compared, retention (release, pin, unpin and
+	# GC), task limits in restored children, the rollback tool during a
+	# checkpoint, metrics.
+	ARBOR_TEST_BACKEND=zfs $(GOTEST) -count=1 -p 1 -timeout 10m -run '$(ZFS_SERVER_TESTS)' ./server/
 	FUZZTIME=$(TEST_FUZZTIME) bash scripts/fuzz.sh
 
 test-images: build ## the image caches the tests unpack (the debian rootfs: debootstrap once, minutes)
@@ -65,8 +77,8 @@ fuzz-skips: build ## the differential skip fuzzer (make test runs 60 turns) for 
 generate: ## regenerate committed generated code
 	$(GO) generate ./...
 
-bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces -> benchmarks/results
-	$(BIN)/arbor --log-level warn bench --out benchmarks/results
+bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces, and Arbor on ZFS beside btrfs -> benchmarks/results
+	$(BIN)/arbor --log-level warn bench $(BENCH_FLAGS) --out benchmarks/results
 
 gobench: build ## the Go micro-benchmarks (go test -bench)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...
