@@ -3,6 +3,9 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 STATE_DIR ?= /var/lib/arbor
+# make run BACKEND=zfs: the zfs backend (its own pool file in the state dir,
+# zfs-fuse started when ZFS does not answer; docs/zfs.md).
+BACKEND ?= btrfs
 GOTEST_FLAGS ?= -race -count=1 -timeout 18m
 # Fuzzing budget per fuzz target: seconds in make test, minutes in make fuzz.
 TEST_FUZZTIME ?= 5s
@@ -10,6 +13,11 @@ FUZZTIME ?= 2m
 # go test through internal/gotest: readable CI output, the skips with their
 # reasons and count, and a failure on any skip not in its allowlist.
 GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) run ./internal/gotest
+# make bench: --zfs adds Arbor on the zfs backend (zfs-fuse here) beside
+# btrfs; BENCH_FLAGS= leaves it out, --quick makes the whole run smaller.
+BENCH_FLAGS ?= --zfs
+# The server tests make test also runs on ZFS (zfs-fuse is slow: a subset).
+ZFS_SERVER_TESTS ?= ^(TestEpisode|TestTurnClassesThroughServer|TestReleasePinUnpin|TestTaskLimitsHoldInBranchedChildren|TestRollbackToolWhileCheckpointRuns|TestMetrics|TestDisconnectMidStep)$$
 # make stress: how long and how many clients (stress/stress_test.go has the other knobs).
 STRESS_DURATION ?= 15m
 STRESS_CLIENTS ?= 8
@@ -32,9 +40,9 @@ build: ## build bin/arbor and bin/arbor-init
 	$(GO) build -o $(BIN)/arbor ./cmd/arbor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/arbor-init ./cmd/arbor-init
 
-run: deps build ## install what is missing, build, start the server on embedded defaults
-	$(BIN)/arbor doctor
-	$(BIN)/arbor serve
+run: deps build ## install what is missing, build, start the server on embedded defaults (BACKEND=zfs: on ZFS)
+	$(BIN)/arbor --backend $(BACKEND) doctor
+	$(BIN)/arbor --backend $(BACKEND) serve
 
 test: deps build test-images ## run vet, the whole test suite (as root: real CRIU, btrfs, eBPF) and a short fuzzing budget
 	$(GO) vet ./...
@@ -44,7 +52,14 @@ test: deps build test-images ## run vet, the whole test suite (as root: real CRI
 	# the test binary itself: under -race the zfs suites take over 10 minutes.
 	# They share one zfs-fuse daemon, so they run one package at a time.
 	$(GOTEST) -count=1 -p 1 -timeout 10m ./cr/zfs/
-	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/
+	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/ ./cmd/arbor/
+	# A representative subset of the server suite on the zfs backend's own
+	# pool (branchtest's rig with ARBOR_TEST_BACKEND=zfs): the episode
+	# (reset, steps, branch, rollback, promote, discard, evaluate), every
+	# turn class restored and compared, retention (release, pin, unpin and
+	# GC), task limits in restored children, the rollback tool during a
+	# checkpoint, metrics.
+	ARBOR_TEST_BACKEND=zfs $(GOTEST) -count=1 -p 1 -timeout 10m -run '$(ZFS_SERVER_TESTS)' ./server/
 	FUZZTIME=$(TEST_FUZZTIME) bash scripts/fuzz.sh
 
 test-images: build ## the image caches the tests unpack (the debian rootfs: debootstrap once, minutes)
@@ -62,8 +77,8 @@ fuzz-skips: build ## the differential skip fuzzer (make test runs 60 turns) for 
 generate: ## regenerate committed generated code
 	$(GO) generate ./...
 
-bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces -> benchmarks/results
-	$(BIN)/arbor --log-level warn bench --out benchmarks/results
+bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces, and Arbor on ZFS beside btrfs -> benchmarks/results
+	$(BIN)/arbor --log-level warn bench $(BENCH_FLAGS) --out benchmarks/results
 
 gobench: build ## the Go micro-benchmarks (go test -bench)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...

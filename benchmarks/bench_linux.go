@@ -22,6 +22,8 @@ const (
 	ModeFull   = "full"
 	ModeFSOnly = "fsonly"
 	ModeReplay = "replay"
+	// ModeArborZFS is Arbor on the zfs backend (Options.ZFS).
+	ModeArborZFS = "arbor-zfs"
 )
 
 // Run plays every trace in every mode, measures branching and tree
@@ -33,7 +35,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r, err := newRig(ctx, o)
+	r, err := newRig(ctx, o, "btrfs")
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +115,48 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			o.Progress("tree rollouts done")
 		}
 	}
+	if o.ZFS {
+		// Free the btrfs run's sandboxes and CPU before the ZFS one.
+		r.Close()
+		if err := zfsRun(ctx, o, traces, rep); err != nil {
+			return nil, fmt.Errorf("zfs: %w", err)
+		}
+	}
 	rep.DurationS = time.Since(start).Seconds()
 	rep.summarize()
 	return rep, nil
+}
+
+// zfsRun plays every trace through Arbor on a zfs rig (timed, then the
+// recovery check) and times branch(n) there, as ModeArborZFS.
+func zfsRun(ctx context.Context, o Options, traces []Trace, rep *Report) error {
+	r, err := newRig(ctx, o, "zfs")
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for _, t := range traces {
+		if err := r.image(ctx, t.Image); err != nil {
+			return fmt.Errorf("image %s: %w", t.Image, err)
+		}
+	}
+	h, err := r.serve(ctx, ModeArborZFS, r.e, nil)
+	if err != nil {
+		return err
+	}
+	for _, t := range traces {
+		run, err := r.serverRun(ctx, h, t, o.Think)
+		if err != nil {
+			return err
+		}
+		rep.Runs = append(rep.Runs, *run)
+		o.Progress("%s/%s: %d turns, recovery %d/%d", t.Name, h.name, len(run.Turns), recovered(run.Recovery), len(run.Recovery))
+	}
+	if rep.Branch[ModeArborZFS], err = r.branchBench(ctx, h, traces, o); err != nil {
+		return fmt.Errorf("branch scaling: %w", err)
+	}
+	o.Progress("branch(n) on zfs measured")
+	return nil
 }
 
 func recovered(ts []Turn) int {

@@ -27,6 +27,11 @@ type Options struct {
 	ReplayStride int
 	// SkipRunc leaves the runc baseline out.
 	SkipRunc bool
+	// ZFS also plays every trace through Arbor on the zfs backend (its
+	// own pool file in the state directory, as arbor serve --backend zfs
+	// makes it: zfs-fuse started and its shim wired where needed) and
+	// times branch(n) there: the report's ZFS column beside btrfs.
+	ZFS bool
 	// WarmCopies is the engine's pre-restored copies per open env (0: none,
 	// the default: every branch is a cold restore).
 	WarmCopies int

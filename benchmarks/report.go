@@ -107,16 +107,17 @@ type Goal struct {
 var modeOrder = []string{ModeArbor, ModeFull, ModeFSOnly, ModeReplay}
 
 var modeTitle = map[string]string{
-	ModeArbor:  "Arbor",
-	ModeFull:   "full every turn",
-	ModeFSOnly: "files only",
-	ModeReplay: "replay",
-	"runc":     "runc",
+	ModeArbor:    "Arbor",
+	ModeFull:     "full every turn",
+	ModeFSOnly:   "files only",
+	ModeReplay:   "replay",
+	ModeArborZFS: "Arbor on ZFS",
+	"runc":       "runc",
 }
 
 func (rep *Report) summarize() {
 	rep.Summary = nil
-	for _, m := range modeOrder {
+	for _, m := range append(modeOrder, ModeArborZFS) {
 		s := ModeSummary{Mode: m, Classes: map[string]int{}, ByKind: map[string]Pct{}, MismatchBy: map[string]int{}}
 		var all, restore []float64
 		kinds := map[string][]float64{}
@@ -395,10 +396,13 @@ func (rep *Report) Markdown() string {
 	if _, ok := rep.Branch["runc"]; ok {
 		modes = append(modes, "runc")
 	}
+	if _, ok := rep.Branch[ModeArborZFS]; ok {
+		modes = append(modes, ModeArborZFS)
+	}
 	for _, m := range modes {
 		fmt.Fprintf(&b, " %s |", modeTitle[m])
 	}
-	b.WriteString(" ratio |\n|---|")
+	b.WriteString(" runc / Arbor |\n|---|")
 	for range modes {
 		b.WriteString("---|")
 	}
@@ -408,7 +412,7 @@ func (rep *Report) Markdown() string {
 		for _, m := range modes {
 			fmt.Fprintf(&b, " %.0f |", rep.branchP50(m, n))
 		}
-		if len(modes) > 1 {
+		if _, ok := rep.Branch["runc"]; ok {
 			fmt.Fprintf(&b, " %.1fx |\n", ratio(rep.branchP50("runc", n), rep.branchP50(ModeArbor, n)))
 		} else {
 			b.WriteString(" - |\n")
@@ -432,8 +436,31 @@ func (rep *Report) Markdown() string {
 		}
 		b.WriteString("\n![tree rollouts](tree-rollouts.svg)\n")
 	}
+	b.WriteString(rep.backends())
 	b.WriteString("\n## Method\n\n")
 	b.WriteString(method)
+	return b.String()
+}
+
+// backends is the btrfs / ZFS table: Arbor's checkpoint latency by kind,
+// restore and branch(n) on each backend ("" without a ZFS run).
+func (rep *Report) backends() string {
+	a, z := rep.mode(ModeArbor), rep.mode(ModeArborZFS)
+	if a == nil || z == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n## Backends: btrfs and ZFS (Arbor, ms, p50 / p95 / p99)\n\n")
+	b.WriteString("ZFS here is the zfs backend's own pool file, as `arbor serve --backend zfs` makes it; on this kernel that is zfs-fuse through its compatibility shim (docs/zfs.md says what to expect on OpenZFS).\n\n")
+	b.WriteString("| | btrfs | ZFS |\n|---|---|---|\n")
+	for _, k := range []string{"fs", "proc", "full"} {
+		fmt.Fprintf(&b, "| checkpoint %s (taken: %d / %d) | %s | %s |\n", k, a.ByKind[k].N, z.ByKind[k].N, pctStr(a.ByKind[k]), pctStr(z.ByKind[k]))
+	}
+	fmt.Fprintf(&b, "| restore (branch(1) of a turn's state) | %s | %s |\n", pctStr(a.Restore), pctStr(z.Restore))
+	fmt.Fprintf(&b, "| recovery correct | %d/%d | %d/%d |\n", a.Recovered, a.Checked, z.Recovered, z.Checked)
+	for _, n := range rep.BranchN {
+		fmt.Fprintf(&b, "| branch(%d) p50 | %.0f | %.0f |\n", n, rep.branchP50(ModeArbor, n), rep.branchP50(ModeArborZFS, n))
+	}
 	return b.String()
 }
 

@@ -18,23 +18,25 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/zfs"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/server"
 )
 
-// rig is everything one benchmark run stands on: a btrfs pool in a
-// temporary state directory, the image store, one engine and the servers
+// rig is everything one benchmark run stands on: a btrfs (or zfs) pool in
+// a temporary state directory, the image store, one engine and the servers
 // (one per classifier) that play traces through protocol v1 on loopback.
 type rig struct {
-	o      Options
-	log    *slog.Logger
-	dir    string
-	snap   *btrfs.Snapshotter
-	criu   *criu.Checkpointer
-	images *image.Store
-	launch *launch.Launcher
+	o       Options
+	log     *slog.Logger
+	dir     string
+	backend string
+	snap    snapshotter
+	criu    *criu.Checkpointer
+	images  *image.Store
+	launch  *launch.Launcher
 	// e is Arbor's engine (with the Inspector when one can run); base is
 	// an engine without one, for the full-every-turn baseline.
 	e, base *branch.Engine
@@ -54,7 +56,15 @@ type serverHandle struct {
 	done   chan error
 }
 
-func newRig(ctx context.Context, o Options) (r *rig, err error) {
+// snapshotter is a pool the rig made and takes down with Unmount.
+type snapshotter interface {
+	cr.Snapshotter
+	Unmount(ctx context.Context) error
+}
+
+// newRig makes a rig on backend "btrfs" or "zfs" (Arbor's engine only:
+// the baselines run on btrfs).
+func newRig(ctx context.Context, o Options, backend string) (r *rig, err error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: arbor bench needs root (namespaces, CRIU, btrfs)", ErrUnavailable)
 	}
@@ -62,15 +72,26 @@ func newRig(ctx context.Context, o Options) (r *rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r = &rig{o: o, log: o.Logger, dir: dir}
+	r = &rig{o: o, log: o.Logger, dir: dir, backend: backend}
 	defer func() {
 		if err != nil {
 			r.Close()
 		}
 	}()
-	r.snap, err = btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: 16 << 30, Logger: r.log})
+	// Not a typed nil in r.snap when Open fails: Close unmounts r.snap.
+	if backend == "zfs" {
+		var s *zfs.Snapshotter
+		if s, err = zfs.Open(ctx, zfs.Options{StateDir: dir, PoolSize: 16 << 30, Logger: r.log}); err == nil {
+			r.snap = s
+		}
+	} else {
+		var s *btrfs.Snapshotter
+		if s, err = btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: 16 << 30, Logger: r.log}); err == nil {
+			r.snap = s
+		}
+	}
 	if err != nil {
-		return r, fmt.Errorf("open btrfs pool: %w", err)
+		return r, fmt.Errorf("open %s pool: %w", backend, err)
 	}
 	r.criu, err = criu.New(o.CRIU, r.log)
 	if err != nil {
@@ -95,6 +116,9 @@ func newRig(ctx context.Context, o Options) (r *rig, err error) {
 	r.e, err = branch.Open(ctx, eo)
 	if err != nil {
 		return r, fmt.Errorf("open engine: %w", err)
+	}
+	if backend == "zfs" {
+		return r, nil
 	}
 	r.base, err = branch.Open(ctx, branch.Options{StateDir: filepath.Join(dir, "engine-base"), Snap: r.snap, CRIU: r.criu,
 		Launcher: r.launch, Logger: r.log})
@@ -156,11 +180,14 @@ func (h *serverHandle) close() {
 	h.co.Close()
 }
 
-// Close stops the servers and the engine and removes the pool.
+// Close stops the servers and the engine and removes the pool. A second
+// Close does nothing.
 func (r *rig) Close() {
 	for _, h := range r.servers {
 		h.close()
 	}
+	r.servers = nil
+	defer func() { r.e, r.base, r.in, r.snap, r.dir = nil, nil, nil, nil, "" }()
 	for _, e := range []struct {
 		e   *branch.Engine
 		dir string
@@ -189,4 +216,7 @@ func (r *rig) Close() {
 	}
 }
 
-var _ cr.Snapshotter = (*btrfs.Snapshotter)(nil)
+var (
+	_ snapshotter = (*btrfs.Snapshotter)(nil)
+	_ snapshotter = (*zfs.Snapshotter)(nil)
+)

@@ -88,9 +88,10 @@ func checkCRIUDump(ctx context.Context, h Host, path string) Check {
 	return fail(c, err.Error(), "run the dump by hand with -v4 to see where it stops")
 }
 
-// CheckBtrfs requires mkfs.btrfs and btrfs in /proc/filesystems.
-func CheckBtrfs(h Host) Check {
-	c := Check{Name: "btrfs", Required: true}
+// CheckBtrfs requires mkfs.btrfs and btrfs in /proc/filesystems, unless
+// the backend is zfs (then it only warns).
+func CheckBtrfs(h Host, o Options) Check {
+	c := Check{Name: "btrfs", Required: o.Backend != "zfs"}
 	mkfs, err := h.LookPath("mkfs.btrfs")
 	if err != nil {
 		return fail(c, "mkfs.btrfs not found", remedyDeps+" (btrfs-progs)")
@@ -117,25 +118,49 @@ func HasFilesystem(procFilesystems, fstype string) bool {
 }
 
 // CheckZFS reports the ZFS tools and which ZFS serves them: the OpenZFS
-// kernel module, or zfs-fuse, whose daemon must be running. Optional:
-// btrfs is the default backend.
-func CheckZFS(h Host) Check {
-	c := Check{Name: "zfs"}
+// kernel module, or zfs-fuse. Optional unless o.Backend is "zfs"; then it
+// also says what arbor serve will do: use ARBOR_ZFS_DATASET as is or make
+// its own pool file in the state dir, start zfs-fuse when its daemon is not
+// running (which needs /dev/fuse), and wire its compatibility shim when
+// `zfs list` lacks -p (zfs-fuse).
+func CheckZFS(ctx context.Context, h Host, o Options) Check {
+	c := Check{Name: "zfs", Required: o.Backend == "zfs"}
 	zfs, err1 := h.LookPath("zfs")
 	_, err2 := h.LookPath("zpool")
 	if err1 != nil || err2 != nil {
-		return warn(c, "zfs/zpool not found", remedyDeps+" (zfs-fuse) for --backend zfs")
+		return fail(c, "zfs/zpool not found", remedyDeps+" (zfs-fuse) for --backend zfs")
+	}
+	pool := "own pool file in " + filepath.Join(o.StateDir, "zfs")
+	if o.ZFSDataset != "" {
+		pool = "dataset " + o.ZFSDataset + " (ARBOR_ZFS_DATASET)"
 	}
 	if _, err := h.Stat("/sys/module/zfs"); err == nil {
+		if c.Required {
+			return ok(c, zfs+", OpenZFS kernel module; "+pool)
+		}
 		return ok(c, zfs+", OpenZFS kernel module")
 	}
 	if _, err := h.LookPath("zfs-fuse"); err != nil {
-		return warn(c, zfs+" but neither the zfs kernel module nor zfs-fuse", "install OpenZFS or zfs-fuse")
+		return fail(c, zfs+" but neither the zfs kernel module nor zfs-fuse", "install OpenZFS or zfs-fuse")
 	}
+	daemon := "daemon running"
 	if !h.ProcessRunning("zfs-fuse") {
-		return warn(c, zfs+" (zfs-fuse), daemon not running", "start it: zfs-fuse, or service zfs-fuse start")
+		if !c.Required {
+			return warn(c, zfs+" (zfs-fuse), daemon not running", "start it: zfs-fuse, or service zfs-fuse start; arbor serve --backend zfs starts it itself")
+		}
+		if _, err := h.Stat("/dev/fuse"); err != nil {
+			return fail(c, zfs+" (zfs-fuse), daemon not running and no /dev/fuse to start it", "modprobe fuse")
+		}
+		daemon = "daemon not running: arbor serve starts it"
 	}
-	return ok(c, zfs+" (zfs-fuse, userspace), daemon running")
+	if !c.Required {
+		return ok(c, zfs+" (zfs-fuse, userspace), "+daemon)
+	}
+	shim := ""
+	if out, _ := h.Run(ctx, nil, zfs, "list", "-Hp", "-o", "name"); strings.Contains(string(out), "invalid option") {
+		shim = "; zfs list lacks -p: arbor serve wires its compatibility shim"
+	}
+	return ok(c, zfs+" (zfs-fuse, userspace), "+daemon+shim+"; "+pool)
 }
 
 // CheckTracefs requires tracefs at TracefsDir, mounting it when missing;

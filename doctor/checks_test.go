@@ -163,6 +163,17 @@ func TestRun(t *testing.T) {
 		{name: "zfs-fuse daemon down warns", modify: func(h *fakeHost) { h.procs = nil }, check: "zfs", want: Warn, wantOK: true, detail: "not running"},
 		{name: "openzfs module", modify: func(h *fakeHost) { h.files["/sys/module/zfs"] = "" }, check: "zfs", want: OK, wantOK: true, detail: "OpenZFS"},
 		{name: "no zfs tools warns", modify: func(h *fakeHost) { delete(h.paths, "zpool") }, check: "zfs", want: Warn, wantOK: true},
+		{name: "backend zfs: no zfs tools fails", modify: func(h *fakeHost) { delete(h.paths, "zpool") }, opts: Options{Backend: "zfs"}, check: "zfs", want: Fail},
+		{name: "backend zfs: no btrfs only warns", modify: func(h *fakeHost) { delete(h.paths, "mkfs.btrfs") }, opts: Options{Backend: "zfs"}, check: "btrfs", want: Warn, wantOK: true},
+		{name: "backend zfs: zfs-fuse down is started by serve", modify: func(h *fakeHost) {
+			h.procs = nil
+			h.files["/dev/fuse"] = ""
+		}, opts: Options{Backend: "zfs", StateDir: "/var/lib/arbor"}, check: "zfs", want: OK, wantOK: true, detail: "daemon not running: arbor serve starts it; own pool file in /var/lib/arbor/zfs"},
+		{name: "backend zfs: zfs-fuse down without /dev/fuse fails", modify: func(h *fakeHost) { h.procs = nil }, opts: Options{Backend: "zfs"}, check: "zfs", want: Fail, detail: "/dev/fuse"},
+		{name: "backend zfs: zfs-fuse gets the shim", modify: func(h *fakeHost) {
+			h.runs["/usr/sbin/zfs list -Hp -o name"] = "invalid option 'p'"
+		}, opts: Options{Backend: "zfs", ZFSDataset: "tank/arbor"}, check: "zfs", want: OK, wantOK: true, detail: "daemon running; zfs list lacks -p: arbor serve wires its compatibility shim; dataset tank/arbor"},
+		{name: "backend zfs: openzfs uses the dataset as is", modify: func(h *fakeHost) { h.files["/sys/module/zfs"] = "" }, opts: Options{Backend: "zfs", ZFSDataset: "tank/arbor"}, check: "zfs", want: OK, wantOK: true, detail: "OpenZFS kernel module; dataset tank/arbor (ARBOR_ZFS_DATASET)"},
 		{name: "tracefs mounted by the check", modify: func(h *fakeHost) {
 			h.files["/proc/self/mountinfo"] = strings.Replace(hybridMountinfo, "30 1 0:12 / /sys/kernel/tracing rw - tracefs tracefs rw\n", "", 1)
 		}, check: "tracefs", want: OK, wantOK: true, detail: "by this check"},

@@ -43,6 +43,11 @@ type Report struct {
 type Options struct {
 	CRIUFlag string // --criu; empty means criubin's default order
 	StateDir string // --state-dir
+	// Backend is --backend: "zfs" makes the zfs check required and the
+	// btrfs check optional.
+	Backend string
+	// ZFSDataset is ARBOR_ZFS_DATASET (empty: arbor serve's own pool).
+	ZFSDataset string
 	// MinFreeBytes is the free space below which the state dir warns.
 	MinFreeBytes uint64
 }
@@ -91,7 +96,7 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	checks = append(checks, CheckRoot(h))
 	_, cs := CheckCRIU(ctx, h, o.CRIUFlag)
 	checks = append(checks, cs...)
-	checks = append(checks, CheckBtrfs(h), CheckZFS(h))
+	checks = append(checks, CheckBtrfs(h, o), CheckZFS(ctx, h, o))
 	tracefs := CheckTracefs(h)
 	checks = append(checks, tracefs, CheckBPF(h, tracefs.Status == OK))
 	mountinfo, _ := h.ReadFile("/proc/self/mountinfo")

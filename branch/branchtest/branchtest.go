@@ -1,6 +1,10 @@
 // Package branchtest stands up a real engine (a btrfs pool in a temporary
 // directory, CRIU, the busybox image built on first use) for the tests of
-// packages built on branch, usually once per package from TestMain.
+// packages built on branch, usually once per package from TestMain. With
+// ARBOR_TEST_BACKEND=zfs the pool is ZFS instead: the zfs backend's own
+// pool file in the temporary directory, as `arbor serve --backend zfs`
+// makes it (zfs-fuse started and its shim wired when needed; Main makes the
+// test binary the shim).
 package branchtest
 
 import (
@@ -19,6 +23,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/zfs"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox"
@@ -39,8 +44,11 @@ type Options struct {
 	// Inspector gives the engine an inspector (eBPF; the fallback when
 	// eBPF is unavailable).
 	Inspector bool
-	// PoolSize of the btrfs pool file (default 4 GiB, sparse).
+	// PoolSize of the pool file (default 4 GiB, sparse).
 	PoolSize int64
+	// Backend is "btrfs" or "zfs"; "" means $ARBOR_TEST_BACKEND, else
+	// btrfs.
+	Backend string
 	// Limits of every sandbox, started or restored.
 	Limits sandbox.Limits
 	// Isolation of every sandbox (the zero value: hardened).
@@ -54,12 +62,22 @@ type Options struct {
 // Rig is an engine and what it stands on.
 type Rig struct {
 	Engine    *branch.Engine
-	Snap      *btrfs.Snapshotter
+	Snap      Snapshotter
 	Images    *image.Store
 	Inspector *watch.Inspector
 	Dir       string
 	undo      []func()
 }
+
+// Snapshotter is a Rig's snapshot backend: btrfs or zfs, each of which
+// takes its pool down with Unmount.
+type Snapshotter interface {
+	cr.Snapshotter
+	Unmount(ctx context.Context) error
+}
+
+// BackendEnv selects the backend of the Rigs whose Options name none.
+const BackendEnv = "ARBOR_TEST_BACKEND"
 
 // ErrSkip wraps the reasons a host cannot run a Rig (not root, tools
 // missing); tests skip with its message.
@@ -71,8 +89,20 @@ func New(o Options) (r *Rig, err error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: needs root (namespaces, cgroups, mounts)", ErrSkip)
 	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		return nil, fmt.Errorf("%w: btrfs-progs not installed: run make deps", ErrSkip)
+	if o.Backend == "" {
+		o.Backend = os.Getenv(BackendEnv)
+	}
+	switch o.Backend {
+	case "", "btrfs":
+		if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+			return nil, fmt.Errorf("%w: btrfs-progs not installed: run make deps", ErrSkip)
+		}
+	case "zfs":
+		if _, err := exec.LookPath("zpool"); err != nil {
+			return nil, fmt.Errorf("%w: zfs tools not installed (zfs-fuse on this kernel): run make deps", ErrSkip)
+		}
+	default:
+		return nil, fmt.Errorf("unknown backend %q (%s)", o.Backend, BackendEnv)
 	}
 	log := Logger()
 	c, err := criu.New("", log)
@@ -107,7 +137,12 @@ func New(o Options) (r *Rig, err error) {
 		o.PoolSize = 4 << 30
 	}
 	ctx := context.Background()
-	if r.Snap, err = btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: o.PoolSize, Logger: log}); err != nil {
+	if o.Backend == "zfs" {
+		r.Snap, err = zfs.Open(ctx, zfs.Options{StateDir: dir, PoolSize: o.PoolSize, Logger: log})
+	} else {
+		r.Snap, err = btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: o.PoolSize, Logger: log})
+	}
+	if err != nil {
 		return nil, err
 	}
 	r.undo = append(r.undo, func() { r.Snap.Unmount(context.Background()) })

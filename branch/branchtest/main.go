@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/arbor-env/arbor/cr/zfs"
 )
 
 // HelperVar, set in the environment of a test binary that a test runs as
@@ -18,10 +20,15 @@ const HelperVar = "ARBOR_TEST_HELPER"
 // with it; any other setup error fails the run (exit 1). Main does not
 // return.
 //
+// Main also makes the test binary the zfs-fuse shim when it is run as
+// "zfs", so a package whose TestMain is Main can use zfs Rigs.
+//
 // In a helper process (HelperVar set: a test that runs its own binary to
 // crash it) Main makes no shared Rig and *skip says so: a helper killed by
 // SIGKILL runs no clean-up, and a shared Rig would stay mounted.
 func Main(m *testing.M, pkg string, o Options, skip *string, setup func(*Rig) (cleanup func(), err error)) {
+	// Started as "zfs": the zfs-fuse shim of a zfs Rig (see zfs.PrepareHost).
+	zfs.MainIfShim()
 	if os.Getenv(HelperVar) != "" {
 		*skip = "a helper process of another test: no shared engine"
 		os.Exit(m.Run())

@@ -25,7 +25,8 @@ time, and compare Arbor against baselines that really run: CRIU plus file
 snapshot every turn, file snapshots only, replay, and runc checkpoint/restore.
 Measures checkpoint latency by kind, turns per class, checkpoint bytes, exposed
 latency, branch(n), recovery correctness of every turn, and Tree-GRPO-style
-rollouts with branch vs replay. Writes results.json, results.md and SVG plots
+rollouts with branch vs replay. With --zfs, Arbor also runs on the zfs backend
+(its own pool file, zfs-fuse started when needed) for a btrfs/ZFS table. Writes results.json, results.md and SVG plots
 to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -77,6 +78,7 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 	f.IntVar(&o.Tree.Prefix, "tree-chain", 0, "turns of the trace in each tree's initial chain (0: the whole trace)")
 	f.IntVar(&o.ReplayStride, "replay-stride", 2, "check every k-th turn by replay (the replay check costs O(turns^2))")
 	f.BoolVar(&o.SkipRunc, "no-runc", false, "leave the runc baseline out")
+	f.BoolVar(&o.ZFS, "zfs", false, "also play the traces through Arbor on the zfs backend and time branch(n) there (a ZFS column beside btrfs; zfs-fuse here, slow)")
 	f.IntVar(&o.WarmCopies, "warm", 0, "pre-restored warm copies per env in Arbor's engine (0: cold branches)")
 	f.StringVar(&o.Classifier, "classifier", "inspector", "Arbor's turn classification: inspector or full")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the temporary state directory goes (default: the system temp dir)")

@@ -27,9 +27,26 @@ import (
 // at, arbor_envs_revived_total counts it, and the env goes on.
 func TestServeSurvivesKill(t *testing.T) {
 	servetest.RequireHost(t)
-	dir, addr := t.TempDir(), servetest.FreeAddr(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	serveSurvivesKill(t, t.TempDir(), nil)
+}
+
+// TestServeSurvivesKillZFS is TestServeSurvivesKill on `arbor --backend
+// zfs serve` with its own pool: after the kill -9 the pool is still
+// imported (and zfs-fuse running), and the restart reuses both.
+func TestServeSurvivesKillZFS(t *testing.T) {
+	dir := requireZFS(t)
+	serveSurvivesKill(t, dir, zfsGlobal)
+}
+
+// serveSurvivesKill is TestServeSurvivesKill with global flags before
+// serve (the backend).
+func serveSurvivesKill(t *testing.T, dir string, global []string) {
+	addr := servetest.FreeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
+	startServe := func(t *testing.T, ctx context.Context, dir, addr string, more ...string) (*servetest.Server, *arbor.Client) {
+		return startServeOn(t, ctx, global, dir, addr, more...)
+	}
 
 	srv, c := startServe(t, ctx, dir, addr)
 	r, err := c.Reset(ctx, arbor.ResetParams{Task: "hello"})
@@ -157,7 +174,13 @@ func step(t *testing.T, ctx context.Context, c *arbor.Client, env, cmd string) {
 // task); more are more flags of serve.
 func startServe(t *testing.T, ctx context.Context, dir, addr string, more ...string) (*servetest.Server, *arbor.Client) {
 	t.Helper()
-	srv := servetest.Start(t, servetest.Options{StateDir: dir, Addr: addr,
+	return startServeOn(t, ctx, nil, dir, addr, more...)
+}
+
+// startServeOn is startServe with global flags before serve (the backend).
+func startServeOn(t *testing.T, ctx context.Context, global []string, dir, addr string, more ...string) (*servetest.Server, *arbor.Client) {
+	t.Helper()
+	srv := servetest.Start(t, servetest.Options{StateDir: dir, Addr: addr, Global: global,
 		Args: append([]string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", "", "--inspector", "off"}, more...),
 		OnLine: func(l string) {
 			if strings.Contains(l, "restor") || strings.Contains(l, "lost") || strings.Contains(l, "ERROR") {

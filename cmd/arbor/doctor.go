@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -24,12 +25,13 @@ func newDoctorCmd(g *globalOptions) *cobra.Command {
 		Use:   "doctor",
 		Short: "check this host for what Arbor needs and say how to fix what is missing",
 		Long: `doctor checks root, CRIU (binary, version >= 4.0, criu check, a real dump),
-btrfs, ZFS tools, bpf() with a syscall tracepoint (mounting tracefs when it is
+btrfs, ZFS tools (required with --backend zfs, which makes btrfs optional), bpf() with a syscall tracepoint (mounting tracefs when it is
 not mounted), the cgroup v2 tree and v1 controllers, soft-dirty tracking and
 free space in the state dir. It exits 2 when a required check fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r := doctor.Run(cmd.Context(), doctor.NewHost(), doctor.Options{CRIUFlag: g.criuPath, StateDir: g.stateDir})
+			r := doctor.Run(cmd.Context(), doctor.NewHost(), doctor.Options{CRIUFlag: g.criuPath, StateDir: g.stateDir,
+				Backend: g.backend, ZFSDataset: os.Getenv("ARBOR_ZFS_DATASET")})
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/arbor-env/arbor/cr/zfs"
 )
 
 // globalOptions are the flags every subcommand shares.
@@ -22,6 +24,9 @@ type globalOptions struct {
 }
 
 func main() {
+	// Started as "zfs" (the symlink the zfs backend puts first in PATH on
+	// zfs-fuse): be the zfs-fuse compatibility shim for go-zfs.
+	zfs.MainIfShim()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
@@ -65,7 +70,7 @@ func newRootCmd() *cobra.Command {
 	f := root.PersistentFlags()
 	f.StringVar(&g.stateDir, "state-dir", envOr("ARBOR_STATE_DIR", "/var/lib/arbor"), "state directory (pool, images, manifest)")
 	f.StringVar(&g.backend, "backend", envOr("ARBOR_BACKEND", "btrfs"), "filesystem snapshot backend: btrfs or zfs")
-	f.StringVar(&g.poolSize, "pool-size", envOr("ARBOR_POOL_SIZE", "20G"), "size of the btrfs pool file created when the state dir is not on btrfs")
+	f.StringVar(&g.poolSize, "pool-size", envOr("ARBOR_POOL_SIZE", "20G"), "size of the pool file created in the state dir: btrfs when the state dir is not on btrfs, zfs when ARBOR_ZFS_DATASET is unset")
 	f.StringVar(&g.criuPath, "criu", envOr("ARBOR_CRIU", ""), "CRIU binary (default: the private CRIU 4.x that make deps installs, else criu on PATH)")
 	f.StringVar(&g.logLevel, "log-level", envOr("ARBOR_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	for _, add := range subcommands {

@@ -15,7 +15,9 @@ import (
 
 // openSnapshotter opens the filesystem snapshot backend that the global
 // flags select: btrfs in --state-dir (a --pool-size loop pool when that is
-// not on btrfs), or zfs below the dataset named by ARBOR_ZFS_DATASET.
+// not on btrfs), or zfs below the dataset named by ARBOR_ZFS_DATASET, else
+// in a --pool-size pool file in --state-dir (zfs-fuse started and its
+// compatibility shim wired in when needed; see docs/zfs.md).
 func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, error) {
 	switch g.backend {
 	case "btrfs", "":
@@ -29,12 +31,13 @@ func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, err
 		}
 		return s, nil
 	case "zfs":
-		// globalOptions has no dataset flag yet; the environment names it.
-		ds := envOr("ARBOR_ZFS_DATASET", "")
-		if ds == "" {
-			return nil, fmt.Errorf("open zfs backend: set ARBOR_ZFS_DATASET to the root dataset (e.g. tank/arbor): %w", cr.ErrUnavailable)
+		size, err := parseSize(g.poolSize)
+		if err != nil {
+			return nil, fmt.Errorf("parse --pool-size: %w", err)
 		}
-		s, err := zfs.Open(ctx, zfs.Options{Dataset: ds, Logger: slog.Default()})
+		// globalOptions has no dataset flag; the environment names one.
+		// Without it the backend keeps its own pool file in the state dir.
+		s, err := zfs.Open(ctx, zfs.Options{Dataset: envOr("ARBOR_ZFS_DATASET", ""), StateDir: g.stateDir, PoolSize: size, Logger: slog.Default()})
 		if err != nil {
 			return nil, fmt.Errorf("open zfs backend: %w", err)
 		}
@@ -45,7 +48,8 @@ func openSnapshotter(ctx context.Context, g *globalOptions) (cr.Snapshotter, err
 }
 
 // unmounter is a snapshot backend that mounted its pool (the btrfs loop
-// pool) and can take it down.
+// pool; the zfs pool file, exported, and the zfs-fuse it started) and can
+// take it down.
 type unmounter interface {
 	Unmount(ctx context.Context) error
 }

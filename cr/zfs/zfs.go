@@ -33,8 +33,19 @@ import (
 // Options configure Open.
 type Options struct {
 	// Dataset is the root dataset, e.g. "tank/arbor". Its pool must exist;
-	// the dataset is made if missing.
+	// the dataset is made if missing. Empty: the pool Open makes (or
+	// imports) in a file below StateDir, like the btrfs backend's pool.
 	Dataset string
+	// StateDir, when set, is where Open prepares the host (PrepareHost in
+	// StateDir/zfs: zfs-fuse started when ZFS does not answer, the
+	// zfs-fuse shim wired in) and, with no Dataset, keeps its own pool:
+	// StateDir/zfs/pool.img, mounted at StateDir/zfs/mnt, root dataset
+	// <pool>/arbor. Unmount undoes both. Empty: the host must already
+	// serve ZFS (OpenZFS, or a process that ran PrepareHost).
+	StateDir string
+	// PoolSize is the apparent size of a new pool file (it is sparse);
+	// 0 means DefaultPoolSize.
+	PoolSize int64
 	// Logger receives debug records; nil discards them.
 	Logger *slog.Logger
 }
@@ -44,6 +55,8 @@ type Snapshotter struct {
 	root  string // root dataset
 	mount string // its mountpoint
 	log   *slog.Logger
+	host  *Host  // what Open did to the host (StateDir), for Unmount
+	pool  string // the pool Open made or imported, for Unmount to export
 	// dirs is held for reading while datasets are made below a parent and
 	// for writing while empty parents are pruned.
 	dirs sync.RWMutex

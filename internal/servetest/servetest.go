@@ -145,7 +145,10 @@ func Start(tb testing.TB, o Options) *Server {
 	tb.Cleanup(func() {
 		s.Kill()
 		// What a stopped server left mounted (checked, and reported, by
-		// the test that stopped it) must not stay on the host.
+		// the test that stopped it) must not stay on the host: the zfs
+		// backend's own pool is exported (the daemon unmounts it), the
+		// rest unmounted.
+		ExportZFSBelow(tb, o.StateDir)
 		UnmountBelow(tb, o.StateDir)
 	})
 	return s
@@ -235,7 +238,7 @@ func (s *Server) Metrics() (map[string]float64, error) {
 }
 
 // Mount is one line of /proc/self/mountinfo.
-type Mount struct{ Dev, Point, FSType string }
+type Mount struct{ Dev, Point, FSType, Source string }
 
 // MountsBelow lists the mounts of this mount namespace (the server's too)
 // at or below dir.
@@ -254,9 +257,31 @@ func MountsBelow(dir string) []Mount {
 		if i < 0 || i+1 >= len(f) {
 			continue
 		}
-		ms = append(ms, Mount{Dev: f[2], Point: f[4], FSType: f[i+1]})
+		m := Mount{Dev: f[2], Point: f[4], FSType: f[i+1]}
+		if i+2 < len(f) {
+			m.Source = f[i+2]
+		}
+		ms = append(ms, m)
 	}
 	return ms
+}
+
+// ExportZFSBelow exports the ZFS pools with datasets mounted below dir
+// (the zfs backend's own pool, left imported by a server that was
+// killed): unmounting them behind the ZFS daemon's back would leave the
+// pool imported in it.
+func ExportZFSBelow(tb testing.TB, dir string) {
+	pools := map[string]bool{}
+	for _, m := range MountsBelow(dir) {
+		if m.FSType == "zfs" || m.FSType == "fuse.zfs" {
+			pools[strings.SplitN(m.Source, "/", 2)[0]] = true
+		}
+	}
+	for p := range pools {
+		if out, err := exec.Command("zpool", "export", "-f", p).CombinedOutput(); err != nil {
+			tb.Errorf("export zfs pool %s left imported below %s: %v: %s", p, dir, err, out)
+		}
+	}
 }
 
 // UnmountBelow unmounts what is mounted below dir (the btrfs pool, the

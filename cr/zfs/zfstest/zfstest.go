@@ -1,5 +1,6 @@
 // Package zfstest gives tests a real ZFS pool: on this kernel that is
-// zfs-fuse, driven through the fusecompat shim (see docs/zfs.md).
+// zfs-fuse, driven through the fusecompat shim (see docs/zfs.md). The host
+// set-up (zfs-fuse, the shim) is the product's, zfs.PrepareHost.
 package zfstest
 
 import (
@@ -11,22 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/arbor-env/arbor/cr/zfs"
-	"github.com/arbor-env/arbor/cr/zfs/internal/fusecompat"
 )
-
-// The test binary doubles as the zfs-fuse compatibility shim: TestMain puts
-// a symlink named "zfs" to it first in PATH when the zfs found is one whose
-// `zfs list` lacks -p (zfs-fuse), and go-zfs then runs it as "zfs".
-const realZFSEnv = "ARBOR_TEST_REAL_ZFS"
 
 // pool is the file-backed test pool, or why there is none: skip when the
 // host cannot run zfs (not root, tools missing), err when setting it up
@@ -41,13 +34,11 @@ var pool struct {
 }
 
 // Main is TestMain for packages whose tests use a zfs pool: it makes the
-// test binary the zfs-fuse shim when run as "zfs", else sets up a pool in a
-// temporary file (starting zfs-fuse if ZFS does not answer), runs the tests
-// and tears everything down.
+// test binary the zfs-fuse shim when run as "zfs" (zfs.MainIfShim), else
+// runs the tests and tears down the pool (and the zfs-fuse it started)
+// that the first NewRoot set up.
 func Main(m *testing.M) {
-	if filepath.Base(os.Args[0]) == "zfs" {
-		fusecompat.RunAsZFS(os.Getenv(realZFSEnv))
-	}
+	zfs.MainIfShim()
 	code := m.Run()
 	if pool.cleanup != nil {
 		pool.cleanup()
@@ -55,17 +46,17 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// setUp starts zfs-fuse if needed and makes a pool in a temporary file. It
-// records a skip reason when the host cannot run zfs (not root, no zfs
-// tools), and any other failure as pool.err.
+// setUp prepares the host (zfs.PrepareHost: zfs-fuse, the shim) and makes
+// a pool in a temporary file. It records a skip reason when the host
+// cannot run zfs (not root, no zfs tools), and any other failure as
+// pool.err.
 func setUp() (cleanup func()) {
 	cleanup = func() {}
 	if os.Geteuid() != 0 {
 		pool.skip = "zfs backend needs root"
 		return
 	}
-	realZFS, err := exec.LookPath("zfs")
-	if err != nil {
+	if _, err := exec.LookPath("zfs"); err != nil {
 		pool.skip = "zfs tools not installed (zfs-fuse on this kernel): run make deps"
 		return
 	}
@@ -81,109 +72,30 @@ func setUp() (cleanup func()) {
 		}
 		os.RemoveAll(tmp)
 	}
-	if stop, err := startDaemon(tmp); errors.Is(err, errNoZFSFuse) {
+	ctx := context.Background()
+	h, err := zfs.PrepareHost(ctx, tmp, nil)
+	if errors.Is(err, zfs.ErrNoZFSFuse) {
 		pool.skip = err.Error()
 		return
 	} else if err != nil {
 		pool.err = err
 		return
-	} else if stop != nil {
-		undo = append(undo, stop)
 	}
-	if out, err := exec.Command(realZFS, "list", "-Hp", "-o", "name").CombinedOutput(); err != nil && strings.Contains(string(out), "invalid option") {
-		// zfs-fuse: route go-zfs through the shim.
-		self, err := os.Executable()
-		if err != nil {
-			pool.err = err
-			return
-		}
-		bin := filepath.Join(tmp, "bin")
-		os.Mkdir(bin, 0o755)
-		if err := os.Symlink(self, filepath.Join(bin, "zfs")); err != nil {
-			pool.err = err
-			return
-		}
-		os.Setenv(realZFSEnv, realZFS)
-		os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
+	undo = append(undo, h.Close)
 	var b [3]byte
 	rand.Read(b[:])
 	name := "arbortest" + hex.EncodeToString(b[:])
-	file := filepath.Join(tmp, "pool.img")
-	if err := os.WriteFile(file, nil, 0o600); err != nil || os.Truncate(file, 2<<30) != nil {
-		pool.err = fmt.Errorf("pool file: %v", err)
-		return
-	}
-	if out, err := exec.Command("zpool", "create", "-m", filepath.Join(tmp, "mnt"), name, file).CombinedOutput(); err != nil {
-		pool.err = fmt.Errorf("zpool create: %v: %s", err, out)
+	if err := zfs.CreatePool(ctx, name, filepath.Join(tmp, "pool.img"), 2<<30, filepath.Join(tmp, "mnt")); err != nil {
+		pool.err = err
 		return
 	}
 	undo = append(undo, func() {
-		exec.Command("zfs", "umount", name).Run()
-		if out, err := exec.Command("zpool", "destroy", "-f", name).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "zpool destroy %s: %v: %s\n", name, err, out)
+		if err := zfs.DestroyPool(ctx, name); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 		}
 	})
 	pool.name = name
 	return cleanup
-}
-
-// errNoZFSFuse is why startDaemon cannot run here: a skip, not a failure.
-var errNoZFSFuse = errors.New("zfs does not answer and zfs-fuse is not installed")
-
-// startDaemon starts zfs-fuse when ZFS does not answer, and returns how to
-// stop it (nil when it was already running or ZFS is in the kernel).
-func startDaemon(tmp string) (stop func(), err error) {
-	if exec.Command("zpool", "list").Run() == nil {
-		return nil, nil
-	}
-	if _, err := exec.LookPath("zfs-fuse"); err != nil {
-		return nil, fmt.Errorf("%w: run make deps", errNoZFSFuse)
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return nil, fmt.Errorf("zfs-fuse needs /dev/fuse: %v", err)
-	}
-	pidFile := filepath.Join(tmp, "zfs-fuse.pid")
-	if out, err := exec.Command("zfs-fuse", "--pidfile", pidFile, "--no-kstat-mount").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("start zfs-fuse: %v: %s", err, out)
-	}
-	for range 50 {
-		if exec.Command("zpool", "list").Run() == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return nil, fmt.Errorf("zfs-fuse pid file: %v", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("zfs-fuse pid file: %v", err)
-	}
-	return func() {
-		// zfs-fuse syncs its pools before it exits, which took over 5 s
-		// under load once; one that does not stop in 15 s is killed, so
-		// that the next package's tests never meet it.
-		stopped := func(d time.Duration) bool {
-			for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				if syscall.Kill(pid, 0) != nil {
-					return true
-				}
-			}
-			return false
-		}
-		syscall.Kill(pid, syscall.SIGTERM)
-		if stopped(15 * time.Second) {
-			return
-		}
-		syscall.Kill(pid, syscall.SIGKILL)
-		if stopped(5 * time.Second) {
-			fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop within 15 s of SIGTERM: killed\n", pid)
-			return
-		}
-		fmt.Fprintf(os.Stderr, "zfs-fuse (pid %d) did not stop, even after SIGKILL\n", pid)
-	}, nil
 }
 
 // NewRoot opens a fresh root dataset in the test pool, destroyed with

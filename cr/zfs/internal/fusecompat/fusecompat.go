@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"strings"
 )
@@ -103,7 +102,22 @@ func parseList(args []string) (listReq, bool) {
 	return r, true
 }
 
+// run answers the listing. A dataset destroyed between the name listing
+// and the get (another process's destroy) fails the get with "does not
+// exist"; the listing is then taken again, up to five times, as a real
+// `zfs list`, which skips what vanishes while it runs, would not fail.
 func (r listReq) run(real string, stdout, stderr io.Writer) error {
+	for try := 1; ; try++ {
+		var getErr bytes.Buffer
+		err := r.runOnce(real, stdout, stderr, &getErr)
+		if err == nil || try == 5 || !strings.Contains(getErr.String(), "does not exist") {
+			stderr.Write(getErr.Bytes())
+			return err
+		}
+	}
+}
+
+func (r listReq) runOnce(real string, stdout, stderr, getStderr io.Writer) error {
 	var out bytes.Buffer
 	list := exec.Command(real, append(append(append([]string{"list", "-H"}, r.passArgs...), "-o", "name"), r.filters...)...)
 	list.Stdout, list.Stderr = &out, stderr
@@ -124,7 +138,7 @@ func (r listReq) run(real string, stdout, stderr io.Writer) error {
 	if len(get) > 0 {
 		out.Reset()
 		cmd := exec.Command(real, append([]string{"get", "-Hp", "-o", "name,property,value", strings.Join(get, ",")}, names...)...)
-		cmd.Stdout, cmd.Stderr = &out, stderr
+		cmd.Stdout, cmd.Stderr = &out, getStderr
 		if err := cmd.Run(); err != nil {
 			return err
 		}
@@ -160,11 +174,4 @@ func (r listReq) run(real string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// RunAsZFS is for a test binary's TestMain: when the binary was started
-// under the name "zfs" (a symlink placed first in PATH), it serves that
-// command through Main and exits.
-func RunAsZFS(real string) {
-	os.Exit(Main(os.Args[1:], real, os.Stdin, os.Stdout, os.Stderr))
 }

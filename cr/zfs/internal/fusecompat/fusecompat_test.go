@@ -1,6 +1,9 @@
 package fusecompat
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -27,5 +30,35 @@ func TestParseList(t *testing.T) {
 				t.Fatalf("parseList(%q) = %+v, %v", tt.args, r, ok)
 			}
 		})
+	}
+}
+
+// TestListRetriesVanished: a dataset destroyed between the shim's name
+// listing and its get fails the get; the shim lists again and answers
+// what exists then, as zfs list would. The "real zfs" is a script whose
+// first get fails that way.
+func TestListRetriesVanished(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "zfs")
+	script := `#!/bin/sh
+state=` + dir + `/gone
+case "$1" in
+list) echo pool/a; [ -e "$state" ] || echo pool/b ;;
+get)
+	if [ ! -e "$state" ]; then
+		touch "$state"
+		echo "cannot open 'pool/b': dataset does not exist" >&2
+		exit 1
+	fi
+	printf 'pool/a\tused\t42\n' ;;
+esac
+`
+	if err := os.WriteFile(real, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := Main([]string{"list", "-rHp", "-o", "name,used"}, real, nil, &out, &errOut)
+	if code != 0 || out.String() != "pool/a\t42\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want pool/a with its used", code, out.String(), errOut.String())
 	}
 }
