@@ -252,6 +252,10 @@ var skipRegressions = [][]string{
 	{"mkdir -p /work/d1 && { (cd /work/d1 && exec sleep 1000) </dev/null >/dev/null 2>&1 & }", "rmdir /work/d1 2>/dev/null",
 		"mkdir -p /work/d0 && echo h >> /work/d0/h && { sleep 1000 3</work/d0/h </dev/null >/dev/null 2>&1 & }",
 		"rm -rf /work/d1.x; mv /work/d0 /work/d1.x 2>/dev/null && mv /work/d1.x /work/d1 2>/dev/null", "W1=2"},
+	// The run after that: the shell's cwd removed with a file a daemon
+	// holds in it; CRIU removed the directory's ghost before the file's
+	// and failed the restore (from any checkpoint).
+	{"mkdir -p /work/d0 && echo h >> /work/d0/h && { sleep 1000 3</work/d0/h </dev/null >/dev/null 2>&1 & }", "cd /work/d0 2>/dev/null", "rm -rf /work/d0", "true"},
 }
 
 // nextTurn draws a turn from the grammar (with bash's when bash).

@@ -171,6 +171,10 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 	if err != nil || len(ghosts) == 0 {
 		return plan, err
 	}
+	remaps, err := reorderedRemaps(dir)
+	if err != nil {
+		return nil, err
+	}
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open restore root %s: %w", root, err)
@@ -190,7 +194,7 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 		rename[g.id] = "/" + path.Join(path.Dir(g.path), ghost)
 		plan.swaps = append(plan.swaps, ghostSwap{parent: parent, name: name, ghost: ghost})
 	}
-	if len(plan.swaps) == 0 {
+	if len(plan.swaps) == 0 && remaps == nil {
 		return plan, nil
 	}
 	// Next to the images, as hard links: CRIU's restored tasks read their
@@ -198,7 +202,7 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 	// symlink to a host path leads nowhere. The image cache removes a
 	// ".tmp-" leftover when it opens.
 	plan.tmp = filepath.Join(filepath.Dir(dir), ".tmp-ghosts-"+randHex())
-	if plan.dir, err = renamedImages(dir, plan.tmp, rename); err != nil {
+	if plan.dir, err = renamedImages(dir, plan.tmp, rename, remaps); err != nil {
 		plan.close()
 		return nil, err
 	}
@@ -234,10 +238,10 @@ func clash(rootFD int, p string) (parent *os.File, name string, err error) {
 }
 
 // renamedImages makes dst a view of the image directory src whose file
-// list gives the files of rename their new names; every other image is a
-// hard link to the original (images are shared read-only by parallel
-// restores).
-func renamedImages(src, dst string, rename map[uint32]string) (string, error) {
+// list gives the files of rename their new names and whose remap list is
+// remaps (nil: src's); every other image is a hard link to the original
+// (images are shared read-only by parallel restores).
+func renamedImages(src, dst string, rename map[uint32]string, remaps *crit.CriuImage) (string, error) {
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return "", err
 	}
@@ -246,10 +250,15 @@ func renamedImages(src, dst string, rename map[uint32]string) (string, error) {
 		return "", err
 	}
 	for _, e := range ents {
-		if e.Name() == "files.img" || !e.Type().IsRegular() {
+		if e.Name() == "files.img" || (e.Name() == "remap-fpath.img" && remaps != nil) || !e.Type().IsRegular() {
 			continue
 		}
 		if err := os.Link(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			return "", err
+		}
+	}
+	if remaps != nil {
+		if err := writeImage(filepath.Join(dst, "remap-fpath.img"), remaps); err != nil {
 			return "", err
 		}
 	}
@@ -274,15 +283,20 @@ func renamedImages(src, dst string, rename map[uint32]string) (string, error) {
 	if n != len(rename) {
 		return "", fmt.Errorf("files.img names %d of the %d ghost directories to rename", n, len(rename))
 	}
-	out, err := os.OpenFile(filepath.Join(dst, "files.img"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	return dst, writeImage(filepath.Join(dst, "files.img"), img)
+}
+
+// writeImage encodes img into a new file.
+func writeImage(file string, img *crit.CriuImage) error {
+	out, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
 		out.Close()
-		return "", fmt.Errorf("encode files.img: %w", err)
+		return fmt.Errorf("encode %s: %w", filepath.Base(file), err)
 	}
-	return dst, out.Close()
+	return out.Close()
 }
 
 // swap puts each ghost at its path and removes it there, with the
@@ -330,4 +344,84 @@ func randHex() string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Nested ghosts. CRIU makes and removes its ghosts (removed files a
+// process holds, removed directories) in the order of remap-fpath.img,
+// both times. A ghost inside a ghost directory (the shell's removed cwd,
+// a daemon holding a file that was in it) listed after that directory
+// fails the restore: the directory's removal comes first and finds it
+// not empty. reorderedRemaps returns the image with its ghosts listed
+// files first, then directories deepest first, when its order is such
+// (nil when it is not): a file then goes to the nearest directory that
+// exists at its making (CRIU's fallback), and every removal finds its
+// directory empty.
+func reorderedRemaps(dir string) (*crit.CriuImage, error) {
+	in, err := os.Open(filepath.Join(dir, "remap-fpath.img"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	img, err := crit.New(in, nil, "", false, false).Decode(&remap_file_path.RemapFilePathEntry{})
+	if err != nil {
+		return nil, fmt.Errorf("decode remap-fpath.img: %w", err)
+	}
+	names := map[uint32]string{}
+	files, err := decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{})
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	for _, en := range files {
+		if f := en.(*fdinfo.FileEntry); f.GetReg() != nil {
+			names[f.GetReg().GetId()] = path.Clean("/" + f.GetReg().GetName())
+		}
+	}
+	type ghost struct {
+		at    int // index in img.Entries
+		dir   bool
+		path  string
+		entry *crit.CriuEntry
+	}
+	var ghosts []ghost
+	for i, en := range img.Entries {
+		r := en.Message.(*remap_file_path.RemapFilePathEntry)
+		if r.GetRemapType() != remap_file_path.RemapType_GHOST {
+			continue
+		}
+		g, err := decodeImage(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())), &ghost_file.GhostFileEntry{})
+		if err != nil {
+			return nil, err
+		}
+		isDir := len(g) > 0 && g[0].(*ghost_file.GhostFileEntry).GetMode()&unix.S_IFMT == unix.S_IFDIR
+		ghosts = append(ghosts, ghost{at: i, dir: isDir, path: names[r.GetOrigId()], entry: en})
+	}
+	unsafe := false
+	for i, d := range ghosts {
+		for _, g := range ghosts[i+1:] {
+			if d.dir && d.path != "" && strings.HasPrefix(g.path, d.path+"/") {
+				unsafe = true
+			}
+		}
+	}
+	if !unsafe {
+		return nil, nil
+	}
+	slots := make([]int, len(ghosts))
+	for i, g := range ghosts {
+		slots[i] = g.at
+	}
+	sort.SliceStable(ghosts, func(i, j int) bool {
+		a, b := ghosts[i], ghosts[j]
+		if a.dir != b.dir {
+			return !a.dir
+		}
+		return strings.Count(a.path, "/") > strings.Count(b.path, "/")
+	})
+	for i, g := range ghosts {
+		img.Entries[slots[i]] = g.entry
+	}
+	return img, nil
 }
