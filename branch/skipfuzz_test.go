@@ -451,6 +451,14 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		if _, err := e.WaitCheckpoint(ctx, env); err != nil {
 			t.Fatalf("checkpoint %q: %v", cmd, err)
 		}
+		// A background checkpoint that failed leaves its state id unmade
+		// (WaitCheckpoint does not say; the server reports it on the next
+		// step): say why, with the turns, rather than branch a state that
+		// never came to be (the "unknown state" two long runs ended on).
+		if err := env.TakeCheckpointError(); err != nil {
+			t.Fatalf("the checkpoint of turn %q (%s, state %s) failed: %v\nturns from a fresh %s env:\n  %s",
+				cmd, kind, sid, err, f.img, strings.Join(turns[:i+1], "\n  "))
+		}
 		var live []string
 		if count {
 			f.turns++
