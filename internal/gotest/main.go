@@ -130,6 +130,24 @@ func (r *report) endPackage(e event) {
 				fmt.Fprint(r.w, "    ", l)
 			}
 		}
+		// Tests still running when the package failed (a -timeout panic
+		// is reported in the test it interrupted, which never ends):
+		// their output, the panic's goroutine dump included.
+		var running []string
+		for rk := range r.out {
+			if pkg, test, ok := strings.Cut(rk, "\x00"); ok && pkg == e.Package && test != "" {
+				running = append(running, rk)
+			}
+		}
+		sort.Strings(running)
+		for _, rk := range running {
+			_, test, _ := strings.Cut(rk, "\x00")
+			fmt.Fprintf(r.w, "--- NO RESULT %s %s (still running when the package failed)\n", e.Package, test)
+			for _, l := range r.out[rk] {
+				fmt.Fprint(r.w, "    ", l)
+			}
+			delete(r.out, rk)
+		}
 	}
 	delete(r.out, k)
 }
