@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,74 +39,68 @@ import (
 // directory left at the hidden name for CRIU's own removal, the real
 // directory back.
 
-// ghostDirs lists the deleted directories the images in dir hold, as
-// paths inside the tree's root file system ("work/d"). Directories on
-// other mounts than the root are left out (CRIU restores those mounts
-// itself).
-func ghostDirs(dir string) ([]ghostDir, error) {
-	remaps, err := decodeImage(filepath.Join(dir, "remap-fpath.img"), &remap_file_path.RemapFilePathEntry{})
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+// ghostImages is what a dump's images say of its ghosts (removed files
+// and directories a process holds), read once per restore that has any.
+type ghostImages struct {
+	remaps *crit.CriuImage // remap-fpath.img
+	files  *crit.CriuImage // files.img
+	ghosts []ghost         // in remaps' order
+}
+
+type ghost struct {
+	at   int    // index in remaps.Entries
+	id   uint32 // the removed file's id in files.img
+	dir  bool
+	path string // inside the tree's root ("work/d"); "" when unnamed
+	root bool   // on the tree's root mount (others CRIU restores itself)
+}
+
+// readGhosts reads the ghosts of the images in dir; nil when there are
+// none (the usual dump: one failed open of remap-fpath.img).
+func readGhosts(dir string) (*ghostImages, error) {
+	g := &ghostImages{}
+	var err error
+	if g.remaps, err = decodeImage(filepath.Join(dir, "remap-fpath.img"), &remap_file_path.RemapFilePathEntry{}, true); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
 		return nil, err
 	}
-	ghosts := map[uint32]bool{} // file ids of ghost directories
-	for _, en := range remaps {
-		r := en.(*remap_file_path.RemapFilePathEntry)
+	for i, en := range g.remaps.Entries {
+		r := en.Message.(*remap_file_path.RemapFilePathEntry)
 		if r.GetRemapType() != remap_file_path.RemapType_GHOST {
 			continue
 		}
-		g, err := decodeImage(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())), &ghost_file.GhostFileEntry{})
+		gf, err := decodeImage(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())), &ghost_file.GhostFileEntry{}, false)
 		if err != nil {
 			return nil, err
 		}
-		if len(g) > 0 && g[0].(*ghost_file.GhostFileEntry).GetMode()&unix.S_IFMT == unix.S_IFDIR {
-			ghosts[r.GetOrigId()] = true
-		}
+		isDir := len(gf.Entries) > 0 && gf.Entries[0].Message.(*ghost_file.GhostFileEntry).GetMode()&unix.S_IFMT == unix.S_IFDIR
+		g.ghosts = append(g.ghosts, ghost{at: i, id: r.GetOrigId(), dir: isDir})
 	}
-	if len(ghosts) == 0 {
+	if len(g.ghosts) == 0 {
 		return nil, nil
 	}
 	roots, err := rootMounts(dir)
 	if err != nil {
 		return nil, err
 	}
-	var regs []*regfile.RegFileEntry
-	files, err := decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{})
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if g.files, err = decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{}, true); err != nil {
 		return nil, err
 	}
-	for _, en := range files {
-		if f := en.(*fdinfo.FileEntry); f.GetReg() != nil {
-			regs = append(regs, f.GetReg())
+	regs := map[uint32]*regfile.RegFileEntry{}
+	for _, en := range g.files.Entries {
+		if f := en.Message.(*fdinfo.FileEntry); f.GetReg() != nil {
+			regs[f.GetReg().GetId()] = f.GetReg()
 		}
 	}
-	old, err := decodeImage(filepath.Join(dir, "reg-files.img"), &regfile.RegFileEntry{}) // before CRIU 3.x's files.img
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	for _, en := range old {
-		regs = append(regs, en.(*regfile.RegFileEntry))
-	}
-	var out []ghostDir
-	for _, r := range regs {
-		if !ghosts[r.GetId()] || !roots[uint32(r.GetMntId())] {
-			continue
-		}
-		if p := strings.TrimPrefix(path.Clean("/"+r.GetName()), "/"); p != "" {
-			out = append(out, ghostDir{id: r.GetId(), path: p})
+	for i := range g.ghosts {
+		if r := regs[g.ghosts[i].id]; r != nil {
+			g.ghosts[i].path = strings.TrimPrefix(path.Clean("/"+r.GetName()), "/")
+			g.ghosts[i].root = roots[uint32(r.GetMntId())]
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].path < out[j].path })
-	return out, nil
-}
-
-// ghostDir is a deleted directory of a dump: its file id in the images
-// and its path inside the root.
-type ghostDir struct {
-	id   uint32
-	path string
+	return g, nil
 }
 
 // rootMounts are the ids of the dumped tree's root mounts (mountpoint /).
@@ -116,12 +111,12 @@ func rootMounts(dir string) (map[uint32]bool, error) {
 	}
 	ids := map[uint32]bool{}
 	for _, f := range imgs {
-		ms, err := decodeImage(f, &mnt.MntEntry{})
+		ms, err := decodeImage(f, &mnt.MntEntry{}, false)
 		if err != nil {
 			return nil, err
 		}
-		for _, en := range ms {
-			if m := en.(*mnt.MntEntry); m.GetMountpoint() == "/" {
+		for _, en := range ms.Entries {
+			if m := en.Message.(*mnt.MntEntry); m.GetMountpoint() == "/" {
 				ids[m.GetMntId()] = true
 			}
 		}
@@ -129,22 +124,19 @@ func rootMounts(dir string) (map[uint32]bool, error) {
 	return ids, nil
 }
 
-// decodeImage reads the entries of one CRIU image file.
-func decodeImage(file string, typ proto.Message) ([]proto.Message, error) {
+// decodeImage reads one CRIU image file, with its payloads when asked
+// (to encode it again; a ghost file's contents are not needed).
+func decodeImage(file string, typ proto.Message, payload bool) (*crit.CriuImage, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	img, err := crit.New(f, nil, "", false, true).Decode(typ)
+	img, err := crit.New(f, nil, "", false, !payload).Decode(typ)
 	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", filepath.Base(file), err)
 	}
-	out := make([]proto.Message, len(img.Entries))
-	for i, en := range img.Entries {
-		out[i] = en.Message
-	}
-	return out, nil
+	return img, nil
 }
 
 // ghostPlan is how one restore gets its ghost directories: the image
@@ -167,22 +159,22 @@ type ghostSwap struct {
 // next to it, in a copy of the image directory made next to dir.
 func planGhosts(dir, root string) (*ghostPlan, error) {
 	plan := &ghostPlan{dir: dir}
-	ghosts, err := ghostDirs(dir)
-	if err != nil || len(ghosts) == 0 {
+	g, err := readGhosts(dir)
+	if err != nil || g == nil {
 		return plan, err
 	}
-	remaps, err := reorderedRemaps(dir)
-	if err != nil {
-		return nil, err
-	}
+	reorder := g.reorder()
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open restore root %s: %w", root, err)
 	}
 	defer unix.Close(rootFD)
 	rename := map[uint32]string{} // file id -> its hidden name's path
-	for _, g := range ghosts {
-		parent, name, err := clash(rootFD, g.path)
+	for _, gh := range g.ghosts {
+		if !gh.dir || !gh.root || gh.path == "" {
+			continue
+		}
+		parent, name, err := clash(rootFD, gh.path)
 		if err != nil {
 			plan.close()
 			return nil, err
@@ -190,11 +182,11 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 		if parent == nil {
 			continue
 		}
-		ghost := ".arbor-ghost-" + randHex()
-		rename[g.id] = "/" + path.Join(path.Dir(g.path), ghost)
-		plan.swaps = append(plan.swaps, ghostSwap{parent: parent, name: name, ghost: ghost})
+		hidden := ".arbor-ghost-" + randHex()
+		rename[gh.id] = "/" + path.Join(path.Dir(gh.path), hidden)
+		plan.swaps = append(plan.swaps, ghostSwap{parent: parent, name: name, ghost: hidden})
 	}
-	if len(plan.swaps) == 0 && remaps == nil {
+	if len(plan.swaps) == 0 && !reorder {
 		return plan, nil
 	}
 	// Next to the images, as hard links: CRIU's restored tasks read their
@@ -202,7 +194,7 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 	// symlink to a host path leads nowhere. The image cache removes a
 	// ".tmp-" leftover when it opens.
 	plan.tmp = filepath.Join(filepath.Dir(dir), ".tmp-ghosts-"+randHex())
-	if plan.dir, err = renamedImages(dir, plan.tmp, rename, remaps); err != nil {
+	if plan.dir, err = g.write(dir, plan.tmp, rename, reorder); err != nil {
 		plan.close()
 		return nil, err
 	}
@@ -237,11 +229,11 @@ func clash(rootFD int, p string) (parent *os.File, name string, err error) {
 	return os.NewFile(uintptr(fd), pdir), name, nil
 }
 
-// renamedImages makes dst a view of the image directory src whose file
-// list gives the files of rename their new names and whose remap list is
-// remaps (nil: src's); every other image is a hard link to the original
-// (images are shared read-only by parallel restores).
-func renamedImages(src, dst string, rename map[uint32]string, remaps *crit.CriuImage) (string, error) {
+// write makes dst a view of the image directory src in which the files
+// of rename have their new names and, with reorder, the remap list is
+// reordered (reorder); every other image is a hard link to the original
+// (images are shared read-only by parallel restores). It changes g.
+func (g *ghostImages) write(src, dst string, rename map[uint32]string, reorder bool) (string, error) {
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return "", err
 	}
@@ -250,32 +242,18 @@ func renamedImages(src, dst string, rename map[uint32]string, remaps *crit.CriuI
 		return "", err
 	}
 	for _, e := range ents {
-		if e.Name() == "files.img" || (e.Name() == "remap-fpath.img" && remaps != nil) || !e.Type().IsRegular() {
+		if e.Name() == "files.img" || e.Name() == "remap-fpath.img" || !e.Type().IsRegular() {
 			continue
 		}
 		if err := os.Link(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
 			return "", err
 		}
 	}
-	if remaps != nil {
-		if err := writeImage(filepath.Join(dst, "remap-fpath.img"), remaps); err != nil {
-			return "", err
-		}
-	}
-	in, err := os.Open(filepath.Join(src, "files.img"))
-	if err != nil {
-		return "", err
-	}
-	defer in.Close()
-	img, err := crit.New(in, nil, "", false, false).Decode(&fdinfo.FileEntry{})
-	if err != nil {
-		return "", fmt.Errorf("decode files.img: %w", err)
-	}
 	n := 0
-	for _, en := range img.Entries {
-		if f, ok := en.Message.(*fdinfo.FileEntry); ok && f.GetReg() != nil {
-			if name, ok := rename[f.GetReg().GetId()]; ok {
-				f.GetReg().Name = proto.String(name)
+	for _, en := range g.files.Entries {
+		if r := en.Message.(*fdinfo.FileEntry).GetReg(); r != nil {
+			if name, ok := rename[r.GetId()]; ok {
+				r.Name = proto.String(name)
 				n++
 			}
 		}
@@ -283,7 +261,10 @@ func renamedImages(src, dst string, rename map[uint32]string, remaps *crit.CriuI
 	if n != len(rename) {
 		return "", fmt.Errorf("files.img names %d of the %d ghost directories to rename", n, len(rename))
 	}
-	return dst, writeImage(filepath.Join(dst, "files.img"), img)
+	if err := writeImage(filepath.Join(dst, "files.img"), g.files); err != nil {
+		return "", err
+	}
+	return dst, writeImage(filepath.Join(dst, "remap-fpath.img"), g.remaps)
 }
 
 // writeImage encodes img into a new file.
@@ -346,82 +327,38 @@ func randHex() string {
 	return hex.EncodeToString(b)
 }
 
-// Nested ghosts. CRIU makes and removes its ghosts (removed files a
-// process holds, removed directories) in the order of remap-fpath.img,
-// both times. A ghost inside a ghost directory (the shell's removed cwd,
-// a daemon holding a file that was in it) listed after that directory
-// fails the restore: the directory's removal comes first and finds it
-// not empty. reorderedRemaps returns the image with its ghosts listed
-// files first, then directories deepest first, when its order is such
-// (nil when it is not): a file then goes to the nearest directory that
-// exists at its making (CRIU's fallback), and every removal finds its
-// directory empty.
-func reorderedRemaps(dir string) (*crit.CriuImage, error) {
-	in, err := os.Open(filepath.Join(dir, "remap-fpath.img"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer in.Close()
-	img, err := crit.New(in, nil, "", false, false).Decode(&remap_file_path.RemapFilePathEntry{})
-	if err != nil {
-		return nil, fmt.Errorf("decode remap-fpath.img: %w", err)
-	}
-	names := map[uint32]string{}
-	files, err := decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{})
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	for _, en := range files {
-		if f := en.(*fdinfo.FileEntry); f.GetReg() != nil {
-			names[f.GetReg().GetId()] = path.Clean("/" + f.GetReg().GetName())
-		}
-	}
-	type ghost struct {
-		at    int // index in img.Entries
-		dir   bool
-		path  string
-		entry *crit.CriuEntry
-	}
-	var ghosts []ghost
-	for i, en := range img.Entries {
-		r := en.Message.(*remap_file_path.RemapFilePathEntry)
-		if r.GetRemapType() != remap_file_path.RemapType_GHOST {
-			continue
-		}
-		g, err := decodeImage(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())), &ghost_file.GhostFileEntry{})
-		if err != nil {
-			return nil, err
-		}
-		isDir := len(g) > 0 && g[0].(*ghost_file.GhostFileEntry).GetMode()&unix.S_IFMT == unix.S_IFDIR
-		ghosts = append(ghosts, ghost{at: i, dir: isDir, path: names[r.GetOrigId()], entry: en})
-	}
+// Nested ghosts. CRIU makes and removes its ghosts in the order of
+// remap-fpath.img, both times. A ghost inside a ghost directory (the
+// shell's removed cwd, a daemon holding a file that was in it) listed
+// after that directory fails the restore: the directory's removal comes
+// first and finds it not empty. reorder, when the order is such, lists
+// the ghosts in g.remaps files first, then directories deepest first (a
+// file then goes to the nearest directory that exists at its making,
+// CRIU's fallback, and every removal finds its directory empty) and
+// reports that it did.
+func (g *ghostImages) reorder() bool {
 	unsafe := false
-	for i, d := range ghosts {
-		for _, g := range ghosts[i+1:] {
-			if d.dir && d.path != "" && strings.HasPrefix(g.path, d.path+"/") {
+	for i, d := range g.ghosts {
+		for _, o := range g.ghosts[i+1:] {
+			if d.dir && d.path != "" && strings.HasPrefix(o.path, d.path+"/") {
 				unsafe = true
 			}
 		}
 	}
 	if !unsafe {
-		return nil, nil
+		return false
 	}
-	slots := make([]int, len(ghosts))
-	for i, g := range ghosts {
-		slots[i] = g.at
-	}
-	sort.SliceStable(ghosts, func(i, j int) bool {
-		a, b := ghosts[i], ghosts[j]
+	order := slices.Clone(g.ghosts)
+	sort.SliceStable(order, func(i, j int) bool {
+		a, b := order[i], order[j]
 		if a.dir != b.dir {
 			return !a.dir
 		}
 		return strings.Count(a.path, "/") > strings.Count(b.path, "/")
 	})
-	for i, g := range ghosts {
-		img.Entries[slots[i]] = g.entry
+	entries := slices.Clone(g.remaps.Entries)
+	for i, gh := range order {
+		g.remaps.Entries[g.ghosts[i].at] = entries[gh.at]
 	}
-	return img, nil
+	return true
 }

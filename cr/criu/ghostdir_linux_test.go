@@ -90,11 +90,11 @@ func TestSwap(t *testing.T) {
 	}
 }
 
-// TestGhostDirsNoRemaps: images without a remap file (the usual dump)
-// hold no ghost directory, and reading them costs one failed open.
-func TestGhostDirsNoRemaps(t *testing.T) {
-	got, err := ghostDirs(t.TempDir())
+// TestReadGhostsNoRemaps: images without a remap file (the usual dump)
+// hold no ghost, and reading them costs one failed open.
+func TestReadGhostsNoRemaps(t *testing.T) {
+	got, err := readGhosts(t.TempDir())
 	if err != nil || got != nil {
-		t.Fatalf("ghostDirs of an empty dir: %v %v", got, err)
+		t.Fatalf("readGhosts of an empty dir: %+v %v", got, err)
 	}
 }
