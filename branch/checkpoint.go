@@ -194,7 +194,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if err := sandbox.WriteIsolationRecord(dir, rec); err != nil {
 				return err
 			}
-			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled})
+			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()})
 			if err != nil {
 				return err
 			}

@@ -117,6 +117,10 @@ type DumpRequest struct {
 	// mode). Its network namespace, owned by the host's, is then not named
 	// external: CRIU runs inside it, so it is not in the images at all.
 	UserNS bool
+	// Root is the host path of the tree's root. With it, a removed file a
+	// process holds that another name still links is dumped (a link
+	// remap, linkremap_linux.go); without it such a dump fails.
+	Root string
 }
 
 // DumpStats are CRIU's own figures for one dump.
@@ -149,6 +153,18 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	if r.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(r.FreezeCgroup)
 	}
+	var onNotify func(*rpc.CriuNotify) error
+	if r.Root != "" {
+		opts.LinkRemap, opts.NotifyScripts = proto.Bool(true), proto.Bool(true)
+		onNotify = func(m *rpc.CriuNotify) error {
+			if m.GetScript() == "post-dump" {
+				// CRIU removes its link remaps after this, as the tree
+				// keeps running.
+				return recordLinks(r.Dir, r.Root)
+			}
+			return nil
+		}
+	}
 	var sp *spare
 	if r.UserNS {
 		sp, err = c.dumpInNetns(r.PID)
@@ -164,7 +180,7 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		return DumpStats{}, err
 	}
 	defer c.closeSpare(sp)
-	if err := c.run(ctx, sp, rpc.CriuReqType_DUMP, opts, nil); err != nil {
+	if err := c.run(ctx, sp, rpc.CriuReqType_DUMP, opts, onNotify); err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
@@ -270,6 +286,13 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 			}
 		}
 	}
+	// A removed file linked elsewhere is opened by a name made now
+	// (linkremap_linux.go).
+	links, err := placeLinks(r.Dir, r.Root)
+	if err != nil {
+		return 0, err
+	}
+	defer unplaceLinks(links)
 	n := &notify{join: r.Join, ghosts: ghosts}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),

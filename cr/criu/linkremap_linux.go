@@ -1,0 +1,179 @@
+package criu
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
+	"golang.org/x/sys/unix"
+)
+
+// Removed files linked elsewhere (docs/inspector.md, "What a restore
+// brings back"). A process can hold a file whose name was removed while
+// another name still links it (ln a b; rm a, with a open): the file is
+// neither at its path nor a ghost (CRIU copies only files no name links).
+// CRIU dumps it with a link remap: during the dump it links the file at a
+// new name next to the old one (link_remap.N), records that name, and,
+// as the tree keeps running, removes the link after the dump. A restore
+// opens the file by that name, so the name must exist in the restored
+// root, which was cloned from a snapshot without it. After the dump
+// (CRIU's post-dump notification, while the links still exist), Dump
+// records each such name with the file's inode in linksFile; Restore finds
+// the inode under another name in the new root (snapshot clones keep
+// inode numbers) and links it at the recorded name before CRIU starts,
+// and removes what CRIU leaves of it.
+
+// linksFile in an image directory lists its link remaps.
+const linksFile = "arbor-links.json"
+
+// linkRemap is one name CRIU's restore opens a removed-but-linked file by.
+type linkRemap struct {
+	Name string `json:"name"` // inside the tree's root ("tmp/link_remap.5")
+	Ino  uint64 `json:"ino"`
+}
+
+// recordLinks writes linksFile for the link remaps of the dump in dir,
+// whose tree's root is root on the host; nothing when there are none.
+func recordLinks(dir, root string) error {
+	remaps, err := decodeImage(filepath.Join(dir, "remap-fpath.img"), &remap_file_path.RemapFilePathEntry{}, false)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	want := map[uint32]uint32{} // the link's file id -> the removed file's
+	for _, en := range remaps.Entries {
+		if r := en.Message.(*remap_file_path.RemapFilePathEntry); r.GetRemapType() == remap_file_path.RemapType_LINKED {
+			want[r.GetRemapId()] = r.GetOrigId()
+		}
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	roots, err := rootMounts(dir)
+	if err != nil {
+		return err
+	}
+	files, err := decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{}, false)
+	if err != nil {
+		return err
+	}
+	mntOf := map[uint32]uint32{}
+	for _, en := range files.Entries {
+		if r := en.Message.(*fdinfo.FileEntry).GetReg(); r != nil {
+			mntOf[r.GetId()] = uint32(r.GetMntId())
+		}
+	}
+	var links []linkRemap
+	for _, en := range files.Entries {
+		r := en.Message.(*fdinfo.FileEntry).GetReg()
+		if r == nil {
+			continue
+		}
+		orig, ok := want[r.GetId()]
+		if !ok {
+			continue
+		}
+		delete(want, r.GetId())
+		name := strings.TrimPrefix(path.Clean("/"+r.GetName()), "/")
+		// The link's own entry names no mount; the removed file's does.
+		if !roots[mntOf[orig]] {
+			// On a mount whose contents CRIU dumps itself (the
+			// sandbox's tmpfs), which then holds the link.
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(root, name), &st); err != nil {
+			return fmt.Errorf("link remap %s: %w", name, err)
+		}
+		links = append(links, linkRemap{Name: name, Ino: st.Ino})
+	}
+	if len(want) > 0 {
+		return fmt.Errorf("%d link remaps have no file entry", len(want))
+	}
+	if len(links) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(links)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, linksFile), b, 0o644)
+}
+
+// placeLinks makes, in the new root, the names the images in dir open
+// removed-but-linked files by, and returns them (for unplaceLinks).
+func placeLinks(dir, root string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, linksFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var links []linkRemap
+	if err := json.Unmarshal(b, &links); err != nil {
+		return nil, fmt.Errorf("%s: %w", linksFile, err)
+	}
+	byIno := map[uint64]string{}
+	for _, l := range links {
+		byIno[l.Ino] = ""
+	}
+	// One walk finds a name for every inode: the root is a snapshot
+	// clone, with the inode numbers of the tree that was dumped.
+	left := len(byIno)
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || left == 0 {
+			if left == 0 {
+				return filepath.SkipAll
+			}
+			return nil // an unreadable directory holds no name we need
+		}
+		if d.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		if at, ok := byIno[st.Ino]; ok && at == "" {
+			byIno[st.Ino] = p
+			left--
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var made []string
+	for _, l := range links {
+		src := byIno[l.Ino]
+		if src == "" {
+			unplaceLinks(made)
+			return nil, fmt.Errorf("a process holds a removed file (inode %d) that no name in the restored root links any more", l.Ino)
+		}
+		dst := filepath.Join(root, l.Name)
+		if err := os.Link(src, dst); err != nil {
+			unplaceLinks(made)
+			return nil, fmt.Errorf("link the removed file held open at %s: %w", l.Name, err)
+		}
+		made = append(made, dst)
+	}
+	return made, nil
+}
+
+// unplaceLinks removes what is left of the names placeLinks made (CRIU
+// removes a link remap once it has opened it; a failed restore may not).
+func unplaceLinks(made []string) {
+	for _, p := range made {
+		os.Remove(p)
+	}
+}
