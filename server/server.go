@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -51,9 +52,12 @@ type Options struct {
 	// WriteWait bounds the write of one frame (default 30 s): a client
 	// that takes none of its answers for that long is dropped.
 	WriteWait time.Duration
-	// AllowedOrigins are the browser origins that may open a websocket;
-	// requests with any other Origin header are refused (programs send
-	// none), so a web page cannot drive a local server.
+	// AllowedOrigins are the browser origins that may open a websocket
+	// besides the server's own: a request whose Origin names the host it
+	// was sent to (same-origin, what websocket-client sends by default) is
+	// accepted, any other Origin refused, so a web page of another site
+	// cannot drive a local server (docs/protocol.md, "Authentication and
+	// exposure").
 	AllowedOrigins []string
 	// Registry receives the server's metrics (give the coordinator's the
 	// same registry to serve them at one /metrics); nil: a registry of the
@@ -141,6 +145,12 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
+// checkOrigin accepts a websocket without an Origin header (programs),
+// the AllowedOrigins, and one whose Origin is the server's own host
+// (same-origin: scheme aside, its host and port are the Host the request
+// was sent to). Without a token, same-origin counts only for a host that
+// is an IP address or localhost: a page of a domain that a DNS rebinding
+// pointed at this server has itself as both Origin and Host.
 func (s *Server) checkOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -151,7 +161,23 @@ func (s *Server) checkOrigin(r *http.Request) bool {
 			return true
 		}
 	}
-	return false
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	switch u.Scheme {
+	case "http", "https", "ws", "wss":
+	default:
+		return false
+	}
+	if !strings.EqualFold(u.Host, r.Host) {
+		return false
+	}
+	if s.o.Token != "" {
+		return true
+	}
+	host := u.Hostname()
+	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
 // Handler serves /v1/ws, /livez, /readyz, /metrics and Options.Handlers.
