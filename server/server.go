@@ -42,6 +42,13 @@ type Options struct {
 	MaxUnreadBytes int
 	// MaxBatch bounds the items of one step_batch (default 1024).
 	MaxBatch int
+	// StepKeysPerEnv, StepKeys and StepKeyBytes bound what the server
+	// keeps of keyed steps (docs/protocol.md, "Idempotent steps"): the
+	// last StepKeysPerEnv keys of each env (default 16), StepKeys keys in
+	// all (default 65536) and StepKeyBytes of their results (default
+	// 64 MiB; past it the oldest results go and only their keys stay).
+	StepKeysPerEnv, StepKeys int
+	StepKeyBytes             int64
 	// PingInterval is how often the server pings each websocket (default
 	// 20 s); PongWait is how long it waits for any frame from the client
 	// (a pong or a request) before it drops the connection as half-open
@@ -87,6 +94,15 @@ func (o Options) withDefaults() Options {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
 	}
+	if o.StepKeysPerEnv <= 0 {
+		o.StepKeysPerEnv = 16
+	}
+	if o.StepKeys <= 0 {
+		o.StepKeys = 65536
+	}
+	if o.StepKeyBytes <= 0 {
+		o.StepKeyBytes = 64 << 20
+	}
 	if o.PingInterval <= 0 {
 		o.PingInterval = 20 * time.Second
 	}
@@ -112,6 +128,8 @@ type Server struct {
 	log *slog.Logger
 	m   *metrics
 	up  websocket.Upgrader
+	// keys holds the results of keyed steps.
+	keys *stepKeys
 
 	// ctx bounds every operation; it ends when Shutdown gives up waiting.
 	ctx    context.Context
@@ -135,7 +153,8 @@ func New(o Options) (*Server, error) {
 	if o.MaxUnreadBytes < o.MaxFrameBytes {
 		return nil, fmt.Errorf("server: MaxUnreadBytes %d must be at least MaxFrameBytes %d", o.MaxUnreadBytes, o.MaxFrameBytes)
 	}
-	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{}}
+	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{},
+		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
 	s.up = websocket.Upgrader{
