@@ -1,5 +1,8 @@
 """Python client of Arbor, an environment server for RL agents.
 
+Distribution `arbor-env`, import name `arbor_env` (the name `arbor` on the
+Python package index is another project's).
+
 Client (blocking) and AsyncClient (asyncio) speak protocol v1: msgpack-rpc
 over one websocket, requests pipelined and answered out of order. Env and
 AsyncEnv follow Gymnasium: reset() -> (obs, info) and
@@ -12,9 +15,11 @@ Depends only on msgpack and websockets (Debian 12's python3-msgpack 1.0 and
 python3-websockets 10.4 work, as do newer ones).
 """
 
-from ._async import AsyncClient, AsyncEnv, make_action
-from ._errors import ArborError, BranchError, ConnectionClosedError
+from ._async import AsyncClient, AsyncEnv, make_action, new_key, step_tuple
+from ._errors import (ArborError, BadResponseError, BranchError, ClientTimeoutError,
+                      ConnectionClosedError)
 from ._sync import Client, Env
 
-__all__ = ["Client", "AsyncClient", "Env", "AsyncEnv", "ArborError", "BranchError", "ConnectionClosedError", "make_action"]
-__version__ = "0.1.0"
+__all__ = ["Client", "AsyncClient", "Env", "AsyncEnv", "ArborError", "BadResponseError", "BranchError",
+           "ClientTimeoutError", "ConnectionClosedError", "make_action", "new_key", "step_tuple"]
+__version__ = "0.2.0"
