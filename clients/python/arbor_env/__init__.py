@@ -16,10 +16,14 @@ python3-websockets 10.4 work, as do newer ones).
 """
 
 from ._async import AsyncClient, AsyncEnv, make_action, new_key, step_tuple
+from ._episode import SUBMIT, AsyncEpisode, Trajectory, Turn, run_episode
 from ._errors import (ArborError, BadResponseError, BranchError, ClientTimeoutError,
                       ConnectionClosedError)
-from ._sync import Client, Env
+from ._pool import AsyncEnvPool, PoolResult, step_batch_stream
+from ._sync import Client, Env, EnvPool, Episode
 
 __all__ = ["Client", "AsyncClient", "Env", "AsyncEnv", "ArborError", "BadResponseError", "BranchError",
-           "ClientTimeoutError", "ConnectionClosedError", "make_action", "new_key", "step_tuple"]
+           "ClientTimeoutError", "ConnectionClosedError", "make_action", "new_key", "step_tuple",
+           "AsyncEnvPool", "EnvPool", "PoolResult", "step_batch_stream",
+           "AsyncEpisode", "Episode", "Trajectory", "Turn", "SUBMIT", "run_episode"]
 __version__ = "0.2.0"

@@ -1,9 +1,12 @@
 import asyncio
+import queue
 import threading
-from typing import Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._async import _DEFAULT, Action, AsyncClient, AsyncEnv, Outcome, StepTuple
+from ._episode import AsyncEpisode, Trajectory
 from ._errors import ArborError, BranchError
+from ._pool import AsyncEnvPool, PoolResult
 
 T = TypeVar("T")
 
@@ -147,6 +150,122 @@ class Client:
 
     def envs(self, timeout: Any = _DEFAULT) -> List[Dict[str, Any]]:
         return self._run(self._a.envs(timeout=timeout))
+
+    def step_batch_iter(self, items: Sequence[Tuple[Any, Action]], timeout: Any = _DEFAULT) -> Iterator[Tuple[int, Outcome]]:
+        """step_batch as a stream: yields (index, outcome) as items finish,
+        first finishers first."""
+        q: "queue.Queue[Any]" = queue.Queue()
+        done = object()
+        seen = set()
+
+        def on_result(i: int, outcome: Outcome) -> None:
+            q.put((i, outcome))
+
+        items = [(env._a if isinstance(env, Env) else env, action) for env, action in items]
+
+        async def run() -> None:
+            try:
+                final = await self._a.step_batch(items, on_result, timeout=timeout)
+                for i, outcome in enumerate(final):
+                    q.put((i, outcome))
+                q.put(done)
+            except BaseException as e:
+                q.put(e)
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop.loop)
+        while True:
+            x = q.get()
+            if x is done:
+                return
+            if isinstance(x, BaseException):
+                raise x
+            if x[0] not in seen:
+                seen.add(x[0])
+                yield x
+
+    def pool(self, n: int, task: Optional[str] = None, image: Optional[str] = None, seed: Optional[int] = None,
+             fork: bool = False) -> "EnvPool":
+        """An EnvPool of n envs (see AsyncEnvPool.make)."""
+        return EnvPool(self, self._run(AsyncEnvPool.make(self._a, n, task=task, image=image, seed=seed, fork=fork)))
+
+    def run_episode(self, env: "Env", policy: Callable[[Dict[str, Any], Dict[str, Any]], Action],
+                    max_turns: Optional[int] = None, reset: bool = True, seed: Optional[int] = None) -> Trajectory:
+        """Runs policy(obs, info) -> action on this thread until the episode
+        ends (see AsyncEpisode): returns the trajectory."""
+        ep = Episode(env, max_turns=max_turns)
+        if reset:
+            try:
+                obs, info = ep.reset(seed=seed)
+            except ArborError as e:
+                if not e.infra:
+                    raise
+                ep._a._mask(e)
+                return ep.trajectory
+        else:
+            ep.start()
+            obs, info = {}, {"state_id": env.state_id, "turn": env.turn}
+        while not ep.done:
+            obs, _, _, _, info = ep.step(policy(obs, info))
+        return ep.trajectory
+
+
+class EnvPool:
+    """Blocking twin of AsyncEnvPool: send(actions, env_ids) / recv(min_results, timeout)."""
+
+    def __init__(self, client: Client, apool: AsyncEnvPool) -> None:
+        self._c = client
+        self._a = apool
+        self.envs = [Env(client, e) for e in apool.envs]
+
+    @property
+    def env_ids(self) -> List[str]:
+        return self._a.env_ids
+
+    def send(self, actions: Sequence[Action], env_ids: Optional[Sequence[str]] = None, timeout: Any = _DEFAULT) -> None:
+        async def send() -> None:
+            self._a.send(actions, env_ids, timeout=timeout)
+        self._c._run(send())
+
+    def recv(self, min_results: Optional[int] = None, timeout: Optional[float] = None) -> List[PoolResult]:
+        return self._c._run(self._a.recv(min_results, timeout))
+
+    def close(self) -> None:
+        self._c._run(self._a.close())
+
+    def __enter__(self) -> "EnvPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Episode:
+    """Blocking twin of AsyncEpisode."""
+
+    def __init__(self, env: "Env", max_turns: Optional[int] = None, evaluate: bool = True) -> None:
+        self._c = env._c
+        self._a = AsyncEpisode(env._a, max_turns=max_turns, evaluate=evaluate)
+
+    @property
+    def done(self) -> bool:
+        return self._a.done
+
+    @property
+    def trajectory(self) -> Trajectory:
+        return self._a.trajectory
+
+    @property
+    def max_turns(self) -> Optional[int]:
+        return self._a.max_turns
+
+    def reset(self, seed: Optional[int] = None) -> Any:
+        return self._c._run(self._a.reset(seed))
+
+    def start(self) -> None:
+        self._a.start()
+
+    def step(self, action: Action) -> StepTuple:
+        return self._c._run(self._a.step(action))
 
 
 class Env:

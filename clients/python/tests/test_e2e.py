@@ -529,6 +529,86 @@ class IdempotenceTest(unittest.TestCase):
             px.stop()
 
 
+class PoolAndEpisodeTest(unittest.TestCase):
+    def test_pool_first_finishers_and_stream(self):
+        async def main():
+            async with arbor.AsyncClient(_server.url, token=TOKEN, timeout=120) as c:
+                pool = await arbor.AsyncEnvPool.make(c, 4, image="busybox", fork=True)
+                async with pool:
+                    ids = pool.env_ids
+                    self.assertEqual(len(set(ids)), 4)
+                    pool.send(["sleep 1.5; echo slow"] * 3 + ["echo fast"])
+                    with self.assertRaises(ValueError):
+                        pool.send(["ls"], env_ids=[ids[0]])  # has a step in flight
+                    first = await pool.recv(min_results=1, timeout=30)
+                    self.assertEqual(first[0].env_id, ids[3])
+                    self.assertEqual(first[0].obs["stdout"], "fast\n")
+                    self.assertEqual(await pool.recv(min_results=3, timeout=0.1), [])  # the slow ones still run
+                    rest = await pool.recv(timeout=30)
+                    self.assertEqual(sorted(r.env_id for r in rest), sorted(ids[:3]))
+                    self.assertTrue(all(r.error is None and r.obs["stdout"] == "slow\n" for r in rest))
+                    self.assertEqual(await pool.recv(), [])  # nothing in flight
+                    pool.send(["echo again"], env_ids=[ids[0]])
+                    again = await pool.recv(min_results=1)
+                    self.assertEqual((again[0].env_id, again[0].obs["stdout"]), (ids[0], "again\n"))
+
+                    # A streaming step_batch over more items than max_batch.
+                    items = [(pool.envs[0], "sleep 1; echo 0")] + [(pool.envs[1 + i % 3], "echo %d" % (i + 1)) for i in range(4)]
+                    order = []
+                    async for i, outcome in arbor.step_batch_stream(c, items):
+                        order.append(i)
+                        self.assertEqual(outcome[0]["stdout"], "%d\n" % i)
+                    self.assertEqual(sorted(order), list(range(5)))
+                    self.assertEqual(order[-1], 0)  # the slow item last
+        asyncio.run(main())
+
+    def test_episode_submit_max_turns_and_agent_errors(self):
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            if "hello" not in (c.capabilities.get("tasks") or []):
+                self.skipTest("no hello task")
+            env = c.env(task="hello")
+            ep = arbor.Episode(env)
+            obs, info = ep.reset()
+            self.assertEqual(ep.max_turns, info["max_turns"])  # the task's
+            _, reward, *_ = ep.step({"tool": "bash"})  # no cmd: the agent's mistake
+            self.assertEqual(reward, 0.0)
+            self.assertIn("invalid_params", ep.trajectory.turns[-1].error)
+            ep.step('echo "$GREETING" > /work/hello/greeting.txt')
+            obs, reward, terminated, truncated, info = ep.step(arbor.SUBMIT)
+            t = ep.trajectory
+            self.assertEqual((reward, terminated, t.end, t.masked, t.reward), (1.0, True, "submit", False, 1.0))
+            self.assertEqual(len(t.state_ids), 3)
+            with self.assertRaises(arbor.ArborError):
+                ep.step("ls")  # over
+
+            # max_turns ends the episode with the verifier's reward.
+            script = iter(["ls", "pwd", "ls /"])
+            traj = c.run_episode(env, lambda obs, info: next(script), max_turns=2)
+            self.assertEqual((traj.end, traj.reward, traj.masked, len(traj.turns)), ("max_turns", 0.0, False, 2))
+            env.close()
+
+    def test_episode_masked_on_infra_failure(self):
+        px = Proxy(_server.url)
+        try:
+            with arbor.Client(px.url, token=TOKEN, timeout=60, reconnect=False) as c:
+                env = c.env(image="busybox")
+                ep = arbor.Episode(env, max_turns=5)
+                ep.reset()
+                ep.step("echo 1")
+                threading.Timer(0.4, px.drop).start()
+                obs, reward, terminated, truncated, info = ep.step("sleep 1.5")
+                t = ep.trajectory
+                self.assertTrue(t.masked and info["masked"])
+                self.assertIsNone(reward)
+                self.assertIsNone(t.reward)
+                self.assertEqual(t.end, "masked")
+                self.assertIn("connection_closed", t.mask_reason)
+            with arbor.Client(_server.url, token=TOKEN) as c2:
+                c2.attach(env.env_id).close()
+        finally:
+            px.stop()
+
+
 def _wait(cond, timeout=10):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
