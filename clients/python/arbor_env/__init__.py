@@ -20,10 +20,12 @@ from ._episode import SUBMIT, AsyncEpisode, Trajectory, Turn, run_episode
 from ._errors import (ArborError, BadResponseError, BranchError, ClientTimeoutError,
                       ConnectionClosedError)
 from ._pool import AsyncEnvPool, PoolResult, step_batch_stream
+from ._runner import AgentResult, ChatClient, ChatError, run_agent, tool_schemas
 from ._sync import Client, Env, EnvPool, Episode
 
 __all__ = ["Client", "AsyncClient", "Env", "AsyncEnv", "ArborError", "BadResponseError", "BranchError",
            "ClientTimeoutError", "ConnectionClosedError", "make_action", "new_key", "step_tuple",
            "AsyncEnvPool", "EnvPool", "PoolResult", "step_batch_stream",
-           "AsyncEpisode", "Episode", "Trajectory", "Turn", "SUBMIT", "run_episode"]
+           "AsyncEpisode", "Episode", "Trajectory", "Turn", "SUBMIT", "run_episode",
+           "AgentResult", "ChatClient", "ChatError", "run_agent", "tool_schemas"]
 __version__ = "0.2.0"

@@ -7,6 +7,7 @@ from ._async import _DEFAULT, Action, AsyncClient, AsyncEnv, Outcome, StepTuple
 from ._episode import AsyncEpisode, Trajectory
 from ._errors import ArborError, BranchError
 from ._pool import AsyncEnvPool, PoolResult
+from ._runner import AgentResult, ChatClient, run_agent
 
 T = TypeVar("T")
 
@@ -207,6 +208,14 @@ class Client:
         while not ep.done:
             obs, _, _, _, info = ep.step(policy(obs, info))
         return ep.trajectory
+
+
+    def run_agent(self, env: "Env", chat: ChatClient, max_turns: Optional[int] = None, reset: bool = True,
+                  seed: Optional[int] = None, fork_at: Optional[Dict[int, int]] = None,
+                  tools: Optional[List[str]] = None) -> List[AgentResult]:
+        """Runs a model behind an OpenAI-compatible endpoint as an agent on
+        env (see arbor_env.run_agent): returns the trajectories."""
+        return self._run(run_agent(env._a, chat, max_turns=max_turns, reset=reset, seed=seed, fork_at=fork_at, tools=tools))
 
 
 class EnvPool:
