@@ -93,6 +93,25 @@ async def main(args):
         wrapped = statistics.median(w for _, w in per)
         print("episode wrapper: %.2f ms/turn plain step, %.2f ms/turn through AsyncEpisode (+%.3f ms)"
               % (plain * 1e3, wrapped * 1e3, (wrapped - plain) * 1e3))
+        # The episode runner: a local scripted chat endpoint answering one
+        # bash call per request; overhead = wall time per turn minus the
+        # endpoint's and a plain step's.
+        from tests.fakeopenai import FakeOpenAI, call
+
+        llm = FakeOpenAI(lambda body: {"tool_calls": [call("bash", {"cmd": cmd})]})
+        try:
+            env = pool.envs[1]
+            env.task = None
+            t0 = time.monotonic()
+            res, = await arbor.run_agent(env, arbor.ChatClient(llm.url, "scripted"), max_turns=args.turns, reset=False)
+            wall = time.monotonic() - t0
+            turns = len(res.calls)
+            print("episode runner: %d turns, %.2f ms/turn wall, %.2f ms/turn in the chat endpoint, %.2f ms/turn in tools "
+                  "(plain step %.2f ms): runner overhead %.2f ms/turn"
+                  % (turns, wall / turns * 1e3, res.llm_s / turns * 1e3, res.env_s / turns * 1e3, plain * 1e3,
+                     (wall - res.llm_s) / turns * 1e3 - plain * 1e3))
+        finally:
+            llm.stop()
         await pool.close()
 
 
@@ -106,8 +125,8 @@ if __name__ == "__main__":
     ap.add_argument("--cmd", default="true")
     args = ap.parse_args()
     srv = None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/: the server launcher, the scripted endpoint
     if args.url is None:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from tests.test_e2e import Server  # the test suite's `arbor serve` launcher
 
         srv = Server(extra=["--max-envs", str(max(256, args.envs + 8))])

@@ -69,7 +69,8 @@ class AsyncEpisode:
     in the env), on max_turns turns (default: the task's max_turns from
     reset's info; None and no task limit: never), or when the server says
     terminated; it then runs evaluate() and the returned reward is the
-    verifier's. An ArborError with infra=True (from step or evaluate) ends
+    verifier's (None for an env without a verifier: details["error"]). An
+    ArborError with infra=True (from step or evaluate) ends
     the episode masked, with reward None, instead of raising; an error that
     is the agent's doing (invalid_params, too_large, bad_request) becomes
     that turn's observation ({"error": ...}). Other errors are raised.
@@ -109,9 +110,12 @@ class AsyncEpisode:
         try:
             t.reward, t.details = await self.env.evaluate()
         except ArborError as e:
-            if not e.infra:
+            if e.infra:
+                self._mask(e)
+            elif e.code == "bad_request":  # an env without a verifier (an image's): no reward to give
+                t.reward, t.details = None, {"error": str(e)}
+            else:
                 raise
-            self._mask(e)
 
     async def step(self, action: Action) -> StepTuple:
         """One turn (see the class). Returns (obs, reward, terminated,
