@@ -10,12 +10,9 @@ import (
 	"github.com/arbor-env/arbor/server"
 )
 
-// keyedStep is a step with a request key, sent raw (the Go client's Step
-// sends none).
+// keyedStep is a bash step with a request key.
 func keyedStep(ctx context.Context, c *arbor.Client, env, key, cmd string) (*arbor.StepResult, error) {
-	var res arbor.StepResult
-	err := c.Call(ctx, "step", map[string]any{"env_id": env, "key": key, "action": arbor.Bash(cmd, 20*time.Second)}, &res)
-	return &res, err
+	return c.StepKeyed(ctx, env, key, arbor.Bash(cmd, 20*time.Second))
 }
 
 // TestStepKeys: a retry of a keyed step (the same env and key, from any
