@@ -298,12 +298,17 @@ class AsyncClient:
         out: List[Any] = [None] * len(wire)
         size = int(self.capabilities.get("max_batch") or 0) or max(1, len(wire))
 
+        notified_once = set()
+
         async def chunk(off: int) -> None:
             part = wire[off:off + size]
 
             def notified(p: dict) -> None:
+                # A chunk sent again after a reconnect is notified again
+                # (its items replayed): on_result sees each item once.
                 i = p.get("index")
-                if on_result is not None and isinstance(i, int) and 0 <= i < len(part):
+                if on_result is not None and isinstance(i, int) and 0 <= i < len(part) and off + i not in notified_once:
+                    notified_once.add(off + i)
                     on_result(off + i, _item_outcome(p))
 
             res = _map(await self.call("step_batch", {"items": part}, on_notify=notified, timeout=timeout,

@@ -467,6 +467,26 @@ class IdempotenceTest(unittest.TestCase):
 
         asyncio.run(main())
 
+    def test_reconnect_resends_batch_once(self):
+        px = Proxy(_server.url)
+        try:
+            with arbor.Client(px.url, token=TOKEN, timeout=60) as c:
+                a, _, _ = c.make(image="busybox")
+                b, _, _ = c.make(image="busybox")
+                cmd = "sleep 0.8; echo q >> /tmp/q; wc -l < /tmp/q"
+                seen = []
+                threading.Timer(0.4, px.drop).start()
+                out = c.step_batch([(a, cmd), (b, cmd), (a, cmd), (b, cmd)], on_result=lambda i, r: seen.append(i))
+                self.assertEqual(c.reconnects, 1)
+                self.assertFalse([o for o in out if isinstance(o, arbor.ArborError)], out)
+                self.assertEqual(sorted(seen), [0, 1, 2, 3])  # each item once
+                self.assertEqual([o[0]["stdout"].strip() for o in out], ["1", "1", "2", "2"])
+                self.assertEqual((_lines(a, "/tmp/q"), _lines(b, "/tmp/q")), (2, 2))  # no item ran twice
+                a.close()
+                b.close()
+        finally:
+            px.stop()
+
     def test_reconnect_resends_keyed_step_and_attach(self):
         px = Proxy(_server.url)
         try:
