@@ -169,9 +169,17 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 		return nil, fmt.Errorf("open restore root %s: %w", root, err)
 	}
 	defer unix.Close(rootFD)
-	rename := map[uint32]string{} // file id -> its hidden name's path
+	rename := map[uint32]string{}  // file id -> its hidden name's path
+	planned := map[string]string{} // ghost path -> its hidden name's path
 	for _, gh := range g.ghosts {
 		if !gh.dir || !gh.root || gh.path == "" {
+			continue
+		}
+		if h, ok := planned[gh.path]; ok {
+			// The same removed directory held twice (a descriptor
+			// and the cwd): one ghost, one swap (a 5,000-turn fuzz
+			// run found the second swap failing).
+			rename[gh.id] = h
 			continue
 		}
 		parent, name, err := clash(rootFD, gh.path)
@@ -184,6 +192,7 @@ func planGhosts(dir, root string) (*ghostPlan, error) {
 		}
 		hidden := ".arbor-ghost-" + randHex()
 		rename[gh.id] = "/" + path.Join(path.Dir(gh.path), hidden)
+		planned[gh.path] = rename[gh.id]
 		plan.swaps = append(plan.swaps, ghostSwap{parent: parent, name: name, ghost: hidden})
 	}
 	if len(plan.swaps) == 0 && !reorder {
