@@ -88,12 +88,7 @@ func readGhosts(dir string) (*ghostImages, error) {
 	if g.files, err = decodeImage(filepath.Join(dir, "files.img"), &fdinfo.FileEntry{}, true); err != nil {
 		return nil, err
 	}
-	regs := map[uint32]*regfile.RegFileEntry{}
-	for _, en := range g.files.Entries {
-		if f := en.Message.(*fdinfo.FileEntry); f.GetReg() != nil {
-			regs[f.GetReg().GetId()] = f.GetReg()
-		}
-	}
+	regs := regFiles(g.files)
 	for i := range g.ghosts {
 		if r := regs[g.ghosts[i].id]; r != nil {
 			g.ghosts[i].path = strings.TrimPrefix(path.Clean("/"+r.GetName()), "/")
@@ -101,6 +96,17 @@ func readGhosts(dir string) (*ghostImages, error) {
 		}
 	}
 	return g, nil
+}
+
+// regFiles maps the ids of files.img's regular files to their entries.
+func regFiles(files *crit.CriuImage) map[uint32]*regfile.RegFileEntry {
+	regs := map[uint32]*regfile.RegFileEntry{}
+	for _, en := range files.Entries {
+		if r := en.Message.(*fdinfo.FileEntry).GetReg(); r != nil {
+			regs[r.GetId()] = r
+		}
+	}
+	return regs
 }
 
 // rootMounts are the ids of the dumped tree's root mounts (mountpoint /).

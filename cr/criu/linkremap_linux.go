@@ -66,26 +66,16 @@ func recordLinks(dir, root string) error {
 	if err != nil {
 		return err
 	}
-	mntOf := map[uint32]uint32{}
-	for _, en := range files.Entries {
-		if r := en.Message.(*fdinfo.FileEntry).GetReg(); r != nil {
-			mntOf[r.GetId()] = uint32(r.GetMntId())
-		}
-	}
+	regs := regFiles(files)
 	var links []linkRemap
-	for _, en := range files.Entries {
-		r := en.Message.(*fdinfo.FileEntry).GetReg()
-		if r == nil {
-			continue
+	for id, orig := range want {
+		r, o := regs[id], regs[orig]
+		if r == nil || o == nil {
+			return fmt.Errorf("link remap %d of file %d has no file entry", id, orig)
 		}
-		orig, ok := want[r.GetId()]
-		if !ok {
-			continue
-		}
-		delete(want, r.GetId())
 		name := strings.TrimPrefix(path.Clean("/"+r.GetName()), "/")
 		// The link's own entry names no mount; the removed file's does.
-		if !roots[mntOf[orig]] {
+		if !roots[uint32(o.GetMntId())] {
 			// On a mount whose contents CRIU dumps itself (the
 			// sandbox's tmpfs), which then holds the link.
 			continue
@@ -95,9 +85,6 @@ func recordLinks(dir, root string) error {
 			return fmt.Errorf("link remap %s: %w", name, err)
 		}
 		links = append(links, linkRemap{Name: name, Ino: st.Ino})
-	}
-	if len(want) > 0 {
-		return fmt.Errorf("%d link remaps have no file entry", len(want))
 	}
 	if len(links) == 0 {
 		return nil
@@ -131,14 +118,11 @@ func placeLinks(dir, root string) ([]string, error) {
 	// clone, with the inode numbers of the tree that was dumped.
 	left := len(byIno)
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || left == 0 {
-			if left == 0 {
-				return filepath.SkipAll
-			}
-			return nil // an unreadable directory holds no name we need
+		if left == 0 {
+			return filepath.SkipAll
 		}
-		if d.IsDir() {
-			return nil
+		if err != nil || d.IsDir() {
+			return nil // an unreadable directory holds no name we need
 		}
 		var st unix.Stat_t
 		if unix.Lstat(p, &st) != nil {

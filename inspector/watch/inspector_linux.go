@@ -302,8 +302,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 
 	var same []string
 	files := in.fileFacts(ctx, t, touched, &same)
-	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
-	facts = append(facts, removedHeldFacts(t.Cgroup, t.LiveRoot, same)...)
+	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
 	var shell inspector.ShellState
@@ -426,8 +425,7 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind,
 	if !k.Has(inspector.FS) {
 		var same []string
 		files := in.fileFacts(ctx, t, touched, &same)
-		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files)...)
-		facts = append(facts, removedHeldFacts(t.Cgroup, t.LiveRoot, same)...)
+		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 	}
 	if !k.Has(inspector.Proc) {
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)

@@ -145,7 +145,15 @@ func sharedWritable(maps string) []string {
 // directory above it (a renamed or removed directory moves or drops what
 // is held below it), and its inode (a hard link changed by its other
 // name).
-func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
+//
+// same are the paths written this turn that compared unchanged. One that
+// exists neither live nor in the snapshot (a scratch file made and
+// removed) is unaccounted when a process still holds that removed file:
+// the writes went to a file no path names, whose contents a restore brings
+// back from the image's ghost or from another name that links it, which
+// the event does not say (the skip fuzzer found `exec 3>>t; ln t u; rm t;
+// echo w >&3` classified proc).
+func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []inspector.Fact {
 	root = filepath.Clean(root)
 	changed := map[string]bool{}
 	type devIno struct{ dev, ino uint64 }
@@ -169,7 +177,15 @@ func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
 			inos[st.Ino] = true
 		}
 	}
-	if len(changed) == 0 {
+	gone := map[string]bool{}
+	for _, p := range same {
+		var st unix.Stat_t
+		if host, missing, err := inspector.ResolveIn(root, p); err == nil && !missing && unix.Lstat(host, &st) == nil {
+			continue
+		}
+		gone[path.Clean("/"+p)] = true
+	}
+	if len(changed) == 0 && len(gone) == 0 {
 		return nil
 	}
 	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
@@ -222,6 +238,13 @@ func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
 			if err != nil || !strings.HasPrefix(t, "/") {
 				continue
 			}
+			p, deleted := inSandbox(t), strings.HasSuffix(t, " (deleted)")
+			if deleted && gone[p] {
+				return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("%s was written and removed while process %d holds it", p, pid)}}
+			}
+			if len(changed) == 0 {
+				continue
+			}
 			hold(pid, t, "holds it open", statIn(dir+"/"+e.Name()))
 			// A removed file still linked at another path is restored
 			// through that path, which the image does not name (a link
@@ -230,12 +253,14 @@ func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
 			// rename of a name that links it, which its path does not
 			// show, so the image is taken again.
 			var st unix.Stat_t
-			if p := inSandbox(t); strings.HasSuffix(t, " (deleted)") && !seen[p] &&
-				unix.Stat(dir+"/"+e.Name(), &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if deleted && !seen[p] && unix.Stat(dir+"/"+e.Name(), &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
 				seen[p] = true
 				out = append(out, inspector.Fact{Kind: inspector.ProcRan, PID: pid,
 					Detail: fmt.Sprintf("files changed while process %d holds the removed file %s", pid, p)})
 			}
+		}
+		if len(changed) == 0 {
+			continue
 		}
 		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
 			for _, line := range strings.Split(string(m), "\n") {
@@ -247,54 +272,4 @@ func heldFacts(cgroup, root string, facts []inspector.Fact) []inspector.Fact {
 		}
 	}
 	return out
-}
-
-// removedHeldFacts: a path written this turn that exists neither live nor
-// in the snapshot compares unchanged (a scratch file made and removed),
-// unless a process still holds the removed file: then the writes went to a
-// file that no path names, whose contents a restore brings back from the
-// process image (a ghost) or from another name that links it, which the
-// event does not say. Either way the turn needs everything (the skip
-// fuzzer found `exec 3>>t; ln t u; rm t; echo w >&3` classified proc).
-func removedHeldFacts(cgroup, root string, same []string) []inspector.Fact {
-	root = filepath.Clean(root)
-	gone := map[string]bool{}
-	for _, p := range same {
-		host, missing, err := inspector.ResolveIn(root, p)
-		if err == nil && !missing {
-			var st unix.Stat_t
-			if unix.Lstat(host, &st) == nil {
-				continue
-			}
-			missing = true
-		}
-		if missing || err != nil {
-			gone[path.Clean("/"+p)] = true
-		}
-	}
-	if len(gone) == 0 {
-		return nil
-	}
-	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
-	if err != nil {
-		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", err)}}
-	}
-	for _, f := range strings.Fields(string(b)) {
-		dir := "/proc/" + f + "/fd"
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			t, err := os.Readlink(dir + "/" + e.Name())
-			if err != nil || !strings.HasSuffix(t, " (deleted)") {
-				continue
-			}
-			t = strings.TrimSuffix(t, " (deleted)")
-			if root != "/" && (t == root || strings.HasPrefix(t, root+"/")) {
-				t = "/" + strings.TrimPrefix(strings.TrimPrefix(t, root), "/")
-			}
-			if gone[path.Clean(t)] {
-				return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("%s was written and removed while process %s holds it", path.Clean(t), f)}}
-			}
-		}
-	}
-	return nil
 }
