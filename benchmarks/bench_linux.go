@@ -182,24 +182,19 @@ func checked(ts []Turn) int {
 // serverRun plays t through a server twice: timed with think time, then
 // probed for the recovery check.
 func (r *rig) serverRun(ctx context.Context, h *serverHandle, t Trace, think time.Duration) (*TraceRun, error) {
-	before, err := h.e.Usage()
-	if err != nil {
-		return nil, err
-	}
+	start := time.Now()
 	envID, turns, err := r.playServer(ctx, h, t, think, false)
 	if err != nil {
 		return nil, err
 	}
-	after, err := h.e.Usage()
+	w, err := h.e.Written(envID, start)
 	if err != nil {
 		return nil, err
 	}
 	h.c.CloseEnv(ctx, envID)
-	proc := func(u branch.Usage) manifest.KindUsage { return u.Manifest.Artifacts[manifest.ArtifactProc] }
-	fs := func(u branch.Usage) manifest.KindUsage { return u.Manifest.Artifacts[manifest.ArtifactFS] }
+	proc, fs := w[manifest.ArtifactProc], w[manifest.ArtifactFS]
 	run := &TraceRun{Trace: t.Name, Mode: h.name, Turns: turns,
-		ProcBytes: proc(after).Bytes - proc(before).Bytes, ProcImages: proc(after).Count - proc(before).Count,
-		FSSnapshots: fs(after).Count - fs(before).Count}
+		ProcBytes: proc.Bytes, ProcImages: proc.Count, FSSnapshots: fs.Count}
 	envID, rec, err := r.playServer(ctx, h, t, 0, true)
 	if err != nil {
 		return nil, err

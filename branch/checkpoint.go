@@ -274,6 +274,39 @@ func (e *Engine) Lineage(id string) ([]manifest.State, error) {
 // States lists the committed states of an environment, oldest first.
 func (e *Engine) States(envID string) ([]manifest.State, error) { return e.man.States(envID) }
 
+// Written sums the artifacts an environment's states reference that were
+// made at or after since, by kind: what that env's checkpoints wrote. It
+// reads records, not pool usage, so artifacts the GC removes meanwhile
+// (another env's, at the end of its retention) do not count against it.
+func (e *Engine) Written(envID string, since time.Time) (map[manifest.ArtifactKind]manifest.KindUsage, error) {
+	states, err := e.man.States(envID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[manifest.ArtifactKind]manifest.KindUsage{}
+	seen := map[string]bool{}
+	for _, s := range states {
+		for _, id := range []string{s.FS, s.Proc} {
+			if id == "" || seen[id] {
+				continue
+			}
+			seen[id] = true
+			a, err := e.man.GetArtifact(id)
+			if err != nil {
+				return nil, err
+			}
+			if a.Created.Before(since) {
+				continue
+			}
+			u := out[a.Kind]
+			u.Count++
+			u.Bytes += a.Bytes
+			out[a.Kind] = u
+		}
+	}
+	return out, nil
+}
+
 // snapshotBytes is the size of the file snapshot just taken of volume:
 // what the root wrote since its previous snapshot that still exists (the
 // growth of cr.QuotaUsage.Charged), 0 when the backend does not tell

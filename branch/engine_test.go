@@ -20,6 +20,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
@@ -316,6 +317,10 @@ func TestCheckpointKindsShareArtifacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := e.WaitCheckpoint(ctx, env); err != nil { // the reset's, in the background
+		t.Fatal(err)
+	}
+	start := time.Now()
 	run(t, e, env, "echo a > /a")
 	s1, err := e.Checkpoint(ctx, env, branch.FS)
 	if err != nil {
@@ -338,6 +343,15 @@ func TestCheckpointKindsShareArtifacts(t *testing.T) {
 	}
 	if st2.FS != st1.FS || st2.Proc == st1.Proc {
 		t.Errorf("proc checkpoint: %+v vs %+v", st2, st1)
+	}
+	// Written counts what this env's checkpoints made since start: one
+	// file snapshot and one process image, not the reset's artifacts.
+	w, err := e.Written(env.ID, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, f := w[manifest.ArtifactProc], w[manifest.ArtifactFS]; p.Count != 1 || p.Bytes <= 0 || f.Count != 1 {
+		t.Errorf("Written since the first turn: proc %+v, fs %+v; want one of each, the image with bytes", p, f)
 	}
 	res, err := e.Branch(ctx, branch.Source{State: s2}, 1)
 	if err != nil || res.Errors[0] != nil {
