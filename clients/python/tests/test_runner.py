@@ -60,7 +60,7 @@ class RunnerTest(unittest.TestCase):
                 env = c.env(task="hello")
                 chat = arbor.ChatClient(llm.url, "scripted", api_key="sk-test")
                 res, = c.run_agent(env, chat)
-                self.assertEqual((res.end, res.reward, res.masked), ("submit", 1.0, False), res.messages[-4:])
+                self.assertEqual((res.end, res.reward, res.masked), ("submit", 1.0, False), (res.mask_reason, res.messages[-4:]))
                 headers, body = llm.requests[0]
                 self.assertEqual(headers.get("Authorization"), "Bearer sk-test")
                 self.assertEqual(body["model"], "scripted")
@@ -114,7 +114,7 @@ class RunnerTest(unittest.TestCase):
                 self.assertNotIn(env.env_id, ids)
                 prefix = leaves[0].messages[:4]
                 for r in leaves:
-                    self.assertEqual((r.reward, r.masked, r.end), (1.0, False, "submit"))
+                    self.assertEqual((r.reward, r.masked, r.end), (1.0, False, "submit"), (r.mask_reason, r.messages[-4:]))
                     self.assertEqual(r.messages[:4], prefix)
                     self.assertIn("2\n[exit code 0", [m["content"] for m in r.messages if m["role"] == "tool"][2])
                     self.assertEqual(r.state_ids[:2], leaves[0].state_ids[:2])  # the shared turn
