@@ -79,7 +79,13 @@ class Server:
         self.log = open(os.path.join(self.dir, "serve.log"), "w+")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
         self.url = "ws://127.0.0.1:%d/v1/ws" % self.port
-        self._wait_ready(120)
+        try:
+            self._wait_ready(120)
+        except BaseException:
+            # setUpModule failed, so tearDownModule will not run: a server
+            # left running would keep its pool and sandboxes.
+            self.stop()
+            raise
 
     def _wait_ready(self, timeout):
         deadline = time.monotonic() + timeout
