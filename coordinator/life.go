@@ -56,6 +56,10 @@ type BranchResult struct {
 	Children []*branch.Env
 	Errors   []error
 	Took     time.Duration
+	// Task and Turn are what the children inherited: the task and the
+	// turn of the episode at State.
+	Task TaskInfo
+	Turn int
 }
 
 // Branch makes N envs whose state equals the source's and hands them
@@ -117,7 +121,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
 	}
-	out := &BranchResult{State: res.State, Children: res.Children, Errors: res.Errors, Took: res.Took}
+	out := &BranchResult{State: res.State, Children: res.Children, Errors: res.Errors, Took: res.Took, Task: task}
 	failed := 0
 	for i, ch := range res.Children {
 		if res.Errors[i] != nil || ch == nil {
@@ -137,6 +141,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			ch.Origin = ""
 		}
 		c.register(ch, task, seed, base, req.Ephemeral)
+		out.Turn = ch.Turn() - base
 	}
 	if failed == req.N {
 		return nil, res.Errors[0]

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,4 +221,54 @@ func TestRestoreRefusesMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestKillAllButInitAfterRestore: in a restored sandbox the pid allocator
+// starts low again (CRIU gives each restored task its pid with set_tid),
+// so the shell init starts after KillAllButInit can get the killed
+// shell's pid. KillAllButInit must still take it for the new shell; it
+// used to wait 30 s for another pid and fail, which made an evaluate's
+// verifier fork fail (sandbox_failed) and the episode masked.
+func TestKillAllButInitAfterRestore(t *testing.T) {
+	r := newCRRig(t)
+	sb, vol := r.start(t, sandbox.Isolation{})
+	// Put the shell's pid above where the restored allocator starts: a
+	// few forks, then a shell that init replaces.
+	run(t, sb, "for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true; done", 10*time.Second)
+	if res := run(t, sb, "exit 3", 20*time.Second); !res.ShellRestarted {
+		t.Fatalf("exit 3: restarted=%v", res.ShellRestarted)
+	}
+	snapName, imgs := r.dump(t, sb, vol)
+	rec, err := sandbox.ReadIsolationRecord(imgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, _, err := r.restore(t, snapName, imgs, rec, sandbox.Isolation{})
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	pid := func(cmd string) int {
+		t.Helper()
+		out := strings.TrimSpace(string(run(t, child, cmd, 10*time.Second).Stdout))
+		p, err := strconv.Atoi(out)
+		if err != nil {
+			t.Fatalf("%q printed %q, want a pid", cmd, out)
+		}
+		return p
+	}
+	shell := pid("echo $$")
+	// Walk the allocator up to the pid just below the shell's: the next
+	// task made once the shell is gone gets the shell's pid.
+	for p := pid("sh -c 'echo $$'"); p != shell-1; p = pid("sh -c 'echo $$'") {
+		if p >= shell {
+			t.Fatalf("a new task got pid %d, the shell has %d: the restored allocator no longer starts below the shell, so this test no longer makes init reuse the shell's pid", p, shell)
+		}
+	}
+	start := time.Now()
+	if _, err := child.KillAllButInit(context.Background()); err != nil {
+		t.Fatalf("KillAllButInit after %v: %v", time.Since(start), err)
+	}
+	if got := pid("echo $$"); got != shell {
+		t.Fatalf("the new shell has pid %d, the killed one had %d: the test did not make init reuse the pid", got, shell)
+	}
 }

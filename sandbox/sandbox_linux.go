@@ -701,7 +701,16 @@ func (s *Sandbox) KillAllButInit(ctx context.Context) (int, error) {
 	if s.closed {
 		return 0, ErrClosed
 	}
-	old := s.shellPID
+	// The new shell is told from the killed one by init's restart count,
+	// not by its pid: in a restored sandbox the pid allocator starts low
+	// again (CRIU gives each restored task its pid with set_tid, which
+	// leaves the allocator's cursor behind), so the new shell may well
+	// get the killed one's pid, and waiting for another pid then waits
+	// until newShellWait runs out.
+	before, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("ask init for its shell: %w", err)
+	}
 	n, err := s.killPass(false)
 	if err != nil {
 		return n, err
@@ -725,7 +734,7 @@ func (s *Sandbox) KillAllButInit(ctx context.Context) (int, error) {
 			// shell now.
 			return n, fmt.Errorf("wait for the new shell: init could not start one: %s", r.ShellError)
 		}
-		if r.ShellPID != 0 && r.ShellPID != old {
+		if r.ShellPID != 0 && r.ShellRestarts > before.ShellRestarts {
 			s.shellPID = r.ShellPID
 			break
 		}

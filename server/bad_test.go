@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -188,8 +189,50 @@ func TestLimitsAndAuth(t *testing.T) {
 		if _, err := arbor.Dial(ctx, addr, &arbor.Options{Token: "wrong"}); err == nil {
 			t.Fatal("dial with a wrong bearer token succeeded")
 		}
-		// Browsers' cross-site websockets are refused.
+		// Browsers' cross-site websockets are refused; same-origin ones
+		// (websocket-client's default Origin is the server's own host)
+		// are accepted.
 		if _, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", http.Header{"Origin": {"http://evil.example"}}); err == nil {
+			t.Fatal("cross-origin websocket accepted")
+		}
+		for _, o := range []string{"http://" + addr, "https://" + addr, "ws://" + addr} {
+			ws, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", http.Header{"Origin": {o}, "Authorization": {"Bearer sesame"}})
+			if err != nil {
+				t.Fatalf("same-origin websocket (Origin %s) refused: %v", o, err)
+			}
+			ws.Close()
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		for _, o := range []string{"http://127.0.0.1:1", "http://evil.example:" + port, "file://" + addr, "null"} {
+			if _, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", http.Header{"Origin": {o}}); err == nil {
+				t.Fatalf("websocket with Origin %s accepted", o)
+			}
+		}
+	})
+	t.Run("origin", func(t *testing.T) {
+		// Without a token a same-origin websocket is accepted when the
+		// host is an address (or localhost), not a domain: a page of a
+		// domain that DNS rebinding pointed at the server sends its own
+		// domain as both Origin and Host.
+		_, addr := newServer(t, server.Options{})
+		_, port, _ := net.SplitHostPort(addr)
+		dialOrigin := func(host, origin string) error {
+			ws, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/v1/ws", http.Header{"Origin": {origin}, "Host": {host}})
+			if err == nil {
+				ws.Close()
+			}
+			return err
+		}
+		if err := dialOrigin(addr, "http://"+addr); err != nil {
+			t.Fatalf("same-origin websocket refused: %v", err)
+		}
+		if err := dialOrigin("localhost:"+port, "http://localhost:"+port); err != nil {
+			t.Fatalf("same-origin websocket on localhost refused: %v", err)
+		}
+		if err := dialOrigin("rebound.example:"+port, "http://rebound.example:"+port); err == nil {
+			t.Fatal("same-origin websocket of a domain accepted without a token (DNS rebinding)")
+		}
+		if err := dialOrigin(addr, "http://evil.example"); err == nil {
 			t.Fatal("cross-origin websocket accepted")
 		}
 	})

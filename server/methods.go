@@ -28,7 +28,7 @@ type request struct {
 }
 
 type batchItem struct {
-	envID         string
+	envID, key    string
 	action        protocol.Action
 	wait, release func()
 }
@@ -115,7 +115,7 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 	return protocol.HelloResult{Version: protocol.Version, Server: "arbor " + s.o.Version, Capabilities: protocol.Capabilities{
 		Methods: protocol.Methods, Tools: protocol.Tools, CheckpointKinds: kinds, Tasks: s.c.TaskNames(),
 		MaxFrameBytes: s.o.MaxFrameBytes, MaxInFlight: s.o.MaxInFlight, MaxEnvs: s.c.MaxEnvs(), MaxBatch: s.o.MaxBatch,
-		EnvIdleTTLS: s.c.IdleTTL().Seconds(), MaxUnreadBytes: s.o.MaxUnreadBytes,
+		EnvIdleTTLS: s.c.IdleTTL().Seconds(), MaxUnreadBytes: s.o.MaxUnreadBytes, StepKeys: true,
 	}}, nil
 }
 
@@ -134,12 +134,27 @@ func (r *request) reset(ctx context.Context, p *protocol.ResetParams) (any, erro
 }
 
 func (r *request) step(ctx context.Context, p *protocol.StepParams) (any, error) {
-	return r.server().step(ctx, p.EnvID, p.Action)
+	return r.server().step(ctx, p.EnvID, p.Action, p.Key)
 }
 
 // step runs one action as a turn of the coordinator; the caller holds the
-// env's ticket.
-func (s *Server) step(ctx context.Context, envID string, a protocol.Action) (*protocol.StepResult, error) {
+// env's ticket. A step with a key that env already ran answers the
+// recorded result; a keyed step that succeeds is recorded.
+func (s *Server) step(ctx context.Context, envID string, a protocol.Action, key string) (*protocol.StepResult, error) {
+	if key == "" {
+		return s.turn(ctx, envID, a)
+	}
+	if res, err := s.keys.lookup(envID, key, a); res != nil || err != nil {
+		return res, err
+	}
+	res, err := s.turn(ctx, envID, a)
+	if err == nil {
+		s.keys.record(envID, key, a, res)
+	}
+	return res, err
+}
+
+func (s *Server) turn(ctx context.Context, envID string, a protocol.Action) (*protocol.StepResult, error) {
 	ca := coordinator.Action{Tool: a.Tool, Cmd: a.Cmd, Path: a.Path, Content: a.Content, StateID: a.StateID, MaxOutput: a.MaxOutput}
 	if a.Tool == protocol.ToolBash {
 		ca.Timeout = time.Duration(a.TimeoutS * float64(time.Second))
@@ -180,7 +195,7 @@ func (r *request) branch(ctx context.Context, p *protocol.BranchParams) (any, er
 	if err != nil {
 		return nil, err
 	}
-	out := protocol.BranchResult{EnvIDs: make([]string, p.N), StateID: res.State, TookS: res.Took.Seconds()}
+	out := protocol.BranchResult{EnvIDs: make([]string, p.N), StateID: res.State, TookS: res.Took.Seconds(), Task: res.Task.Name, Turn: res.Turn}
 	for i, c := range res.Children {
 		if c == nil {
 			if out.Errors == nil {
@@ -224,6 +239,7 @@ func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, 
 	if err != nil {
 		return nil, err
 	}
+	r.server().keys.forget(p.EnvID)
 	return protocol.PromoteResult{EnvID: origin, StateID: sid}, nil
 }
 
@@ -231,6 +247,7 @@ func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, erro
 	if err := r.server().c.Discard(ctx, p.EnvID); err != nil {
 		return nil, err
 	}
+	r.server().keys.forget(p.EnvID)
 	return protocol.Empty{}, nil
 }
 
@@ -246,6 +263,7 @@ func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error)
 	if err := r.server().c.CloseEnv(ctx, p.EnvID); err != nil {
 		return nil, err
 	}
+	r.server().keys.forget(p.EnvID)
 	return protocol.Empty{}, nil
 }
 
@@ -307,7 +325,7 @@ func batchEnvs(s *Server, r *request, p *protocol.StepBatchParams) ([]string, er
 	}
 	r.batch = make([]batchItem, len(p.Items))
 	for i, it := range p.Items {
-		r.batch[i] = batchItem{envID: it.EnvID, action: it.Action}
+		r.batch[i] = batchItem{envID: it.EnvID, action: it.Action, key: it.Key}
 		r.batch[i].wait, r.batch[i].release = s.c.Ticket(it.EnvID)
 	}
 	return nil, nil
@@ -322,7 +340,7 @@ func (r *request) stepBatch(ctx context.Context, _ *protocol.StepBatchParams) (a
 		go func() {
 			defer wg.Done()
 			it.wait()
-			res, err := s.step(ctx, it.envID, it.action)
+			res, err := s.step(ctx, it.envID, it.action, it.key)
 			it.release()
 			br := protocol.BatchItemResult{MsgID: r.msgid, Index: i, EnvID: it.envID, Result: res}
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -41,6 +42,13 @@ type Options struct {
 	MaxUnreadBytes int
 	// MaxBatch bounds the items of one step_batch (default 1024).
 	MaxBatch int
+	// StepKeysPerEnv, StepKeys and StepKeyBytes bound what the server
+	// keeps of keyed steps (docs/protocol.md, "Idempotent steps"): the
+	// last StepKeysPerEnv keys of each env (default 16), StepKeys keys in
+	// all (default 65536) and StepKeyBytes of their results (default
+	// 64 MiB; past it the oldest results go and only their keys stay).
+	StepKeysPerEnv, StepKeys int
+	StepKeyBytes             int64
 	// PingInterval is how often the server pings each websocket (default
 	// 20 s); PongWait is how long it waits for any frame from the client
 	// (a pong or a request) before it drops the connection as half-open
@@ -51,9 +59,12 @@ type Options struct {
 	// WriteWait bounds the write of one frame (default 30 s): a client
 	// that takes none of its answers for that long is dropped.
 	WriteWait time.Duration
-	// AllowedOrigins are the browser origins that may open a websocket;
-	// requests with any other Origin header are refused (programs send
-	// none), so a web page cannot drive a local server.
+	// AllowedOrigins are the browser origins that may open a websocket
+	// besides the server's own: a request whose Origin names the host it
+	// was sent to (same-origin, what websocket-client sends by default) is
+	// accepted, any other Origin refused, so a web page of another site
+	// cannot drive a local server (docs/protocol.md, "Authentication and
+	// exposure").
 	AllowedOrigins []string
 	// Registry receives the server's metrics (give the coordinator's the
 	// same registry to serve them at one /metrics); nil: a registry of the
@@ -83,6 +94,15 @@ func (o Options) withDefaults() Options {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
 	}
+	if o.StepKeysPerEnv <= 0 {
+		o.StepKeysPerEnv = 16
+	}
+	if o.StepKeys <= 0 {
+		o.StepKeys = 65536
+	}
+	if o.StepKeyBytes <= 0 {
+		o.StepKeyBytes = 64 << 20
+	}
 	if o.PingInterval <= 0 {
 		o.PingInterval = 20 * time.Second
 	}
@@ -108,6 +128,8 @@ type Server struct {
 	log *slog.Logger
 	m   *metrics
 	up  websocket.Upgrader
+	// keys holds the results of keyed steps.
+	keys *stepKeys
 
 	// ctx bounds every operation; it ends when Shutdown gives up waiting.
 	ctx    context.Context
@@ -131,7 +153,8 @@ func New(o Options) (*Server, error) {
 	if o.MaxUnreadBytes < o.MaxFrameBytes {
 		return nil, fmt.Errorf("server: MaxUnreadBytes %d must be at least MaxFrameBytes %d", o.MaxUnreadBytes, o.MaxFrameBytes)
 	}
-	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{}}
+	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{},
+		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
 	s.up = websocket.Upgrader{
@@ -141,6 +164,12 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
+// checkOrigin accepts a websocket without an Origin header (programs),
+// the AllowedOrigins, and one whose Origin is the server's own host
+// (same-origin: scheme aside, its host and port are the Host the request
+// was sent to). Without a token, same-origin counts only for a host that
+// is an IP address or localhost: a page of a domain that a DNS rebinding
+// pointed at this server has itself as both Origin and Host.
 func (s *Server) checkOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -151,7 +180,23 @@ func (s *Server) checkOrigin(r *http.Request) bool {
 			return true
 		}
 	}
-	return false
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	switch u.Scheme {
+	case "http", "https", "ws", "wss":
+	default:
+		return false
+	}
+	if !strings.EqualFold(u.Host, r.Host) {
+		return false
+	}
+	if s.o.Token != "" {
+		return true
+	}
+	host := u.Hostname()
+	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
 // Handler serves /v1/ws, /livez, /readyz, /metrics and Options.Handlers.

@@ -320,6 +320,15 @@ func (c *Client) Step(ctx context.Context, envID string, a Action) (*StepResult,
 	return &r, c.Call(ctx, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a}, &r)
 }
 
+// StepKeyed runs one action in env under a request key: sent again with
+// the same key (after a lost answer), it answers the recorded result
+// (Info.Replayed) instead of running the action twice (docs/protocol.md,
+// "Idempotent steps").
+func (c *Client) StepKeyed(ctx context.Context, envID, key string, a Action) (*StepResult, error) {
+	var r StepResult
+	return &r, c.Call(ctx, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a, Key: key}, &r)
+}
+
 // Branch forks an env's current state (p.EnvID) or a state (p.StateID)
 // into p.N children.
 func (c *Client) Branch(ctx context.Context, p BranchParams) (*BranchResult, error) {

@@ -41,6 +41,7 @@ type serveOptions struct {
 	lowWater    float64
 	maxEnvs     int
 	maxInFlight int
+	maxBatch    int
 	maxFrame    string
 	maxUnread   string
 	workers     int
@@ -77,6 +78,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.Float64Var(&o.lowWater, "low-water", branch.DefaultLowWater, "share in use eviction brings a file system back under")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
+	f.IntVar(&o.maxBatch, "max-batch", 1024, "most items of one step_batch")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
@@ -231,7 +233,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}()
 	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
-		MaxInFlight: o.maxInFlight, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
+		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
 	if err != nil {
 		return err
 	}

@@ -71,15 +71,30 @@ func (a *Action) check(c *checker) {
 	}
 }
 
+// MaxKeyBytes bounds the request key of a step.
+const MaxKeyBytes = 128
+
 // StepParams are the params of step.
 type StepParams struct {
 	EnvID  string `msgpack:"env_id"`
 	Action Action `msgpack:"action"`
+	// Key, when set, makes the step idempotent: a step of the same env
+	// with the same key that the server already ran answers the result it
+	// recorded (info.replayed) instead of running again
+	// (docs/protocol.md, "Idempotent steps").
+	Key string `msgpack:"key,omitempty"`
 }
 
 func (p *StepParams) check(c *checker) {
 	c.required("env_id", p.EnvID)
 	p.Action.check(c.sub("action"))
+	checkKey(c, p.Key)
+}
+
+func checkKey(c *checker, key string) {
+	if len(key) > MaxKeyBytes {
+		c.fail("key", "%d bytes, the limit is %d", len(key), MaxKeyBytes)
+	}
 }
 
 // BranchParams are the params of branch: an env (its current state) or a
@@ -161,6 +176,8 @@ func (p *EnvsParams) check(*checker) {}
 type BatchItem struct {
 	EnvID  string `msgpack:"env_id"`
 	Action Action `msgpack:"action"`
+	// Key: as StepParams.Key.
+	Key string `msgpack:"key,omitempty"`
 }
 
 // StepBatchParams are the params of step_batch.
@@ -177,6 +194,7 @@ func (p *StepBatchParams) check(c *checker) {
 		ic := c.sub("items[" + strconv.Itoa(i) + "]")
 		ic.required("env_id", it.EnvID)
 		it.Action.check(ic.sub("action"))
+		checkKey(ic, it.Key)
 	}
 }
 

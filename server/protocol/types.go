@@ -97,6 +97,10 @@ type Capabilities struct {
 	// MaxUnreadBytes bounds the answers a connection holds unread before
 	// the server stops reading its requests.
 	MaxUnreadBytes int `msgpack:"max_unread_bytes" json:"max_unread_bytes"`
+	// StepKeys: step and step_batch items take a request key that makes
+	// a retry return the recorded result (docs/protocol.md, "Idempotent
+	// steps").
+	StepKeys bool `msgpack:"step_keys" json:"step_keys"`
 }
 
 // Obs is what a step (or reset) observed.
@@ -141,6 +145,9 @@ type Info struct {
 	// restarted from a crash, says at which state the env was restored:
 	// what it did after that state is gone.
 	Recovered *Recovered `msgpack:"recovered,omitempty" json:"recovered,omitempty"`
+	// Replayed: this is the recorded result of a step that already ran
+	// under the same request key; nothing ran now.
+	Replayed bool `msgpack:"replayed,omitempty" json:"replayed,omitempty"`
 }
 
 // Recovered is the state a restarted server restored an env at: its last
@@ -174,6 +181,10 @@ type BranchResult struct {
 	StateID string   `msgpack:"state_id" json:"state_id"`
 	Errors  []*Error `msgpack:"errors,omitempty" json:"errors,omitempty"`
 	TookS   float64  `msgpack:"took_s" json:"took_s"`
+	// Task and Turn are what the children inherited: the task (none for
+	// an image's env) and the turn of the episode they continue.
+	Task string `msgpack:"task,omitempty" json:"task,omitempty"`
+	Turn int    `msgpack:"turn" json:"turn"`
 }
 
 // CheckpointResult is what checkpoint returns.

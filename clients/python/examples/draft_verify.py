@@ -12,17 +12,14 @@ scripted list of candidates, some wrong, for the python-fizzbuzz task;
 replace `drafts()` with a small fast model and `accept()` with a larger one.
 
     make run                                  # in the repo root: server on 127.0.0.1:7878
-    /usr/bin/python3 clients/python/examples/draft_verify.py [--task python-fizzbuzz]
+    python3 clients/python/examples/draft_verify.py [--task python-fizzbuzz]
 """
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from arbor import Client  # noqa: E402
+from arbor_env import Client
 
 FIZZ_WRONG = '''def fizzbuzz(n):
     if n % 3 == 0:
@@ -102,7 +99,7 @@ def main():
     ap.add_argument("--task", default="python-fizzbuzz")
     args = ap.parse_args()
     start = time.time()
-    with Client(args.url) as client:
+    with Client(args.url, token=os.environ.get("ARBOR_TOKEN") or None) as client:
         env, obs, info = client.make(task=args.task)
         print("task:", obs.get("instruction", "").strip().splitlines()[0])
         reward = score(env, args.task)

@@ -14,7 +14,7 @@ sort-numbers task, so that the example runs without a model; replace
 `policy()` with your LLM call.
 
     make run                                  # in the repo root: server on 127.0.0.1:7878
-    /usr/bin/python3 clients/python/examples/tree_grpo.py [--trees 2] [--k 3] [--rounds 2] [--expand 2]
+    python3 clients/python/examples/tree_grpo.py [--trees 2] [--k 3] [--rounds 2] [--expand 2]
 """
 
 import argparse
@@ -22,12 +22,9 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from arbor import AsyncClient  # noqa: E402
+from arbor_env import AsyncClient
 
 # Actions for the sort-numbers task (busybox): some help, some hurt.
 MENU = [
@@ -122,7 +119,7 @@ async def main():
     args = ap.parse_args()
     rng = random.Random(args.seed)
     start = time.time()
-    async with AsyncClient(args.url) as client:
+    async with AsyncClient(args.url, token=os.environ.get("ARBOR_TOKEN") or None) as client:
         trees = await asyncio.gather(*(
             grow_tree(client, args.task, random.Random(rng.random()), args.k, args.rounds, args.expand, args.steps)
             for _ in range(args.trees)))

@@ -11,8 +11,13 @@ class FakeServer:
     """Serves on 127.0.0.1 (a free port) from its own thread. frames holds
     every decoded request; headers the last handshake's headers."""
 
-    def __init__(self, token=None):
+    def __init__(self, token=None, capabilities=None):
         self.token = token
+        self.capabilities = capabilities or {"methods": ["hello"]}
+        self.in_flight = 0
+        self.evaluate_result = {"reward": 1, "details": {"exit_code": 0}}
+        self.step_extra = {}
+        self.max_seen_in_flight = 0
         self.frames = []
         self.headers = {}
         self.loop = asyncio.new_event_loop()
@@ -68,6 +73,14 @@ class FakeServer:
             pass
 
     async def _answer(self, ws, send, msg):
+        self.in_flight += 1
+        self.max_seen_in_flight = max(self.max_seen_in_flight, self.in_flight)
+        try:
+            return await self._answer1(ws, send, msg)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer1(self, ws, send, msg):
         kind, msgid, method, params = msg
         p = params[0]
 
@@ -80,7 +93,15 @@ class FakeServer:
         if method == "hello":
             if self.token and p.get("token") != self.token:
                 return await err("unauthorized", "bad token")
-            return await ok({"version": 1, "server": "fake", "capabilities": {"methods": ["hello"]}})
+            return await ok({"version": 1, "server": "fake", "capabilities": self.capabilities})
+        if method == "garbage":
+            async with asyncio.Lock():
+                await ws.send(b"\xc1 not msgpack")
+            return
+        if method == "short":
+            return await send([1, msgid, None])
+        if method == "noid":
+            return await send([1, "x", None, {}])
         if method == "sleep":
             await asyncio.sleep(p["ms"] / 1000)
             return await ok({"tag": p["tag"]})
@@ -89,8 +110,10 @@ class FakeServer:
                              "info": {"state_id": "s1", "turn": 0, "image": "busybox", "task": p.get("task")}})
         if method == "step":
             a = p["action"]
-            return await ok({"obs": {"stdout": a.get("cmd") or a.get("content")}, "reward": 0.5, "terminated": False,
-                             "truncated": True, "info": {"state_id": "s2", "turn": 1}})
+            res = {"obs": {"stdout": a.get("cmd") or a.get("content")}, "reward": 0.5, "terminated": False,
+                   "truncated": True, "info": {"state_id": "s2", "turn": 1}}
+            res.update(self.step_extra)
+            return await ok({k: v for k, v in res.items() if v is not None})
         if method == "branch":
             n = p["n"]
             ids = ["c%d" % i for i in range(n)]
@@ -100,7 +123,7 @@ class FakeServer:
                                  "errors": [None, {"code": "restore_failed", "message": "criu", "retryable": True, "infra": True}, None]})
             return await ok({"env_ids": ids, "state_id": "s2"})
         if method == "evaluate":
-            return await ok({"reward": 1, "details": {"exit_code": 0}})
+            return await ok(self.evaluate_result)
         if method == "close":
             return await ok({})
         if method == "fail":

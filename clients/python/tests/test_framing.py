@@ -5,7 +5,7 @@ import threading
 import time
 import unittest
 
-import arbor
+import arbor_env as arbor
 from tests.fakeserver import FakeServer
 
 
@@ -71,12 +71,15 @@ class AsyncFramingTest(unittest.IsolatedAsyncioTestCase):
             c.on_notification(lambda m, p: got.append((m, p["code"])))
             await c.call("notify_other")
             self.assertEqual(got, [("error", "malformed")])
-            # The server hangs up: pending and later calls fail, retryable and infra.
+            # The server hangs up: the pending call fails, infra, not
+            # retryable (it was sent and may have run); the next call
+            # reconnects.
             with self.assertRaises(arbor.ConnectionClosedError) as cm:
                 await c.call("hangup")
-            self.assertTrue(cm.exception.retryable and cm.exception.infra)
-            with self.assertRaises(arbor.ArborError):
-                await c.call("sleep", {"ms": 1, "tag": 0})
+            self.assertTrue(cm.exception.infra and cm.exception.sent)
+            self.assertFalse(cm.exception.retryable)
+            self.assertEqual((await c.call("sleep", {"ms": 1, "tag": 0}))["tag"], 0)
+            self.assertEqual(c.reconnects, 1)
 
     async def test_bad_token(self):
         with self.assertRaises(arbor.ArborError) as cm:
@@ -92,6 +95,105 @@ class AsyncFramingTest(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(out[0][0]["stdout"], "echo a")
             self.assertIsInstance(out[1], arbor.ArborError)
             self.assertEqual(out[2][4]["state_id"], "b2")
+
+
+class DefectsTest(unittest.IsolatedAsyncioTestCase):
+    """Issue 18's review defects against the fake server (the same against
+    a real `arbor serve` are in test_e2e.py)."""
+
+    def setUp(self):
+        self.srv = FakeServer(capabilities={"max_batch": 2, "max_in_flight": 3, "step_keys": True})
+
+    def tearDown(self):
+        self.srv.stop()
+
+    async def test_callback_exceptions(self):
+        async with arbor.AsyncClient(self.srv.url) as c:
+            slow = asyncio.ensure_future(c.call("sleep", {"ms": 200, "tag": "s"}))
+
+            def boom(i, r):
+                raise KeyError("trainer bug")
+
+            with self.assertRaises(KeyError):
+                await c.step_batch([("a", "echo a"), ("c", "echo c")], on_result=boom)
+            self.assertEqual((await slow)["tag"], "s")
+            c.on_notification(lambda m, p: 1 / 0)
+            await c.call("notify_other")  # the listener's error is logged, not fatal
+            self.assertEqual((await c.call("sleep", {"ms": 1, "tag": 1}))["tag"], 1)
+            self.assertEqual(c.reconnects, 0)
+
+    async def test_undecodable_and_unattributable_frames(self):
+        async with arbor.AsyncClient(self.srv.url, reconnect=False) as c:
+            pending = asyncio.ensure_future(c.call("sleep", {"ms": 5000, "tag": 0}))
+            await asyncio.sleep(0.05)
+            with self.assertRaises(arbor.ConnectionClosedError) as cm:
+                await asyncio.wait_for(c.call("garbage"), 2)
+            self.assertIn("undecodable", cm.exception.message)
+            with self.assertRaises(arbor.ConnectionClosedError):
+                await asyncio.wait_for(pending, 2)
+        async with arbor.AsyncClient(self.srv.url) as c:
+            with self.assertRaises(arbor.ConnectionClosedError) as cm:
+                await asyncio.wait_for(c.call("noid"), 2)
+            self.assertIn("msgid", cm.exception.message)
+
+    async def test_bad_shapes_fail_the_caller(self):
+        async with arbor.AsyncClient(self.srv.url) as c:
+            with self.assertRaises(arbor.BadResponseError):
+                await asyncio.wait_for(c.call("short"), 2)
+            env = c.env(task="t")
+            await env.reset()
+            self.srv.evaluate_result = {"details": {}}
+            with self.assertRaises(arbor.BadResponseError) as cm:
+                await env.evaluate()
+            self.assertTrue(cm.exception.infra)
+            self.srv.step_extra = {"reward": None}
+            obs, reward, *_ = await env.step("x")
+            self.assertIsNone(reward)  # none sent: not made up as 0.0
+            self.srv.step_extra = {"obs": None}
+            with self.assertRaises(arbor.BadResponseError):
+                await env.step("x")
+            self.assertEqual((await c.call("sleep", {"ms": 1, "tag": 2}))["tag"], 2)
+
+    async def test_close_twice_and_cancel(self):
+        c = arbor.AsyncClient(self.srv.url)
+        await c.connect()
+        env = c.env(task="t")
+        await env.reset()
+
+        async def body():
+            async with env:
+                await asyncio.sleep(10)
+
+        t = asyncio.ensure_future(body())
+        await asyncio.sleep(0.05)
+        t.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await t
+        await c.close()
+        await c.close()
+
+    async def test_limits_from_hello(self):
+        async with arbor.AsyncClient(self.srv.url) as c:
+            await asyncio.gather(*[c.call("sleep", {"ms": 30, "tag": i}) for i in range(12)])
+            self.assertLessEqual(self.srv.max_seen_in_flight, 3)
+            seen = []
+            out = await c.step_batch([("e%d" % i, "echo %d" % i) for i in range(5)], on_result=lambda i, r: seen.append(i))
+            self.assertEqual([o[0]["stdout"] for o in out], ["echo %d" % i for i in range(5)])
+            self.assertEqual(sorted(seen), list(range(5)))
+            batches = [f for f in self.srv.frames if f[2] == "step_batch"]
+            self.assertEqual([len(f[3][0]["items"]) for f in batches], [2, 2, 1])
+            self.assertTrue(all(it.get("key") for f in batches for it in f[3][0]["items"]))
+
+    async def test_timeouts(self):
+        async with arbor.AsyncClient(self.srv.url) as c:
+            with self.assertRaises(arbor.ClientTimeoutError) as cm:
+                await c.call("sleep", {"ms": 1000, "tag": 0}, timeout=0.1)
+            self.assertFalse(cm.exception.retryable)
+            env = c.env(task="t")
+            await env.reset()
+            obs, reward, *_ = await env.step("x")
+            key = [f for f in self.srv.frames if f[2] == "step"][-1][3][0].get("key")
+            self.assertTrue(key)  # every step has a request key on a step_keys server
 
 
 async def _started(c):
