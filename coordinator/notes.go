@@ -113,6 +113,9 @@ func (n *notes) forget(env string) {
 	n.mu.Unlock()
 }
 
+// LastTurn is the newest turn of an open env the log holds (nil: none).
+func (c *Coordinator) LastTurn(env string) *TurnNote { return c.notes.latest(env) }
+
 // display is how a note shows an action's command.
 func display(a Action) string {
 	switch a.Tool {

@@ -40,8 +40,7 @@ type TreeScope struct {
 // full), or a turn that took no checkpoint (Kind none), which shares the
 // state it left unchanged and is drawn after it.
 type TreeNode struct {
-	// ID is the state id, or STATE~ENV~TURN for a turn without a
-	// checkpoint.
+	// ID is the state id, or NoneNodeID for a turn without a checkpoint.
 	ID    string `json:"id"`
 	State string `json:"state"`
 	// Parent is the node this one follows: the parent state, or the
@@ -248,7 +247,7 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 			if t.Kind != string(branch.None) {
 				continue
 			}
-			n := &TreeNode{ID: sid + "~" + t.Env + "~" + strconv.Itoa(t.engineTurn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
+			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
 				Kind: t.Kind, Note: t, Created: t.Time, Status: noneStatus(fam[t.Env], sid, t.engineTurn)}
 			nodes[n.ID] = n
 			k := [2]string{sid, t.Env}
@@ -308,6 +307,12 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		out.Nodes, out.Truncated = out.Nodes[:maxTreeNodes], true
 	}
 	return out, nil
+}
+
+// NoneNodeID is the tree node id of env's turn turn (counted since its
+// episode began) that took no checkpoint and left state sid: STATE~ENV~TURN.
+func NoneNodeID(sid, env string, turn int) string {
+	return sid + "~" + env + "~" + strconv.Itoa(turn)
 }
 
 // kindOrder puts a state before the turns without checkpoint of the same
