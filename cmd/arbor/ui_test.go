@@ -371,4 +371,25 @@ func TestWebView(t *testing.T) {
 	if len(tree.Nodes) != len(dom.Nodes)+1 {
 		t.Errorf("the tree has %d nodes now, the page drew %d before the last step", len(tree.Nodes), len(dom.Nodes))
 	}
+	// The task's tree holds the env's family (it is the only episode).
+	resp, err = http.Get(base + "/ui/api/tree?task=hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var byTask coordinator.Tree
+	if err := json.NewDecoder(resp.Body).Decode(&byTask); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(tr coordinator.Tree) []string {
+		var out []string
+		for _, n := range tr.Nodes {
+			out = append(out, n.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := ids(byTask), ids(tree); !slices.Equal(got, want) {
+		t.Errorf("the task's tree %v, the env's %v", got, want)
+	}
 }

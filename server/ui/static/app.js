@@ -5,7 +5,7 @@
 'use strict';
 (() => {
   const SVGNS = 'http://www.w3.org/2000/svg';
-  const DX = 30, DY = 24, PAD = 18, LABEL = 140;
+  const DX = 40, DY = 30, PAD = 22, LABEL = 150;
   const $ = (id) => document.getElementById(id);
 
   const ui = {
@@ -232,6 +232,7 @@
     const edges = sv('g', { class: 'edges' });
     const dots = sv('g', { class: 'nodes' });
     let states = 0, nones = 0, branches = 0, rolled = 0, discarded = 0;
+    const small = t.nodes.size <= 200; // turn numbers under the nodes
     for (const n of t.nodes.values()) {
       const p = pos.get(n.id);
       if (n.kind === 'none') nones++; else states++;
@@ -255,11 +256,16 @@
       if (n.note) g.dataset.exit = n.note.exit;
       const title = sv('title');
       title.textContent = nodeTitle(n);
-      g.append(title, sv('circle', { class: 'dot', r: n.kind === 'none' ? 4 : 7 }));
+      g.append(title, sv('circle', { class: 'dot', r: n.kind === 'none' ? 5 : 8 }));
+      if (small) {
+        const tl = sv('text', { class: 'turn', x: 0, y: 20, 'text-anchor': 'middle' });
+        tl.textContent = n.turn;
+        g.append(tl);
+      }
       if (n.heads && n.heads.length) {
         g.dataset.heads = n.heads.join(' ');
-        g.append(sv('circle', { class: 'head', r: 11 }));
-        const label = sv('text', { class: 'label', x: 14, y: 4 });
+        g.append(sv('circle', { class: 'head', r: 12 }));
+        const label = sv('text', { class: 'label', x: 16, y: 4 });
         label.textContent = n.heads.map(short).join(', ');
         g.append(label);
       }
