@@ -38,7 +38,7 @@ func TestStatic(t *testing.T) {
 	defer hs.Close()
 	for _, tt := range []struct {
 		name, path, want string
-		code            int
+		code             int
 	}{
 		{"page", "/", `<script src="/ui/app.js" defer></script>`, 200},
 		{"script", "/ui/app.js", "'use strict';", 200},
