@@ -87,6 +87,22 @@ func TestTreeAndFeed(t *testing.T) {
 	}
 	a, b := br.Children[0].ID, br.Children[1].ID
 	t.Cleanup(func() { c.CloseEnv(context.Background(), a) })
+	// Before their first turn the children have made no state: their
+	// heads are the branch state, which the tree shows with their rings.
+	early, err := c.Tree(TreeScope{Env: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heads []string
+	for _, n := range early.Nodes {
+		if n.ID == br.State {
+			heads = n.Heads
+		}
+	}
+	slices.Sort(heads)
+	if want := []string{a, b, env}; !slices.Equal(heads, slices.Sorted(slices.Values(want))) {
+		t.Errorf("heads on the branch state before the children's turns: %v, want %v", heads, want)
+	}
 	ta := bash(t, c, a, "echo c > /tmp/f")
 	tb := bash(t, c, b, "echo d > /tmp/f")
 	if err := c.Discard(ctx, b); err != nil {
@@ -173,5 +189,29 @@ func TestTreeAndFeed(t *testing.T) {
 	}
 	if _, err := c.Tree(TreeScope{}); err == nil {
 		t.Error("a tree with no scope")
+	}
+}
+
+// TestTreeFreshTaskEnv: an env of a task that has taken no turn has made
+// no state of its own (its head is the task's prepared state): its tree
+// still shows that state with its head ring.
+func TestTreeFreshTaskEnv(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	r := reset(t, c, ResetRequest{Task: countTask.Name})
+	t.Cleanup(func() { c.CloseEnv(context.Background(), r.Env.ID) })
+	for _, scope := range []TreeScope{{Env: r.Env.ID}, {Task: countTask.Name}} {
+		tree, err := c.Tree(scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, n := range tree.Nodes {
+			if n.ID == r.StateID && slices.Contains(n.Heads, r.Env.ID) && n.Status == StatusLive {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("tree of %+v: no live node %s with the env's head: %+v", scope, r.StateID, tree.Nodes)
+		}
 	}
 }

@@ -160,17 +160,23 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		}
 	}
 	base = max(base, 0)
-	// Pending heads: the turn log says what they will be.
+	// Heads the family's envs did not make (a fresh env's, a child's
+	// before its first turn: the branch point), and pending heads, which
+	// the turn log says what they will be.
 	pending := map[string]bool{}
 	for _, fe := range fam {
-		if !fe.Open || fe.Head == "" {
+		if fe.Head == "" {
 			continue
 		}
 		if _, ok := states[fe.Head]; ok {
 			continue
 		}
-		if _, err := c.e.State(fe.Head); err == nil {
-			continue // made by another env (a branch point): the ancestors below add it
+		if st, err := c.e.State(fe.Head); err == nil {
+			states[st.ID] = st // its ancestors are added below
+			continue
+		}
+		if !fe.Open {
+			continue
 		}
 		if n := c.notes.latest(fe.ID); n != nil && n.State == fe.Head {
 			states[fe.Head] = manifest.State{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,

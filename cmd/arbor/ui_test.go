@@ -393,3 +393,79 @@ func TestWebView(t *testing.T) {
 		t.Errorf("the task's tree %v, the env's %v", got, want)
 	}
 }
+
+// TestWebViewToken: behind a token, a browser gets the page by visiting
+// /?token= once: the cookie it sets carries the event stream too (an
+// EventSource sends no header), so a step still appears live. A browser
+// without it is refused.
+func TestWebViewToken(t *testing.T) {
+	servetest.RequireHost(t)
+	chromium(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const token = "open-sesame"
+	srv := servetest.Start(t, servetest.Options{Args: []string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", "", "--token", token}})
+	var c *arbor.Client
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		var err error
+		if c, err = arbor.Dial(ctx, srv.Addr, &arbor.Options{Token: token}); err == nil {
+			if _, err = c.Hello(ctx, ""); err == nil {
+				break
+			}
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server never answered: %v\n%s", err, srv.Tail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	defer c.Close()
+	r, err := c.Reset(ctx, arbor.ResetParams{Task: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + srv.Addr
+
+	tab := browser(t, ctx)
+	if err := chromedp.Do(tab, chromedp.Navigate(base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	body, err := chromedp.Run(tab, chromedp.Evaluate[string](`document.body.innerText`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(body, "needs its token") {
+		t.Errorf("the page without the token says %q", body)
+	}
+	if err := chromedp.Do(tab,
+		chromedp.Navigate(base+"/?token="+token),
+		chromedp.WaitVisible(chromedp.CSS(`#envs tbody tr`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	loc, err := chromedp.Run(tab, chromedp.Evaluate[string](`location.href`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc != base+"/" {
+		t.Errorf("after /?token= the page is at %s, want %s/ (the token out of the address bar)", loc, base)
+	}
+	wctx, wcancel := context.WithTimeout(tab, 30*time.Second)
+	defer wcancel()
+	if err := chromedp.Do(wctx,
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`location.hash = 'env=%s'; undefined`, r.EnvID)),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#conn').textContent === 'live' && document.querySelectorAll('#tree g.node').length > 0`),
+	); err != nil {
+		page, _ := chromedp.Run(tab, chromedp.Evaluate[string](`document.querySelector('#conn').textContent + ' | ' + location.href + ' | ' + document.querySelectorAll('#tree g.node').length`))
+		t.Fatalf("the tree behind the token: %v (page: %s)", err, page)
+	}
+	step, err := c.Step(ctx, r.EnvID, arbor.Bash("echo hello, arbor > /work/hello/greeting.txt", 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(tab, chromedp.Poll[chromedp.Void](
+		fmt.Sprintf(`!!document.querySelector('#tree g.node[data-id=%q]')`, step.Info.StateID),
+		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		t.Fatalf("the step never appeared through the token's cookie: %v", err)
+	}
+}
