@@ -131,7 +131,7 @@ type Server struct {
 	up  websocket.Upgrader
 	// keys holds the results of keyed steps.
 	keys *stepKeys
-	ui  *ui.UI
+	ui   *ui.UI
 
 	// ctx bounds every operation; it ends when Shutdown gives up waiting.
 	ctx    context.Context
