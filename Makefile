@@ -28,7 +28,7 @@ SKIPFUZZ_TURNS ?=
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build run test test-images fuzz fuzz-skips generate bench gobench stress soak lint
+.PHONY: help deps build run test test-images fuzz fuzz-skips generate bench gobench stress soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -92,6 +92,10 @@ stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a rep
 soak: build ## the disk soak test of make test (branch TestSoak) for SOAK_TURNS turns per worker (2000)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_SOAK_TURNS=$(SOAK_TURNS) \
 	$(GO) test -count=1 -timeout 180m -run '^TestSoak$$' -v ./branch/
+
+ui-screenshot: deps build ## the web view's browser test (TestWebView), its screenshot into docs/ui.png
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_UI_SCREENSHOT=$(CURDIR)/docs/ui.png \
+	$(GO) test -count=1 -timeout 10m -run '^TestWebView$$' -v ./cmd/arbor/
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -486,6 +486,11 @@ func (e *Engine) Envs() []*Env {
 	return out
 }
 
+// EnvRecords lists the manifest's record of every environment, closed
+// ones included (until the GC forgets them), by id: what a view of whole
+// lineages needs beside the open ones (Envs).
+func (e *Engine) EnvRecords() ([]manifest.Env, error) { return e.man.Envs() }
+
 // NewEnv starts a fresh environment from image and queues the checkpoint
 // of its initial state in the background; it returns that state's id.
 func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, error) {

@@ -100,6 +100,9 @@ type Coordinator struct {
 	lost     map[string]branch.LostEnv // handed out, open at a crash, not restored (recover.go)
 	reserved int                       // env slots promised to resets and branches in progress
 	closed   bool
+
+	feed  feed  // changes, to subscribers (feed.go)
+	notes notes // the turns' commands and outcomes (notes.go)
 }
 
 // entry is what the coordinator keeps per env.
@@ -158,6 +161,7 @@ func (c *Coordinator) Close() {
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
+	c.feed.close()
 }
 
 // Engine is the engine the coordinator drives (for throwaway forks that
@@ -262,6 +266,7 @@ func (c *Coordinator) forget(id string) {
 	c.mu.Lock()
 	delete(c.envs, id)
 	c.mu.Unlock()
+	c.notes.forget(id)
 }
 
 // lookup finds an env handed out and marks it used. An env the engine no
@@ -367,6 +372,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	}
 	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral)
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
+	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(branch.Full)})
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil
 }
@@ -453,7 +459,7 @@ func (c *Coordinator) closeIdle(idle map[string]int64) {
 		c.mu.Unlock()
 		if ok && m.used.Load() == seen {
 			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
-			if err := c.close(c.ctx, m.env); err != nil && !errors.Is(err, branch.ErrClosed) {
+			if err := c.close(c.ctx, m.env, EventClose); err != nil && !errors.Is(err, branch.ErrClosed) {
 				c.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
 			}
 		}

@@ -16,6 +16,15 @@
 //   - the errors: its sentinels, and ProtoError, the one mapping of any
 //     error (its own, the task pool's, the engine's, the sandbox's) to a
 //     protocol code with its infra and retryable flags.
+//   - what a person watching sees (the web view, package server/ui): the
+//     feed of changes (Subscribe; feed.go), the turn log, the one record
+//     of each turn's command and exit code (notes.go), the lineage trees
+//     built from the engine's state records (Tree) and Health.
+//
+// Locks: Coordinator.mu guards the registry; the feed's and the turn
+// log's mutexes are leaves, taken with nothing else held and holding
+// nothing else, so publishing from any operation cannot deadlock or wait
+// on a reader (a full subscriber is dropped, never waited for).
 //
 // Package server (protocol v1), package agent (tools, MCP) and package
 // llmproxy are adapters over it.

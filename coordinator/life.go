@@ -146,6 +146,13 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	if failed == req.N {
 		return nil, res.Errors[0]
 	}
+	ev := Event{Type: EventBranch, Env: req.EnvID, Task: task.Name, State: res.State}
+	for _, ch := range out.Children {
+		if ch != nil {
+			ev.Children = append(ev.Children, ch.ID)
+		}
+	}
+	c.feed.publish(ev)
 	return out, nil
 }
 
@@ -169,6 +176,7 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 		return "", "", err
 	}
 	c.forget(child.ID)
+	c.feed.publish(Event{Type: EventPromote, Env: origin, Task: m.task.Name, State: sid, Child: child.ID})
 	return origin, sid, nil
 }
 
@@ -176,6 +184,11 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 // rejected draft; an env lost in a restart is forgotten). The caller
 // holds the env's ticket.
 func (c *Coordinator) Discard(ctx context.Context, envID string) error {
+	return c.discard(ctx, envID, EventDiscard)
+}
+
+// discard is Discard and CloseEnv, which differ only in the event fired.
+func (c *Coordinator) discard(ctx context.Context, envID, event string) error {
 	if c.dropLost(envID) {
 		// Lost in a restart: forgetting it releases its states.
 		return c.e.ForgetLost(ctx, envID)
@@ -184,16 +197,19 @@ func (c *Coordinator) Discard(ctx context.Context, envID string) error {
 	if err != nil {
 		return err
 	}
-	return c.close(ctx, env)
+	return c.close(ctx, env, event)
 }
 
 // close closes env in the engine and forgets it once the engine no longer
 // has it (its close can fail after that, destroying the sandbox): never
 // while it is open, so an env no longer listed (Envs) is closed.
-func (c *Coordinator) close(ctx context.Context, env *branch.Env) error {
+// The feed reports it as event (EventDiscard or EventClose).
+func (c *Coordinator) close(ctx context.Context, env *branch.Env, event string) error {
+	task, _ := c.Task(env.ID)
 	err := c.e.CloseEnv(ctx, env)
 	if _, gone := c.e.Env(env.ID); gone != nil {
 		c.forget(env.ID)
+		c.feed.publish(Event{Type: event, Env: env.ID, Task: task.Name})
 	}
 	return err
 }
@@ -202,7 +218,7 @@ func (c *Coordinator) close(ctx context.Context, env *branch.Env) error {
 func (c *Coordinator) CloseEnv(ctx context.Context, envID string) error {
 	// Discard and close are one operation today: the engine releases the
 	// states only a closed env held.
-	return c.Discard(ctx, envID)
+	return c.discard(ctx, envID, EventClose)
 }
 
 // Evaluate runs the verifier of env's task on a fork of its current

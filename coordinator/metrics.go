@@ -133,6 +133,17 @@ func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch
 		nil, func(u branch.Usage) float64 { return float64(u.Images.ColdBytes) })
 	gauge("arbor_states", "States in the manifest.",
 		nil, func(u branch.Usage) float64 { return float64(u.Manifest.States) })
+	for _, p := range []string{"low", "high"} {
+		gauge("arbor_checkpoint_queue_depth", "Jobs (checkpoints, restores) waiting for a worker of the engine's queue, by priority.",
+			prometheus.Labels{"priority": p}, func(u branch.Usage) float64 {
+				if p == "high" {
+					return float64(u.Queue.High.Queued)
+				}
+				return float64(u.Queue.Low.Queued)
+			})
+	}
+	gauge("arbor_checkpoint_queue_running", "Jobs the engine's queue is running now.",
+		nil, func(u branch.Usage) float64 { return float64(u.Queue.Running) })
 	gauge("arbor_warm_copies", "Pre-restored frozen copies kept for branching.",
 		nil, func(u branch.Usage) float64 { return float64(u.Warm) })
 	reg.MustRegister(c)

@@ -27,6 +27,7 @@ func fakeUsage() branch.Usage {
 	u.Coord = branch.CoordStats{CheckpointTime: 83 * time.Second, Exposed: 89 * time.Second, Revived: 97}
 	u.Images.HotBytes, u.Images.ColdBytes = 101, 103
 	u.Warm = 107
+	u.Queue.Low.Queued, u.Queue.High.Queued, u.Queue.Running = 109, 113, 127
 	return u
 }
 

@@ -100,10 +100,12 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	if !a.ReadOnly {
 		kind = c.classify(ctx, env, cmd)
 	}
+	parent := env.Head()
 	if err := c.commit(env, m, kind, out); err != nil {
 		return nil, err
 	}
 	out.Turn = env.Turn() - m.base
+	defer func() { c.noteTurn(m, a.Tool, display(a), parent, out, time.Since(start)) }()
 	if out.Kind != branch.Full {
 		switch r := c.o.VerifySkips; {
 		case r >= 1:
@@ -261,6 +263,7 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 		return nil, err
 	}
 	c.observePending(m)
+	start := time.Now()
 	out := &TurnResult{Env: env, Task: m.task}
 	kind := c.classify(ctx, env, "")
 	if err := ctx.Err(); err != nil {
@@ -270,11 +273,13 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 		// checkpoint).
 		return nil, err
 	}
+	parent := env.Head()
 	if err := c.commit(env, m, kind, out); err != nil {
 		return nil, err
 	}
 	out.Turn = env.Turn() - m.base
 	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
+	c.noteTurn(m, "boundary", "", parent, out, time.Since(start))
 	return out, nil
 }
 
@@ -402,7 +407,9 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 	c.m.restore.Observe(time.Since(t).Seconds())
 	c.observePending(m)
 	c.takeFailure(env, m) // that state is gone with the sandbox that made it
-	return &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base, Recovered: m.takeRecovered()}, nil
+	r := &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base, Recovered: m.takeRecovered()}
+	c.feed.publish(Event{Type: EventRollback, Env: env.ID, Task: m.task.Name, State: sid, Turn: r.Turn})
+	return r, nil
 }
 
 // rollbackTurn is the rollback tool: the agent's own rollback. A state

@@ -29,6 +29,8 @@ PKGS=(
 	clang llvm libbpf-dev bpftool
 	# Python client and its tests
 	python3 python3-msgpack python3-websockets
+	# the web view's browser test (server/ui): headless Chromium
+	chromium
 	# this script: dpkg -x, apt-get download
 	dpkg apt ca-certificates
 )

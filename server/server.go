@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/ui"
 )
 
 // Options configure a Server. Zero values take the defaults.
@@ -130,6 +131,7 @@ type Server struct {
 	up  websocket.Upgrader
 	// keys holds the results of keyed steps.
 	keys *stepKeys
+	ui   *ui.UI
 
 	// ctx bounds every operation; it ends when Shutdown gives up waiting.
 	ctx    context.Context
@@ -157,6 +159,10 @@ func New(o Options) (*Server, error) {
 		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
+	var err error
+	if s.ui, err = ui.New(ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}); err != nil {
+		return nil, err
+	}
 	s.up = websocket.Upgrader{
 		ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10,
 		CheckOrigin: s.checkOrigin,
@@ -199,7 +205,9 @@ func (s *Server) checkOrigin(r *http.Request) bool {
 	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
-// Handler serves /v1/ws, /livez, /readyz, /metrics and Options.Handlers.
+// Handler serves /v1/ws, /livez, /readyz, /metrics, Options.Handlers and
+// the web view (/ and /ui/, package ui) under the websocket's access
+// rules (uiAccess).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/ws", s.serveWS)
@@ -218,6 +226,7 @@ func (s *Server) Handler() http.Handler {
 	for pattern, h := range s.o.Handlers {
 		mux.Handle(pattern, h)
 	}
+	mux.Handle("/", s.uiAccess(s.ui.Handler()))
 	return mux
 }
 
@@ -244,6 +253,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		return fmt.Errorf("server: listening on %s needs a token (--token or ARBOR_TOKEN)", ln.Addr())
 	}
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	hs.RegisterOnShutdown(s.ui.Close) // its event streams never go idle
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.log.Info("serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", s.o.Token != ""))
@@ -266,6 +276,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
 	s.mu.Unlock()
+	s.ui.Close()
 	done := make(chan struct{})
 	go func() { s.ops.Wait(); close(done) }()
 	var err error

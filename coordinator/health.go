@@ -1,0 +1,89 @@
+package coordinator
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// Health is the engine's figures a person watching the server wants on
+// one page: the same sources /metrics exports (the coordinator's
+// counters and Engine.Usage), read directly.
+type Health struct {
+	// Checkpoints counts checkpoints queued by kind (arbor_checkpoints_total;
+	// none counts turns that needed none).
+	Checkpoints map[string]float64 `json:"checkpoints"`
+	// CheckpointSeconds and ExposedSeconds: arbor_checkpoint_time_seconds_total
+	// and arbor_checkpoint_exposed_seconds_total.
+	CheckpointSeconds float64 `json:"checkpoint_seconds"`
+	ExposedSeconds    float64 `json:"exposed_seconds"`
+	// Queue: arbor_checkpoint_queue_depth by priority, _running, and the
+	// pool's size.
+	QueueLow     int `json:"queue_low"`
+	QueueHigh    int `json:"queue_high"`
+	QueueRunning int `json:"queue_running"`
+	QueueWorkers int `json:"queue_workers"`
+	// The process image cache: arbor_image_hot_bytes, arbor_image_cold_bytes
+	// and the counts, the hot tier's capacity, hits and misses.
+	ImageHotBytes  int64  `json:"image_hot_bytes"`
+	ImageColdBytes int64  `json:"image_cold_bytes"`
+	ImageHot       int    `json:"image_hot"`
+	ImageCold      int    `json:"image_cold"`
+	ImageCapacity  int64  `json:"image_capacity"`
+	ImageHits      uint64 `json:"image_hits"`
+	ImageMisses    uint64 `json:"image_misses"`
+	// WarmCopies: arbor_warm_copies.
+	WarmCopies int `json:"warm_copies"`
+	// Verified counts verification-mode checks by result, ok or miss
+	// (arbor_verify_total).
+	Verified   map[string]float64 `json:"verified"`
+	States     int                `json:"states"`
+	ActiveEnvs int                `json:"active_envs"`
+	Revived    int64              `json:"revived"`
+	Disk       []DiskHealth       `json:"disk"`
+}
+
+// DiskHealth is one watched file system (arbor_disk_*).
+type DiskHealth struct {
+	Name  string `json:"name"`
+	Used  int64  `json:"used"`
+	Total int64  `json:"total"`
+	Over  bool   `json:"over"`
+}
+
+// Health reads the figures of Health now.
+func (c *Coordinator) Health() (Health, error) {
+	u, err := c.e.Usage()
+	if err != nil {
+		return Health{}, err
+	}
+	h := Health{Checkpoints: map[string]float64{}, Verified: map[string]float64{},
+		CheckpointSeconds: u.Coord.CheckpointTime.Seconds(), ExposedSeconds: u.Coord.Exposed.Seconds(),
+		QueueLow: u.Queue.Low.Queued, QueueHigh: u.Queue.High.Queued, QueueRunning: u.Queue.Running, QueueWorkers: u.Queue.Workers,
+		ImageHotBytes: u.Images.HotBytes, ImageColdBytes: u.Images.ColdBytes, ImageHot: u.Images.HotCount, ImageCold: u.Images.ColdCount,
+		ImageCapacity: u.Images.Capacity, ImageHits: u.Images.Hits, ImageMisses: u.Images.Misses,
+		WarmCopies: u.Warm, States: u.Manifest.States, Revived: u.Coord.Revived}
+	for _, k := range []branch.Kind{branch.None, branch.FS, branch.Proc, branch.Full} {
+		h.Checkpoints[string(k)] = counterValue(c.m.checkpoints, string(k))
+	}
+	for _, r := range []string{"ok", "miss"} {
+		h.Verified[r] = counterValue(c.m.verified, r)
+	}
+	c.mu.Lock()
+	h.ActiveEnvs = len(c.envs)
+	c.mu.Unlock()
+	for _, d := range u.Disk {
+		h.Disk = append(h.Disk, DiskHealth{Name: d.Name, Used: d.Used, Total: d.Total, Over: d.Over})
+	}
+	return h, nil
+}
+
+// counterValue reads one series of a counter vector.
+func counterValue(v *prometheus.CounterVec, label string) float64 {
+	var m dto.Metric
+	if err := v.WithLabelValues(label).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
