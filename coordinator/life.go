@@ -32,6 +32,7 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 	if err != nil {
 		return "", err
 	}
+	c.o.Hooks.StateMade(env.ID, sid)
 	c.m.checkpoint.WithLabelValues("forced").Observe(time.Since(t).Seconds())
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	return sid, nil
@@ -107,6 +108,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		return nil, c.released(req.StateID, err)
 	}
 	c.m.branch.Observe(res.Took.Seconds())
+	if src.Env != nil {
+		c.o.Hooks.StateMade(src.Env.ID, res.State)
+	}
 	var (
 		task TaskInfo
 		seed int64
@@ -164,6 +168,7 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 		return "", "", err
 	}
 	c.forget(child.ID)
+	c.o.Hooks.StateMade(origin, sid)
 	return origin, sid, nil
 }
 
