@@ -16,7 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 // Options configure a Server. Zero values take the defaults.
@@ -24,6 +27,11 @@ type Options struct {
 	// Coordinator runs every operation: the turn, the envs' life, the
 	// errors' codes. The server only speaks the protocol.
 	Coordinator *coordinator.Coordinator
+	// Forwarder, given instead of a Coordinator, serves every request but
+	// hello: the server speaks the protocol (frames, auth, limits,
+	// keepalive, backpressure) and the forwarder sends each request on
+	// (the cluster router, package router).
+	Forwarder Forwarder
 	// Token, when set, must be presented by every connection, as
 	// "Authorization: Bearer TOKEN" or in hello. Listening on anything but
 	// loopback requires one.
@@ -101,6 +109,21 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// Forwarder serves the requests of a server that has no coordinator.
+type Forwarder interface {
+	// Forward is called on the connection's read loop, in the order the
+	// connection's requests arrive, with the request's params undecoded.
+	// It sends the request on (or refuses it) without waiting for the
+	// answer and returns the function that waits for it, run on the
+	// request's own goroutine; a result of type msgpack.RawMessage is
+	// sent as it is. notify sends a notification to the request's
+	// client (step_batch items).
+	Forward(msgid uint32, method string, params msgpack.RawMessage, notify func(method string, params any)) func(ctx context.Context) (any, error)
+	// Capabilities fills what hello reports of the envs behind the
+	// forwarder: Tasks, MaxEnvs and EnvIdleTTLS.
+	Capabilities() protocol.Capabilities
+}
+
 // Server serves protocol v1. Make one with New.
 type Server struct {
 	o   Options
@@ -121,8 +144,8 @@ type Server struct {
 
 // New makes a server on a coordinator.
 func New(o Options) (*Server, error) {
-	if o.Coordinator == nil {
-		return nil, errors.New("server: Options.Coordinator is required")
+	if (o.Coordinator == nil) == (o.Forwarder == nil) {
+		return nil, errors.New("server: give exactly one of Options.Coordinator and Options.Forwarder")
 	}
 	o = o.withDefaults()
 	if o.PongWait <= o.PingInterval {
@@ -254,6 +277,15 @@ func (s *Server) begin() bool {
 	}
 	s.ops.Add(1)
 	return true
+}
+
+// ticket queues a request on the envs it names (the coordinator's
+// Ticket); a forwarding server keeps no envs, so it takes none.
+func (s *Server) ticket(ids ...string) (wait, release func()) {
+	if s.c == nil {
+		return func() {}, func() {}
+	}
+	return s.c.Ticket(ids...)
 }
 
 func (s *Server) authorized(token string) bool {
