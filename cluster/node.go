@@ -179,15 +179,13 @@ func (n *Node) renew() {
 	}
 }
 
-// Register lists the node in the cluster: it deletes the placements left
-// under its id by an earlier run for envs it no longer has, puts its
-// NodeInfo under its lease (waiting up to the TTL for an earlier run's
-// key of the same id to expire: a node killed and restarted at once) and
-// starts publishing its load every Interval.
+// Register lists the node in the cluster: it puts its NodeInfo under its
+// lease (waiting up to the TTL for an earlier run's key of the same id to
+// expire: a node killed and restarted at once; ErrNodeIDTaken when a live
+// node keeps it), then deletes the placements left under its id by an
+// earlier run for envs it no longer has, and starts publishing its load
+// every Interval.
 func (n *Node) Register(ctx context.Context, local Local) error {
-	if err := n.dropStale(ctx); err != nil {
-		return err
-	}
 	n.mu.Lock()
 	n.local = local
 	n.mu.Unlock()
@@ -212,6 +210,10 @@ func (n *Node) Register(ctx context.Context, local Local) error {
 			return ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
+	}
+	// Only the holder of the id's key may judge its placements.
+	if err := n.dropStale(ctx); err != nil {
+		return err
 	}
 	n.mu.Lock()
 	n.registered = true
