@@ -72,7 +72,8 @@ func TestNodeRegistry(t *testing.T) {
 	url := etcdtest.Start(t)
 	cli := etcdClient(t, url)
 	ctx := context.Background()
-	o := cluster.NodeOptions{Endpoints: []string{url}, ID: "n1", Advertise: "127.0.0.2:7878", TTL: time.Second, Interval: 200 * time.Millisecond, Logger: quiet()}
+	o := cluster.NodeOptions{Endpoints: []string{url}, ID: "n1", Advertise: "127.0.0.2:7878", TTL: time.Second, Interval: 200 * time.Millisecond,
+		StateGrace: 300 * time.Millisecond, Logger: quiet()}
 
 	// A placement an earlier run left for an env this run does not have.
 	stale, _ := json.Marshal(cluster.Placement{Node: "n1"})

@@ -30,6 +30,11 @@ type NodeOptions struct {
 	Interval time.Duration
 	// Timeout bounds each etcd call (default 5 s).
 	Timeout time.Duration
+	// StateGrace is how long a state's key stays before the sweep may
+	// find the state gone (default 1 min): a step's state is committed
+	// by its background checkpoint after the step answered, and until
+	// then the engine does not list it.
+	StateGrace time.Duration
 	Version string
 	Logger  *slog.Logger
 }
@@ -46,6 +51,9 @@ func (o NodeOptions) withDefaults() NodeOptions {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second
+	}
+	if o.StateGrace <= 0 {
+		o.StateGrace = time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -80,8 +88,14 @@ type Node struct {
 	registered bool
 	started    time.Time
 	envs       map[string]string // env -> the placement value this node put
-	states     map[string]string // state -> env, keys put under the lease
+	states     map[string]stateRec // keys put under the lease
 	lost       map[string]bool   // envs whose placement could not be written yet
+}
+
+// stateRec is a state whose key the node put.
+type stateRec struct {
+	env string
+	at  time.Time
 }
 
 // Connect opens the node's etcd client and grants its lease. The hooks
@@ -96,7 +110,7 @@ func Connect(ctx context.Context, o NodeOptions) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{o: o, cli: cli, log: o.Logger.With(slog.String("node", o.ID)), envs: map[string]string{},
-		states: map[string]string{}, lost: map[string]bool{}, started: time.Now()}
+		states: map[string]stateRec{}, lost: map[string]bool{}, started: time.Now()}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.grant(ctx); err != nil {
 		cli.Close()
@@ -159,8 +173,8 @@ func (n *Node) renew() {
 		if err := n.grant(n.ctx); err == nil {
 			n.mu.Lock()
 			states := make(map[string]string, len(n.states))
-			for s, e := range n.states {
-				states[s] = e
+			for s, r := range n.states {
+				states[s] = r.env
 			}
 			n.mu.Unlock()
 			for s, e := range states {
@@ -337,12 +351,17 @@ func (n *Node) retryPlacements() {
 	}
 }
 
+// sweepStates deletes the keys of states recorded more than StateGrace
+// ago that the node no longer holds (deleted by the engine's GC, or a
+// background checkpoint that failed: the state never came to be).
 func (n *Node) sweepStates() {
 	n.mu.Lock()
 	local := n.local
 	var ids []string
-	for s := range n.states {
-		ids = append(ids, s)
+	for s, r := range n.states {
+		if time.Since(r.at) > n.o.StateGrace {
+			ids = append(ids, s)
+		}
 	}
 	n.mu.Unlock()
 	if local == nil {
@@ -352,13 +371,14 @@ func (n *Node) sweepStates() {
 		if local.HasState(s) {
 			continue
 		}
+		n.mu.Lock()
+		delete(n.states, s)
+		n.mu.Unlock()
 		if err := n.del(StateKey(s, n.o.ID)); err != nil {
 			n.log.Warn("delete state key", slog.String("state", s), slog.Any("err", err))
 			continue
 		}
-		n.mu.Lock()
-		delete(n.states, s)
-		n.mu.Unlock()
+		n.log.Debug("state gone: key deleted", slog.String("state", s))
 	}
 }
 
@@ -420,7 +440,9 @@ func (n *Node) EnvClosed(env string) {
 func (n *Node) StateMade(env, state string) {
 	n.mu.Lock()
 	_, known := n.states[state]
-	n.states[state] = env
+	if !known {
+		n.states[state] = stateRec{env: env, at: time.Now()}
+	}
 	n.mu.Unlock()
 	if !known {
 		n.putState(env, state)
@@ -433,7 +455,9 @@ func (n *Node) putState(env, state string) {
 	n.mu.Unlock()
 	if err := n.put(StateKey(state, n.o.ID), env, clientv3.WithLease(lease)); err != nil {
 		n.log.Warn("record state", slog.String("state", state), slog.Any("err", err))
+		return
 	}
+	n.log.Debug("recorded state", slog.String("state", state), slog.String("env", env))
 }
 
 // Leave takes the node out of the cluster on a clean stop, after its
