@@ -35,8 +35,8 @@ type NodeOptions struct {
 	// by its background checkpoint after the step answered, and until
 	// then the engine does not list it.
 	StateGrace time.Duration
-	Version string
-	Logger  *slog.Logger
+	Version    string
+	Logger     *slog.Logger
 }
 
 func (o NodeOptions) withDefaults() NodeOptions {
@@ -87,9 +87,9 @@ type Node struct {
 	local      Local // nil until Register
 	registered bool
 	started    time.Time
-	envs       map[string]string // env -> the placement value this node put
+	envs       map[string]string   // env -> the placement value this node put
 	states     map[string]stateRec // keys put under the lease
-	lost       map[string]bool   // envs whose placement could not be written yet
+	lost       map[string]bool     // envs whose placement could not be written yet
 }
 
 // stateRec is a state whose key the node put.
