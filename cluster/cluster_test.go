@@ -26,6 +26,8 @@ func (l *fakeLocal) Capacity() cluster.NodeInfo {
 	return cluster.NodeInfo{MaxEnvs: 4, Tasks: []string{"count"}, EnvIdleTTLS: 60}
 }
 
+func (l *fakeLocal) HasEnv(id string) bool { return id == "lost" }
+
 func (l *fakeLocal) HasState(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -80,6 +82,7 @@ func TestNodeRegistry(t *testing.T) {
 	other, _ := json.Marshal(cluster.Placement{Node: "n2"})
 	cli.Put(ctx, cluster.EnvKey("gone"), string(stale))
 	cli.Put(ctx, cluster.EnvKey("elsewhere"), string(other))
+	cli.Put(ctx, cluster.EnvKey("lost"), string(stale)) // lost in a crash restart: the node still answers env_lost
 
 	gone := map[string]bool{}
 	var gmu sync.Mutex
@@ -109,6 +112,9 @@ func TestNodeRegistry(t *testing.T) {
 	}
 	if _, ok := get(t, cli, cluster.EnvKey("elsewhere")); !ok {
 		t.Error("Register deleted another node's placement")
+	}
+	if _, ok := get(t, cli, cluster.EnvKey("lost")); !ok {
+		t.Error("Register deleted the placement of an env the node answers env_lost for")
 	}
 	val, ok := get(t, cli, cluster.NodeKey("n1"))
 	if !ok {

@@ -16,3 +16,15 @@ func (l coLocal) HasState(id string) bool {
 	_, err := l.co.Engine().State(id)
 	return err == nil
 }
+
+func (l coLocal) HasEnv(id string) bool {
+	if l.co.Has(id) {
+		return true
+	}
+	for _, e := range l.co.Lost() {
+		if e.ID == id {
+			return true
+		}
+	}
+	return false
+}

@@ -68,6 +68,10 @@ type Local interface {
 	// HasState reports whether the node still holds the state (its
 	// key is deleted once the engine's GC removed it).
 	HasState(id string) bool
+	// HasEnv reports whether the node still answers for the env: open,
+	// or lost in a crash restart (it answers env_lost until the env is
+	// closed), so that its placement is kept.
+	HasEnv(id string) bool
 }
 
 // Node publishes one Arbor node in etcd. It is the coordinator's Hooks
@@ -90,6 +94,7 @@ type Node struct {
 	envs       map[string]string   // env -> the placement value this node put
 	states     map[string]stateRec // keys put under the lease
 	lost       map[string]bool     // envs whose placement could not be written yet
+	kick       chan struct{}       // asks the publisher to publish the load now
 }
 
 // stateRec is a state whose key the node put.
@@ -110,7 +115,7 @@ func Connect(ctx context.Context, o NodeOptions) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{o: o, cli: cli, log: o.Logger.With(slog.String("node", o.ID)), envs: map[string]string{},
-		states: map[string]stateRec{}, lost: map[string]bool{}, started: time.Now()}
+		states: map[string]stateRec{}, lost: map[string]bool{}, started: time.Now(), kick: make(chan struct{}, 1)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.grant(ctx); err != nil {
 		cli.Close()
@@ -253,6 +258,7 @@ func (n *Node) dropStale(ctx context.Context) error {
 	}
 	var stale []kv
 	n.mu.Lock()
+	local := n.local
 	for _, e := range r.Kvs {
 		var p Placement
 		id := idOf(string(e.Key), envsPrefix)
@@ -262,6 +268,13 @@ func (n *Node) dropStale(ctx context.Context) error {
 		stale = append(stale, kv{string(e.Key), e.ModRevision})
 	}
 	n.mu.Unlock()
+	keep := stale[:0]
+	for _, e := range stale {
+		if local == nil || !local.HasEnv(idOf(e.key, envsPrefix)) {
+			keep = append(keep, e)
+		}
+	}
+	stale = keep
 	for _, e := range stale {
 		// Each only if nobody rewrote it since it was read.
 		if _, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(e.key), "=", e.rev)).Then(clientv3.OpDelete(e.key)).Commit(); err != nil {
@@ -306,6 +319,16 @@ func (n *Node) publish() error {
 	return nil
 }
 
+// publishSoon asks the publisher to publish the load (envs opened or
+// closed) without making the operation wait for it: routers count the
+// resets they placed until the node's next publication.
+func (n *Node) publishSoon() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
 // publisher publishes the load, retries placements that failed and
 // deletes the keys of states the node no longer holds, every Interval.
 func (n *Node) publisher() {
@@ -316,6 +339,11 @@ func (n *Node) publisher() {
 		select {
 		case <-n.ctx.Done():
 			return
+		case <-n.kick:
+			if err := n.publish(); err != nil {
+				n.log.Warn("publish node", slog.Any("err", err))
+			}
+			continue
 		case <-t.C:
 		}
 		if err := n.publish(); err != nil {
@@ -396,8 +424,9 @@ func (n *Node) del(key string) error {
 	return err
 }
 
-// EnvOpened records the env's placement on this node (and the node's new
-// load) before the operation that made it answers.
+// EnvOpened records the env's placement on this node before the
+// operation that made it answers (one etcd write; the node's new load is
+// published in the background).
 func (n *Node) EnvOpened(env string) {
 	b, _ := json.Marshal(Placement{Node: n.o.ID, Created: time.Now()})
 	n.mu.Lock()
@@ -409,9 +438,7 @@ func (n *Node) EnvOpened(env string) {
 		n.lost[env] = true
 		n.mu.Unlock()
 	}
-	if err := n.publish(); err != nil {
-		n.log.Warn("publish node", slog.Any("err", err))
-	}
+	n.publishSoon()
 }
 
 // EnvClosed deletes the env's placement, unless another node rewrote it
@@ -430,9 +457,7 @@ func (n *Node) EnvClosed(env string) {
 		n.lost[env] = true
 		n.mu.Unlock()
 	}
-	if err := n.publish(); err != nil {
-		n.log.Warn("publish node", slog.Any("err", err))
-	}
+	n.publishSoon()
 }
 
 // StateMade records that this node holds the state's artifacts, under its
