@@ -340,13 +340,13 @@ func (n *Node) publisher() {
 		case <-n.ctx.Done():
 			return
 		case <-n.kick:
-			if err := n.publish(); err != nil {
+			if err := n.publish(); err != nil && n.ctx.Err() == nil {
 				n.log.Warn("publish node", slog.Any("err", err))
 			}
 			continue
 		case <-t.C:
 		}
-		if err := n.publish(); err != nil {
+		if err := n.publish(); err != nil && n.ctx.Err() == nil {
 			n.log.Warn("publish node", slog.Any("err", err))
 		}
 		n.retryPlacements()
