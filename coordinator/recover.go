@@ -86,7 +86,7 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 		// cluster node publishes where states live).
 		if line, err := c.e.Lineage(rec.State); err == nil {
 			for _, st := range line {
-				c.o.Hooks.StateMade(env.ID, st.ID)
+				c.o.Hooks.StateMade(st.Env, st.ID)
 			}
 		}
 		adopted[env.ID] = env
