@@ -349,11 +349,12 @@ func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer
 	r.mu.Unlock()
 	cands := r.view.Place(p.Task, pending)
 	if len(cands) == 0 {
-		what := "no node is registered"
-		if p.Task != "" {
-			what = fmt.Sprintf("no live node offers task %q", p.Task)
+		if p.Task != "" && len(r.view.Nodes()) > 0 {
+			// Live nodes, none with the task: as a single server would
+			// answer (a node that had it and died is not told apart).
+			return fail(protocol.Errorf(protocol.CodeUnknownTask, "no live node offers task %q", p.Task))
 		}
-		return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "cannot place the reset: %s", what))
+		return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "cannot place the reset: no node is registered"))
 	}
 	var last error
 	for _, n := range cands {
