@@ -39,7 +39,12 @@ type View struct {
 	mu    sync.Mutex
 	nodes map[string]NodeInfo
 	envs  map[string]string // env -> node
-	bumps map[string]int    // resets answered since the node last published
+	// unpublished holds, per node, the envs placed there since its
+	// record was last published (its Envs does not count them yet):
+	// those whose placement the watch brought, and those a reset the
+	// router placed answered with (the watch may bring it later). A set,
+	// so that an env seen both ways counts once.
+	unpublished map[string]map[string]bool
 }
 
 // Watch loads the cluster from etcd and follows it until Close.
@@ -100,7 +105,7 @@ func (v *View) load(ctx context.Context) (int64, error) {
 			gone = append(gone, id)
 		}
 	}
-	v.nodes, v.envs, v.bumps = nodes, envs, map[string]int{}
+	v.nodes, v.envs, v.unpublished = nodes, envs, map[string]map[string]bool{}
 	v.mu.Unlock()
 	for _, id := range gone {
 		v.o.OnNodeGone(id)
@@ -154,7 +159,7 @@ func (v *View) apply(ev *clientv3.Event) {
 			v.mu.Lock()
 			_, had := v.nodes[id]
 			delete(v.nodes, id)
-			delete(v.bumps, id)
+			delete(v.unpublished, id)
 			v.mu.Unlock()
 			if had {
 				v.log.Info("node gone", slog.String("node", id))
@@ -168,7 +173,8 @@ func (v *View) apply(ev *clientv3.Event) {
 			return
 		}
 		v.mu.Lock()
-		v.nodes[id], v.bumps[id] = n, 0
+		v.nodes[id] = n
+		delete(v.unpublished, id)
 		v.mu.Unlock()
 	case len(key) > len(envsPrefix) && key[:len(envsPrefix)] == envsPrefix:
 		id := idOf(key, envsPrefix)
@@ -179,7 +185,11 @@ func (v *View) apply(ev *clientv3.Event) {
 		v.mu.Lock()
 		if put {
 			v.envs[id] = p.Node
+			v.markUnpublished(p.Node, id)
 		} else {
+			if u := v.unpublished[v.envs[id]]; u != nil {
+				delete(u, id)
+			}
 			delete(v.envs, id)
 		}
 		v.mu.Unlock()
@@ -208,7 +218,7 @@ func (v *View) Node(id string) (NodeInfo, bool) {
 
 // Place orders the live nodes that offer task ("" for any) by load,
 // least loaded first, counting the pending resets the caller has sent to
-// each and the resets answered since the node last published its load.
+// each and the envs placed there since the node last published its load.
 // Full nodes come last.
 func (v *View) Place(task string, pending map[string]int) []NodeInfo {
 	v.mu.Lock()
@@ -221,7 +231,7 @@ func (v *View) Place(task string, pending map[string]int) []NodeInfo {
 		if task != "" && !n.HasTask(task) {
 			continue
 		}
-		n.Envs += pending[id] + v.bumps[id]
+		n.Envs += pending[id] + len(v.unpublished[id])
 		cs = append(cs, cand{n, n.Load()})
 	}
 	v.mu.Unlock()
@@ -238,14 +248,26 @@ func (v *View) Place(task string, pending map[string]int) []NodeInfo {
 	return out
 }
 
-// Placed counts a reset the node answered, until the node publishes its
-// load again.
-func (v *View) Placed(node string) {
+// Placed counts an env a reset placed on node, until the node publishes
+// its load again.
+func (v *View) Placed(node, env string) {
 	v.mu.Lock()
-	if _, ok := v.nodes[node]; ok {
-		v.bumps[node]++
-	}
+	v.markUnpublished(node, env)
 	v.mu.Unlock()
+}
+
+// markUnpublished records env as placed on a live node and not yet in
+// its published load; v.mu is held.
+func (v *View) markUnpublished(node, env string) {
+	if _, ok := v.nodes[node]; !ok {
+		return
+	}
+	u := v.unpublished[node]
+	if u == nil {
+		u = map[string]bool{}
+		v.unpublished[node] = u
+	}
+	u[env] = true
 }
 
 // EnvNode returns the node an env was placed on ("" when there is no

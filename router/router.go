@@ -377,7 +377,12 @@ func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer
 			if err != nil {
 				return nil, err
 			}
-			r.view.Placed(s.node)
+			var res struct {
+				EnvID string `msgpack:"env_id"`
+			}
+			if msgpack.Unmarshal(raw, &res) == nil && res.EnvID != "" {
+				r.view.Placed(s.node, res.EnvID)
+			}
 			return raw, nil
 		}
 	}

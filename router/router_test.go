@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
@@ -75,6 +77,15 @@ type node struct {
 	killOnce sync.Once
 }
 
+// classify checkpoints every turn full but `true`, which changes nothing
+// (the overhead test's steps without a checkpoint).
+func classify(_ context.Context, _ *branch.Env, cmd string) (branch.Turn, error) {
+	if cmd == "true" {
+		return branch.Turn{Kind: branch.None}, nil
+	}
+	return branch.Turn{Kind: branch.Full}, nil
+}
+
 func startNode(t *testing.T, etcd, id, ip string) *node {
 	t.Helper()
 	rig := branchtest.ForTest(t, branchtest.Options{})
@@ -89,7 +100,7 @@ func startNode(t *testing.T, etcd, id, ip string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	co, err := coordinator.New(coordinator.Options{Engine: rig.Engine, Classify: coordinator.Full, MaxEnvs: maxEnvs,
+	co, err := coordinator.New(coordinator.Options{Engine: rig.Engine, Classify: classify, MaxEnvs: maxEnvs,
 		Hooks: n.reg, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -434,6 +445,35 @@ print("ok")
 		if _, err := c.Step(ctx, env, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
 			t.Errorf("step on a closed env: %v", err)
 		}
+	})
+
+	t.Run("overhead", func(t *testing.T) {
+		// Not a benchmark (that is issue 17's later part): a figure in the
+		// log of what the router adds to a step.
+		direct, err := arbor.Dial(ctx, a.addr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer direct.Close()
+		p50 := func(c *arbor.Client, a arbor.Action, n int) time.Duration {
+			var d []time.Duration
+			for i := 0; i < n; i++ {
+				start := time.Now()
+				if _, err := c.Step(ctx, ea, a); err != nil {
+					t.Fatal(err)
+				}
+				d = append(d, time.Since(start))
+			}
+			sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+			return d[len(d)/2]
+		}
+		// `true` takes no checkpoint (classify): the step's path alone.
+		noop := arbor.Bash("true", 0)
+		t.Logf("step p50 without a checkpoint: direct %v, router %v", p50(direct, noop, 31), p50(c, noop, 31))
+		// Each of these makes a state (a full checkpoint, waited for by
+		// the next step) whose key the node writes to etcd.
+		write := arbor.Bash("date > f", 0)
+		t.Logf("step p50 with a new state each: direct %v, router %v", p50(direct, write, 5), p50(c, write, 5))
 	})
 
 	t.Run("node dies", func(t *testing.T) {
