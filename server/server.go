@@ -15,7 +15,6 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/coordinator"
