@@ -82,9 +82,10 @@ type Node struct {
 	cli *clientv3.Client
 	log *slog.Logger
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 
 	mu         sync.Mutex
 	lease      clientv3.LeaseID
@@ -428,6 +429,9 @@ func (n *Node) del(key string) error {
 // operation that made it answers (one etcd write; the node's new load is
 // published in the background).
 func (n *Node) EnvOpened(env string) {
+	if n.ctx.Err() != nil {
+		return // closed: the node is leaving or dead
+	}
 	b, _ := json.Marshal(Placement{Node: n.o.ID, Created: time.Now()})
 	n.mu.Lock()
 	n.envs[env] = string(b)
@@ -444,6 +448,9 @@ func (n *Node) EnvOpened(env string) {
 // EnvClosed deletes the env's placement, unless another node rewrote it
 // since this one put it.
 func (n *Node) EnvClosed(env string) {
+	if n.ctx.Err() != nil {
+		return // closed: the node is leaving or dead
+	}
 	n.mu.Lock()
 	val := n.envs[env]
 	delete(n.envs, env)
@@ -463,6 +470,9 @@ func (n *Node) EnvClosed(env string) {
 // StateMade records that this node holds the state's artifacts, under its
 // lease.
 func (n *Node) StateMade(env, state string) {
+	if n.ctx.Err() != nil {
+		return // closed: the node is leaving or dead
+	}
 	n.mu.Lock()
 	_, known := n.states[state]
 	if !known {
@@ -511,10 +521,13 @@ func (n *Node) Leave(ctx context.Context) error {
 
 // Close stops publishing and closes the etcd client without revoking the
 // lease: the node's keys vanish when it expires, as for a node that died.
+// Hooks called after it do nothing. Close may be called again.
 func (n *Node) Close() {
-	n.cancel()
-	n.wg.Wait()
-	n.cli.Close()
+	n.closeOnce.Do(func() {
+		n.cancel()
+		n.wg.Wait()
+		n.cli.Close()
+	})
 }
 
 // ID is the node's id.
