@@ -141,8 +141,19 @@ func TestNodesGone(t *testing.T) {
 	wantCode(t, "step on an env of a node gone from the registry", err, protocol.CodeNodeUnavailable, start, time.Second)
 
 	// A node that takes requests and never answers: when its lease ends
-	// the router fails what waits on it.
-	s, err := server.New(server.Options{Forwarder: hung{}, Logger: quiet()})
+	// the router fails what waits on it. It wants a token, which a second
+	// router (itself behind a token of its own) presents.
+	rt2, taddr := startRouter(t, etcd, "client-secret", "node-secret")
+	if c, err = arbor.Dial(ctx, taddr, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Reset(ctx, arbor.ResetParams{Task: "count"})
+	wantCode(t, "reset through a router without its token", err, protocol.CodeUnauthorized, time.Now(), time.Second)
+	if _, err := c.Hello(ctx, "client-secret"); err != nil {
+		t.Fatalf("hello with the router's token: %v", err)
+	}
+	s, err := server.New(server.Options{Forwarder: hung{}, Token: "node-secret", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +170,7 @@ func TestNodesGone(t *testing.T) {
 		s.Shutdown(sctx)
 	}()
 	stuck := register(t, etcd, "stuck", ln.Addr().String())
-	for end := time.Now().Add(3 * time.Second); len(rt.View().Nodes()) == 0; time.Sleep(20 * time.Millisecond) {
+	for end := time.Now().Add(3 * time.Second); len(rt2.View().Nodes()) == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("the router does not see the stuck node")
 		}
@@ -170,6 +181,11 @@ func TestNodesGone(t *testing.T) {
 		errc <- err
 	}()
 	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-errc:
+		t.Fatalf("reset on a live node that never answers was answered (token refused?): %v", err)
+	default:
+	}
 	start = time.Now()
 	stuck.Close() // its lease expires after 1 s
 	select {

@@ -135,13 +135,19 @@ func (n *node) kill() {
 	})
 }
 
-func startRouter(t *testing.T, etcd string) (*router.Router, string) {
+// startRouter starts a router on 127.0.0.1; tokens (none, or the
+// clients' and the nodes') as arbor router's --token and --node-token.
+func startRouter(t *testing.T, etcd string, tokens ...string) (*router.Router, string) {
 	t.Helper()
-	rt, err := router.New(context.Background(), router.Options{Endpoints: []string{etcd}, Logger: quiet()})
+	var token, nodeToken string
+	if len(tokens) == 2 {
+		token, nodeToken = tokens[0], tokens[1]
+	}
+	rt, err := router.New(context.Background(), router.Options{Endpoints: []string{etcd}, NodeToken: nodeToken, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Forwarder: rt, Logger: quiet()})
+	s, err := server.New(server.Options{Forwarder: rt, Token: token, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
