@@ -50,7 +50,35 @@ type Options struct {
 	// own.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+	// Hooks hear of the envs handed out and ended and of the states
+	// their operations make; nil: nobody (a single host). A cluster
+	// node's registry (package cluster) publishes them in etcd.
+	Hooks Hooks
 }
+
+// Hooks hear of the coordinator's envs and states. They are called
+// synchronously, with no lock of the coordinator held, before the
+// operation that caused them answers: a router that reads what a hook
+// published after the answer finds it. They must not call back into the
+// coordinator's operations on the same env.
+type Hooks interface {
+	// EnvOpened: an env was handed out (reset, branch, adopted after a
+	// restart).
+	EnvOpened(env string)
+	// EnvClosed: an env handed out is gone (close, discard, promote, the
+	// idle TTL, found closed).
+	EnvClosed(env string)
+	// StateMade: an operation on env made (or named as its head) the
+	// state, whose artifacts this engine holds.
+	StateMade(env, state string)
+}
+
+// noHooks is the Hooks of a single host.
+type noHooks struct{}
+
+func (noHooks) EnvOpened(string)         {}
+func (noHooks) EnvClosed(string)         {}
+func (noHooks) StateMade(string, string) {}
 
 func (o Options) withDefaults() Options {
 	if o.MaxEnvs <= 0 {
@@ -73,6 +101,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Hooks == nil {
+		o.Hooks = noHooks{}
 	}
 	return o
 }
@@ -258,15 +289,20 @@ func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base 
 	c.mu.Lock()
 	c.envs[env.ID] = m
 	c.mu.Unlock()
+	c.o.Hooks.EnvOpened(env.ID)
 	return m
 }
 
 // forget drops an env from the registry.
 func (c *Coordinator) forget(id string) {
 	c.mu.Lock()
+	_, ok := c.envs[id]
 	delete(c.envs, id)
 	c.mu.Unlock()
 	c.notes.forget(id)
+	if ok {
+		c.o.Hooks.EnvClosed(id)
+	}
 }
 
 // lookup finds an env handed out and marks it used. An env the engine no
@@ -371,6 +407,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 		task.Image = res.Env.Image
 	}
 	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral)
+	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(branch.Full)})
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))

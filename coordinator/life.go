@@ -32,6 +32,7 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 	if err != nil {
 		return "", err
 	}
+	c.o.Hooks.StateMade(env.ID, sid)
 	c.m.checkpoint.WithLabelValues("forced").Observe(time.Since(t).Seconds())
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	return sid, nil
@@ -111,6 +112,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		return nil, c.released(req.StateID, err)
 	}
 	c.m.branch.Observe(res.Took.Seconds())
+	if src.Env != nil {
+		c.o.Hooks.StateMade(src.Env.ID, res.State)
+	}
 	var (
 		task TaskInfo
 		seed int64
@@ -177,6 +181,7 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 	}
 	c.forget(child.ID)
 	c.feed.publish(Event{Type: EventPromote, Env: origin, Task: m.task.Name, State: sid, Child: child.ID})
+	c.o.Hooks.StateMade(origin, sid)
 	return origin, sid, nil
 }
 

@@ -82,6 +82,13 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 		task, base, seed := fromLabels(l)
 		m := c.register(env, task, seed, base, false)
 		m.recovered = &Recovered{StateID: rec.State, Turn: rec.Turn - base}
+		// The lineage it was restored at is this engine's again (a
+		// cluster node publishes where states live).
+		if line, err := c.e.Lineage(rec.State); err == nil {
+			for _, st := range line {
+				c.o.Hooks.StateMade(st.Env, st.ID)
+			}
+		}
 		adopted[env.ID] = env
 	}
 	for _, env := range adopted {

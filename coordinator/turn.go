@@ -241,6 +241,7 @@ func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *T
 	}
 	if kind != branch.None {
 		m.pending = sid
+		c.o.Hooks.StateMade(env.ID, sid)
 	}
 	c.m.checkpoints.WithLabelValues(string(kind)).Inc()
 	out.StateID, out.Kind = sid, kind

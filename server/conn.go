@@ -356,7 +356,12 @@ func (c *conn) dispatch(b []byte) {
 		return
 	}
 	req := &request{c: c, msgid: f.MsgID, method: f.Method}
-	req.wait, req.release = c.s.c.Ticket(h.parse(c.s, req, f.Params)...)
+	if fw := c.s.o.Forwarder; fw != nil && f.Method != protocol.MethodHello {
+		req.serve = fw.Forward(f.MsgID, f.Method, f.Params, c.notify)
+		req.wait, req.release = c.s.ticket()
+	} else {
+		req.wait, req.release = c.s.ticket(h.parse(c.s, req, f.Params)...)
+	}
 	c.s.m.inFlight.Inc()
 	go func() {
 		defer c.s.ops.Done()

@@ -112,10 +112,16 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 		r.c.authed.Store(true)
 	}
 	kinds := []string{string(branch.None), string(branch.FS), string(branch.Proc), string(branch.Full)}
+	var envs protocol.Capabilities
+	if s.c != nil {
+		envs = protocol.Capabilities{Tasks: s.c.TaskNames(), MaxEnvs: s.c.MaxEnvs(), EnvIdleTTLS: s.c.IdleTTL().Seconds()}
+	} else {
+		envs = s.o.Forwarder.Capabilities()
+	}
 	return protocol.HelloResult{Version: protocol.Version, Server: "arbor " + s.o.Version, Capabilities: protocol.Capabilities{
-		Methods: protocol.Methods, Tools: protocol.Tools, CheckpointKinds: kinds, Tasks: s.c.TaskNames(),
-		MaxFrameBytes: s.o.MaxFrameBytes, MaxInFlight: s.o.MaxInFlight, MaxEnvs: s.c.MaxEnvs(), MaxBatch: s.o.MaxBatch,
-		EnvIdleTTLS: s.c.IdleTTL().Seconds(), MaxUnreadBytes: s.o.MaxUnreadBytes, StepKeys: true,
+		Methods: protocol.Methods, Tools: protocol.Tools, CheckpointKinds: kinds, Tasks: envs.Tasks,
+		MaxFrameBytes: s.o.MaxFrameBytes, MaxInFlight: s.o.MaxInFlight, MaxEnvs: envs.MaxEnvs, MaxBatch: s.o.MaxBatch,
+		EnvIdleTTLS: envs.EnvIdleTTLS, MaxUnreadBytes: s.o.MaxUnreadBytes, StepKeys: true,
 	}}, nil
 }
 

@@ -16,8 +16,10 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/server/ui"
 )
 
@@ -26,6 +28,11 @@ type Options struct {
 	// Coordinator runs every operation: the turn, the envs' life, the
 	// errors' codes. The server only speaks the protocol.
 	Coordinator *coordinator.Coordinator
+	// Forwarder, given instead of a Coordinator, serves every request but
+	// hello: the server speaks the protocol (frames, auth, limits,
+	// keepalive, backpressure) and the forwarder sends each request on
+	// (the cluster router, package router).
+	Forwarder Forwarder
 	// Token, when set, must be presented by every connection, as
 	// "Authorization: Bearer TOKEN" or in hello. Listening on anything but
 	// loopback requires one.
@@ -122,6 +129,21 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// Forwarder serves the requests of a server that has no coordinator.
+type Forwarder interface {
+	// Forward is called on the connection's read loop, in the order the
+	// connection's requests arrive, with the request's params undecoded.
+	// It sends the request on (or refuses it) without waiting for the
+	// answer and returns the function that waits for it, run on the
+	// request's own goroutine; a result of type msgpack.RawMessage is
+	// sent as it is. notify sends a notification to the request's
+	// client (step_batch items).
+	Forward(msgid uint32, method string, params msgpack.RawMessage, notify func(method string, params any)) func(ctx context.Context) (any, error)
+	// Capabilities fills what hello reports of the envs behind the
+	// forwarder: Tasks, MaxEnvs and EnvIdleTTLS.
+	Capabilities() protocol.Capabilities
+}
+
 // Server serves protocol v1. Make one with New.
 type Server struct {
 	o   Options
@@ -145,8 +167,8 @@ type Server struct {
 
 // New makes a server on a coordinator.
 func New(o Options) (*Server, error) {
-	if o.Coordinator == nil {
-		return nil, errors.New("server: Options.Coordinator is required")
+	if (o.Coordinator == nil) == (o.Forwarder == nil) {
+		return nil, errors.New("server: give exactly one of Options.Coordinator and Options.Forwarder")
 	}
 	o = o.withDefaults()
 	if o.PongWait <= o.PingInterval {
@@ -159,9 +181,13 @@ func New(o Options) (*Server, error) {
 		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
-	var err error
-	if s.ui, err = ui.New(ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}); err != nil {
-		return nil, err
+	// The web view reads one coordinator's envs and states; a router
+	// (Forwarder) does not serve it yet (docs/ui.md).
+	if o.Coordinator != nil {
+		var err error
+		if s.ui, err = ui.New(ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}); err != nil {
+			return nil, err
+		}
 	}
 	s.up = websocket.Upgrader{
 		ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10,
@@ -226,7 +252,9 @@ func (s *Server) Handler() http.Handler {
 	for pattern, h := range s.o.Handlers {
 		mux.Handle(pattern, h)
 	}
-	mux.Handle("/", s.uiAccess(s.ui.Handler()))
+	if s.ui != nil {
+		mux.Handle("/", s.uiAccess(s.ui.Handler()))
+	}
 	return mux
 }
 
@@ -253,7 +281,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		return fmt.Errorf("server: listening on %s needs a token (--token or ARBOR_TOKEN)", ln.Addr())
 	}
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
-	hs.RegisterOnShutdown(s.ui.Close) // its event streams never go idle
+	hs.RegisterOnShutdown(s.closeUI) // its event streams never go idle
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.log.Info("serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", s.o.Token != ""))
@@ -268,6 +296,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	return s.Shutdown(sctx)
 }
 
+// closeUI ends the web view's event streams, when it serves one.
+func (s *Server) closeUI() {
+	if s.ui != nil {
+		s.ui.Close()
+	}
+}
+
 // Shutdown drains the server: new requests are refused with
 // shutting_down, running operations get until ctx ends to finish (then
 // they are cancelled), and every connection is closed. The envs stay with
@@ -276,7 +311,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
 	s.mu.Unlock()
-	s.ui.Close()
+	s.closeUI()
 	done := make(chan struct{})
 	go func() { s.ops.Wait(); close(done) }()
 	var err error
@@ -310,6 +345,15 @@ func (s *Server) begin() bool {
 	}
 	s.ops.Add(1)
 	return true
+}
+
+// ticket queues a request on the envs it names (the coordinator's
+// Ticket); a forwarding server keeps no envs, so it takes none.
+func (s *Server) ticket(ids ...string) (wait, release func()) {
+	if s.c == nil {
+		return func() {}, func() {}
+	}
+	return s.c.Ticket(ids...)
 }
 
 func (s *Server) authorized(token string) bool {

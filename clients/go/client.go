@@ -65,6 +65,9 @@ var (
 	ErrShuttingDown  = protocol.ErrShuttingDown
 	ErrEnvLost       = protocol.ErrEnvLost
 	ErrSandbox       = protocol.ErrSandbox
+	// ErrNodeUnavailable: a cluster router could not reach the node of
+	// the env or state (retryable, infra).
+	ErrNodeUnavailable = protocol.ErrNodeUnavailable
 	// ErrClosed: the connection is closed.
 	ErrClosed = errors.New("arbor: connection closed")
 )
@@ -264,13 +267,44 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 }
 
 func (c *Client) call(ctx context.Context, method string, params, result any, onItem func(BatchItemResult)) error {
-	id, ch, err := c.start(method, params, onItem)
+	p, err := c.Send(method, params, onItem)
 	if err != nil {
 		return err
 	}
+	return p.Wait(ctx, result)
+}
+
+// Pending is a request sent whose answer has not been taken (Send).
+type Pending struct {
+	c      *Client
+	id     uint32
+	ch     chan protocol.Frame
+	method string
+}
+
+// Send sends method with params and returns at once, without waiting
+// for the answer: requests sent one after another from one goroutine
+// reach the server in that order (what a proxy needs to keep the
+// order of operations on an env). onItem, for step_batch, gets each
+// item as it finishes. Wait takes the answer.
+func (c *Client) Send(method string, params any, onItem func(BatchItemResult)) (*Pending, error) {
+	id, ch, err := c.start(method, params, onItem)
+	if err != nil {
+		return nil, err
+	}
+	return &Pending{c: c, id: id, ch: ch, method: method}, nil
+}
+
+// Wait waits for the answer of a request Send sent and decodes its
+// result into result (nil to drop it; a *msgpack.RawMessage keeps it
+// undecoded). Errors the server sent are *Error; a connection that
+// closed first is ErrClosed. When ctx ends first Wait returns its error
+// and the answer is dropped.
+func (p *Pending) Wait(ctx context.Context, result any) error {
+	c := p.c
 	select {
-	case f, ok := <-ch:
-		c.forget(id)
+	case f, ok := <-p.ch:
+		c.forget(p.id)
 		if !ok {
 			c.mu.Lock()
 			err := c.err
@@ -282,12 +316,12 @@ func (c *Client) call(ctx context.Context, method string, params, result any, on
 		}
 		if result != nil {
 			if err := msgpack.Unmarshal(f.Result, result); err != nil {
-				return fmt.Errorf("decode %s result: %w", method, err)
+				return fmt.Errorf("decode %s result: %w", p.method, err)
 			}
 		}
 		return nil
 	case <-ctx.Done():
-		c.forget(id)
+		c.forget(p.id)
 		return ctx.Err()
 	}
 }

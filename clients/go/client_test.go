@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/vmihailenco/msgpack/v5"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -107,5 +108,44 @@ func TestURL(t *testing.T) {
 		if got := arbor.URL(in); got != want {
 			t.Errorf("URL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestSendWait: requests sent with Send reach the server in the order
+// sent, and each Wait gets its own answer, whatever order they come in
+// (the fake server answers three at a time, last first); a raw result
+// stays undecoded.
+func TestSendWait(t *testing.T) {
+	c, err := arbor.Dial(context.Background(), fakeServer(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var ps []*arbor.Pending
+	for _, id := range []string{"x", "y"} {
+		p, err := c.Send(protocol.MethodCheckpoint, protocol.EnvParams{EnvID: id}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	failed, err := c.Send("fail", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := failed.Wait(ctx, nil); !errors.Is(err, arbor.ErrUnknownEnv) {
+		t.Errorf("fail: %v", err)
+	}
+	var raw msgpack.RawMessage
+	if err := ps[1].Wait(ctx, &raw); err != nil {
+		t.Fatal(err)
+	}
+	var r protocol.CheckpointResult
+	if err := msgpack.Unmarshal(raw, &r); err != nil || r.StateID != "y" {
+		t.Errorf("raw result of y: %+v %v", r, err)
+	}
+	if err := ps[0].Wait(ctx, &r); err != nil || r.StateID != "x" {
+		t.Errorf("x: %+v %v", r, err)
 	}
 }

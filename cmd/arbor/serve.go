@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
@@ -52,7 +53,8 @@ type serveOptions struct {
 	llmUpstream string
 	extraCaps   bool
 	disk        string
-	userNS      userNSFlags // userns.go
+	userNS      userNSFlags  // userns.go
+	cluster     clusterFlags // cluster.go
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -90,6 +92,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
 	o.userNS.add(f)
+	o.cluster.add(f)
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -205,11 +208,22 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			log.Warn("close pool", slog.Any("err", cerr))
 		}
 	}()
+	// In a cluster the node's registry hears of every env and state
+	// from the coordinator (docs/cluster.md).
+	node, err := o.cluster.connect(ctx, ln.Addr(), log)
+	if err != nil {
+		return err
+	}
 	// One coordinator owns the turn and the envs; the protocol server,
 	// the agent tools and the LLM proxy are its adapters.
 	reg := prometheus.NewRegistry()
-	co, err := coordinator.New(coordinator.Options{Engine: e, Tasks: coordinator.FromEnvpool(p), VerifySkips: o.verifySkips,
-		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log})
+	coo := coordinator.Options{Engine: e, Tasks: coordinator.FromEnvpool(p), VerifySkips: o.verifySkips,
+		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log}
+	if node != nil { // not a typed nil in the interface
+		coo.Hooks = node
+		defer node.Close() // after Leave, a no-op; on an error before it, the lease just expires
+	}
+	co, err := coordinator.New(coo)
 	if err != nil {
 		return err
 	}
@@ -237,6 +251,20 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	if node != nil {
+		if err := node.Register(ctx, cluster.CoordinatorLocal(co)); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(os.Stderr, "arbor: serving protocol v1 on ws://%s/v1/ws (metrics on http://%s/metrics); Ctrl-C stops\n", ln.Addr(), ln.Addr())
-	return s.Serve(ctx, ln, o.grace)
+	err = s.Serve(ctx, ln, o.grace)
+	if node != nil {
+		// The envs are closed with the engine: they do not come back.
+		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if lerr := node.Leave(lctx); lerr != nil {
+			log.Warn("leave the cluster", slog.Any("err", lerr))
+		}
+	}
+	return err
 }

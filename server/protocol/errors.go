@@ -47,6 +47,10 @@ const (
 	CodeEnvLost        = "env_lost"          // infra: the env could not be restored after a crash
 	CodeNoSpace        = "no_space"          // infra: disk over its high mark after eviction (reset, branch; retryable)
 	CodeInternal       = "internal"          // infra: anything else
+	// CodeNodeUnavailable: a cluster router could not reach the node
+	// that holds the env or state (gone from the registry, refusing
+	// connections, its connection dropped mid-request). Retryable, infra.
+	CodeNodeUnavailable = "node_unavailable"
 )
 
 // Errorf makes an Error of code; retryable and infra follow from the code.
@@ -55,7 +59,7 @@ func Errorf(code, format string, args ...any) *Error {
 	switch code {
 	case CodeTooManyReqs, CodeTooManyEnvs:
 		e.Retryable = true
-	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail, CodeNoSpace:
+	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail, CodeNoSpace, CodeNodeUnavailable:
 		e.Retryable, e.Infra = true, true
 	case CodeInternal, CodeEnvLost:
 		e.Infra = true
@@ -65,25 +69,26 @@ func Errorf(code, format string, args ...any) *Error {
 
 // Sentinels for errors.Is on errors a client received.
 var (
-	ErrMalformed     = &Error{Code: CodeMalformed}
-	ErrUnknownMethod = &Error{Code: CodeUnknownMethod}
-	ErrInvalidParams = &Error{Code: CodeInvalidParams}
-	ErrBadRequest    = &Error{Code: CodeBadRequest}
-	ErrTooLarge      = &Error{Code: CodeTooLarge}
-	ErrUnauthorized  = &Error{Code: CodeUnauthorized}
-	ErrUnknownEnv    = &Error{Code: CodeUnknownEnv}
-	ErrUnknownState  = &Error{Code: CodeUnknownState}
-	ErrUnknownTask   = &Error{Code: CodeUnknownTask}
-	ErrTooManyReqs   = &Error{Code: CodeTooManyReqs}
-	ErrTooManyEnvs   = &Error{Code: CodeTooManyEnvs}
-	ErrShuttingDown  = &Error{Code: CodeShuttingDown}
-	ErrRestoreFailed = &Error{Code: CodeRestoreFailed}
-	ErrCheckpoint    = &Error{Code: CodeCheckpointFail}
-	ErrSandbox       = &Error{Code: CodeSandboxFailed}
-	ErrTimeout       = &Error{Code: CodeTimeout}
-	ErrEnvLost       = &Error{Code: CodeEnvLost}
-	ErrNoSpace       = &Error{Code: CodeNoSpace}
-	ErrInternal      = &Error{Code: CodeInternal}
+	ErrMalformed       = &Error{Code: CodeMalformed}
+	ErrUnknownMethod   = &Error{Code: CodeUnknownMethod}
+	ErrInvalidParams   = &Error{Code: CodeInvalidParams}
+	ErrBadRequest      = &Error{Code: CodeBadRequest}
+	ErrTooLarge        = &Error{Code: CodeTooLarge}
+	ErrUnauthorized    = &Error{Code: CodeUnauthorized}
+	ErrUnknownEnv      = &Error{Code: CodeUnknownEnv}
+	ErrUnknownState    = &Error{Code: CodeUnknownState}
+	ErrUnknownTask     = &Error{Code: CodeUnknownTask}
+	ErrTooManyReqs     = &Error{Code: CodeTooManyReqs}
+	ErrTooManyEnvs     = &Error{Code: CodeTooManyEnvs}
+	ErrShuttingDown    = &Error{Code: CodeShuttingDown}
+	ErrRestoreFailed   = &Error{Code: CodeRestoreFailed}
+	ErrCheckpoint      = &Error{Code: CodeCheckpointFail}
+	ErrSandbox         = &Error{Code: CodeSandboxFailed}
+	ErrTimeout         = &Error{Code: CodeTimeout}
+	ErrEnvLost         = &Error{Code: CodeEnvLost}
+	ErrNoSpace         = &Error{Code: CodeNoSpace}
+	ErrInternal        = &Error{Code: CodeInternal}
+	ErrNodeUnavailable = &Error{Code: CodeNodeUnavailable}
 )
 
 // IsInfra reports whether err is an infrastructure failure reported by the

@@ -1,0 +1,12 @@
+package cluster
+
+import "errors"
+
+var (
+	// ErrNodeIDTaken: another live node is registered under the same id.
+	ErrNodeIDTaken = errors.New("node id taken by a live node")
+	// ErrUnavailable: etcd did not answer.
+	ErrUnavailable = errors.New("etcd unavailable")
+	// ErrNoNode: no live node can take the request.
+	ErrNoNode = errors.New("no live node")
+)

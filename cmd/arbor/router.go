@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbor-env/arbor/router"
+	"github.com/arbor-env/arbor/server"
+)
+
+func init() { subcommands = append(subcommands, newRouterCmd) }
+
+// routerOptions are the flags of arbor router.
+type routerOptions struct {
+	etcd        string
+	listen      string
+	token       string
+	nodeToken   string
+	maxInFlight int
+	maxFrame    string
+	maxUnread   string
+	grace       time.Duration
+}
+
+func newRouterCmd(g *globalOptions) *cobra.Command {
+	o := &routerOptions{}
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Route protocol v1 to the nodes of a cluster (ws://ADDR/v1/ws, as arbor serve)",
+		Long: `Serve protocol v1 in front of the nodes registered in etcd (arbor serve
+--cluster-etcd): each request goes to the node holding its env or state, resets
+to the least loaded live node. The router keeps no state of its own; a node that
+is gone is answered node_unavailable (retryable, infra). See docs/cluster.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error { return runRouter(c.Context(), o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.etcd, "etcd", envOr("ARBOR_CLUSTER_ETCD", ""), "etcd client URLs (comma-separated); env ARBOR_CLUSTER_ETCD")
+	f.StringVar(&o.listen, "listen", envOr("ARBOR_ROUTER_LISTEN", "127.0.0.1:7880"), "address to listen on")
+	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
+	f.StringVar(&o.nodeToken, "node-token", os.Getenv("ARBOR_NODE_TOKEN"), "token to present to the nodes (their --token; default: --token); env ARBOR_NODE_TOKEN")
+	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per client connection")
+	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send (keep it at most the nodes' --max-frame)")
+	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the router stops reading its requests")
+	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
+	return cmd
+}
+
+func runRouter(ctx context.Context, o *routerOptions) error {
+	log := slog.Default()
+	if o.etcd == "" {
+		return fmt.Errorf("--etcd is required")
+	}
+	maxFrame, err := parseSize(o.maxFrame)
+	if err != nil {
+		return fmt.Errorf("parse --max-frame: %w", err)
+	}
+	maxUnread, err := parseSize(o.maxUnread)
+	if err != nil {
+		return fmt.Errorf("parse --max-unread: %w", err)
+	}
+	if o.token == "" && !server.IsLoopback(o.listen) {
+		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
+	}
+	if o.nodeToken == "" {
+		o.nodeToken = o.token
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer ln.Close()
+	r, err := router.New(ctx, router.Options{Endpoints: splitURLs(o.etcd), NodeToken: o.nodeToken, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	s, err := server.New(server.Options{Forwarder: r, Token: o.token, MaxInFlight: o.maxInFlight,
+		MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "arbor: routing protocol v1 on ws://%s/v1/ws to the cluster at %s; Ctrl-C stops\n", ln.Addr(), o.etcd)
+	return s.Serve(ctx, ln, o.grace)
+}

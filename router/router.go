@@ -1,0 +1,590 @@
+// Package router is Arbor's cluster router (arbor router): protocol v1 at
+// the URL of a single server, in front of many nodes. It is a
+// server.Forwarder: package server speaks the protocol to clients, and the
+// router sends each request to the node that holds its env (or state) over
+// one pipelined websocket per node (the Go client, clients/go), placing
+// resets on the least loaded live node. It keeps nothing etcd does not
+// hold (package cluster's View); a node that is gone is answered with the
+// retryable infra error node_unavailable, never a hang.
+//
+// Order per env: requests are sent to their node on the client
+// connection's read loop, in the order they arrived, over the one
+// connection to that node, so the node receives them in that order.
+//
+// In this version branch children stay on their source's node, and
+// release/pin/unpin naming states of several nodes are sent to each (all
+// or nothing per node, not across nodes).
+//
+// Lock order: Router.mu, then nodeConn.mu; cluster.View's lock is a leaf.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// Options configure a Router.
+type Options struct {
+	// Endpoints are etcd's client URLs.
+	Endpoints []string
+	// NodeToken is presented to the nodes (their --token).
+	NodeToken string
+	// DialTimeout bounds a connection to a node (default 3 s).
+	DialTimeout time.Duration
+	// Timeout bounds each etcd call (default 5 s).
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Router forwards protocol v1 to the cluster's nodes.
+type Router struct {
+	o    Options
+	log  *slog.Logger
+	view *cluster.View
+
+	mu      sync.Mutex
+	conns   map[string]*nodeConn
+	pending map[string]int // resets sent to each node, not yet answered
+}
+
+// nodeConn is the router's connection to one node, dialed when first
+// needed and again after it dropped.
+type nodeConn struct {
+	id   string
+	mu   sync.Mutex
+	c    *arbor.Client
+	addr string
+	// failed is when a dial last failed: no new dial before a second has
+	// passed, so a dead node costs one dial timeout, not one per request.
+	failed time.Time
+}
+
+// New starts a router on the cluster at o.Endpoints.
+func New(ctx context.Context, o Options) (*Router, error) {
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 3 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}}
+	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
+	if err != nil {
+		return nil, err
+	}
+	r.view = v
+	return r, nil
+}
+
+// Close stops following etcd and closes the connections to the nodes;
+// requests in flight fail.
+func (r *Router) Close() {
+	r.view.Close()
+	r.mu.Lock()
+	conns := r.conns
+	r.conns = map[string]*nodeConn{}
+	r.mu.Unlock()
+	for _, nc := range conns {
+		nc.close()
+	}
+}
+
+// View is the router's picture of the cluster.
+func (r *Router) View() *cluster.View { return r.view }
+
+// nodeGone drops the connection to a node whose key vanished: requests
+// still waiting on it fail with node_unavailable at once (a node whose
+// host vanished without closing its connections would otherwise hold
+// them until the keepalive noticed).
+func (r *Router) nodeGone(id string) {
+	r.mu.Lock()
+	nc := r.conns[id]
+	delete(r.conns, id)
+	r.mu.Unlock()
+	if nc != nil {
+		nc.close()
+	}
+}
+
+func (nc *nodeConn) close() {
+	nc.mu.Lock()
+	c := nc.c
+	nc.c = nil
+	nc.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// client returns a connection to the live node id.
+func (r *Router) client(ctx context.Context, id string) (*arbor.Client, error) {
+	info, ok := r.view.Node(id)
+	if !ok {
+		return nil, unavailable(id, "it is not in the cluster registry (its lease ended: the node died or left)")
+	}
+	r.mu.Lock()
+	nc := r.conns[id]
+	if nc == nil {
+		nc = &nodeConn{id: id}
+		r.conns[id] = nc
+	}
+	r.mu.Unlock()
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	if nc.c != nil {
+		select {
+		case <-nc.c.Done():
+			nc.c = nil
+		default:
+			if nc.addr == info.Addr {
+				return nc.c, nil
+			}
+			nc.c.Close() // the node came back elsewhere
+			nc.c = nil
+		}
+	}
+	if time.Since(nc.failed) < time.Second {
+		return nil, unavailable(id, fmt.Sprintf("connecting to %s failed a moment ago", info.Addr))
+	}
+	dctx, cancel := context.WithTimeout(ctx, r.o.DialTimeout)
+	defer cancel()
+	c, err := arbor.Dial(dctx, info.Addr, &arbor.Options{Token: r.o.NodeToken})
+	if err != nil {
+		nc.failed = time.Now()
+		return nil, unavailable(id, err.Error())
+	}
+	nc.c, nc.addr = c, info.Addr
+	return c, nil
+}
+
+// unavailable is the error of a request whose node cannot be reached.
+func unavailable(node, why string) *protocol.Error {
+	return protocol.Errorf(protocol.CodeNodeUnavailable, "node %s is unavailable: %s", node, why)
+}
+
+// answer is a function that waits for a request's answer.
+type answer = func(ctx context.Context) (any, error)
+
+func fail(err error) answer { return func(context.Context) (any, error) { return nil, err } }
+
+// sent is a request sent to a node.
+type sent struct {
+	node string
+	p    *arbor.Pending
+}
+
+// send sends a request to node without waiting for its answer.
+func (r *Router) send(node, method string, params any, onItem func(arbor.BatchItemResult)) (*sent, error) {
+	c, err := r.client(context.Background(), node)
+	if err != nil {
+		return nil, err
+	}
+	if raw, ok := params.(msgpack.RawMessage); ok && len(raw) == 0 {
+		params = nil
+	}
+	p, err := c.Send(method, params, onItem)
+	if err != nil {
+		return nil, unavailable(node, err.Error())
+	}
+	return &sent{node: node, p: p}, nil
+}
+
+// wait waits for a sent request's answer, undecoded.
+func (s *sent) wait(ctx context.Context) (msgpack.RawMessage, error) {
+	var raw msgpack.RawMessage
+	err := s.p.Wait(ctx, &raw)
+	var pe *protocol.Error
+	switch {
+	case err == nil:
+		return raw, nil
+	case errors.As(err, &pe):
+		return nil, pe
+	case errors.Is(err, arbor.ErrClosed):
+		return nil, unavailable(s.node, "its connection dropped while the request ran (it may or may not have run)")
+	case ctx.Err() != nil:
+		return nil, protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+	default:
+		return nil, protocol.Errorf(protocol.CodeInternal, "node %s: %v", s.node, err)
+	}
+}
+
+// forward sends a request to node and returns the wait for its raw
+// answer.
+func (r *Router) forward(node, method string, params msgpack.RawMessage) answer {
+	s, err := r.send(node, method, params, nil)
+	if err != nil {
+		return fail(err)
+	}
+	return func(ctx context.Context) (any, error) {
+		raw, err := s.wait(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return raw, nil
+	}
+}
+
+// Forward serves one request (server.Forwarder).
+func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage, notify func(string, any)) func(context.Context) (any, error) {
+	decode := func(p protocol.Params) error { return protocol.DecodeParams(params, p) }
+	ctx := context.Background()
+	switch method {
+	case protocol.MethodReset:
+		var p protocol.ResetParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.reset(p, params)
+	case protocol.MethodStep:
+		var p protocol.StepParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.toEnv(ctx, p.EnvID, method, params)
+	case protocol.MethodCheckpoint, protocol.MethodPromote, protocol.MethodDiscard, protocol.MethodEvaluate,
+		protocol.MethodClose, protocol.MethodStates:
+		var p protocol.EnvParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.toEnv(ctx, p.EnvID, method, params)
+	case protocol.MethodRollback:
+		var p protocol.RollbackParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.toEnv(ctx, p.EnvID, method, params)
+	case protocol.MethodBranch:
+		var p protocol.BranchParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		if p.EnvID != "" {
+			return r.toEnv(ctx, p.EnvID, method, params)
+		}
+		node, err := r.stateNode(ctx, p.StateID)
+		if err != nil {
+			return fail(err)
+		}
+		return r.forward(node, method, params)
+	case protocol.MethodEnvs:
+		var p protocol.EnvsParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.envs()
+	case protocol.MethodRelease, protocol.MethodPin, protocol.MethodUnpin:
+		var p protocol.StateIDsParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.states(ctx, method, p.StateIDs)
+	case protocol.MethodStepBatch:
+		var p protocol.StepBatchParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.stepBatch(ctx, msgid, p.Items, notify)
+	}
+	return fail(protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q", method))
+}
+
+// envNode is the live node holding env.
+func (r *Router) envNode(ctx context.Context, env string) (string, error) {
+	node, err := r.view.EnvNode(ctx, env)
+	if err != nil {
+		return "", protocol.Errorf(protocol.CodeNodeUnavailable, "cluster registry: %v", err)
+	}
+	if node == "" {
+		return "", protocol.Errorf(protocol.CodeUnknownEnv, "no open env %q", env)
+	}
+	return node, nil
+}
+
+func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.RawMessage) answer {
+	node, err := r.envNode(ctx, env)
+	if err != nil {
+		return fail(err)
+	}
+	return r.forward(node, method, params)
+}
+
+// stateNode is a live node holding the state's artifacts.
+func (r *Router) stateNode(ctx context.Context, state string) (string, error) {
+	nodes, err := r.view.StateNodes(ctx, state)
+	if err != nil {
+		return "", protocol.Errorf(protocol.CodeNodeUnavailable, "cluster registry: %v", err)
+	}
+	for _, n := range nodes {
+		if _, ok := r.view.Node(n); ok {
+			return n, nil
+		}
+	}
+	// State keys live under their node's lease: none means no live node
+	// holds it.
+	return "", protocol.Errorf(protocol.CodeUnknownState, "no live node holds state %q", state)
+}
+
+// reset places a reset on the least loaded live node that offers the
+// task; a node that cannot be reached before the request is sent is
+// skipped for the next.
+func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer {
+	r.mu.Lock()
+	pending := make(map[string]int, len(r.pending))
+	for k, v := range r.pending {
+		pending[k] = v
+	}
+	r.mu.Unlock()
+	cands := r.view.Place(p.Task, pending)
+	if len(cands) == 0 {
+		if p.Task != "" && len(r.view.Nodes()) > 0 {
+			// Live nodes, none with the task: as a single server would
+			// answer (a node that had it and died is not told apart).
+			return fail(protocol.Errorf(protocol.CodeUnknownTask, "no live node offers task %q", p.Task))
+		}
+		return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "cannot place the reset: no node is registered"))
+	}
+	var last error
+	for _, n := range cands {
+		s, err := r.send(n.ID, protocol.MethodReset, params, nil)
+		if err != nil {
+			last = err
+			r.log.Warn("reset: node unreachable, trying the next", slog.String("node", n.ID), slog.Any("err", err))
+			continue
+		}
+		r.mu.Lock()
+		r.pending[n.ID]++
+		r.mu.Unlock()
+		return func(ctx context.Context) (any, error) {
+			raw, err := s.wait(ctx)
+			r.mu.Lock()
+			if r.pending[s.node]--; r.pending[s.node] <= 0 {
+				delete(r.pending, s.node)
+			}
+			r.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			var res struct {
+				EnvID string `msgpack:"env_id"`
+			}
+			if msgpack.Unmarshal(raw, &res) == nil && res.EnvID != "" {
+				r.view.Placed(s.node, res.EnvID)
+			}
+			return raw, nil
+		}
+	}
+	return fail(last)
+}
+
+// envs lists the envs of every live node. A node that does not answer
+// is left out (its envs answer node_unavailable when named).
+func (r *Router) envs() answer {
+	var ss []*sent
+	for _, n := range r.view.Nodes() {
+		s, err := r.send(n.ID, protocol.MethodEnvs, nil, nil)
+		if err != nil {
+			r.log.Warn("envs: node unreachable", slog.String("node", n.ID), slog.Any("err", err))
+			continue
+		}
+		ss = append(ss, s)
+	}
+	return func(ctx context.Context) (any, error) {
+		out := protocol.EnvsResult{Envs: []protocol.EnvInfo{}}
+		for _, s := range ss {
+			raw, err := s.wait(ctx)
+			if err != nil {
+				r.log.Warn("envs: node failed", slog.String("node", s.node), slog.Any("err", err))
+				continue
+			}
+			var part protocol.EnvsResult
+			if err := msgpack.Unmarshal(raw, &part); err != nil {
+				return nil, protocol.Errorf(protocol.CodeInternal, "node %s: decode envs: %v", s.node, err)
+			}
+			out.Envs = append(out.Envs, part.Envs...)
+		}
+		sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].EnvID < out.Envs[j].EnvID })
+		return out, nil
+	}
+}
+
+// states sends release, pin or unpin to the nodes holding the states,
+// each node its own; an id no live node holds fails the call before any
+// is sent.
+func (r *Router) states(ctx context.Context, method string, ids []string) answer {
+	byNode := map[string][]string{}
+	var order []string
+	for _, id := range ids {
+		node, err := r.stateNode(ctx, id)
+		if err != nil {
+			return fail(err)
+		}
+		if _, ok := byNode[node]; !ok {
+			order = append(order, node)
+		}
+		byNode[node] = append(byNode[node], id)
+	}
+	var ss []*sent
+	var first error
+	for _, node := range order {
+		s, err := r.send(node, method, protocol.StateIDsParams{StateIDs: byNode[node]}, nil)
+		if err != nil {
+			first = err
+			break
+		}
+		ss = append(ss, s)
+	}
+	return func(ctx context.Context) (any, error) {
+		for _, s := range ss {
+			if _, err := s.wait(ctx); err != nil && first == nil {
+				first = err
+			}
+		}
+		if first != nil {
+			return nil, first
+		}
+		return protocol.Empty{}, nil
+	}
+}
+
+// stepBatch splits a step_batch by node: each node gets the items of its
+// envs as a step_batch of its own, and each item's notification reaches
+// the client under the client's msgid and the item's index in the
+// client's batch. Items naming an env the router cannot place fail on
+// their own.
+func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.BatchItem, notify func(string, any)) answer {
+	results := make([]protocol.BatchItemResult, len(items))
+	var mu sync.Mutex // results, between notifications and the final answer
+	itemErr := func(i int, err error) {
+		results[i] = protocol.BatchItemResult{Index: i, EnvID: items[i].EnvID, Error: asProto(err)}
+	}
+	groups := map[string][]int{}
+	var order []string
+	var failed []int
+	for i, it := range items {
+		node, err := r.envNode(ctx, it.EnvID)
+		if err != nil {
+			itemErr(i, err)
+			failed = append(failed, i)
+			continue
+		}
+		if _, ok := groups[node]; !ok {
+			order = append(order, node)
+		}
+		groups[node] = append(groups[node], i)
+	}
+	type part struct {
+		s   *sent
+		idx []int
+	}
+	var parts []part
+	for _, node := range order {
+		idx := groups[node]
+		sub := make([]protocol.BatchItem, len(idx))
+		for j, i := range idx {
+			sub[j] = items[i]
+		}
+		onItem := func(it arbor.BatchItemResult) {
+			if it.Index < 0 || it.Index >= len(idx) {
+				return
+			}
+			it.MsgID, it.Index = msgid, idx[it.Index]
+			notify(protocol.NotifyStepBatch, it)
+		}
+		s, err := r.send(node, protocol.MethodStepBatch, protocol.StepBatchParams{Items: sub}, onItem)
+		if err != nil {
+			for _, i := range idx {
+				itemErr(i, err)
+				failed = append(failed, i)
+			}
+			continue
+		}
+		parts = append(parts, part{s, idx})
+	}
+	return func(ctx context.Context) (any, error) {
+		for _, i := range failed {
+			notify(protocol.NotifyStepBatch, protocol.BatchItemResult{MsgID: msgid, Index: i, EnvID: items[i].EnvID, Error: results[i].Error})
+		}
+		var wg sync.WaitGroup
+		for _, pt := range parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				raw, err := pt.s.wait(ctx)
+				var res protocol.StepBatchResult
+				if err == nil {
+					if derr := msgpack.Unmarshal(raw, &res); derr != nil {
+						err = protocol.Errorf(protocol.CodeInternal, "node %s: decode step_batch: %v", pt.s.node, derr)
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					// The node's batch failed as a whole (its connection
+					// dropped): every item of it fails, and is notified.
+					for _, i := range pt.idx {
+						itemErr(i, err)
+						notify(protocol.NotifyStepBatch, protocol.BatchItemResult{MsgID: msgid, Index: i, EnvID: items[i].EnvID, Error: results[i].Error})
+					}
+					return
+				}
+				for j, it := range res.Results {
+					if j >= len(pt.idx) {
+						break
+					}
+					it.MsgID, it.Index = 0, pt.idx[j]
+					results[pt.idx[j]] = it
+				}
+			}()
+		}
+		wg.Wait()
+		return protocol.StepBatchResult{Results: results}, nil
+	}
+}
+
+// asProto is err as a protocol error.
+func asProto(err error) *protocol.Error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return protocol.Errorf(protocol.CodeInternal, "%v", err)
+}
+
+// Capabilities are the cluster's, for hello: the tasks any live node
+// offers, the envs all of them may hold, and the shortest idle TTL.
+func (r *Router) Capabilities() protocol.Capabilities {
+	var c protocol.Capabilities
+	tasks := map[string]bool{}
+	ttl := math.Inf(1)
+	for _, n := range r.view.Nodes() {
+		c.MaxEnvs += n.MaxEnvs
+		for _, t := range n.Tasks {
+			tasks[t] = true
+		}
+		if n.EnvIdleTTLS > 0 {
+			ttl = min(ttl, n.EnvIdleTTLS)
+		}
+	}
+	c.Tasks = []string{}
+	for t := range tasks {
+		c.Tasks = append(c.Tasks, t)
+	}
+	sort.Strings(c.Tasks)
+	if !math.IsInf(ttl, 1) {
+		c.EnvIdleTTLS = ttl
+	}
+	return c
+}
