@@ -104,7 +104,7 @@ func NormalizeShellState(out []byte) ShellState {
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, "pid="); ok && cur == SectionCwd {
+		if v, ok := strings.CutPrefix(line, "pid="); ok && (cur == SectionCwd || next == 0) {
 			st.PID, _ = strconv.Atoi(v)
 			continue
 		}
