@@ -510,7 +510,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 		le.Close(context.Background())
 		return nil, "", err
 	}
-	e.track(ctx, env)
+	e.track(ctx, env, nil)
 	sid, _, err := e.CheckpointAsync(env, Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env)

@@ -364,3 +364,33 @@ func sortedKeys(m map[string]string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// Delta is a shell delta the Inspector found for a turn: the script that
+// takes the shell of the last process image to the shell's state now,
+// and the digest (ReadShell's, descriptors included) it must reach.
+type Delta struct {
+	Script string
+	Digest string
+}
+
+// OnlyShellChanged reports whether the facts of a turn change the
+// processes only through the managed shell's own state (its digest), so
+// that a shell delta can stand for a process image: no process started,
+// exited or ran, the shell could be read and compared with a digest, and
+// nothing is unaccounted. Files may have changed.
+func OnlyShellChanged(facts []Fact) bool {
+	shell := false
+	for _, f := range facts {
+		switch f.Kind {
+		case FileChanged:
+		case ShellChanged:
+			if f.Detail != "" {
+				return false // no digest to compare with, or a shell that cannot list its functions
+			}
+			shell = true
+		default:
+			return false
+		}
+	}
+	return shell
+}
