@@ -115,7 +115,10 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 		if len(c) != 2 || !strings.HasPrefix(c[0], "cwd=") || !strings.HasPrefix(c[1], "/") {
 			return "", false // no physical path: a removed directory
 		}
-		line(`\builtin cd -P -- ` + Quote(c[1]))
+		// The logical path when it still leads there (the shell keeps it
+		// as its directory, DIRSTACK[0]), else the physical one.
+		logical, phys := Quote(strings.TrimPrefix(c[0], "cwd=")), Quote(c[1])
+		line(`{ \builtin cd -L -- ` + logical + ` && [ "$(\builtin pwd -P)" = ` + phys + ` ]; } 2>/dev/null || \builtin cd -P -- ` + phys)
 	}
 	for _, name := range varOrder(fv, tv) {
 		a, inF := fv[name]

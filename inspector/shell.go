@@ -17,14 +17,15 @@ import (
 // which NormalizeShellState's caller makes up for (see MayDefineFunction).
 // Its output is split into sections by marker lines (SectionMarker), so
 // that ShellDelta can tell variables from functions from options. The
-// directory stack is printed on its own: DIRSTACK is dynamic.
+// directory stack is printed on its own, and first: DIRSTACK is dynamic,
+// and declare -p shows it as it was when last expanded.
 const ShellQuery = `if [ -n "${BASH_VERSION-}" ]; then
-echo "shell=bash"; echo "@@arbor-shell vars"; declare -p; echo "@@arbor-shell functions"; declare -f
-echo "@@arbor-shell funcattrs"; declare -F; echo "@@arbor-shell aliases"; alias; echo "@@arbor-shell options"; shopt -p; set -o
-echo "@@arbor-shell dirs"; printf 'dir=%s\n' "${DIRSTACK[@]:1}"; echo "@@arbor-shell traps"; trap -p; echo "@@arbor-shell jobs"; jobs -l
+echo "shell=bash"; echo "@@arbor-shell dirs"; printf 'dir=%s\n' "${DIRSTACK[@]:1}"; echo "@@arbor-shell vars"; declare -p
+echo "@@arbor-shell functions"; declare -f; echo "@@arbor-shell funcattrs"; declare -F; echo "@@arbor-shell aliases"; alias
+echo "@@arbor-shell options"; shopt -p; set -o; echo "@@arbor-shell traps"; trap -p; echo "@@arbor-shell jobs"; jobs -l
 else
-echo "shell=sh"; echo "@@arbor-shell vars"; set; echo "@@arbor-shell functions"; echo "@@arbor-shell funcattrs"
-echo "@@arbor-shell aliases"; alias; echo "@@arbor-shell options"; set -o; echo "@@arbor-shell dirs"
+echo "shell=sh"; echo "@@arbor-shell dirs"; echo "@@arbor-shell vars"; set; echo "@@arbor-shell functions"
+echo "@@arbor-shell funcattrs"; echo "@@arbor-shell aliases"; alias; echo "@@arbor-shell options"; set -o
 echo "@@arbor-shell traps"; trap; echo "@@arbor-shell jobs"; jobs -l
 fi
 echo "@@arbor-shell limits"; ulimit -a; echo "@@arbor-shell umask"; umask; echo "@@arbor-shell cwd"; echo "cwd=$PWD"; pwd -P 2>/dev/null; echo "pid=$$"`
@@ -35,12 +36,12 @@ const SectionMarker = "@@arbor-shell "
 
 // The sections of ShellQuery's output, in order.
 const (
+	SectionDirs      = "dirs"      // dir=D per directory stack entry below the top
 	SectionVars      = "vars"      // declare -p (bash), set (sh)
 	SectionFunctions = "functions" // declare -f
 	SectionFuncAttrs = "funcattrs" // declare -F: names and attributes (-x)
 	SectionAliases   = "aliases"
 	SectionOptions   = "options" // shopt -p, set -o
-	SectionDirs      = "dirs"    // dir=D per directory stack entry below the top
 	SectionTraps     = "traps"
 	SectionJobs      = "jobs"
 	SectionLimits    = "limits" // ulimit -a
@@ -49,8 +50,8 @@ const (
 )
 
 // Sections lists the section names in the order ShellQuery prints them.
-var Sections = []string{SectionVars, SectionFunctions, SectionFuncAttrs, SectionAliases, SectionOptions,
-	SectionDirs, SectionTraps, SectionJobs, SectionLimits, SectionUmask, SectionCwd}
+var Sections = []string{SectionDirs, SectionVars, SectionFunctions, SectionFuncAttrs, SectionAliases, SectionOptions,
+	SectionTraps, SectionJobs, SectionLimits, SectionUmask, SectionCwd}
 
 // dynamicVars change by themselves from one command to the next.
 var dynamicVars = map[string]bool{
