@@ -196,6 +196,8 @@ func (in *Inspector) BeginTurn(envID string) error {
 		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
 	st.turnStart = time.Now()
+	// A delta describes the shell at the end of the last turn only.
+	st.delta = nil
 	if in.tr != nil {
 		return in.tr.NewEpoch(st.cg)
 	}
