@@ -229,6 +229,12 @@ func (rep *Report) goals() {
 		rep.Goals = append(rep.Goals, Goal{Name: "recovery correctness, Arbor", Target: "100%",
 			Value: fmt.Sprintf("%.1f%% (%d/%d)", 100*a.Correct, a.Recovered, a.Checked), Met: a.Checked > 0 && a.Recovered == a.Checked})
 	}
+	if a != nil {
+		// Issue 14's target: half of the 26 dumps (17 proc + 9 full) of
+		// the 90 agent turns before shell deltas.
+		rep.Goals = append(rep.Goals, Goal{Name: "turns with a CRIU dump, Arbor", Target: "<= 13 (half of 26)",
+			Value: fmt.Sprintf("%d of %d", a.Dumps, a.Turns), Met: a.Dumps <= 13})
+	}
 	if fo != nil {
 		rep.Goals = append(rep.Goals, Goal{Name: "recovery correctness, files only", Target: "reported (expected to fail where processes matter)",
 			Value: fmt.Sprintf("%.1f%% (%d/%d)", 100*fo.Correct, fo.Recovered, fo.Checked), Met: true})
