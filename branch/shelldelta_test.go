@@ -3,11 +3,23 @@ package branch_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/inspector/watch"
+	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
 // shellDigest reads env's shell state as the inspector does.
@@ -178,4 +190,132 @@ func TestShellDeltas(t *testing.T) {
 		t.Fatalf("branch of the pinned delta state after GC: %v %v", err, res.Errors)
 	}
 	check("branch after GC", res.Children[0], after)
+}
+
+// deltaTurn runs cmd as the coordinator's turn does (exec, classify,
+// background checkpoint), waits for the checkpoint and returns its state.
+func deltaTurn(t *testing.T, e *branch.Engine, env *branch.Env, cmd string) manifest.State {
+	t.Helper()
+	ctx := context.Background()
+	run(t, e, env, cmd)
+	turn, err := e.Classify(ctx, env, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, _, err := e.CheckpointAsync(env, turn.Kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+		t.Fatalf("checkpoint of %q: %v", cmd, err)
+	}
+	st, err := e.State(sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+const deltaCrashEnv = "ARBOR_DELTA_CRASH_HELPER"
+
+// TestShellDeltaAfterCrash: an env whose head is a shell delta state comes
+// back after a SIGKILL of the engine's process at that state (the record
+// read from the manifest on disk, the delta run on the image), and its
+// next turn is a delta on the same image.
+func TestShellDeltaAfterCrash(t *testing.T) {
+	if dir := os.Getenv(deltaCrashEnv); dir != "" {
+		deltaCrashHelper(t, dir)
+		return
+	}
+	requireCR(t)
+	dir := t.TempDir()
+	snap := newBtrfs(t, dir)
+	probe := newRig(t, snap, filepath.Join(dir, "probe"), 0)
+	if testImage(t, probe) != "debian" {
+		t.Skip("shell deltas need bash (the debian image)")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestShellDeltaAfterCrash$", "-test.v")
+	cmd.Env = append(os.Environ(), deltaCrashEnv+"="+dir, "ARBOR_INIT="+sandboxtest.InitBinary(t))
+	cmd.Stderr = os.Stderr
+	t.Cleanup(func() { unix.Unmount(filepath.Join(dir, "engine", "images", "hot"), unix.MNT_DETACH) })
+	out, _ := cmd.Output()
+	var envID, sid string
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "DELTA" {
+			envID, sid = f[1], f[2]
+		}
+	}
+	if sid == "" {
+		t.Fatalf("the helper announced no delta state:\n%s", out)
+	}
+	in := newInspector(t)
+	r := newRigOptions(t, snap, dir, func(o *branch.Options) { o.Inspector = in })
+	e := r.e
+	env, err := e.Env(envID)
+	if err != nil {
+		t.Fatalf("env %s not back after the crash: %v (lost: %+v)", envID, err, e.Lost())
+	}
+	if env.Head() != sid {
+		t.Fatalf("head %s, want the delta state %s", env.Head(), sid)
+	}
+	if got := run(t, e, env, `echo "$V $(pwd) $(type -t g)"`); got != "delta /work/a function\n" {
+		t.Errorf("shell after recovery: %q, want the delta state's", got)
+	}
+	st := deltaTurn(t, e, env, "export V=after; cd /work")
+	if st.Dumped() {
+		t.Errorf("turn after recovery dumped, want a shell delta")
+	}
+	res, err := e.Branch(context.Background(), branch.Source{State: st.ID}, 1)
+	if err != nil || res.Errors[0] != nil {
+		t.Fatalf("branch after recovery: %v %v", err, res.Errors)
+	}
+	if got := run(t, e, res.Children[0], `echo "$V $(pwd) $(type -t g)"`); got != "after /work function\n" {
+		t.Errorf("branch of the turn after recovery: %q", got)
+	}
+}
+
+// deltaCrashHelper leaves an env at a shell delta state on the engine in
+// dir and SIGKILLs itself.
+func deltaCrashHelper(t *testing.T, dir string) {
+	ctx := context.Background()
+	snap, err := btrfs.Open(ctx, btrfs.Options{StateDir: dir, PoolSize: 4 << 30, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := newInspector(t)
+	c := requireCR(t)
+	images := &image.Store{Snap: snap, CacheDir: os.Getenv("ARBOR_IMAGE_CACHE"), Logger: quiet()}
+	l := &launch.Launcher{Snap: snap, Images: images, InitBinary: sandboxtest.InitBinary(t), AutoBuild: true, Logger: quiet()}
+	e, err := branch.Open(ctx, branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: snap, CRIU: c, Launcher: l, Inspector: in, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _, err := e.NewEnv(ctx, "debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e, env, "mkdir -p /work/a")
+	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+		t.Fatal(err)
+	}
+	st := deltaTurn(t, e, env, "export V=delta; cd /work/a; g() { :; }")
+	if st.Dumped() {
+		t.Fatal("the turn dumped: no delta state to recover")
+	}
+	fmt.Printf("DELTA %s %s\n", env.ID, st.ID)
+	os.Stdout.Sync()
+	unix.Kill(os.Getpid(), unix.SIGKILL)
+	select {}
+}
+
+func newInspector(t *testing.T) *watch.Inspector {
+	t.Helper()
+	in, err := watch.New(watch.Options{Logger: quiet()})
+	if errors.Is(err, watch.ErrUnavailable) {
+		in = watch.NewFallback(watch.Options{Logger: quiet()})
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	return in
 }
