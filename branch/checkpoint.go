@@ -171,9 +171,11 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		}
 		defer sb.Thaw()
 		st.Timings["freeze"] = time.Since(t)
-		if in != nil && kind != Full {
+		if in != nil && (kind != Full || allowDelta) {
 			// A background process may have written or run since the
-			// turn was classified: the inspector re-checks, frozen.
+			// turn was classified: the inspector re-checks, frozen (for
+			// a full checkpoint only the processes a shell delta would
+			// take from the last image).
 			t = time.Now()
 			k, why, _ := in.Settle(ctx, envID, inspector.Kind(kind), e.target(sb, volume, parentFS, ""))
 			if Kind(k) != kind {
