@@ -271,6 +271,9 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	}
 	made = nil // committed: nothing to undo
 	e.stats.checkpoints.Add(1)
+	if delta != nil {
+		e.stats.shellDeltas.Add(1)
+	}
 	e.stats.checkpointNanos.Add(int64(st.Timings["total"]))
 	if fsArt != nil {
 		env.setHeadFS(fsArt.Location)

@@ -524,6 +524,7 @@ type coordStats struct {
 	checkpoints, checkpointNanos, exposed atomic.Int64
 	verified, misses                      atomic.Int64
 	revived                               atomic.Int64
+	shellDeltas                           atomic.Int64
 }
 
 // CoordStats are the engine's totals since it opened (checkpoints it
@@ -541,6 +542,10 @@ type CoordStats struct {
 	// Revived counts envs whose sandbox died and that were restored at
 	// their last committed state (RevivedError).
 	Revived int64
+	// ShellDeltas counts the checkpoints committed with a shell delta
+	// instead of a dump of the processes (docs/engine.md, "Shell delta
+	// states").
+	ShellDeltas int64
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

@@ -121,6 +121,9 @@ func TestShellDeltas(t *testing.T) {
 		refs = append(refs, ref{tt.name, sid, shellDigest(t, env), run(t, e, env, shellProbe)})
 	}
 	t.Logf("%d turns, %d dumps", len(turns), dumps)
+	if u, _ := e.Usage(); u.Coord.ShellDeltas != int64(len(turns)-dumps) {
+		t.Errorf("Usage().Coord.ShellDeltas = %d, want %d", u.Coord.ShellDeltas, len(turns)-dumps)
+	}
 
 	check := func(what string, child *branch.Env, r ref) {
 		t.Helper()
