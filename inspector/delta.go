@@ -78,7 +78,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 	// What would change how the rest runs is off while it runs; the
 	// options at the end set it as in to.
 	cur := maps(fOpts)
-	for _, o := range []string{"set:allexport", "set:errexit", "set:nounset", "set:xtrace", "set:verbose", "set:noclobber"} {
+	for _, o := range []string{"set:allexport", "set:errexit", "set:nounset", "set:xtrace", "set:verbose", "set:noclobber", "set:keyword"} {
 		if cur[o] == "on" {
 			line(optionLine(o, "off"))
 			cur[o] = "off"
