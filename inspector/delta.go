@@ -1,9 +1,12 @@
 package inspector
 
 import (
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 
 // ShellDelta is a bash script that, run in the restored shell of a process
@@ -77,7 +80,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 	line := func(s string) { b.WriteString(s); b.WriteByte('\n') }
 	// What would change how the rest runs is off while it runs; the
 	// options at the end set it as in to.
-	cur := maps(fOpts)
+	cur := maps.Clone(fOpts.val)
 	for _, o := range []string{"set:allexport", "set:errexit", "set:nounset", "set:xtrace", "set:verbose", "set:noclobber", "set:keyword"} {
 		if cur[o] == "on" {
 			line(optionLine(o, "off"))
@@ -93,7 +96,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 	}
 	if funcsChanged {
 		for _, name := range sortedKeys(fFuncs) {
-			line(`\builtin unset -f -- ` + Quote(name))
+			line(`\builtin unset -f -- ` + shcmd.Quote(name))
 		}
 		// Function text written with extglob on may need it to parse.
 		if cur["shopt:extglob"] != "on" {
@@ -105,7 +108,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 		}
 		for _, name := range sortedKeys(tFuncs) {
 			if a := tFuncs[name]; a != "-f" {
-				line(`\builtin declare ` + a + ` -- ` + Quote(name))
+				line(`\builtin declare ` + a + ` -- ` + shcmd.Quote(name))
 			}
 		}
 	}
@@ -117,7 +120,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 		}
 		// The logical path when it still leads there (the shell keeps it
 		// as its directory, DIRSTACK[0]), else the physical one.
-		logical, phys := Quote(strings.TrimPrefix(c[0], "cwd=")), Quote(c[1])
+		logical, phys := shcmd.Quote(strings.TrimPrefix(c[0], "cwd=")), shcmd.Quote(c[1])
 		line(`{ \builtin cd -L -- ` + logical + ` && [ "$(\builtin pwd -P)" = ` + phys + ` ]; } 2>/dev/null || \builtin cd -P -- ` + phys)
 	}
 	for _, name := range varOrder(fv, tv) {
@@ -143,7 +146,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 		line(`\builtin dirs -c`)
 		dirs := stackDirs(t[SectionDirs])
 		for i := len(dirs) - 1; i >= 0; i-- {
-			line(`\builtin pushd -n -- ` + Quote(dirs[i]) + ` >/dev/null`)
+			line(`\builtin pushd -n -- ` + shcmd.Quote(dirs[i]) + ` >/dev/null`)
 		}
 	}
 	if !slices.Equal(f[SectionUmask], t[SectionUmask]) {
@@ -173,9 +176,6 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 	}
 	return b.String(), true
 }
-
-// Quote quotes s for bash as one word.
-func Quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // variable is one declare -p line.
 type variable struct {
@@ -304,14 +304,6 @@ func parseOptions(lines []string) (options, bool) {
 	return o, true
 }
 
-func maps(o options) map[string]string {
-	m := make(map[string]string, len(o.val))
-	for k, v := range o.val {
-		m[k] = v
-	}
-	return m
-}
-
 func optionLine(key, v string) string {
 	kind, name, _ := strings.Cut(key, ":")
 	if kind == "shopt" {
@@ -359,14 +351,7 @@ func stackDirs(lines []string) []string {
 	return out
 }
 
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 
 // Delta is a shell delta the Inspector found for a turn: the script that
 // takes the shell of the last process image to the shell's state now,

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/arbor-env/arbor/sandbox/shcmd"
 )
 
 // bashState runs script in a fresh bash (aliases on, as in the managed
@@ -31,7 +33,7 @@ func applyDelta(t *testing.T, dir, from, delta string) ShellState {
 	if err := os.WriteFile(f, []byte(delta), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return bashState(t, dir, from+"\n__d=$(cat "+Quote(f)+"); { eval \"$__d\"; } </dev/null; unset __d")
+	return bashState(t, dir, from+"\n__d=$(cat "+shcmd.Quote(f)+"); { eval \"$__d\"; } </dev/null; unset __d")
 }
 
 func TestShellDelta(t *testing.T) {
