@@ -68,6 +68,19 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.TracesOnly {
+		for _, t := range traces {
+			run, err := r.serverRun(ctx, ha, t, o.Think)
+			if err != nil {
+				return nil, err
+			}
+			rep.Runs = append(rep.Runs, *run)
+			o.Progress("%s/%s: %d turns, recovery %d/%d", t.Name, ha.name, len(run.Turns), recovered(run.Recovery), len(run.Recovery))
+		}
+		rep.DurationS = time.Since(start).Seconds()
+		rep.summarize()
+		return rep, nil
+	}
 	for _, t := range traces {
 		for _, h := range []*serverHandle{ha, hf} {
 			run, err := r.serverRun(ctx, h, t, o.Think)

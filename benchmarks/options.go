@@ -27,6 +27,10 @@ type Options struct {
 	ReplayStride int
 	// SkipRunc leaves the runc baseline out.
 	SkipRunc bool
+	// TracesOnly plays the traces through Arbor and checks their recovery,
+	// nothing else (no baselines, branch(n), runc or tree rollouts): the
+	// turn classes and CRIU dumps in about a minute.
+	TracesOnly bool
 	// ZFS also plays every trace through Arbor on the zfs backend (its
 	// own pool file in the state directory, as arbor serve --backend zfs
 	// makes it: zfs-fuse started and its shim wired where needed) and

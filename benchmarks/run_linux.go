@@ -28,6 +28,9 @@ type Turn struct {
 	// the part of it that the think time did not hide.
 	CkptMS    float64 `json:"ckpt_ms"`
 	ExposedMS float64 `json:"exposed_ms"`
+	// Dumped: the turn's checkpoint dumped the processes with CRIU (a
+	// proc or full checkpoint that is not a shell delta).
+	Dumped bool `json:"dumped,omitempty"`
 
 	ref StateDigest
 	// Recovery: restoring this turn's state, and whether it equals the
@@ -135,6 +138,7 @@ func (r *rig) playServer(ctx context.Context, h *serverHandle, tr Trace, think t
 		t.CkptMS = ms(total)
 		// The kind taken: the Inspector may grow it while frozen.
 		t.Class = string(st.Kind)
+		t.Dumped = st.Dumped()
 		if !probeTurns {
 			end := st.Created.Add(total)
 			if ex := end.Sub(recv[i].Add(think)); ex > 0 {

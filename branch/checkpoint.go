@@ -67,6 +67,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 		// Nothing to dump: the env goes back to its last committed state.
 		return nil, "", "", e.revive(ctx, env, sandbox.ErrDead)
 	}
+	forced := env.mustFull
 	if env.mustFull {
 		// The previous state never came to be: this one holds changes no
 		// state has, whatever the turn's classification saw.
@@ -83,8 +84,12 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	sid := newID("s")
 	turn := env.Turn()
 	sb, volume := env.sb, env.volume
+	// A shell delta may stand for the process image only in a turn's
+	// background checkpoint, never in one forced full (the first state,
+	// after a failed checkpoint, a branch of a changed env).
+	delta := prio == queue.Low && !forced && parent != ""
 	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
-		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind)
+		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind, delta)
 	})
 	env.pending, env.pendingParent = job, parent
 	env.setHead(sid)
@@ -94,8 +99,11 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 
 // checkpoint writes the artifacts of one state and commits it. Only the
 // parts the kind says changed are written; the others are shared with the
-// parent state. It undoes everything on failure.
-func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind) (err error) {
+// parent state. With allowDelta, the processes' part may be a shell delta
+// on the parent's process image instead of a dump, when the Inspector
+// found one (docs/engine.md, "Shell delta states"). It undoes everything
+// on failure.
+func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta bool) (err error) {
 	start := time.Now()
 	envID := env.ID
 	in := e.o.Inspector
@@ -107,7 +115,8 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		}
 	}
 	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, FS: ps.FS, Proc: ps.Proc,
-		Created: time.Now(), Timings: map[string]time.Duration{}}
+		ShellDelta: ps.ShellDelta, ShellDigest: ps.ShellDigest, Created: time.Now(), Timings: map[string]time.Duration{}}
+	var delta *inspector.Delta
 	var fsArt, procArt *manifest.Artifact
 	var made []manifest.Artifact
 	defer func() {
@@ -129,7 +138,10 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
 			st.FS = id
 		}
-		if kind == Proc || kind == Full {
+		if delta != nil {
+			st.ShellDelta, st.ShellDigest = delta.Script, delta.Digest
+		} else if kind == Proc || kind == Full {
+			st.ShellDelta, st.ShellDigest = "", ""
 			id := newID("p")
 			procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
 			st.Proc = id
@@ -159,9 +171,11 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		}
 		defer sb.Thaw()
 		st.Timings["freeze"] = time.Since(t)
-		if in != nil && kind != Full {
+		if in != nil && (kind != Full || allowDelta) {
 			// A background process may have written or run since the
-			// turn was classified: the inspector re-checks, frozen.
+			// turn was classified: the inspector re-checks, frozen (for
+			// a full checkpoint only the processes a shell delta would
+			// take from the last image).
 			t = time.Now()
 			k, why, _ := in.Settle(ctx, envID, inspector.Kind(kind), e.target(sb, volume, parentFS, ""))
 			if Kind(k) != kind {
@@ -170,6 +184,11 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 				kind = Kind(k)
 			}
 			st.Timings["settle"] = time.Since(t)
+		}
+		if in != nil && allowDelta && ps.Proc != "" && (kind == Proc || kind == Full) {
+			if d, ok := in.TakeShellDelta(envID); ok {
+				delta = &d
+			}
 		}
 		if err := plan(); err != nil {
 			return err
@@ -205,7 +224,16 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if fsArt != nil {
 				fsNow = fsArt.Location
 			}
-			if err := in.Checkpointed(envID, inspector.Kind(kind), e.target(sb, volume, fsNow, "")); err != nil {
+			k := inspector.Kind(kind)
+			if delta != nil {
+				// The processes' part is the delta, which TakeShellDelta
+				// made the shell's baseline; the image stays the base.
+				k = inspector.None
+				if fsArt != nil {
+					k = inspector.FS
+				}
+			}
+			if err := in.Checkpointed(envID, k, e.target(sb, volume, fsNow, "")); err != nil {
 				e.log.Warn("inspector baseline after checkpoint", slog.String("env", envID), slog.Any("err", err))
 			}
 		}
@@ -243,12 +271,15 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	}
 	made = nil // committed: nothing to undo
 	e.stats.checkpoints.Add(1)
+	if delta != nil {
+		e.stats.shellDeltas.Add(1)
+	}
 	e.stats.checkpointNanos.Add(int64(st.Timings["total"]))
 	if fsArt != nil {
 		env.setHeadFS(fsArt.Location)
 	}
 	e.log.Debug("checkpoint", slog.String("env", envID), slog.String("state", sid), slog.String("kind", string(kind)),
-		slog.Duration("took", st.Timings["total"]))
+		slog.Bool("shell_delta", delta != nil), slog.Duration("took", st.Timings["total"]))
 	e.afterCheckpoint(parent, sid)
 	return nil
 }
@@ -357,7 +388,7 @@ func (e *Engine) StateBytes(line []manifest.State) (own []int64, total int64) {
 		if st.Kind == FS || st.Kind == Full {
 			own[i] += bytes(st.FS)
 		}
-		if st.Kind == Proc || st.Kind == Full {
+		if st.Dumped() {
 			own[i] += bytes(st.Proc)
 		}
 		bytes(st.FS)

@@ -515,7 +515,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 		le.Close(context.Background())
 		return nil, "", err
 	}
-	e.track(ctx, env)
+	e.track(ctx, env, nil)
 	sid, _, err := e.CheckpointAsync(env, Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env)
@@ -529,6 +529,7 @@ type coordStats struct {
 	checkpoints, checkpointNanos, exposed atomic.Int64
 	verified, misses                      atomic.Int64
 	revived                               atomic.Int64
+	shellDeltas                           atomic.Int64
 }
 
 // CoordStats are the engine's totals since it opened (checkpoints it
@@ -546,6 +547,10 @@ type CoordStats struct {
 	// Revived counts envs whose sandbox died and that were restored at
 	// their last committed state (RevivedError).
 	Revived int64
+	// ShellDeltas counts the checkpoints committed with a shell delta
+	// instead of a dump of the processes (docs/engine.md, "Shell delta
+	// states").
+	ShellDeltas int64
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

@@ -30,6 +30,10 @@ var (
 	// (NewEnv, Branch); retry once space is freed (docs/engine.md, "Disk
 	// pressure").
 	ErrNoSpace = errors.New("no space: disk over its high mark")
+	// ErrShellDelta: a shell delta state's script did not bring the
+	// restored shell to the state it recorded (its digest differs); the
+	// restore fails rather than hand out another state.
+	ErrShellDelta = errors.New("shell delta did not reach its state")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

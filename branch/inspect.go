@@ -20,8 +20,10 @@ type Inspector interface {
 	// Untrack stops watching envID.
 	Untrack(envID string)
 	// Baseline records t as envID's last checkpoint (after a start or
-	// restore, when the live state equals the artifacts).
-	Baseline(ctx context.Context, envID string, t inspector.Target) error
+	// restore, when the live state equals the artifacts); image is the
+	// shell state the process image holds when a shell delta was run on
+	// it, nil otherwise.
+	Baseline(ctx context.Context, envID string, t inspector.Target, image *inspector.ShellState) error
 	// BeginTurn marks the start of a turn of envID.
 	BeginTurn(envID string) error
 	// EndTurn classifies the turn since BeginTurn.
@@ -31,6 +33,13 @@ type Inspector interface {
 	Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error)
 	// Checkpointed records that a checkpoint of kind k of t was taken.
 	Checkpointed(envID string, k inspector.Kind, t inspector.Target) error
+	// TakeShellDelta returns the shell delta that can stand for the
+	// process image of the checkpoint being taken (the turn changed the
+	// processes only through the shell's own state), and false when a
+	// dump is needed. Called frozen, after Settle; Checkpointed then gets
+	// the kind of the other artifacts (docs/engine.md, "Shell delta
+	// states").
+	TakeShellDelta(envID string) (inspector.Delta, bool)
 }
 
 // Turn is what Classify found about a turn.
@@ -65,7 +74,9 @@ func (env *Env) setHeadFS(loc string) {
 
 // track starts the inspector's bookkeeping for a sandbox that was just
 // started or restored (its live state equals its artifacts: fsLoc).
-func (e *Engine) track(ctx context.Context, env *Env) {
+// image is the shell state of the restored process image when a shell
+// delta was run on it (restored.imageShell), nil otherwise.
+func (e *Engine) track(ctx context.Context, env *Env, image *inspector.ShellState) {
 	in := e.o.Inspector
 	if in == nil {
 		return
@@ -75,7 +86,7 @@ func (e *Engine) track(ctx context.Context, env *Env) {
 		err = in.Track(env.ID, id)
 	}
 	if err == nil {
-		err = in.Baseline(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), ""))
+		err = in.Baseline(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), ""), image)
 	}
 	if err != nil {
 		// Without a baseline the inspector classifies conservatively

@@ -126,7 +126,7 @@ func (e *Engine) recoverEnv(ctx context.Context, rec manifest.Env) (*Env, error)
 		e.o.Snap.Destroy(context.Background(), r.volume)
 		return nil, err
 	}
-	e.track(ctx, env)
+	e.track(ctx, env, r.imageShell)
 	return env, nil
 }
 

@@ -1,6 +1,7 @@
 package branch
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 )
@@ -21,6 +23,9 @@ type restored struct {
 	sb     *sandbox.Sandbox
 	volume string
 	fsLoc  string // the snapshot the root was cloned from
+	// imageShell is the shell state of the process image, read before a
+	// shell delta was run on it; nil for a state without one.
+	imageShell *inspector.ShellState
 }
 
 // restore brings state sid back as a new sandbox named name: a writable
@@ -82,8 +87,55 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, err
 	}
-	return restored{sb: sb, volume: vol, fsLoc: fsA.Location}, nil
+	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location}
+	if st.ShellDigest != "" {
+		img, err := e.applyShellDelta(ctx, sb, st)
+		if err != nil {
+			if derr := sb.Destroy(context.Background()); derr != nil {
+				e.log.Warn("destroy sandbox of failed restore", slog.String("volume", vol), slog.Any("err", derr))
+			}
+			return restored{}, err
+		}
+		r.imageShell = &img
+	}
+	return r, nil
 }
+
+// applyShellDelta runs a shell delta state's script in the shell of its
+// freshly restored process image and checks that the shell then holds
+// the state the checkpoint recorded: a mismatch is an error, never a
+// silently different state. It returns the image's shell state, read
+// before the script ran (the base of the env's later deltas).
+func (e *Engine) applyShellDelta(ctx context.Context, sb *sandbox.Sandbox, st manifest.State) (inspector.ShellState, error) {
+	img, err := readShell(ctx, sb)
+	if err != nil {
+		return img, fmt.Errorf("read the shell of the image: %w", err)
+	}
+	if st.ShellDelta == "" {
+		if img.Digest != st.ShellDigest {
+			return img, fmt.Errorf("%w: the image's shell differs from the state's", ErrShellDelta)
+		}
+		return img, nil
+	}
+	res, err := sb.Exec(ctx, st.ShellDelta, sandbox.ExecOptions{Timeout: shellDeltaTimeout, MaxOutput: 64 << 10})
+	if err != nil {
+		return img, fmt.Errorf("run the shell delta: %w", err)
+	}
+	if res.TimedOut || res.ShellRestarted {
+		return img, fmt.Errorf("%w: the script timed out or ended the shell", ErrShellDelta)
+	}
+	now, err := readShell(ctx, sb)
+	if err != nil {
+		return img, fmt.Errorf("read the shell after its delta: %w", err)
+	}
+	if now.Digest != st.ShellDigest {
+		return img, fmt.Errorf("%w: exit code %d, stderr %q", ErrShellDelta, res.ExitCode, bytes.TrimSpace(res.Stderr))
+	}
+	return img, nil
+}
+
+// shellDeltaTimeout bounds a shell delta's run; it is builtins only.
+const shellDeltaTimeout = 10 * time.Second
 
 // isolation is the policy restored sandboxes must satisfy: the launcher's
 // (the server's flags), else the hardened default.
@@ -289,7 +341,7 @@ func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.S
 		e.discard(r)
 		return nil, err
 	}
-	e.track(ctx, env)
+	e.track(ctx, env, r.imageShell)
 	return env, nil
 }
 
@@ -330,7 +382,7 @@ func (e *Engine) swapIn(ctx context.Context, env *Env, r restored, st manifest.S
 	env.turn.Store(int64(st.Turn))
 	env.setHead(st.ID)
 	env.setHeadFS(r.fsLoc)
-	e.track(ctx, env)
+	e.track(ctx, env, r.imageShell)
 	if err := e.man.SetHead(env.ID, st.ID); err != nil {
 		e.log.Warn("record head after restore", slog.String("env", env.ID), slog.Any("err", err))
 	}

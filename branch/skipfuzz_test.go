@@ -341,6 +341,7 @@ type fuzzRun struct {
 	img    string
 	turns  int
 	checks int // turns whose skip was checked against a branch
+	deltas int // proc and full checkpoints recorded as a shell delta
 	kinds  map[branch.Kind]int
 	misses []skipMiss
 	// unchanged counts the turns after which the probe read the live env
@@ -401,9 +402,9 @@ func TestSkipsAreSound(t *testing.T) {
 		}
 	}
 	skipped := f.kinds[branch.None] + f.kinds[branch.FS] + f.kinds[branch.Proc]
-	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
+	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part; %d shell deltas instead of a dump); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
 		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
-		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)),
+		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)), f.deltas,
 		f.falsePos, f.unchanged, 100*float64(f.falsePos)/float64(max(f.unchanged, 1)))
 	for i, m := range f.misses {
 		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
@@ -480,7 +481,18 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 			}
 			prev = live
 		}
-		if kind == branch.Full || (!count && i < len(turns)-1) {
+		// A shell delta stands for a process image: check it, in a full
+		// checkpoint too.
+		delta := false
+		if kind == branch.Proc || kind == branch.Full {
+			if st, err := e.State(sid); err == nil && !st.Dumped() {
+				delta = true
+			}
+		}
+		if delta && count {
+			f.deltas++
+		}
+		if (kind == branch.Full && !delta) || (!count && i < len(turns)-1) {
 			continue // everything was taken, or shrinking: only the last turn counts
 		}
 		if count {

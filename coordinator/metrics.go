@@ -125,6 +125,8 @@ func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch
 		func(u branch.Usage) float64 { return u.Coord.CheckpointTime.Seconds() })
 	counter("arbor_checkpoint_exposed_seconds_total", "Part of the checkpoint time operations had to wait for (not hidden behind the policy's thinking).",
 		func(u branch.Usage) float64 { return u.Coord.Exposed.Seconds() })
+	counter("arbor_shell_deltas_total", "Checkpoints committed with a shell delta on the last process image instead of a CRIU dump.",
+		func(u branch.Usage) float64 { return float64(u.Coord.ShellDeltas) })
 	counter("arbor_envs_revived_total", "Envs whose sandbox died (init killed, OOM) and that were restored at their last committed state.",
 		func(u branch.Usage) float64 { return float64(u.Coord.Revived) })
 	gauge("arbor_image_hot_bytes", "Process images on tmpfs.",

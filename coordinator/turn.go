@@ -106,13 +106,13 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	}
 	out.Turn = env.Turn() - m.base
 	defer func() { c.noteTurn(m, a.Tool, display(a), parent, out, time.Since(start)) }()
-	if out.Kind != branch.Full {
-		switch r := c.o.VerifySkips; {
-		case r >= 1:
+	switch r := c.o.VerifySkips; {
+	case r >= 1:
+		if c.skipped(ctx, env, out.Kind, out.StateID) {
 			out.VerifyMisses = c.verify(ctx, env, out.StateID)
-		case r > 0 && rand.Float64() < r:
-			c.verifyLater(envID, env, out.StateID, out.Turn)
 		}
+	case r > 0 && rand.Float64() < r:
+		c.verifyLater(envID, env, out.Kind, out.StateID, out.Turn)
 	}
 	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
 	c.m.step.WithLabelValues(a.Tool).Observe(time.Since(start).Seconds())
@@ -137,11 +137,26 @@ func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) [
 	return nil
 }
 
+// skipped reports whether a turn's checkpoint of kind k, state sid, left
+// out something verification should check: every kind but full, and a
+// full one whose processes are a shell delta rather than a dump (known
+// once it committed: this waits for it).
+func (c *Coordinator) skipped(ctx context.Context, env *branch.Env, k branch.Kind, sid string) bool {
+	if k != branch.Full {
+		return true
+	}
+	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
+		return false
+	}
+	st, err := c.e.State(sid)
+	return err == nil && !st.Dumped()
+}
+
 // verifyLater verifies a sampled skip in the background (VerifySkips
 // below 1). It queues on the env's ticket now, so it runs right after the
 // operation in progress and before any later one, while env is still at
 // sid; Close waits for it.
-func (c *Coordinator) verifyLater(envID string, env *branch.Env, sid string, turn int) {
+func (c *Coordinator) verifyLater(envID string, env *branch.Env, k branch.Kind, sid string, turn int) {
 	// Counted before Close can wait, or not started at all.
 	c.mu.Lock()
 	if c.closed {
@@ -155,8 +170,8 @@ func (c *Coordinator) verifyLater(envID string, env *branch.Env, sid string, tur
 		defer c.wg.Done()
 		t.wait()
 		defer t.release()
-		if c.ctx.Err() != nil || env.Head() != sid {
-			return // stopping, or closed or moved meanwhile
+		if c.ctx.Err() != nil || env.Head() != sid || !c.skipped(c.ctx, env, k, sid) {
+			return // stopping, closed or moved meanwhile, or nothing skipped
 		}
 		if misses := c.verify(c.ctx, env, sid); len(misses) > 0 && c.ctx.Err() == nil {
 			c.log.Warn("skipped checkpoint verification found a miss", slog.String("env", envID), slog.Int("turn", turn),

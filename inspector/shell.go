@@ -15,12 +15,43 @@ import (
 // the status line Arbor prints after every command resets $? and $_ the
 // same way whatever ran before it. bash lists functions; busybox ash cannot,
 // which NormalizeShellState's caller makes up for (see MayDefineFunction).
+// Its output is split into sections by marker lines (SectionMarker), so
+// that ShellDelta can tell variables from functions from options. The
+// directory stack is printed on its own, and first: DIRSTACK is dynamic,
+// and declare -p shows it as it was when last expanded.
 const ShellQuery = `if [ -n "${BASH_VERSION-}" ]; then
-echo "shell=bash"; declare -p; declare -f; alias; shopt -p; set -o; trap -p; jobs -l
+echo "shell=bash"; echo "@@arbor-shell dirs"; printf 'dir=%s\n' "${DIRSTACK[@]:1}"; echo "@@arbor-shell vars"; declare -p
+echo "@@arbor-shell functions"; declare -f; echo "@@arbor-shell funcattrs"; declare -F; echo "@@arbor-shell aliases"; alias
+echo "@@arbor-shell options"; shopt -p; set -o; echo "@@arbor-shell traps"; trap -p; echo "@@arbor-shell jobs"; jobs -l
 else
-echo "shell=sh"; set; alias; set -o; trap; jobs -l
+echo "shell=sh"; echo "@@arbor-shell dirs"; echo "@@arbor-shell vars"; set; echo "@@arbor-shell functions"
+echo "@@arbor-shell funcattrs"; echo "@@arbor-shell aliases"; alias; echo "@@arbor-shell options"; set -o
+echo "@@arbor-shell traps"; trap; echo "@@arbor-shell jobs"; jobs -l
 fi
-ulimit -a; umask; echo "cwd=$PWD"; pwd -P 2>/dev/null; echo "pid=$$"`
+echo "@@arbor-shell limits"; ulimit -a; echo "@@arbor-shell umask"; umask; echo "@@arbor-shell cwd"; echo "cwd=$PWD"; pwd -P 2>/dev/null; echo "pid=$$"`
+
+// SectionMarker starts each section of ShellQuery's output; the sections
+// follow in the order of Sections.
+const SectionMarker = "@@arbor-shell "
+
+// The sections of ShellQuery's output, in order.
+const (
+	SectionDirs      = "dirs"      // dir=D per directory stack entry below the top
+	SectionVars      = "vars"      // declare -p (bash), set (sh)
+	SectionFunctions = "functions" // declare -f
+	SectionFuncAttrs = "funcattrs" // declare -F: names and attributes (-x)
+	SectionAliases   = "aliases"
+	SectionOptions   = "options" // shopt -p, set -o
+	SectionTraps     = "traps"
+	SectionJobs      = "jobs"
+	SectionLimits    = "limits" // ulimit -a
+	SectionUmask     = "umask"
+	SectionCwd       = "cwd" // cwd=$PWD, pwd -P
+)
+
+// Sections lists the section names in the order ShellQuery prints them.
+var Sections = []string{SectionDirs, SectionVars, SectionFunctions, SectionFuncAttrs, SectionAliases, SectionOptions,
+	SectionTraps, SectionJobs, SectionLimits, SectionUmask, SectionCwd}
 
 // dynamicVars change by themselves from one command to the next.
 var dynamicVars = map[string]bool{
@@ -47,6 +78,20 @@ type ShellState struct {
 	// FDs is the shell's descriptor table (FDTable), when ReadShell
 	// read it; Digest covers it then.
 	FDs string
+	// sections holds the output's lines by section, without the dynamic
+	// variables and the pid; nil when the markers were not each found
+	// once and in order (a value or function text that prints a marker
+	// line), which ShellDelta refuses.
+	sections map[string][]string
+}
+
+// Section returns the lines of one section of the output (Sections), and
+// false when the output could not be split.
+func (st ShellState) Section(name string) ([]string, bool) {
+	if st.sections == nil {
+		return nil, false
+	}
+	return st.sections[name], true
 }
 
 // NormalizeShellState drops what changes by itself from ShellQuery's output
@@ -54,16 +99,26 @@ type ShellState struct {
 func NormalizeShellState(out []byte) ShellState {
 	var st ShellState
 	h := sha256.New()
+	sections := map[string][]string{}
+	cur, next, split := "", 0, true
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, "pid="); ok {
+		if v, ok := strings.CutPrefix(line, "pid="); ok && (cur == SectionCwd || next == 0) {
 			st.PID, _ = strconv.Atoi(v)
 			continue
 		}
-		if line == "shell=bash" {
+		if line == "shell=bash" && cur == "" {
 			st.Bash = true
+		}
+		if name, ok := strings.CutPrefix(line, SectionMarker); ok {
+			if next < len(Sections) && name == Sections[next] {
+				cur = name
+				next++
+			} else {
+				split = false
+			}
 		}
 		m := bashVar.FindStringSubmatch(line)
 		if m == nil {
@@ -74,8 +129,14 @@ func NormalizeShellState(out []byte) ShellState {
 		}
 		h.Write([]byte(line))
 		h.Write([]byte{'\n'})
+		if cur != "" && !strings.HasPrefix(line, SectionMarker) {
+			sections[cur] = append(sections[cur], line)
+		}
 	}
 	st.Digest = hex.EncodeToString(h.Sum(nil))
+	if split && next == len(Sections) {
+		st.sections = sections
+	}
 	return st
 }
 

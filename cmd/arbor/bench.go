@@ -78,6 +78,7 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 	f.IntVar(&o.Tree.Prefix, "tree-chain", 0, "turns of the trace in each tree's initial chain (0: the whole trace)")
 	f.IntVar(&o.ReplayStride, "replay-stride", 2, "check every k-th turn by replay (the replay check costs O(turns^2))")
 	f.BoolVar(&o.SkipRunc, "no-runc", false, "leave the runc baseline out")
+	f.BoolVar(&o.TracesOnly, "traces-only", false, "play the traces through Arbor and check their recovery, nothing else (turn classes and CRIU dumps)")
 	f.BoolVar(&o.ZFS, "zfs", false, "also play the traces through Arbor on the zfs backend and time branch(n) there (a ZFS column beside btrfs; zfs-fuse here, slow)")
 	f.IntVar(&o.WarmCopies, "warm", 0, "pre-restored warm copies per env in Arbor's engine (0: cold branches)")
 	f.StringVar(&o.Classifier, "classifier", "inspector", "Arbor's turn classification: inspector or full")

@@ -52,9 +52,18 @@ type State struct {
 	FS string `json:"fs,omitempty"`
 	// Proc is the id of the newest process artifact describing this state;
 	// a state whose processes did not change shares its parent's.
-	Proc    string                   `json:"proc,omitempty"`
-	Created time.Time                `json:"created"`
-	Timings map[string]time.Duration `json:"timings,omitempty"` // e.g. "freeze", "snapshot", "dump", "total"
+	Proc string `json:"proc,omitempty"`
+	// ShellDelta is a shell delta state's script (inspector.ShellDelta):
+	// the state is Proc's image with this run in its restored shell,
+	// after which the shell's state digest must be ShellDigest. A
+	// non-empty ShellDigest marks such a state (the script may be empty:
+	// the shell went back to the image's state); a state of kind proc or
+	// full with one wrote no image of its own, and a state of kind fs
+	// inherits its parent's (docs/engine.md, "Shell delta states").
+	ShellDelta  string                   `json:"shell_delta,omitempty"`
+	ShellDigest string                   `json:"shell_digest,omitempty"`
+	Created     time.Time                `json:"created"`
+	Timings     map[string]time.Duration `json:"timings,omitempty"` // e.g. "freeze", "snapshot", "dump", "total"
 	// Released means the owner no longer wants the state; GC may remove it
 	// once no live state descends from it and its retention is over.
 	Released bool `json:"released,omitempty"`
@@ -153,10 +162,22 @@ func (s *State) validate() error {
 	if (s.Kind == KindProc || s.Kind == KindFull) && s.Proc == "" {
 		return fmt.Errorf("kind %s without proc artifact: %w", s.Kind, ErrInvalid)
 	}
+	if s.ShellDelta != "" && s.ShellDigest == "" {
+		return fmt.Errorf("shell delta without digest: %w", ErrInvalid)
+	}
+	if s.ShellDigest != "" && s.Proc == "" {
+		return fmt.Errorf("shell delta without the image it applies on: %w", ErrInvalid)
+	}
 	if s.Parent == s.ID {
 		return fmt.Errorf("state is its own parent: %w", ErrInvalid)
 	}
 	return nil
+}
+
+// Dumped reports whether the state's checkpoint wrote a process image
+// (kind proc or full, and not a shell delta).
+func (s State) Dumped() bool {
+	return (s.Kind == KindProc || s.Kind == KindFull) && s.ShellDigest == ""
 }
 
 func (e *Env) validate() error {

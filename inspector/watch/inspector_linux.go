@@ -54,10 +54,21 @@ type envState struct {
 	// when unknown.
 	procBase []inspector.ProcSample
 	haveProc bool
-	// shellBase is the shell digest at the last process artifact; shell is
-	// the latest one read (what a checkpoint taken now captures).
-	shellBase, shell inspector.ShellState
-	turnStart        time.Time
+	// shellBase is the shell state of the last state checkpointed (a
+	// process image, or one and a shell delta); shell is the latest one
+	// read (what a checkpoint taken now captures); imageShell is the
+	// shell the last process image holds, what a shell delta applies on.
+	shellBase, shell, imageShell inspector.ShellState
+	// delta is the shell delta of the last turn, when its only process
+	// change was the shell's state (TakeShellDelta).
+	delta     *pendingDelta
+	turnStart time.Time
+}
+
+// pendingDelta is a shell delta and the shell state it reaches.
+type pendingDelta struct {
+	d     inspector.Delta
+	shell inspector.ShellState
 }
 
 // New loads the eBPF programs and returns an inspector that uses them.
@@ -185,6 +196,8 @@ func (in *Inspector) BeginTurn(envID string) error {
 		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
 	st.turnStart = time.Now()
+	// A delta describes the shell at the end of the last turn only.
+	st.delta = nil
 	if in.tr != nil {
 		return in.tr.NewEpoch(st.cg)
 	}
@@ -297,7 +310,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	for p := range st.touched {
 		touched = append(touched, p)
 	}
-	procBase, haveProc, shellBase := st.procBase, st.haveProc, st.shellBase
+	procBase, haveProc, shellBase, imageShell := st.procBase, st.haveProc, st.shellBase, st.imageShell
 	in.mu.Unlock()
 
 	var same []string
@@ -323,8 +336,15 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 		}
 	}
 	facts = append(facts, in.procFacts(t, shell.PID, procBase, haveProc)...)
+	var delta *pendingDelta
+	if shellOK && inspector.OnlyShellChanged(facts) {
+		if script, ok := inspector.ShellDelta(imageShell, shell); ok {
+			delta = &pendingDelta{d: inspector.Delta{Script: script, Digest: shell.Digest}, shell: shell}
+		}
+	}
 
 	in.mu.Lock()
+	st.delta = delta
 	for _, p := range same {
 		delete(st.touched, p)
 	}
@@ -397,10 +417,15 @@ func (in *Inspector) procFacts(t inspector.Target, shellPID int, base []inspecto
 // It returns the kind to take (k or more), with the reasons it grew.
 // Call it after Freeze and before making the artifacts.
 func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error) {
-	if k == inspector.Full {
+	in.mu.Lock()
+	st0, ok := in.envs[envID]
+	delta := ok && st0.delta != nil && k.Has(inspector.Proc)
+	in.mu.Unlock()
+	if k == inspector.Full && !delta {
 		return k, nil, nil
 	}
 	if err := in.sync(ctx); err != nil {
+		in.dropDelta(envID)
 		return inspector.Full, []string{err.Error()}, err
 	}
 	in.mu.Lock()
@@ -427,11 +452,45 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind,
 		files := in.fileFacts(ctx, t, touched, &same)
 		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 	}
-	if !k.Has(inspector.Proc) {
+	if !k.Has(inspector.Proc) || delta {
+		// A shell delta reuses the last image for every other process:
+		// none may have run since it was taken.
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
 	}
 	r := inspector.Classify(facts)
+	if delta && !inspector.OnlyShellChanged(append(facts, inspector.Fact{Kind: inspector.ShellChanged})) {
+		in.dropDelta(envID)
+	}
 	return k.Join(r.Kind), r.Reasons, nil
+}
+
+func (in *Inspector) dropDelta(envID string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if st, ok := in.envs[envID]; ok {
+		st.delta = nil
+	}
+}
+
+// TakeShellDelta returns the shell delta of envID's last turn, when its
+// only process change was the managed shell's own state and Settle found
+// nothing else since: a checkpoint may then record it on top of the last
+// process image instead of dumping the processes. Taking it makes the
+// shell state it reaches the baseline of the shell; call it while the
+// sandbox is frozen for that checkpoint, and then Checkpointed with the
+// kind of the other artifacts written (fs or none). A checkpoint that
+// fails after it must be followed by a full one or a Baseline.
+func (in *Inspector) TakeShellDelta(envID string) (inspector.Delta, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st, ok := in.envs[envID]
+	if !ok || st.delta == nil {
+		return inspector.Delta{}, false
+	}
+	d := st.delta
+	st.delta = nil
+	st.shellBase = d.shell
+	return d.d, true
 }
 
 func (in *Inspector) returns() func(uint32) (uint64, bool) {
@@ -465,7 +524,7 @@ func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Ta
 			// turn must dump them again, whatever it does.
 			in.mu.Lock()
 			if st, ok := in.envs[envID]; ok {
-				st.haveProc, st.shellBase = false, inspector.ShellState{}
+				st.haveProc, st.shellBase, st.imageShell, st.delta = false, inspector.ShellState{}, inspector.ShellState{}, nil
 			}
 			in.mu.Unlock()
 			return err
@@ -484,7 +543,7 @@ func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Ta
 	}
 	if k.Has(inspector.Proc) {
 		st.procBase, st.haveProc = procs, true
-		st.shellBase = st.shell
+		st.shellBase, st.imageShell, st.delta = st.shell, st.shell, nil
 	}
 	if k == inspector.Full {
 		st.unaccounted = nil
@@ -496,7 +555,10 @@ func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Ta
 // Baseline makes the live state of envID its baseline, reading the shell
 // state through the shell: for a sandbox just started or restored, whose
 // state equals its state's artifacts. Nothing may run in it meanwhile.
-func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Target) error {
+// image is the shell state the process image holds when it is not the
+// live one (a shell delta state's restore, which read it before running
+// the delta), nil otherwise: later deltas apply on the image.
+func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Target, image *inspector.ShellState) error {
 	if t.Shell == nil {
 		return fmt.Errorf("baseline of %s: no shell", envID)
 	}
@@ -512,7 +574,17 @@ func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Tar
 		st.shell = shell
 	}
 	in.mu.Unlock()
-	return in.Checkpointed(envID, inspector.Full, t)
+	if err := in.Checkpointed(envID, inspector.Full, t); err != nil {
+		return err
+	}
+	if image != nil {
+		in.mu.Lock()
+		if st, ok := in.envs[envID]; ok && st.haveProc {
+			st.imageShell = *image
+		}
+		in.mu.Unlock()
+	}
+	return nil
 }
 
 // Stats are counters for benchmarks and metrics.

@@ -64,7 +64,7 @@ func newRig(t *testing.T, ins *watch.Inspector) *rig {
 	}
 	t.Cleanup(func() { ins.Untrack(env.ID) })
 	r.snapshot()
-	if err := ins.Baseline(ctx, env.ID, r.target("")); err != nil {
+	if err := ins.Baseline(ctx, env.ID, r.target(""), nil); err != nil {
 		t.Fatal(err)
 	}
 	return r
