@@ -293,6 +293,23 @@ func TestForkBombStoppedByPidsLimit(t *testing.T) {
 	}
 }
 
+// TestOOMKillerPrefersAgentProcesses: every process the shell starts
+// scores above init for the OOM killer, also where init could not lower
+// its own score (no CAP_SYS_RESOURCE, as on this VM): otherwise a second
+// OOM kill while the first victim was still exiting took init and the
+// sandbox died.
+func TestOOMKillerPrefersAgentProcesses(t *testing.T) {
+	sb := start(t, sandbox.Limits{MemoryBytes: 64 << 20})
+	r := run(t, sb, "cat /proc/1/oom_score_adj /proc/1/oom_score /proc/self/oom_score_adj /proc/self/oom_score", 10*time.Second)
+	var initAdj, initScore, selfAdj, selfScore int
+	if n, _ := fmt.Sscan(string(r.Stdout), &initAdj, &initScore, &selfAdj, &selfScore); n != 4 {
+		t.Fatalf("read scores: %q", r.Stdout)
+	}
+	if selfAdj <= 0 || selfScore <= initScore {
+		t.Errorf("a command's oom_score_adj %d, oom_score %d; init's %d, %d: want the command's score above init's", selfAdj, selfScore, initAdj, initScore)
+	}
+}
+
 func TestMemoryHogStoppedByMemoryLimit(t *testing.T) {
 	sb := start(t, sandbox.Limits{MemoryBytes: 64 << 20})
 	// tail buffers its whole input when it has no newline.

@@ -111,7 +111,7 @@ func (s *shell) runScript(req ctl.Request, o *output) ctl.Response {
 		}
 		return ctl.Response{Error: fmt.Sprintf("start %s: %v", runShell, err)}
 	}
-	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("0"), 0)
+	setAgentOOMScore(pid)
 	s.run, s.runStatus = pid, nil
 	defer func() { s.run, s.runStatus = 0, nil }()
 	// The pump may have reaped it already (SIGCHLD races the assignment).

@@ -47,7 +47,9 @@ func Setup(o SetupOptions) error {
 	// The shell and what it runs may be OOM-killed; init may not. Lowering
 	// the score needs CAP_SYS_RESOURCE, so it happens before the drop (the
 	// value survives the exec into stage two). Best effort: a server that
-	// lacks the capability itself (some CI containers) cannot grant it.
+	// lacks the capability itself (this VM's root, some CI containers)
+	// cannot grant it; then agentOOMScore still has the kernel take an
+	// agent process first.
 	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -256,3 +258,19 @@ var bashPaths = []string{"/bin/bash", "/usr/bin/bash"}
 
 // readyFD is where stage two finds the server's ready pipe.
 const readyFD = 3
+
+// agentOOMScore is the oom_score_adj of the shell and of every process it
+// starts (they inherit it). Positive, so that the OOM killer of a sandbox
+// at its memory limit picks any agent process before init even where init
+// could not lower its own score to -1000 (no CAP_SYS_RESOURCE): a score of
+// 500 counts as half the cgroup's limit in pages, far above init's few
+// MB. Without it a second OOM kill while the first victim was still
+// exiting took init, and the sandbox died (TestMemoryHogStoppedByMemoryLimit
+// under load). Raising a score needs no privilege; an agent may lower its
+// own back to 0 and so only put its own sandbox at risk.
+const agentOOMScore = "500"
+
+// setAgentOOMScore gives process pid agentOOMScore (best effort).
+func setAgentOOMScore(pid int) {
+	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(agentOOMScore), 0)
+}

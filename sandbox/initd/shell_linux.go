@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -240,8 +239,7 @@ func (s *shell) startOn() error {
 		unix.Close(master)
 		return fmt.Errorf("start %s: %w", s.path, err)
 	}
-	// init is protected from the OOM killer; the shell and what it runs are not.
-	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("0"), 0)
+	setAgentOOMScore(pid)
 	s.pid, s.master, s.ptsN, s.exited = pid, master, n, nil
 	clear(s.want)
 	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
