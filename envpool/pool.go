@@ -294,13 +294,16 @@ func (p *Pool) addReady(s *taskSlot, env *branch.Env) bool {
 	p.filled++
 	initialDone := p.filled == p.o.Warm*len(p.tasks)
 	p.mu.Unlock()
-	s.mu.Lock()
-	s.ready = append(s.ready, env)
-	s.mu.Unlock()
+	// The meter first: WaitWarm returns once the env is in the reserve,
+	// and by then the progress shows it (TestPoolResetEvaluate once read
+	// "1/4" after WaitWarm had returned).
 	p.fill.Add(1, s.task.Name)
 	if initialDone {
 		p.fill.Finish(nil)
 	}
+	s.mu.Lock()
+	s.ready = append(s.ready, env)
+	s.mu.Unlock()
 	return true
 }
 
