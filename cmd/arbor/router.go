@@ -57,16 +57,9 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 	if o.etcd == "" {
 		return fmt.Errorf("--etcd is required")
 	}
-	maxFrame, err := parseSize(o.maxFrame)
+	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, o.token)
 	if err != nil {
-		return fmt.Errorf("parse --max-frame: %w", err)
-	}
-	maxUnread, err := parseSize(o.maxUnread)
-	if err != nil {
-		return fmt.Errorf("parse --max-unread: %w", err)
-	}
-	if o.token == "" && !server.IsLoopback(o.listen) {
-		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
+		return err
 	}
 	if o.nodeToken == "" {
 		o.nodeToken = o.token
@@ -88,4 +81,20 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 	}
 	fmt.Fprintf(os.Stderr, "arbor: routing protocol v1 on ws://%s/v1/ws to the cluster at %s; Ctrl-C stops\n", ln.Addr(), o.etcd)
 	return s.Serve(ctx, ln, o.grace)
+}
+
+// wireLimits parses the --max-frame and --max-unread sizes and refuses a
+// listen address off loopback without a token: what arbor serve and arbor
+// router check of their websocket before they start.
+func wireLimits(maxFrame, maxUnread, listen, token string) (frame, unread int64, err error) {
+	if frame, err = parseSize(maxFrame); err != nil {
+		return 0, 0, fmt.Errorf("parse --max-frame: %w", err)
+	}
+	if unread, err = parseSize(maxUnread); err != nil {
+		return 0, 0, fmt.Errorf("parse --max-unread: %w", err)
+	}
+	if token == "" && !server.IsLoopback(listen) {
+		return 0, 0, fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", listen)
+	}
+	return frame, unread, nil
 }

@@ -127,16 +127,9 @@ func loadTasks(dir string) ([]envpool.Task, error) {
 
 func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	log := slog.Default()
-	maxFrame, err := parseSize(o.maxFrame)
+	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, o.token)
 	if err != nil {
-		return fmt.Errorf("parse --max-frame: %w", err)
-	}
-	maxUnread, err := parseSize(o.maxUnread)
-	if err != nil {
-		return fmt.Errorf("parse --max-unread: %w", err)
-	}
-	if o.token == "" && !server.IsLoopback(o.listen) {
-		return fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", o.listen)
+		return err
 	}
 	var lim sandbox.Limits
 	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
