@@ -21,14 +21,7 @@ import (
 // restores to what was live at its turn.
 func TestInspectorDrivenCheckpoints(t *testing.T) {
 	c := requireCR(t)
-	in, err := watch.New(watch.Options{Logger: quiet()})
-	if errors.Is(err, watch.ErrUnavailable) {
-		t.Logf("eBPF unavailable (%v): fallback inspector", err)
-		in = watch.NewFallback(watch.Options{Logger: quiet()})
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
+	in := newInspector(t)
 	dir := t.TempDir()
 	snap := newBtrfs(t, dir)
 	images := &image.Store{Snap: snap, Logger: quiet()}
@@ -134,4 +127,19 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		}
 		e.CloseEnv(ctx, res.Children[0])
 	}
+}
+
+// newInspector is the eBPF inspector, or the fallback where eBPF is
+// unavailable (as branchtest's rig does), closed with the test.
+func newInspector(t *testing.T) *watch.Inspector {
+	t.Helper()
+	in, err := watch.New(watch.Options{Logger: quiet()})
+	if errors.Is(err, watch.ErrUnavailable) {
+		t.Logf("eBPF unavailable (%v): fallback inspector", err)
+		in = watch.NewFallback(watch.Options{Logger: quiet()})
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	return in
 }

@@ -2,7 +2,6 @@ package branch_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,7 +16,6 @@ import (
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/inspector"
-	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
@@ -43,14 +41,7 @@ const shellProbe = `echo "cwd=$(pwd) dirs=$(dirs -l -p | tr '\n' ,) K=${K-} A=${
 // holds the shell the live env had. Turns a delta cannot reproduce
 // (traps, readonly variables, limits, descriptors) are dumped.
 func TestShellDeltas(t *testing.T) {
-	in, err := watch.New(watch.Options{Logger: quiet()})
-	if errors.Is(err, watch.ErrUnavailable) {
-		t.Logf("eBPF unavailable (%v): fallback inspector", err)
-		in = watch.NewFallback(watch.Options{Logger: quiet()})
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
+	in := newInspector(t)
 	dir := t.TempDir()
 	r := newRigOptions(t, newBtrfs(t, dir), dir, func(o *branch.Options) { o.Inspector = in })
 	img := testImage(t, r)
@@ -155,21 +146,10 @@ func TestShellDeltas(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("rollback", env, back)
-	cmd := "export K=after-rollback; cd /work"
-	run(t, e, env, cmd)
-	turn, err := e.Classify(ctx, env, cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid, _, err := e.CheckpointAsync(env, turn.Kind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := e.State(sid); st.ShellDigest == "" {
-		t.Errorf("turn after rollback: dumped (%v), want a shell delta", turn.Reasons)
+	st := deltaTurn(t, e, env, "export K=after-rollback; cd /work")
+	sid := st.ID
+	if st.ShellDigest == "" {
+		t.Errorf("turn after rollback: dumped (kind %s), want a shell delta", st.Kind)
 	}
 	after := ref{"after rollback", sid, shellDigest(t, env), run(t, e, env, shellProbe)}
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
@@ -309,16 +289,4 @@ func deltaCrashHelper(t *testing.T, dir string) {
 	os.Stdout.Sync()
 	unix.Kill(os.Getpid(), unix.SIGKILL)
 	select {}
-}
-
-func newInspector(t *testing.T) *watch.Inspector {
-	t.Helper()
-	in, err := watch.New(watch.Options{Logger: quiet()})
-	if errors.Is(err, watch.ErrUnavailable) {
-		in = watch.NewFallback(watch.Options{Logger: quiet()})
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	return in
 }
