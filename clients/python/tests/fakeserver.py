@@ -1,13 +1,14 @@
 """A tiny protocol-v1 websocket server for testing the client's framing."""
 
 import asyncio
-import threading
 
 import msgpack
 import websockets
 
+from .loopserver import LoopServer
 
-class FakeServer:
+
+class FakeServer(LoopServer):
     """Serves on 127.0.0.1 (a free port) from its own thread. frames holds
     every decoded request; headers the last handshake's headers."""
 
@@ -20,37 +21,7 @@ class FakeServer:
         self.max_seen_in_flight = 0
         self.frames = []
         self.headers = {}
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._main, daemon=True)
-        self.thread.start()
-        self.ready.wait(10)
-        self.url = "ws://127.0.0.1:%d/v1/ws" % self.port
-
-    def _main(self):
-        asyncio.set_event_loop(self.loop)
-
-        async def start():
-            self.server = await websockets.serve(self._handle, "127.0.0.1", 0, compression=None)
-            self.port = list(self.server.sockets)[0].getsockname()[1]
-            self.ready.set()
-
-        self.loop.run_until_complete(start())
-        self.loop.run_forever()
-
-    def stop(self):
-        async def shut():
-            self.server.close()
-            await self.server.wait_closed()
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        super().__init__(self._handle)
 
     async def _handle(self, ws, path=None):
         req = getattr(ws, "request", None)

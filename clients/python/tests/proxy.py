@@ -13,10 +13,11 @@ Hooks, all usable from the test's thread:
 """
 
 import asyncio
-import threading
 
 import msgpack
 import websockets
+
+from .loopserver import LoopServer
 
 try:
     from websockets.asyncio.client import connect as _connect
@@ -28,7 +29,7 @@ except ImportError:
     _HEADERS = "extra_headers"
 
 
-class Proxy:
+class Proxy(LoopServer):
     def __init__(self, upstream):
         self.upstream = upstream
         self.transform = None
@@ -36,53 +37,20 @@ class Proxy:
         self.connections = 0
         self.requests = []  # decoded client-to-server frames
         self._clients = set()
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._main, args=(ready,), daemon=True)
-        self.thread.start()
-        ready.wait(10)
-        self.url = "ws://127.0.0.1:%d/v1/ws" % self.port
-
-    def _main(self, ready):
-        asyncio.set_event_loop(self.loop)
-
-        async def start():
-            self.server = await websockets.serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
-            self.port = list(self.server.sockets)[0].getsockname()[1]
-            ready.set()
-
-        self.loop.run_until_complete(start())
-        self.loop.run_forever()
-
-    def _do(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+        super().__init__(self._handle, max_size=None)
 
     def inject(self, data):
         async def send():
             for ws, _ in list(self._clients):
                 await ws.send(data)
-        self._do(send())
+        self.do(send())
 
     def drop(self):
         async def cut():
             for ws, up in list(self._clients):
                 ws.transport.abort()
                 up.transport.abort()
-        self._do(cut())
-
-    def stop(self):
-        async def shut():
-            self.server.close()
-            await self.server.wait_closed()
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        self._do(shut())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.do(cut())
 
     async def _handle(self, ws, path=None):
         req = getattr(ws, "request", None)
