@@ -128,15 +128,22 @@ func display(a Action) string {
 }
 
 // cut keeps the first max bytes of s, on a rune boundary.
-func cut(s string, max int) (string, bool) {
+func cut[T string | []byte](s T, max int) (string, bool) {
 	if len(s) <= max {
-		return s, false
+		return string(s), false
 	}
-	s = s[:max]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
+	head := string(s[:max])
+	// Back off a rune the cut split; invalid bytes before it stay (the
+	// JSON encoder replaces them).
+	for i := 1; i < utf8.UTFMax && i <= len(head); i++ {
+		if utf8.RuneStart(head[len(head)-i]) {
+			if !utf8.FullRuneInString(head[len(head)-i:]) {
+				head = head[:len(head)-i]
+			}
+			break
+		}
 	}
-	return s, true
+	return head, true
 }
 
 // noteTurn records a turn that ended (Turn, Boundary) and publishes it.
@@ -146,8 +153,8 @@ func (c *Coordinator) noteTurn(m *entry, tool, cmd, parent string, out *TurnResu
 	t.Cmd, t.CmdCut = cut(cmd, maxNoteCmd)
 	if r := out.Result; r != nil {
 		t.Exit, t.TimedOut = r.ExitCode, r.TimedOut
-		t.Stdout, _ = cut(string(r.Stdout), maxNoteOutput)
-		t.Stderr, _ = cut(string(r.Stderr), maxNoteOutput)
+		t.Stdout, _ = cut(r.Stdout, maxNoteOutput) // only the head is copied
+		t.Stderr, _ = cut(r.Stderr, maxNoteOutput)
 	}
 	c.notes.add(t)
 	ev := *t
