@@ -258,14 +258,14 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// IsLoopback reports whether a listen address only accepts connections
-// from this host.
+// IsLoopback reports whether an address (a listen address, or a Host
+// header: host, host:port, [v6]:port) names this host's loopback.
 func IsLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
 	}
-	if host == "localhost" {
+	if strings.EqualFold(host, "localhost") {
 		return true
 	}
 	ip := net.ParseIP(strings.Trim(host, "[]"))

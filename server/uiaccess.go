@@ -1,7 +1,6 @@
 package server
 
 import (
-	"net"
 	"net/http"
 	"strings"
 )
@@ -21,7 +20,7 @@ const TokenCookie = "arbor_token"
 func (s *Server) uiAccess(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.o.Token == "" {
-			if !loopbackHost(r.Host) {
+			if !IsLoopback(r.Host) {
 				http.Error(w, "the web view answers loopback host names only (or set a token)", http.StatusForbidden)
 				return
 			}
@@ -50,18 +49,4 @@ func (s *Server) uiAccess(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
-}
-
-// loopbackHost reports whether a Host header names this host's loopback.
-func loopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = hostport
-	}
-	host = strings.Trim(host, "[]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
