@@ -122,7 +122,9 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 // verify restores sid and compares it with env's live state
 // (Engine.Verify), counts the outcome and returns the misses.
 func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) []string {
-	v, err := c.e.Verify(ctx, env, sid)
+	vctx, cancel := context.WithTimeout(ctx, c.o.InspectTimeout)
+	defer cancel()
+	v, err := c.e.Verify(vctx, env, sid)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil // cancelled (a client gone, a shutdown): no verdict, no miss
@@ -217,6 +219,8 @@ func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
 // classify is the one classification entry: the engine's inspector (or
 // the test seam). Its failures make the turn full.
 func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) branch.Kind {
+	ctx, cancel := context.WithTimeout(ctx, c.o.InspectTimeout)
+	defer cancel()
 	t, err := c.o.Classify(ctx, env, cmd)
 	if err != nil {
 		c.log.Warn("classify turn", slog.String("env", env.ID), slog.Any("err", err))
