@@ -35,8 +35,8 @@ type Health struct {
 	ImageMisses    uint64 `json:"image_misses"`
 	// WarmCopies: arbor_warm_copies.
 	WarmCopies int `json:"warm_copies"`
-	// Verified counts verification-mode checks by result, ok or miss
-	// (arbor_verify_total).
+	// Verified counts verification-mode checks by result, ok, miss or
+	// error (arbor_verify_total).
 	Verified   map[string]float64 `json:"verified"`
 	States     int                `json:"states"`
 	ActiveEnvs int                `json:"active_envs"`
@@ -67,7 +67,7 @@ func (c *Coordinator) Health() (Health, error) {
 	for _, k := range []branch.Kind{branch.None, branch.FS, branch.Proc, branch.Full} {
 		h.Checkpoints[string(k)] = counterValue(c.m.checkpoints, string(k))
 	}
-	for _, r := range []string{"ok", "miss"} {
+	for _, r := range []string{"ok", "miss", "error"} {
 		h.Verified[r] = counterValue(c.m.verified, r)
 	}
 	c.mu.Lock()

@@ -129,7 +129,10 @@ func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) [
 	case err != nil && ctx.Err() != nil:
 		return nil // cancelled (a client gone, a shutdown): no verdict, no miss
 	case err != nil:
-		c.m.verified.WithLabelValues("miss").Inc()
+		// Not a miss: the check itself could not run (a restore that
+		// failed, a file system that stopped answering), reported as
+		// such in the turn.
+		c.m.verified.WithLabelValues("error").Inc()
 		return []string{"verification failed: " + err.Error()}
 	case len(v.Misses) > 0:
 		c.m.verified.WithLabelValues("miss").Inc()
