@@ -87,3 +87,42 @@ func counterValue(v *prometheus.CounterVec, label string) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// Add adds the figures of o, another node's, to h: a cluster's health is
+// the sum of its nodes' (package router). o's file systems are listed
+// under "node/name".
+func (h *Health) Add(node string, o Health) {
+	if h.Checkpoints == nil {
+		h.Checkpoints = map[string]float64{}
+	}
+	if h.Verified == nil {
+		h.Verified = map[string]float64{}
+	}
+	for k, v := range o.Checkpoints {
+		h.Checkpoints[k] += v
+	}
+	for k, v := range o.Verified {
+		h.Verified[k] += v
+	}
+	h.CheckpointSeconds += o.CheckpointSeconds
+	h.ExposedSeconds += o.ExposedSeconds
+	h.QueueLow += o.QueueLow
+	h.QueueHigh += o.QueueHigh
+	h.QueueRunning += o.QueueRunning
+	h.QueueWorkers += o.QueueWorkers
+	h.ImageHotBytes += o.ImageHotBytes
+	h.ImageColdBytes += o.ImageColdBytes
+	h.ImageHot += o.ImageHot
+	h.ImageCold += o.ImageCold
+	h.ImageCapacity += o.ImageCapacity
+	h.ImageHits += o.ImageHits
+	h.ImageMisses += o.ImageMisses
+	h.WarmCopies += o.WarmCopies
+	h.States += o.States
+	h.ActiveEnvs += o.ActiveEnvs
+	h.Revived += o.Revived
+	for _, d := range o.Disk {
+		d.Name = node + "/" + d.Name
+		h.Disk = append(h.Disk, d)
+	}
+}

@@ -181,11 +181,16 @@ func New(o Options) (*Server, error) {
 		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
-	// The web view reads one coordinator's envs and states; a router
-	// (Forwarder) does not serve it yet (docs/ui.md).
-	if o.Coordinator != nil {
+	// The web view reads the coordinator's envs and states, or those of
+	// the cluster behind a Forwarder that offers them (the router's
+	// UISource; docs/ui.md).
+	uo := ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}
+	if f, ok := o.Forwarder.(interface{ UISource() ui.Source }); ok {
+		uo.Source = f.UISource()
+	}
+	if uo.Source != nil || uo.Coordinator != nil {
 		var err error
-		if s.ui, err = ui.New(ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}); err != nil {
+		if s.ui, err = ui.New(uo); err != nil {
 			return nil, err
 		}
 	}
