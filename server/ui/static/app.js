@@ -71,6 +71,7 @@
     const cells = [
       ['id', e.id], ['', e.task || ''], ['', e.image], ['', e.lost ? 'lost' : e.turn], ['id', short(e.head)],
       ['cmd', last ? last.cmd : ''], ['', last ? last.exit : ''], ['idle', e.lost ? '' : secs(idleOf(e))], ['id', e.origin || ''],
+      ['', e.node || ''],
     ];
     for (const [cls, text] of cells) tr.append(el('td', cls, text));
     if (last) {
