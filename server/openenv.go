@@ -413,7 +413,13 @@ func (c *oeConn) handle(f oeFrame) bool {
 	case oeStates:
 		data, err = c.onEnv(func() (any, error) { return c.s.states(ctx, c.env) })
 	case oeEvaluate:
-		data, err = c.onEnv(func() (any, error) { return c.s.evaluate(ctx, c.env) })
+		data, err = c.onEnv(func() (any, error) {
+			ev, err := c.s.evaluate(ctx, c.env)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"reward": oeReward(ev.Reward), "details": ev.Details}, nil
+		})
 	}
 	c.respond(m.Type, typ, data, err)
 	return true
@@ -499,9 +505,22 @@ type oeMetadata struct {
 
 // oeResult is the data of an observation answer.
 type oeResult struct {
-	Observation oeObs    `json:"observation"`
-	Reward      *float64 `json:"reward"`
-	Done        bool     `json:"done"`
+	Observation oeObs     `json:"observation"`
+	Reward      *oeReward `json:"reward"`
+	Done        bool      `json:"done"`
+}
+
+// oeReward is a reward, always written as a JSON float (1.0, not 1), so
+// that Python's json gives a float as OpenEnv's StepResult.reward says.
+type oeReward float64
+
+// MarshalJSON implements json.Marshaler.
+func (r oeReward) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(float64(r))
+	if err == nil && !bytes.ContainsAny(b, ".eE") {
+		b = append(b, ".0"...)
+	}
+	return b, err
 }
 
 func oeObservation(o protocol.Obs) oeObs {
@@ -719,7 +738,8 @@ func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 		return nil, &oeStepError{stateID: c.stateID, turn: c.turn, err: &pe}
 	}
 	obs.Metadata.Evaluation = ev.Details
-	return oeResult{Observation: obs, Reward: &ev.Reward, Done: true}, nil
+	reward := oeReward(ev.Reward)
+	return oeResult{Observation: obs, Reward: &reward, Done: true}, nil
 }
 
 // state is OpenEnv's state: episode_id and step_count (the episode's

@@ -111,9 +111,11 @@ class OpenEnvEndpointTest(unittest.TestCase):
                 self.assertEqual(states["states"][-1]["state_id"], made)
                 ev = (await env.call("evaluate"))["data"]
                 self.assertEqual(ev["reward"], 1.0)
+                self.assertIsInstance(ev["reward"], float)
 
                 r = await env.step({"tool": "submit"})
                 self.assertEqual((r.reward, r.done), (1.0, True))
+                self.assertIsInstance(r.reward, float)
                 self.assertTrue(r.observation["metadata"]["submitted"])
                 with self.assertRaisesRegex(RuntimeError, r"episode is over .*\(code: bad_request\)"):
                     await env.step({"tool": "bash", "cmd": "ls"})
