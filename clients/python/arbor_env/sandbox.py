@@ -16,8 +16,9 @@ leaves a state id (``handle.state_id``) to roll back to or fork from.
     a, b = sb.fork(2)                                  # two copies, the server running in each
     sb.kill(); a.kill(); b.kill()
 
-Commands run in the env's persistent shell, each ``exec`` in a subshell
-of it: ``cwd`` and ``envs`` apply to that command only, while the
+Each ``exec`` runs its command with ``sh -c`` in a subshell of the env's
+persistent shell: ``cwd`` and ``envs`` apply to that command only, and it
+sees the shell's exported variables (not its functions), while the
 variables given to ``create`` are exported in the shell once, for every
 later command (and every fork). Errors of Arbor raise ``ArborError``
 (``.infra`` for failures of Arbor itself); a command that fails is an
@@ -79,14 +80,17 @@ def _exports(envs: Optional[Dict[str, str]]) -> List[str]:
 
 
 def _subshell(cmd: str, envs: Optional[Dict[str, str]], cwd: Optional[str]) -> str:
-    """cmd in a subshell of the env's shell, with envs and cwd for it alone."""
+    """cmd run by a fresh sh in a subshell of the env's shell, with envs
+    and cwd for it alone. (A fresh sh rather than eval: it is what other
+    backends run, and the server's inspector can tell that it leaves the
+    env's shell as it was, so such a turn costs no process checkpoint.)"""
     if not isinstance(cmd, str) or not cmd.strip():
         raise ValueError("cmd: want a non-empty command")
     lines = []
     if cwd:
         lines.append("cd -- %s || exit 1" % shlex.quote(cwd))
     lines += _exports(envs)
-    lines.append("eval %s" % shlex.quote(cmd))
+    lines.append("exec sh -c %s" % shlex.quote(cmd))
     return "(\n%s\n)" % "\n".join(lines)
 
 
