@@ -55,6 +55,9 @@ const oeSubmit = "submit"
 // openenvRoutes registers the endpoint on mux.
 func (s *Server) openenvRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /openenv/{task}/ws", s.serveOpenEnv)
+	// A session's own base URL, so that a plain OpenEnv client (which
+	// appends /ws to its base URL) can attach to a branch child.
+	mux.HandleFunc("GET /openenv/{task}/session/{session}/ws", s.serveOpenEnv)
 	mux.HandleFunc("GET /openenv/{task}/health", s.openenvHTTP(func(w http.ResponseWriter, _ string) {
 		s.mu.Lock()
 		draining := s.draining
@@ -249,7 +252,11 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 	go c.pings()
 	in := make(chan oeFrame)
 	go c.readLoop(in)
-	if id := r.URL.Query().Get("session"); id != "" {
+	id := r.PathValue("session")
+	if id == "" {
+		id = r.URL.Query().Get("session")
+	}
+	if id != "" {
 		h, err := s.oe.attach(id, c)
 		if err != nil {
 			c.respond("attach", "", nil, err)
@@ -754,7 +761,8 @@ func (c *oeConn) state() (any, error) {
 
 // branch makes n children of the session's env (v1's branch), each a
 // session of its own that a connection attaches to at
-// BASE/ws?session=ID. Until one does, this connection holds them: they
+// BASE/ws?session=ID or, for a plain OpenEnv client, with the base URL
+// /openenv/TASK/session/ID. Until one does, this connection holds them: they
 // close when it ends. data: {n}.
 func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
 	if err := c.needEnv(); err != nil {
@@ -775,12 +783,14 @@ func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
 		return nil, err
 	}
 	br := res.(*protocol.BranchResult)
-	for _, id := range br.EnvIDs {
+	paths := make([]string, len(br.EnvIDs))
+	for i, id := range br.EnvIDs {
 		if id != "" {
 			c.s.oe.hold(id, &oeHold{conn: c, task: c.task, stateID: br.StateID, turn: br.Turn, maxTurns: c.maxTurns})
+			paths[i] = "/openenv/" + c.task + "/session/" + id
 		}
 	}
-	return map[string]any{"sessions": br.EnvIDs, "state_id": br.StateID, "turn": br.Turn, "errors": br.Errors, "took_s": br.TookS}, nil
+	return map[string]any{"sessions": br.EnvIDs, "base_paths": paths, "state_id": br.StateID, "turn": br.Turn, "errors": br.Errors, "took_s": br.TookS}, nil
 }
 
 // rollback restores the session's env at a state (v1's rollback method:

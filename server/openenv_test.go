@@ -237,8 +237,11 @@ func TestOpenEnvEpisode(t *testing.T) {
 	if st := k0.ok("state", nil, "state"); st["session_id"] != kids[0] || st["step_count"] != 6.0 {
 		t.Errorf("child state: %v", st)
 	}
-	// One connection per session.
-	dup := oeMustDial(t, base, "?session="+kids[0].(string))
+	// One connection per session, also by the session's own base URL.
+	if paths, _ := br["base_paths"].([]any); len(paths) != 2 || paths[0] != "/openenv/count/session/"+kids[0].(string) {
+		t.Errorf("branch base_paths: %v", br["base_paths"])
+	}
+	dup := oeMustDial(t, "http://"+addr+"/openenv/count/session/"+kids[0].(string), "")
 	oeErrorOf(t, dup.raw(`{"type": "state"}`), "bad_request")
 	obs, _, _, _ = obsOf(t, c.ok("step", bash("cat /work/n"), "observation"))
 	if obs["stdout"] != "3\n" {

@@ -94,13 +94,19 @@ class OpenEnvEndpointTest(unittest.TestCase):
                 # Extensions: branch, attach to a child, rollback, states.
                 br = (await env.call("branch", {"n": 2}))["data"]
                 self.assertEqual(len(br["sessions"]), 2)
-                kid = GenericEnvClient(base_url(), ws_suffix="?session=" + br["sessions"][0])
+                # A child's own base URL: a plain OpenEnv client attaches by it.
+                self.assertEqual(br["base_paths"][1], "/openenv/hello/session/" + br["sessions"][1])
+                kid = GenericEnvClient(base_url() + "/session/" + br["sessions"][0])
                 async with kid:
                     r = await kid.step({"tool": "bash", "cmd": "cat greeting.txt; echo bye > greeting.txt"})
                     self.assertEqual(r.observation["stdout"], "hello, arbor\n")
                     self.assertEqual(r.observation["metadata"]["session_id"], br["sessions"][0])
                     r = await kid.step({"tool": "submit"})
                     self.assertEqual((r.reward, r.done), (0.0, True))
+                kid1 = GenericEnvClient(base_url(), ws_suffix="?session=" + br["sessions"][1])
+                async with kid1:
+                    st = await kid1.state()
+                    self.assertEqual((st["session_id"], st["state_id"]), (br["sessions"][1], br["state_id"]))
                 r = await env.step({"tool": "bash", "cmd": "cat greeting.txt"})
                 self.assertEqual(r.observation["stdout"], "hello, arbor\n", "the parent saw its child's change")
                 await env.step({"tool": "bash", "cmd": "rm greeting.txt"})
