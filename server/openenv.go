@@ -455,7 +455,11 @@ func (c *oeConn) respond(method, typ string, data any, err error) {
 		method = "unknown"
 	}
 	c.s.m.requests.WithLabelValues("openenv_"+method, code).Inc()
-	b, merr := json.Marshal(map[string]any{"type": typ, "data": data})
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // output stays as the command wrote it: "<", not "\u003c"
+	merr := enc.Encode(map[string]any{"type": typ, "data": data})
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if merr != nil {
 		c.log.Error("encode openenv answer", slog.String("type", method), slog.Any("err", merr))
 		b, _ = json.Marshal(map[string]any{"type": "error", "data": map[string]any{"message": "encode answer: " + merr.Error(), "code": protocol.CodeInternal, "retryable": false, "infra": true}})
