@@ -52,12 +52,22 @@ var oeTypes = []string{oeReset, oeStep, oeState, oeClose, oeBranch, oeRollback, 
 // reward is the verifier's.
 const oeSubmit = "submit"
 
-// openenvRoutes registers the endpoint on mux.
+// openenvRoutes registers the endpoint on mux: served by the coordinator,
+// or proxied to the nodes by a Forwarder that is an OpenEnvPlacer (the
+// router); a Forwarder that is not serves none.
 func (s *Server) openenvRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /openenv/{task}/ws", s.serveOpenEnv)
+	ws := s.serveOpenEnv
+	if s.c == nil {
+		p, ok := s.o.Forwarder.(OpenEnvPlacer)
+		if !ok {
+			return
+		}
+		ws = func(w http.ResponseWriter, r *http.Request) { s.proxyOpenEnv(w, r, p) }
+	}
+	mux.HandleFunc("GET /openenv/{task}/ws", ws)
 	// A session's own base URL, so that a plain OpenEnv client (which
 	// appends /ws to its base URL) can attach to a branch child.
-	mux.HandleFunc("GET /openenv/{task}/session/{session}/ws", s.serveOpenEnv)
+	mux.HandleFunc("GET /openenv/{task}/session/{session}/ws", ws)
 	mux.HandleFunc("GET /openenv/{task}/health", s.openenvHTTP(func(w http.ResponseWriter, _ string) {
 		s.mu.Lock()
 		draining := s.draining
@@ -95,12 +105,71 @@ func (s *Server) openenvHTTP(h func(w http.ResponseWriter, task string)) http.Ha
 			return
 		}
 		task := r.PathValue("task")
-		if !slices.Contains(s.c.TaskNames(), task) {
-			writeJSON(w, http.StatusNotFound, map[string]string{"detail": fmt.Sprintf("no task %q (this server has %s)", task, strings.Join(s.c.TaskNames(), ", "))})
+		if err := s.hasTask(task); err != nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"detail": err.Error()})
 			return
 		}
 		h(w, task)
 	}
+}
+
+// hasTask checks that the server (or the nodes behind a Forwarder)
+// offers task.
+func (s *Server) hasTask(task string) error {
+	var names []string
+	if s.c != nil {
+		names = s.c.TaskNames()
+	} else {
+		names = s.o.Forwarder.Capabilities().Tasks
+	}
+	if !slices.Contains(names, task) {
+		return fmt.Errorf("no task %q (this server has %s)", task, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// oeFinisher is an OpenEnv connection, as Shutdown closes it.
+type oeFinisher interface{ finish(code int, reason string) }
+
+// oeTrack registers an OpenEnv connection for Shutdown; false (and the
+// connection closed) while the server drains. untrack undoes it.
+func (s *Server) oeTrack(ws *websocket.Conn, c oeFinisher) bool {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "server shutting down"), time.Now().Add(time.Second))
+		ws.Close()
+		return false
+	}
+	if s.oeConns == nil {
+		s.oeConns = map[oeFinisher]struct{}{}
+	}
+	s.oeConns[c] = struct{}{}
+	s.mu.Unlock()
+	s.m.conns.Inc()
+	return true
+}
+
+func (s *Server) oeUntrack(c oeFinisher) {
+	s.mu.Lock()
+	delete(s.oeConns, c)
+	s.mu.Unlock()
+	s.m.conns.Dec()
+}
+
+// oeErrorData is the data of an error answer: v1's error object.
+func oeErrorData(pe *protocol.Error) map[string]any {
+	return map[string]any{"message": pe.Message, "code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
+}
+
+// oeEncode encodes an answer {"type", "data"} as JSON without HTML
+// escaping (command output keeps its < and &).
+func oeEncode(typ string, data any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(map[string]any{"type": typ, "data": data})
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
 }
 
 // openenvAuthorized checks the token of a server that has one, answering
@@ -219,8 +288,8 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	task := r.PathValue("task")
-	if !slices.Contains(s.c.TaskNames(), task) {
-		http.Error(w, fmt.Sprintf("no task %q (this server has %s)", task, strings.Join(s.c.TaskNames(), ", ")), http.StatusNotFound)
+	if err := s.hasTask(task); err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
 	ws, err := s.up.Upgrade(w, r, nil)
@@ -230,25 +299,10 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
 	c := &oeConn{s: s, ws: ws, task: task, done: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr), slog.String("openenv", task))}
-	s.mu.Lock()
-	if s.draining {
-		s.mu.Unlock()
-		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "server shutting down"), time.Now().Add(time.Second))
-		ws.Close()
+	if !s.oeTrack(ws, c) {
 		return
 	}
-	if s.oeConns == nil {
-		s.oeConns = map[*oeConn]struct{}{}
-	}
-	s.oeConns[c] = struct{}{}
-	s.mu.Unlock()
-	s.m.conns.Inc()
-	defer func() {
-		s.mu.Lock()
-		delete(s.oeConns, c)
-		s.mu.Unlock()
-		s.m.conns.Dec()
-	}()
+	defer s.oeUntrack(c)
 	go c.pings()
 	in := make(chan oeFrame)
 	go c.readLoop(in)
@@ -439,7 +493,7 @@ func (c *oeConn) respond(method, typ string, data any, err error) {
 	if err != nil {
 		pe := coordinator.ProtoError(err)
 		code, typ = pe.Code, "error"
-		ed := map[string]any{"message": pe.Message, "code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
+		ed := oeErrorData(pe)
 		var se *oeStepError
 		if errors.As(err, &se) {
 			ed["state_id"], ed["turn"] = se.stateID, se.turn
@@ -455,14 +509,10 @@ func (c *oeConn) respond(method, typ string, data any, err error) {
 		method = "unknown"
 	}
 	c.s.m.requests.WithLabelValues("openenv_"+method, code).Inc()
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // output stays as the command wrote it: "<", not "\u003c"
-	merr := enc.Encode(map[string]any{"type": typ, "data": data})
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	b, merr := oeEncode(typ, data)
 	if merr != nil {
 		c.log.Error("encode openenv answer", slog.String("type", method), slog.Any("err", merr))
-		b, _ = json.Marshal(map[string]any{"type": "error", "data": map[string]any{"message": "encode answer: " + merr.Error(), "code": protocol.CodeInternal, "retryable": false, "infra": true}})
+		b, _ = oeEncode("error", oeErrorData(protocol.Errorf(protocol.CodeInternal, "encode answer: %v", merr)))
 	}
 	c.ws.SetWriteDeadline(time.Now().Add(c.s.o.WriteWait))
 	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {

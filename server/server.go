@@ -165,7 +165,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
-	oeConns  map[*oeConn]struct{}
+	oeConns  map[oeFinisher]struct{}
 	draining bool
 }
 
@@ -254,11 +254,7 @@ func (s *Server) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.o.Registry, promhttp.HandlerOpts{}))
-	if s.c != nil {
-		// A router (Forwarder) does not forward OpenEnv's endpoint yet
-		// (docs/openenv.md).
-		s.openenvRoutes(mux)
-	}
+	s.openenvRoutes(mux)
 	for pattern, h := range s.o.Handlers {
 		mux.Handle(pattern, h)
 	}
@@ -338,7 +334,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
-	oeConns := make([]*oeConn, 0, len(s.oeConns))
+	oeConns := make([]oeFinisher, 0, len(s.oeConns))
 	for c := range s.oeConns {
 		oeConns = append(oeConns, c)
 	}
