@@ -150,6 +150,16 @@ func TestClusterOpenEnv(t *testing.T) {
 	if out, sess := k.obs("step", bash("cat n")); out != "3\n" || sess != kid {
 		t.Errorf("the child through the router: %q in %s", out, sess)
 	}
+	// The node's refusal of an attach reaches the client as the node said
+	// it (a session driven by another connection), not as node_unavailable.
+	dup := oeDial(t, ws+"/ws?session="+kid)
+	if at, d := dup.call("state", nil); at != "error" || d["code"] != "bad_request" {
+		t.Errorf("second attach through the router: %s %v, want bad_request", at, d)
+	}
+	dup.ws.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, _, err := dup.ws.ReadMessage(); !websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
+		t.Errorf("after a refused attach: %v, want the node's close (policy violation)", err)
+	}
 	if at, ev := c1.call("evaluate", nil); at != "evaluate" || ev["reward"] != 1.0 {
 		t.Errorf("evaluate: %s %v", at, ev)
 	}

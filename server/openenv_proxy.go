@@ -190,9 +190,10 @@ func (x *oeProxy) fromClient() {
 	}
 }
 
-// fromNode sends the node's answers to the client. The node closing
-// normally (after a close message) closes the client's connection; any
-// other end is the node's failure, answered node_unavailable.
+// fromNode sends the node's answers to the client. The node closing the
+// connection (after a close message, a refused attach, its shutdown)
+// closes the client's with the same code; any other end is the node's
+// failure, answered node_unavailable.
 func (x *oeProxy) fromNode() {
 	alive := func() { x.node.SetReadDeadline(time.Now().Add(x.s.o.PongWait)) }
 	x.node.SetPongHandler(func(string) error { alive(); return nil })
@@ -200,8 +201,11 @@ func (x *oeProxy) fromNode() {
 		alive()
 		mt, r, err := x.node.NextReader()
 		if err != nil {
-			if websocket.IsCloseError(err, websocket.CloseNormalClosure) {
-				x.shut(websocket.CloseNormalClosure, "")
+			// (gorilla reports a connection cut without a close frame as
+			// a CloseError of code 1006: that is a failure.)
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) && ce.Code != websocket.CloseAbnormalClosure {
+				x.shut(ce.Code, ce.Text)
 			} else {
 				x.nodeLost(err)
 			}
