@@ -45,6 +45,10 @@ type Sandbox struct {
 	// iso is what the sandbox was started (or restored) to hold: hardened
 	// or not, and the capability set kept.
 	iso IsolationRecord
+
+	hmu  sync.Mutex  // guards held and gone; a leaf, never held across a call
+	held []io.Closer // closed by Destroy after the processes are killed (Hold)
+	gone bool        // Destroy closed held
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -380,6 +384,50 @@ func (s *Sandbox) CgroupID() (uint64, error) { return s.cg.ID() }
 
 // Exited is closed when the sandbox's init has exited.
 func (s *Sandbox) Exited() <-chan struct{} { return s.exited }
+
+// Memory is what the sandbox's memory cgroup charges now.
+func (s *Sandbox) Memory() (Memory, error) { return s.cg.memory() }
+
+// Hold ties c to the sandbox's life: Destroy closes it once the
+// sandbox's processes are killed (a lazy restore's page daemon, which must
+// outlive the tree it serves, and no more). On a sandbox already destroyed
+// c is closed at once.
+func (s *Sandbox) Hold(c io.Closer) {
+	s.hmu.Lock()
+	if !s.gone {
+		s.held = append(s.held, c)
+		s.hmu.Unlock()
+		return
+	}
+	s.hmu.Unlock()
+	if err := c.Close(); err != nil {
+		s.log.Warn("close what the sandbox held", slog.Any("err", err))
+	}
+}
+
+// Kill ends every process of the sandbox (SIGKILL to its cgroup) without
+// destroying it: its init exits, so the next command finds it dead
+// (ErrDead) and the engine revives it. For a tree that must not run on
+// (the daemon serving its memory failed).
+func (s *Sandbox) Kill() {
+	s.cg.kill()
+	if s.pid > 0 {
+		syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+}
+
+// closeHeld closes what Hold gave the sandbox, once.
+func (s *Sandbox) closeHeld() {
+	s.hmu.Lock()
+	held := s.held
+	s.held, s.gone = nil, true
+	s.hmu.Unlock()
+	for _, c := range held {
+		if err := c.Close(); err != nil {
+			s.log.Warn("close what the sandbox held", slog.Any("err", err))
+		}
+	}
+}
 
 // dial connects to init's control socket through init's own root, which
 // works whatever the host path of the root is.
@@ -982,6 +1030,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.closed = true
 	s.disconnect()
 	s.mu.Unlock()
+	// What the sandbox held goes after its processes, whether or not
+	// init is seen to exit in time: they were all sent SIGKILL.
+	defer s.closeHeld()
 	select {
 	case <-s.exited:
 	case <-ctx.Done():
