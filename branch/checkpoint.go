@@ -217,6 +217,11 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if err != nil {
 				return err
 			}
+			// A lazily restored tree whose page daemon failed may have
+			// read, and so dumped, zeros (docs/engine.md, "Lazy restore").
+			if err := sb.Err(); err != nil {
+				return fmt.Errorf("dump: %w", err)
+			}
 			st.Timings["dump"] = time.Since(t)
 		}
 		if in != nil {

@@ -33,6 +33,10 @@ const (
 	Full = manifest.KindFull
 )
 
+// DefaultLazyBytes is the image size from which arbor serve restores
+// lazily (Options.LazyBytes).
+const DefaultLazyBytes = 64 << 20
+
 // SnapshotPrefix is where filesystem artifacts live in the snapshotter.
 const SnapshotPrefix = "states/"
 
@@ -59,6 +63,11 @@ type Options struct {
 	// WarmCopies is how many pre-restored, frozen copies of every open
 	// environment's newest state to keep, so that branch only thaws them.
 	WarmCopies int
+	// LazyBytes: process images of at least this many bytes are restored
+	// lazily over userfaultfd, their memory copied in after the tree
+	// runs (docs/engine.md, "Lazy restore"); 0 or less restores every
+	// image eagerly. DefaultLazyBytes is the server's default.
+	LazyBytes int64
 	// Inspector, when set, classifies turns (Classify) and keeps its
 	// baselines in step with every checkpoint and restore; without it
 	// every turn is a full checkpoint. *watch.Inspector (package
@@ -530,6 +539,7 @@ type coordStats struct {
 	verified, misses                      atomic.Int64
 	revived                               atomic.Int64
 	shellDeltas                           atomic.Int64
+	lazyRestores, lazyFailed              atomic.Int64
 }
 
 // CoordStats are the engine's totals since it opened (checkpoints it
@@ -551,6 +561,10 @@ type CoordStats struct {
 	// instead of a dump of the processes (docs/engine.md, "Shell delta
 	// states").
 	ShellDeltas int64
+	// LazyRestores counts the restores made lazily (Options.LazyBytes),
+	// LazyFailed those whose daemon failed after the restore had
+	// returned, their sandbox killed (docs/engine.md, "Lazy restore").
+	LazyRestores, LazyFailed int64
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

@@ -53,7 +53,14 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, fmt.Errorf("process image %s: %w", procA.ID, err)
 	}
-	defer release()
+	// A lazy restore's daemon keeps the image pinned until it has served
+	// every page (serveLazily); every other restore lets it go here.
+	var lp *criu.LazyPages
+	defer func() {
+		if lp == nil {
+			release()
+		}
+	}()
 	vol := launch.VolumePrefix + name
 	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
 		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
@@ -80,12 +87,28 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, err
 	}
+	lazy := e.lazy(procA)
+	var daemon *criu.LazyPages
 	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log, UserNS: u}, expect,
 		func(join func(int) error) (int, error) {
-			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled})
+			req := criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled}
+			if !lazy {
+				return e.o.CRIU.Restore(ctx, req)
+			}
+			pid, d, err := e.o.CRIU.RestoreLazily(ctx, req)
+			daemon = d
+			return pid, err
 		})
 	if err != nil {
+		if daemon != nil {
+			// sandbox.Restore killed the tree it served.
+			daemon.Close()
+		}
 		return r, err
+	}
+	if daemon != nil {
+		lp = daemon
+		e.serveLazily(sb, daemon, release)
 	}
 	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location}
 	if st.ShellDigest != "" {
@@ -99,6 +122,39 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		r.imageShell = &img
 	}
 	return r, nil
+}
+
+// lazy reports whether a process image is restored lazily: when it is
+// at least Options.LazyBytes (docs/engine.md, "Lazy restore").
+func (e *Engine) lazy(img manifest.Artifact) bool {
+	return e.o.LazyBytes > 0 && img.Bytes >= e.o.LazyBytes
+}
+
+// serveLazily ties a lazy restore's daemon to the sandbox it serves: the
+// sandbox's Destroy closes it (after the tree is killed), a command after
+// it failed finds the sandbox dead (sandbox.Failing), and the image stays
+// pinned in the cache, out of the GC's and the eviction's reach, until the
+// daemon has exited. A daemon that fails while the tree runs has left it
+// with pages it can no longer serve: the tree is killed at once, so the
+// env is revived at its last committed state on its next command.
+func (e *Engine) serveLazily(sb *sandbox.Sandbox, d *criu.LazyPages, release func()) {
+	sb.Hold(d)
+	e.stats.lazyRestores.Add(1)
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		<-d.Done()
+		release()
+		if err := d.Err(); err != nil {
+			select {
+			case <-sb.Exited(): // destroyed (Destroy closed the daemon) or died
+			default:
+				e.log.Error("lazy-pages daemon failed: killing the sandbox it served", slog.String("sandbox", sb.ID()), slog.Any("err", err))
+				e.stats.lazyFailed.Add(1)
+				sb.Kill()
+			}
+		}
+	}()
 }
 
 // applyShellDelta runs a shell delta state's script in the shell of its

@@ -391,7 +391,8 @@ func (s *Sandbox) Memory() (Memory, error) { return s.cg.memory() }
 // Hold ties c to the sandbox's life: Destroy closes it once the
 // sandbox's processes are killed (a lazy restore's page daemon, which must
 // outlive the tree it serves, and no more). On a sandbox already destroyed
-// c is closed at once.
+// c is closed at once. When c is Failing and fails, every later command
+// fails with ErrDead and the sandbox is killed.
 func (s *Sandbox) Hold(c io.Closer) {
 	s.hmu.Lock()
 	if !s.gone {
@@ -415,6 +416,40 @@ func (s *Sandbox) Kill() {
 		syscall.Kill(s.pid, syscall.SIGKILL)
 	}
 }
+
+// Failing is what the sandbox's processes depend on and a Hold value
+// reports as failed (Err non-nil while the sandbox is not destroyed).
+type Failing interface {
+	io.Closer
+	Err() error
+}
+
+// heldErr is the failure of a Failing value the sandbox holds: then its
+// processes cannot be trusted (a lazy restore's daemon died with pages
+// still to serve, which then read as zeros), so the sandbox is killed and
+// heldErr wraps ErrDead: a command that ran meanwhile has no result.
+func (s *Sandbox) heldErr() error {
+	s.hmu.Lock()
+	var err error
+	for _, c := range s.held {
+		if f, ok := c.(Failing); ok {
+			if err = f.Err(); err != nil {
+				break
+			}
+		}
+	}
+	s.hmu.Unlock()
+	if err == nil {
+		return nil
+	}
+	s.Kill()
+	return fmt.Errorf("%w: %w", ErrDead, err)
+}
+
+// Err is the failure of what the sandbox depends on (heldErr), after
+// which it is killed: callers that read the processes' state from outside
+// (a checkpoint's dump) check it after doing so.
+func (s *Sandbox) Err() error { return s.heldErr() }
 
 // closeHeld closes what Hold gave the sandbox, once.
 func (s *Sandbox) closeHeld() {
@@ -631,6 +666,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		// not start another: the sandbox cannot run the next command.
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
+	if err := s.heldErr(); err != nil {
+		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
+	}
 	events = append(events, s.checkLimits()...)
 	if resp.Rejected > 0 {
 		s.log.Debug("init dropped forged or stray status records", slog.Int("count", resp.Rejected))
@@ -673,6 +711,9 @@ func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result
 	}
 	if resp.Error != "" {
 		return nil, fmt.Errorf("run in sandbox %s: %s", s.cfg.ID, resp.Error)
+	}
+	if err := s.heldErr(); err != nil {
+		return nil, fmt.Errorf("run in sandbox %s: %w", s.cfg.ID, err)
 	}
 	r := result(resp, out, errb)
 	r.Limits = append(events, s.checkLimits()...)
