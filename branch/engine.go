@@ -124,7 +124,9 @@ type Engine struct {
 	gcDone   chan struct{}
 	gcStats  gcStats
 	clockOff atomic.Int64
-	pr       pressure // disk pressure (pressure.go)
+	// lazyBytes is Options.LazyBytes (SetLazyBytes).
+	lazyBytes atomic.Int64
+	pr        pressure // disk pressure (pressure.go)
 
 	mu     sync.Mutex
 	envs   map[string]*Env
@@ -175,6 +177,7 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{},
 		refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
+	e.lazyBytes.Store(o.LazyBytes)
 	e.cache, err = imgcache.Open(imgcache.Options{
 		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
 		HotBytes: o.HotBytes, NoMount: o.NoTmpfs, Logger: o.Logger,

@@ -4,15 +4,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/cr/manifest"
-	"github.com/arbor-env/arbor/sandbox"
 )
-
-// SandboxOf is env's current sandbox; tests only.
-func SandboxOf(env *Env) *sandbox.Sandbox {
-	env.mu.Lock()
-	defer env.mu.Unlock()
-	return env.sb
-}
 
 // SetCrashHook installs f as the hook every checkpoint calls at each phase
 // of the crash-safety protocol (crashHook); tests only.

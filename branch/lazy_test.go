@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/internal/memhold"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
@@ -44,7 +45,7 @@ func lazyRig(t *testing.T) (*rig, *branch.Env, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.e.CloseEnv(context.Background(), env) })
-	res, err := r.e.Exec(ctx, env, sandboxtest.MemHoldStart(lazyMB)+"; echo past > /f", sandbox.ExecOptions{Timeout: time.Minute})
+	res, err := r.e.Exec(ctx, env, memhold.Start(lazyMB)+"; echo past > /f", sandbox.ExecOptions{Timeout: time.Minute})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("start the memory holder: %v %+v", err, res)
 	}
@@ -106,7 +107,7 @@ func volumes(t *testing.T, r *rig) int {
 func TestLazyBranch(t *testing.T) {
 	r, _, sid := lazyRig(t)
 	ctx := context.Background()
-	want := sandboxtest.MemHoldWant(lazyMB)
+	want := memhold.Want(lazyMB)
 	res, err := r.e.Branch(ctx, branch.Source{State: sid}, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +117,7 @@ func TestLazyBranch(t *testing.T) {
 		if c == nil {
 			t.Fatalf("child %d: %v", i, res.Errors[i])
 		}
-		m, err := branch.SandboxOf(c).Memory()
+		m, err := c.Sandbox().Memory()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +138,7 @@ func TestLazyBranch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, err := r.e.Exec(ctx, c, "cat /f; "+sandboxtest.MemHoldSum, sandbox.ExecOptions{Timeout: 30 * time.Second})
+			out, err := r.e.Exec(ctx, c, "cat /f; "+memhold.Sum, sandbox.ExecOptions{Timeout: 30 * time.Second})
 			if err != nil {
 				t.Errorf("child %d: %v", i, err)
 				return
@@ -157,12 +158,12 @@ func TestLazyBranch(t *testing.T) {
 		t.Fatalf("lazy-pages daemons %v still run a minute after the branch", d)
 	}
 	for i, c := range res.Children {
-		m, _ := branch.SandboxOf(c).Memory()
+		m, _ := c.Sandbox().Memory()
 		t.Logf("child %d once its daemon is done: memory.current %d MiB, anon %d MiB", i, m.Current>>20, m.Anon>>20)
 		if m.Anon < lazyMB<<20 {
 			t.Errorf("child %d: anon %d MiB once its daemon is done, want all %d", i, m.Anon>>20, lazyMB)
 		}
-		if got := run(t, r.e, c, sandboxtest.MemHoldSum); got != want {
+		if got := run(t, r.e, c, memhold.Sum); got != want {
 			t.Errorf("child %d after its daemon: memory sum %q", i, got)
 		}
 		if err := r.e.CloseEnv(ctx, c); err != nil {
@@ -220,7 +221,7 @@ func TestLazyBranchDaemonKilled(t *testing.T) {
 	if err != nil || res.Children[0] == nil {
 		t.Fatalf("branch after the failed ones: %v %v", err, res.Errors)
 	}
-	if got := run(t, r.e, res.Children[0], sandboxtest.MemHoldSum); got != sandboxtest.MemHoldWant(lazyMB) {
+	if got := run(t, r.e, res.Children[0], memhold.Sum); got != memhold.Want(lazyMB) {
 		t.Errorf("memory sum %q after the failed branches", got)
 	}
 }
@@ -244,7 +245,7 @@ func TestLazyFailureAfterHandout(t *testing.T) {
 		t.Fatalf("branch: %v %v", err, res.Errors)
 	}
 	c := res.Children[0]
-	old := branch.SandboxOf(c)
+	old := c.Sandbox()
 	old.Hold(failed{})
 	_, err = r.e.Exec(ctx, c, "echo unreachable", sandbox.ExecOptions{Timeout: 30 * time.Second})
 	var rev *branch.RevivedError
@@ -256,7 +257,7 @@ func TestLazyFailureAfterHandout(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("the sandbox whose daemon failed still runs")
 	}
-	if got := run(t, r.e, c, "cat /f; "+sandboxtest.MemHoldSum); got != "past\n"+sandboxtest.MemHoldWant(lazyMB) {
+	if got := run(t, r.e, c, "cat /f; "+memhold.Sum); got != "past\n"+memhold.Want(lazyMB) {
 		t.Errorf("revived child: %q", got)
 	}
 }

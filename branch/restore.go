@@ -127,8 +127,13 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 // lazy reports whether a process image is restored lazily: when it is
 // at least Options.LazyBytes (docs/engine.md, "Lazy restore").
 func (e *Engine) lazy(img manifest.Artifact) bool {
-	return e.o.LazyBytes > 0 && img.Bytes >= e.o.LazyBytes
+	n := e.lazyBytes.Load()
+	return n > 0 && img.Bytes >= n
 }
+
+// SetLazyBytes replaces Options.LazyBytes for the restores that start
+// from now on (the benchmark times both ways on one engine).
+func (e *Engine) SetLazyBytes(n int64) { e.lazyBytes.Store(n) }
 
 // serveLazily ties a lazy restore's daemon to the sandbox it serves: the
 // sandbox's Destroy closes it (after the tree is killed), a command after

@@ -13,6 +13,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/internal/memhold"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
@@ -27,11 +28,11 @@ func memHoldSource(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, 
 	t.Helper()
 	ctx := context.Background()
 	sb := startSource(t, snap, id, sandboxtest.DebianRoot(t, ""))
-	if r, err := sb.Exec(ctx, sandboxtest.MemHoldStart(lazyMB), sandbox.ExecOptions{Timeout: time.Minute}); err != nil || r.ExitCode != 0 || len(r.Stdout) == 0 {
+	if r, err := sb.Exec(ctx, memhold.Start(lazyMB), sandbox.ExecOptions{Timeout: time.Minute}); err != nil || r.ExitCode != 0 || len(r.Stdout) == 0 {
 		t.Fatalf("start the memory holder: %v %+v", err, r)
 	}
-	if got := memSum(t, sb); got != sandboxtest.MemHoldWant(lazyMB) {
-		t.Fatalf("the source's memory sum is %q, want %q", got, sandboxtest.MemHoldWant(lazyMB))
+	if got := memSum(t, sb); got != memhold.Want(lazyMB) {
+		t.Fatalf("the source's memory sum is %q, want %q", got, memhold.Want(lazyMB))
 	}
 	imgs := t.TempDir()
 	st, rec := dump(t, c, snap, sb, "snap", imgs, false)
@@ -43,7 +44,7 @@ func memHoldSource(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, 
 
 func memSum(t *testing.T, sb *sandbox.Sandbox) string {
 	t.Helper()
-	r, err := sb.Exec(context.Background(), sandboxtest.MemHoldSum, sandbox.ExecOptions{Timeout: 30 * time.Second})
+	r, err := sb.Exec(context.Background(), memhold.Sum, sandbox.ExecOptions{Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("memory sum: %v", err)
 	}
@@ -96,7 +97,7 @@ func restoreLazily(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, 
 func TestLazyRestore(t *testing.T) {
 	c, snap := setup(t)
 	imgs, rec := memHoldSource(t, c, snap, "crlazysrc")
-	want := sandboxtest.MemHoldWant(lazyMB)
+	want := memhold.Want(lazyMB)
 	type child struct {
 		sb    *sandbox.Sandbox
 		lp    *criu.LazyPages
@@ -196,7 +197,7 @@ func TestLazyDaemonKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := memSum(t, child); got != sandboxtest.MemHoldWant(lazyMB) {
+	if got := memSum(t, child); got != memhold.Want(lazyMB) {
 		t.Errorf("restored after the failed one: memory sum %q", got)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -1,4 +1,7 @@
-package sandboxtest
+// Package memhold is a process that holds a known pattern in memory and
+// answers a checksum over it: tests and the benchmark restore it and check
+// that every page came back (lazy restore, docs/engine.md).
+package memhold
 
 import (
 	"crypto/sha256"
@@ -7,7 +10,7 @@ import (
 	"fmt"
 )
 
-// The memory holder: a Python process (debian image) that fills mb MiB of
+// The memory holder: a Python process (it needs python3: the debian image) that fills mb MiB of
 // private anonymous memory with a pattern that differs on every page
 // (0xa5 bytes, each 4 KiB page starting with its offset as 8 bytes little
 // endian) and, on SIGUSR1, writes the SHA-256 of that memory to
@@ -30,21 +33,21 @@ while True:
     signal.pause()
 `
 
-// MemHoldStart is a shell command that starts the memory holder with mb
+// Start is a shell command that starts the memory holder with mb
 // MiB in the background and returns once it holds them (at most 30 s).
-func MemHoldStart(mb int) string {
+func Start(mb int) string {
 	return "cat > /tmp/memhold.py <<'ARBOR_EOF'\n" + memHoldPy + "ARBOR_EOF\n" +
 		fmt.Sprintf("rm -f /tmp/memhold.pid; python3 /tmp/memhold.py %d </dev/null >/dev/null 2>&1 &\n", mb) +
 		"for i in $(seq 600); do [ -f /tmp/memhold.pid ] && break; sleep 0.05; done; cat /tmp/memhold.pid"
 }
 
-// MemHoldSum is a shell command that prints the memory holder's SHA-256
+// Sum is a shell command that prints the memory holder's SHA-256
 // of its memory (empty when it does not answer within 20 s).
-const MemHoldSum = "rm -f /tmp/memsum; kill -USR1 $(cat /tmp/memhold.pid) && " +
+const Sum = "rm -f /tmp/memsum; kill -USR1 $(cat /tmp/memhold.pid) && " +
 	"for i in $(seq 400); do [ -f /tmp/memsum ] && break; sleep 0.05; done; cat /tmp/memsum"
 
-// MemHoldWant is the SHA-256 the memory holder of mb MiB must answer.
-func MemHoldWant(mb int) string {
+// Want is the SHA-256 the memory holder of mb MiB must answer.
+func Want(mb int) string {
 	n := mb << 20
 	b := make([]byte, n)
 	for i := range b {
