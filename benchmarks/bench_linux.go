@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/branch"
-	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr/manifest"
 )
@@ -144,16 +143,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 // memory.
 func (r *rig) branchSection(ctx context.Context, ha *serverHandle, traces []Trace, o Options, rep *Report) error {
 	rep.Branch = map[string]map[int][]float64{}
-	small, sid, envID, err := r.branchBench(ctx, ha, traces, o)
+	small, err := r.branchBench(ctx, ha, traces, o)
 	if err != nil {
 		return fmt.Errorf("branch scaling: %w", err)
 	}
-	defer ha.c.CloseEnv(ctx, envID)
-	rep.Branch[ModeArbor] = small
+	defer ha.c.CloseEnv(ctx, small.envID)
+	rep.Branch[ModeArbor] = small.ms
 	o.Progress("branch(n) measured")
-	if rep.BranchMem, err = r.memBench(ctx, ha, sid, small, o); err != nil {
+	if rep.BranchMem, err = r.memBench(ctx, ha, small.sid, o); err != nil {
 		return fmt.Errorf("branch by memory: %w", err)
 	}
+	rep.BranchMem.SmallPhases, rep.BranchMem.SmallPhasesN = small.phases, small.phasesN
 	o.Progress("branch(n) of a %d MiB sandbox measured", o.BigMB)
 	if !o.SkipRunc {
 		rep.Runc = r.runcBench(ctx, o.BranchN, o.BranchReps)
@@ -190,11 +190,12 @@ func zfsRun(ctx context.Context, o Options, traces []Trace, rep *Report) error {
 		rep.Runs = append(rep.Runs, *run)
 		o.Progress("%s/%s: %d turns, recovery %d/%d", t.Name, h.name, len(run.Turns), recovered(run.Recovery), len(run.Recovery))
 	}
-	var envID string
-	if rep.Branch[ModeArborZFS], _, envID, err = r.branchBench(ctx, h, traces, o); err != nil {
+	br, err := r.branchBench(ctx, h, traces, o)
+	if err != nil {
 		return fmt.Errorf("branch scaling: %w", err)
 	}
-	h.c.CloseEnv(ctx, envID)
+	h.c.CloseEnv(ctx, br.envID)
+	rep.Branch[ModeArborZFS] = br.ms
 	o.Progress("branch(n) on zfs measured")
 	return nil
 }
@@ -273,7 +274,7 @@ func (r *rig) fsOnlyRun(ctx context.Context, t Trace, think time.Duration) (*Tra
 // server (the service trace's end state, or the first trace's, the env
 // changed and checkpointed once more after it) and returns the state and
 // its env, still open (the caller closes it: its states go with it).
-func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, o Options) (map[int][]float64, string, string, error) {
+func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, o Options) (branchRun, error) {
 	t := traces[0]
 	for _, x := range traces {
 		if x.Name == "service" {
@@ -282,7 +283,7 @@ func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, 
 	}
 	envID, _, err := r.playServer(ctx, h, t, 0, false)
 	if err != nil {
-		return nil, "", "", err
+		return branchRun{}, err
 	}
 	ok := false
 	defer func() {
@@ -292,30 +293,47 @@ func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, 
 	}()
 	sid, err := pastState(ctx, h, envID)
 	if err != nil {
-		return nil, "", "", err
+		return branchRun{}, err
 	}
-	out := map[int][]float64{}
+	out := branchRun{ms: map[int][]float64{}, sid: sid, envID: envID}
+	for _, n := range o.BranchN {
+		out.phasesN = max(out.phasesN, n)
+	}
+	var meter phaseMeter
 	for _, n := range o.BranchN {
 		for i := 0; i < o.BranchReps; i++ {
 			if o.WarmCopies > 0 {
 				waitWarm(ctx, h.e, min(n, o.WarmCopies))
 			}
-			start := time.Now()
-			br, err := h.c.Branch(ctx, arbor.BranchParams{StateID: sid, N: n})
+			m := &meter
+			if n != out.phasesN {
+				m = &phaseMeter{}
+			}
+			var took float64
+			var ids []string
+			err := m.measure(h.e, n, func() (err error) {
+				took, ids, err = timedBranch(ctx, h, sid, n)
+				return err
+			})
+			closeAll(ctx, h, ids)
 			if err != nil {
-				return nil, "", "", fmt.Errorf("branch(%d): %w", n, err)
+				return out, err
 			}
-			out[n] = append(out[n], ms(time.Since(start)))
-			for j, id := range br.EnvIDs {
-				if id == "" {
-					return nil, "", "", fmt.Errorf("branch(%d) child %d: %v", n, j, br.Errors)
-				}
-				h.c.CloseEnv(ctx, id)
-			}
+			out.ms[n] = append(out.ms[n], took)
 		}
 	}
+	out.phases = meter.perChild()
 	ok = true
-	return out, sid, envID, nil
+	return out, nil
+}
+
+// branchRun is what branchBench measured.
+type branchRun struct {
+	ms         map[int][]float64
+	sid, envID string // the past state branched, and its env (open)
+	// phases: restore phase -> ms per child of branch(phasesN)
+	phases  map[string]float64
+	phasesN int
 }
 
 func waitWarm(ctx context.Context, e *branch.Engine, n int) {

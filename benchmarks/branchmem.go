@@ -17,6 +17,10 @@ const (
 // and 32 of them would take 9 GiB of a shared VM.
 const bigMaxN = 8
 
+// branchPhaseLazyStart is branch.PhaseLazyStart (this file builds
+// without the engine).
+const branchPhaseLazyStart = "criu: lazy-pages start"
+
 // branchVariants in report order.
 var branchVariants = []string{BranchSmall, BranchBigEager, BranchBigLazy}
 
@@ -30,8 +34,19 @@ type BranchMem struct {
 	// variant -> the mean per child.
 	MemN   int                    `json:"memory_n"`
 	Memory map[string]ChildMemory `json:"memory"`
-	// ImageBytes: variant -> the source state's process image.
+	// ImageBytes: variant -> the source state's own bytes (process image
+	// and file snapshot).
 	ImageBytes map[string]int64 `json:"image_bytes"`
+	// Phases: variant -> restore phase (branch.Phase*) -> ms per child
+	// of the restores of branch(MemN) (each restore's own time: the
+	// queue runs one per core at once).
+	Phases map[string]map[string]float64 `json:"phases_ms_per_child"`
+	// SmallPhases are the small state's, of branch(SmallPhasesN), the
+	// largest fan-out timed.
+	SmallPhases  map[string]float64 `json:"small_phases_ms_per_child"`
+	SmallPhasesN int                `json:"small_phases_n"`
+	// PhaseNames orders the phases (branch.RestorePhaseNames).
+	PhaseNames []string `json:"phase_names"`
 }
 
 // ChildMemory is what a branch child's memory cgroup is charged (MiB),

@@ -33,12 +33,12 @@ func pastState(ctx context.Context, h *serverHandle, envID string) (string, erro
 
 // memBench times branch(n) (n up to bigMaxN) of a past state of a debian
 // sandbox whose Python process holds o.BigMB MiB of touched memory,
-// restored eagerly and lazily on the same engine, and reads the
-// children's memory for small (the state branchBench timed) and both big
-// variants at n = MemN.
-func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, smallMS map[int][]float64, o Options) (*BranchMem, error) {
-	bm := &BranchMem{BigMB: o.BigMB, MS: map[string]map[int][]float64{BranchSmall: smallMS},
-		Memory: map[string]ChildMemory{}, ImageBytes: map[string]int64{}}
+// restored eagerly and lazily on the same engine, beside the small state
+// (the one branchBench timed) again, and reads the children's memory for
+// all three at n = MemN.
+func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, o Options) (*BranchMem, error) {
+	bm := &BranchMem{BigMB: o.BigMB, MS: map[string]map[int][]float64{},
+		Memory: map[string]ChildMemory{}, ImageBytes: map[string]int64{}, PhaseNames: branch.RestorePhaseNames()}
 	if err := r.image(ctx, "debian"); err != nil {
 		return nil, err
 	}
@@ -74,15 +74,40 @@ func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, small
 			h.e.SetLazyBytes(0)
 		}
 	}
-	for _, v := range []string{BranchBigEager, BranchBigLazy} {
-		setLazy(v)
+	bm.MemN = min(8, bigMaxN)
+	for _, n := range o.BranchN {
+		if n <= bigMaxN {
+			bm.MemN = n // the largest fan-out timed, at most bigMaxN
+		}
+	}
+	// The variants take turns, rep by rep, so that a change in the
+	// machine's load (it is shared) falls on all three alike.
+	meters := map[string]*phaseMeter{}
+	for _, v := range branchVariants {
 		bm.MS[v] = map[int][]float64{}
-		for _, n := range o.BranchN {
-			if n > bigMaxN {
-				continue
-			}
-			for i := 0; i < o.BranchReps; i++ {
-				took, ids, err := timedBranch(ctx, h, big, n)
+		meters[v] = &phaseMeter{}
+	}
+	for _, n := range o.BranchN {
+		if n > bigMaxN {
+			continue
+		}
+		for i := 0; i < o.BranchReps; i++ {
+			for _, v := range branchVariants {
+				setLazy(v)
+				sid := big
+				if v == BranchSmall {
+					sid = small
+				}
+				var took float64
+				var ids []string
+				m := meters[v]
+				if n != bm.MemN {
+					m = &phaseMeter{} // only branch(MemN)'s count
+				}
+				err := m.measure(h.e, n, func() (err error) {
+					took, ids, err = timedBranch(ctx, h, sid, n)
+					return err
+				})
 				closeAll(ctx, h, ids)
 				if err != nil {
 					return nil, err
@@ -91,11 +116,9 @@ func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, small
 			}
 		}
 	}
-	bm.MemN = min(8, bigMaxN)
-	for _, n := range o.BranchN {
-		if n <= bigMaxN {
-			bm.MemN = n // the largest fan-out timed, at most bigMaxN
-		}
+	bm.Phases = map[string]map[string]float64{}
+	for _, v := range branchVariants {
+		bm.Phases[v] = meters[v].perChild()
 	}
 	for _, v := range branchVariants {
 		setLazy(v)
@@ -110,6 +133,37 @@ func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, small
 		bm.Memory[v] = m
 	}
 	return bm, nil
+}
+
+// phaseMeter sums the engine's restore phase times over some branches.
+type phaseMeter struct {
+	children int
+	ms       map[string]float64
+}
+
+// measure runs f and adds the engine's restore phase times during it,
+// for n children.
+func (m *phaseMeter) measure(e *branch.Engine, n int, f func() error) error {
+	u0, _ := e.Usage()
+	err := f()
+	u1, _ := e.Usage()
+	if m.ms == nil {
+		m.ms = map[string]float64{}
+	}
+	for k, d := range u1.Coord.RestorePhases {
+		m.ms[k] += ms(d - u0.Coord.RestorePhases[k])
+	}
+	m.children += n
+	return err
+}
+
+// perChild is the meter's times divided by its children.
+func (m *phaseMeter) perChild() map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range m.ms {
+		out[k] = v / float64(max(m.children, 1))
+	}
+	return out
 }
 
 // timedBranch runs branch(n) of sid and returns its time (ms) and the

@@ -492,7 +492,7 @@ func (rep *Report) branchMem() string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n## branch(n) by memory (ms, p50, past states)\n\nsmall: the service trace's state (process image %s, restored eagerly); big: a debian sandbox whose Python process holds %d MiB of touched memory (state %s), restored eagerly and lazily (docs/engine.md, Lazy restore) on the same engine. Big fan-outs stop at %d (each child ends up holding its own copy).\n\n",
+	fmt.Fprintf(&b, "\n## branch(n) by memory (ms, p50, past states)\n\nsmall: the service trace's state (process image %s, restored eagerly); big: a debian sandbox whose Python process holds %d MiB of touched memory (state %s), restored eagerly and lazily (docs/engine.md, Lazy restore) on the same engine, the three taking turns rep by rep (so the small column is timed again here, beside the table above). Big fan-outs stop at %d (each child ends up holding its own copy).\n\n",
 		mib(bm.ImageBytes[BranchSmall]), bm.BigMB, mib(bm.ImageBytes[BranchBigEager]), bigMaxN)
 	b.WriteString("| n | small | big, eager | big, lazy | big lazy / small | per child: small / eager / lazy |\n|---|---|---|---|---|---|\n")
 	for _, n := range rep.BranchN {
@@ -503,6 +503,23 @@ func (rep *Report) branchMem() string {
 		}
 		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.0f | %.1fx | %.1f / %.1f / %.1f |\n", n, p(BranchSmall), p(BranchBigEager), p(BranchBigLazy),
 			ratio(p(BranchBigLazy), p(BranchSmall)), p(BranchSmall)/float64(n), p(BranchBigEager)/float64(n), p(BranchBigLazy)/float64(n))
+	}
+	if len(bm.PhaseNames) > 0 {
+		fmt.Fprintf(&b, "\nWhere a child's restore goes (ms per child, each restore's own time; the queue runs one restore per core, so the wall time per child is about the sum over the cores):\n\n")
+		fmt.Fprintf(&b, "| phase | small, branch(%d) | big eager, branch(%d) | big lazy, branch(%d) |\n|---|---|---|---|\n", bm.SmallPhasesN, bm.MemN, bm.MemN)
+		var sums [3]float64
+		for _, ph := range bm.PhaseNames {
+			vs := [3]float64{bm.SmallPhases[ph], bm.Phases[BranchBigEager][ph], bm.Phases[BranchBigLazy][ph]}
+			if ph != branchPhaseLazyStart { // it overlaps the others
+				for i := range sums {
+					sums[i] += vs[i]
+				}
+			}
+			fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f |\n", ph, vs[0], vs[1], vs[2])
+		}
+		fmt.Fprintf(&b, "| sum | %.1f | %.1f | %.1f |\n", sums[0], sums[1], sums[2])
+		wall := func(m map[int][]float64, n int) float64 { return Percentiles(m[n]).P50 / float64(max(n, 1)) }
+		fmt.Fprintf(&b, "| wall time per child (p50 / n) | %.1f | %.1f | %.1f |\n", wall(rep.Branch[ModeArbor], bm.SmallPhasesN), wall(bm.MS[BranchBigEager], bm.MemN), wall(bm.MS[BranchBigLazy], bm.MemN))
 	}
 	fmt.Fprintf(&b, "\nMemory charged per child of branch(%d) (memory cgroup, MiB, mean; anon is the processes' private part):\n\n", bm.MemN)
 	b.WriteString("| | right after | anon | after 10 s | anon | lazy restores |\n|---|---|---|---|---|---|\n")

@@ -543,6 +543,7 @@ type coordStats struct {
 	revived                               atomic.Int64
 	shellDeltas                           atomic.Int64
 	lazyRestores, lazyFailed              atomic.Int64
+	phases                                phaseStats
 }
 
 // CoordStats are the engine's totals since it opened (checkpoints it
@@ -568,6 +569,10 @@ type CoordStats struct {
 	// LazyFailed those whose daemon failed after the restore had
 	// returned, their sandbox killed (docs/engine.md, "Lazy restore").
 	LazyRestores, LazyFailed int64
+	// Restores counts the successful restores and RestorePhases sums
+	// their time by phase (Phase*; PhaseAdopt: of branch children).
+	Restores      int64
+	RestorePhases map[string]time.Duration
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

@@ -37,6 +37,8 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			err = fmt.Errorf("%w: state %s: %w", ErrRestore, sid, err)
 		}
 	}()
+	ph := e.stats.phases.start()
+	defer func() { ph.done(err == nil) }()
 	st, err := e.man.GetState(sid)
 	if err != nil {
 		return r, err
@@ -49,10 +51,12 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, fmt.Errorf("process artifact: %w", err)
 	}
+	ph.mark(PhaseManifest)
 	dir, release, err := e.cache.Acquire(ctx, procA.Location)
 	if err != nil {
 		return r, fmt.Errorf("process image %s: %w", procA.ID, err)
 	}
+	ph.mark(PhaseImage)
 	// A lazy restore's daemon keeps the image pinned until it has served
 	// every page (serveLazily); every other restore lets it go here.
 	var lp *criu.LazyPages
@@ -61,6 +65,23 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			release()
 		}
 	}()
+	// A lazy restore's daemon starts beside the clone and the sandbox's
+	// set-up (it needs only the images); joined before CRIU restores.
+	var started chan lazyStart
+	if e.lazy(procA) {
+		started = make(chan lazyStart, 1)
+		go func() {
+			d, err := e.o.CRIU.StartLazyPages(ctx, dir)
+			started <- lazyStart{d, err}
+		}()
+		defer func() {
+			if started != nil { // never joined: the restore failed first
+				if s := <-started; s.d != nil {
+					s.d.Close()
+				}
+			}
+		}()
+	}
 	vol := launch.VolumePrefix + name
 	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
 		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
@@ -72,6 +93,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			}
 		}
 	}()
+	ph.mark(PhaseClone)
 	disk, err := launch.SetDiskQuota(ctx, e.o.Snap, vol, e.o.Limits)
 	if err != nil {
 		return r, err
@@ -87,18 +109,33 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, err
 	}
-	lazy := e.lazy(procA)
+	if u.Enabled && started != nil {
+		// User namespace mode restores eagerly: lazy restore is not
+		// tested in it (docs/engine.md, "Lazy restore").
+		if s := <-started; s.d != nil {
+			s.d.Close()
+		}
+		started = nil
+	}
 	var daemon *criu.LazyPages
+	ph.mark(PhaseQuota)
 	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log, UserNS: u}, expect,
 		func(join func(int) error) (int, error) {
+			ph.mark(PhaseCgroup)
+			defer ph.mark(PhaseCRIU)
 			req := criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled}
-			if !lazy {
+			if started == nil {
 				return e.o.CRIU.Restore(ctx, req)
 			}
-			pid, d, err := e.o.CRIU.RestoreLazily(ctx, req)
-			daemon = d
-			return pid, err
+			s := <-started
+			started = nil
+			if s.err != nil {
+				return 0, s.err
+			}
+			daemon = s.d
+			return e.o.CRIU.RestoreLazily(ctx, req, daemon)
 		})
+	ph.mark(PhaseSandbox)
 	if err != nil {
 		if daemon != nil {
 			// sandbox.Restore killed the tree it served.
@@ -109,6 +146,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if daemon != nil {
 		lp = daemon
 		e.serveLazily(sb, daemon, release)
+		e.stats.phases.add(PhaseLazyStart, daemon.Startup())
 	}
 	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location}
 	if st.ShellDigest != "" {
@@ -121,7 +159,14 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		}
 		r.imageShell = &img
 	}
+	ph.mark(PhaseShell)
 	return r, nil
+}
+
+// lazyStart is a lazy-pages daemon started for a restore, or why not.
+type lazyStart struct {
+	d   *criu.LazyPages
+	err error
 }
 
 // lazy reports whether a process image is restored lazily: when it is
@@ -144,6 +189,9 @@ func (e *Engine) SetLazyBytes(n int64) { e.lazyBytes.Store(n) }
 // env is revived at its last committed state on its next command.
 func (e *Engine) serveLazily(sb *sandbox.Sandbox, d *criu.LazyPages, release func()) {
 	sb.Hold(d)
+	if err := d.Background(); err != nil {
+		e.log.Warn("lazy restore", slog.Any("err", err))
+	}
 	e.stats.lazyRestores.Add(1)
 	e.bg.Add(1)
 	go func() {
@@ -375,6 +423,8 @@ func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st m
 	if err != nil {
 		return err
 	}
+	t := time.Now()
+	defer func() { e.stats.phases.add(PhaseAdopt, time.Since(t)) }()
 	return h.deliver(func() (*Env, error) { return e.adopt(qctx, id, r, st, origin) }, func() { e.discard(r) })
 }
 

@@ -240,57 +240,59 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 // Restore brings the tree back as a child of this process (RstSibling) and
 // returns the host pid of its root.
 func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, error) {
-	pid, _, err := c.restore(ctx, r, false)
-	return pid, err
+	return c.restore(ctx, r, nil)
 }
 
 // RestoreLazily restores the tree as Restore does, but with its private
-// anonymous memory left in the images: a lazy-pages daemon, returned
-// running, copies each page in on first touch and the rest in the
-// background, then exits (docs/engine.md, "Lazy restore"). The images
-// in r.Dir must stay until the daemon is Done. When the daemon fails
-// (Done with an error) the tree may have lost memory and must be killed;
-// Close the daemon once the tree is gone. A daemon that fails before the
-// restore returns fails the restore with ErrLazyPages.
-func (c *Checkpointer) RestoreLazily(ctx context.Context, r RestoreRequest) (int, *LazyPages, error) {
-	return c.restore(ctx, r, true)
+// anonymous memory left in the images for daemon, a lazy-pages daemon
+// StartLazyPages started on r.Dir: it copies each page in on first touch
+// and the rest in the background, then exits (docs/engine.md, "Lazy
+// restore"). The restore works in the daemon's work directory
+// (r.WorkDir is not used). The caller keeps daemon: it Closes it after a
+// failed restore, and after a successful one once the tree is gone; the
+// images in r.Dir must stay until the daemon is Done. When the daemon
+// fails (Done with an error) the tree may have lost memory and must be
+// killed. A daemon that fails before the restore returns fails it with
+// ErrLazyPages.
+func (c *Checkpointer) RestoreLazily(ctx context.Context, r RestoreRequest, daemon *LazyPages) (int, error) {
+	if daemon == nil {
+		return 0, fmt.Errorf("%w: lazy restore without a daemon", ErrLazyPages)
+	}
+	return c.restore(ctx, r, daemon)
 }
 
-func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, lazy bool) (pid int, lp *LazyPages, err error) {
+func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *LazyPages) (pid int, err error) {
 	dir, err := os.Open(r.Dir)
 	if err != nil {
-		return 0, nil, fmt.Errorf("open image dir: %w", err)
+		return 0, fmt.Errorf("open image dir: %w", err)
 	}
 	defer dir.Close()
 	work := r.WorkDir
-	if work == "" {
+	if daemon != nil {
+		// The restore finds the daemon's socket in its work directory.
+		work = daemon.work
+	} else if work == "" {
 		if work, err = os.MkdirTemp("", "arbor-restore-"); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		// A lazy restore's daemon owns its work directory (Close
-		// removes it) once it started.
-		defer func() {
-			if lp == nil {
-				os.RemoveAll(work)
-			}
-		}()
+		defer os.RemoveAll(work)
 	}
 	wd, err := os.Open(work)
 	if err != nil {
-		return 0, nil, fmt.Errorf("open work dir: %w", err)
+		return 0, fmt.Errorf("open work dir: %w", err)
 	}
 	defer wd.Close()
 	sp, err := c.take(true)
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	defer c.closeSpare(sp)
 	if r.UserNS {
 		if err := netns.Do(sp.netns, netns.AllowUnprivileged); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 		if err := allowSearch(dir); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 	}
 	// A deleted directory a process holds, with something new at its
@@ -298,17 +300,17 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, lazy bool)
 	// (ghostdir_linux.go).
 	ghosts, err := planGhosts(r.Dir, r.Root)
 	if err != nil {
-		return 0, nil, fmt.Errorf("plan the images' deleted directories: %w", err)
+		return 0, fmt.Errorf("plan the images' deleted directories: %w", err)
 	}
 	defer ghosts.close()
 	if ghosts.dir != r.Dir {
 		if dir, err = os.Open(ghosts.dir); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 		defer dir.Close()
 		if r.UserNS {
 			if err := allowSearch(dir); err != nil {
-				return 0, nil, err
+				return 0, err
 			}
 		}
 	}
@@ -316,29 +318,9 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, lazy bool)
 	// (linkremap_linux.go).
 	links, err := placeLinks(r.Dir, r.Root)
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	defer unplaceLinks(links)
-	var daemon *LazyPages
-	if lazy {
-		// The daemon reads the same images as the restore (the ghost
-		// plan's links, when it made any: it opens every image it
-		// serves from before the restore ends, so their removal after
-		// it does not matter).
-		if daemon, err = c.startLazyPages(ctx, ghosts.dir, work); err != nil {
-			return 0, nil, err
-		}
-		daemon.ownW = r.WorkDir == ""
-		defer func() {
-			if err != nil {
-				// The tree, if any, is the caller's to kill (as after
-				// any failed restore); the daemon is ours.
-				daemon.Close()
-				return
-			}
-			lp = daemon
-		}()
-	}
 	n := &notify{join: r.Join, ghosts: ghosts}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
@@ -355,7 +337,7 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, lazy bool)
 		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(netnsFd)}},
 	}
 	handle := n.handle
-	if lazy {
+	if daemon != nil {
 		opts.LazyPages = proto.Bool(true)
 		if hook := c.LazyFaultHook; hook != nil {
 			handle = func(m *rpc.CriuNotify) error {
@@ -386,19 +368,19 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, lazy bool)
 		if daemon != nil && daemon.Err() != nil {
 			err = daemon.Err()
 		}
-		return 0, nil, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
+		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
 	}
 	if n.pid == 0 {
-		return 0, nil, errors.New("criu restore reported no pid")
+		return 0, errors.New("criu restore reported no pid")
 	}
 	if daemon != nil {
 		// Every uffd reached the daemon during the restore; one that is
 		// gone already cannot serve them.
 		if err := daemon.Err(); err != nil {
-			return 0, nil, fmt.Errorf("criu restore into %s: %w", r.Root, err)
+			return 0, fmt.Errorf("criu restore into %s: %w", r.Root, err)
 		}
 	}
-	return n.pid, nil, nil
+	return n.pid, nil
 }
 
 // logLevel is CRIU's log verbosity: 2 (errors and warnings) unless

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Lazy restore (docs/engine.md, "Lazy restore"). CRIU restores the tree
@@ -41,11 +43,39 @@ type LazyPages struct {
 	err  error // why it ended, once done is closed; nil: every page served
 	once sync.Once
 	cerr error
+	took time.Duration // from its start until it listened
+}
+
+// Startup is how long the daemon took to start listening.
+func (l *LazyPages) Startup() time.Duration { return l.took }
+
+// StartLazyPages starts a lazy-pages daemon for a lazy restore
+// (RestoreLazily) of the images in dir, in a work directory of its own,
+// and returns once it listens on its socket. It may start before the
+// restore's root file system is ready (a branch starts it beside the
+// clone). Close it when done with it.
+func (c *Checkpointer) StartLazyPages(ctx context.Context, dir string) (*LazyPages, error) {
+	work, err := os.MkdirTemp("", "arbor-lazy-")
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.startLazyPages(ctx, dir, work)
+	if err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	l.ownW = true
+	return l, nil
 }
 
 // startLazyPages starts a lazy-pages daemon on the images in dir, with
 // work as its work directory, and returns once it listens on its socket.
+// The images it reads (the process tree, then each task's page map and
+// pages, opened while the restore runs and kept open) are those of the
+// restore, which may read a copy of dir with other ghost images
+// (ghostdir_linux.go) but the same page images.
 func (c *Checkpointer) startLazyPages(ctx context.Context, dir, work string) (*LazyPages, error) {
+	start := time.Now()
 	sr, sw, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("lazy-pages status pipe: %w", err)
@@ -94,7 +124,20 @@ func (c *Checkpointer) startLazyPages(ctx context.Context, dir, work string) (*L
 		}
 		return nil, fmt.Errorf("%w: not ready: %w", ErrLazyPages, err)
 	}
+	l.took = time.Since(start)
 	return l, nil
+}
+
+// Background lowers the daemon's CPU priority to the lowest (nice 19):
+// for once its tree has been handed out, so that copying the pages it
+// was not asked for yields the CPU to the restores still running (a
+// branch's other children); pages the tree touches are still served
+// first, only more slowly while the CPU is busy.
+func (l *LazyPages) Background() error {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, l.PID(), 19); err != nil {
+		return fmt.Errorf("lower the priority of criu lazy-pages (pid %d): %w", l.PID(), err)
+	}
+	return nil
 }
 
 // PID is the daemon's pid.

@@ -67,15 +67,19 @@ func restoreLazily(t *testing.T, c *criu.Checkpointer, snap *btrfs.Snapshotter, 
 	if err := snap.Clone(ctx, "snap", name); err != nil {
 		t.Fatal(err)
 	}
-	var lp *criu.LazyPages
+	lp, err := c.StartLazyPages(ctx, imgs)
+	if err != nil {
+		return nil, nil, err
+	}
 	child, err := sandbox.Restore(ctx, sandbox.Config{ID: "crlazy-" + name, Root: snap.Path(name)}, rec, func(join func(int) error) (int, error) {
-		pid, l, err := c.RestoreLazily(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path(name), Join: join})
-		lp = l
-		return pid, err
+		return c.RestoreLazily(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path(name), Join: join}, lp)
 	})
 	if err != nil {
-		if lp != nil {
-			lp.Close()
+		if cerr := lp.Close(); cerr != nil {
+			t.Errorf("close lazy-pages daemon: %v", cerr)
+		}
+		if err := syscall.Kill(lp.PID(), 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("the daemon (pid %d) of the failed restore is still there: %v", lp.PID(), err)
 		}
 		return nil, nil, err
 	}
