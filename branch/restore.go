@@ -26,6 +26,22 @@ type restored struct {
 	// imageShell is the shell state of the process image, read before a
 	// shell delta was run on it; nil for a state without one.
 	imageShell *inspector.ShellState
+	// lazy is the daemon of a lazy restore (the sandbox holds it).
+	lazy *criu.LazyPages
+}
+
+// handedOut lowers a lazy restore's daemon to the background once its
+// sandbox is handed out (a branch child registered, a rollback swapped
+// in): before, its tree's first touches (init's answer, the Inspector's
+// baseline) are served at full priority; after, its copy of the pages
+// nobody asked for yields the CPU to the restores still running.
+func (e *Engine) handedOut(r restored) {
+	if r.lazy == nil {
+		return
+	}
+	if err := r.lazy.Background(); err != nil {
+		e.log.Warn("lazy restore", slog.Any("err", err))
+	}
 }
 
 // restore brings state sid back as a new sandbox named name: a writable
@@ -148,7 +164,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		e.serveLazily(sb, daemon, release)
 		e.stats.phases.add(PhaseLazyStart, daemon.Startup())
 	}
-	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location}
+	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location, lazy: lp}
 	if st.ShellDigest != "" {
 		img, err := e.applyShellDelta(ctx, sb, st)
 		if err != nil {
@@ -189,9 +205,6 @@ func (e *Engine) SetLazyBytes(n int64) { e.lazyBytes.Store(n) }
 // env is revived at its last committed state on its next command.
 func (e *Engine) serveLazily(sb *sandbox.Sandbox, d *criu.LazyPages, release func()) {
 	sb.Hold(d)
-	if err := d.Background(); err != nil {
-		e.log.Warn("lazy restore", slog.Any("err", err))
-	}
 	e.stats.lazyRestores.Add(1)
 	e.bg.Add(1)
 	go func() {
@@ -425,6 +438,7 @@ func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st m
 	}
 	t := time.Now()
 	defer func() { e.stats.phases.add(PhaseAdopt, time.Since(t)) }()
+	defer e.handedOut(r)
 	return h.deliver(func() (*Env, error) { return e.adopt(qctx, id, r, st, origin) }, func() { e.discard(r) })
 }
 
@@ -480,6 +494,7 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 		return err
 	}
 	e.swapIn(ctx, env, r, st)
+	e.handedOut(r)
 	return nil
 }
 

@@ -412,6 +412,11 @@ func (s *Sandbox) Hold(c io.Closer) {
 // (the daemon serving its memory failed).
 func (s *Sandbox) Kill() {
 	s.cg.kill()
+	select {
+	case <-s.exited:
+		return // reaped: its pid may be another process's by now
+	default:
+	}
 	if s.pid > 0 {
 		syscall.Kill(s.pid, syscall.SIGKILL)
 	}
