@@ -261,3 +261,39 @@ func TestLazyFailureAfterHandout(t *testing.T) {
 		t.Errorf("revived child: %q", got)
 	}
 }
+
+// TestLazyChildCheckpoint: a lazily restored child checkpointed at once
+// (its daemon may still be copying: the dump reads the missing pages
+// through it) gives a state whose own branch, lazy again, holds the same
+// memory; and a rollback of the child to the past state brings it back.
+func TestLazyChildCheckpoint(t *testing.T) {
+	r, _, sid := lazyRig(t)
+	ctx := context.Background()
+	want := memhold.Want(lazyMB)
+	res, err := r.e.Branch(ctx, branch.Source{State: sid}, 1)
+	if err != nil || res.Children[0] == nil {
+		t.Fatalf("branch: %v %v", err, res.Errors)
+	}
+	c := res.Children[0]
+	run(t, r.e, c, "echo child > /f")
+	s2, err := r.e.Checkpoint(ctx, c, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := r.e.Branch(ctx, branch.Source{State: s2}, 1)
+	if err != nil || res2.Children[0] == nil {
+		t.Fatalf("branch of the child's state: %v %v", err, res2.Errors)
+	}
+	if got := run(t, r.e, res2.Children[0], "cat /f; "+memhold.Sum); got != "child\n"+want {
+		t.Errorf("branch of the lazily restored child's state: %q", got)
+	}
+	if err := r.e.Rollback(ctx, c, sid); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, r.e, c, "cat /f; "+memhold.Sum); got != "past\n"+want {
+		t.Errorf("child rolled back to the past state: %q", got)
+	}
+	if u, _ := r.e.Usage(); u.Coord.LazyRestores < 3 || u.Coord.LazyFailed != 0 {
+		t.Errorf("LazyRestores %d, LazyFailed %d: want 3 lazy restores, none failed", u.Coord.LazyRestores, u.Coord.LazyFailed)
+	}
+}

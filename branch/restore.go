@@ -179,6 +179,11 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	return r, nil
 }
 
+// lazyDumpWait bounds how long a checkpoint waits for a lazily restored
+// tree's daemon to have copied all its memory in (a 256 MiB tree takes
+// well under a second here; a daemon at nice 19 on a busy machine more).
+const lazyDumpWait = 2 * time.Minute
+
 // lazyStart is a lazy-pages daemon started for a restore, or why not.
 type lazyStart struct {
 	d   *criu.LazyPages

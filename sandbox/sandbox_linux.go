@@ -456,6 +456,34 @@ func (s *Sandbox) heldErr() error {
 // (a checkpoint's dump) check it after doing so.
 func (s *Sandbox) Err() error { return s.heldErr() }
 
+// Pending is a Hold value whose work on the sandbox's processes goes on
+// after it was handed over (a lazy restore's daemon copying their memory
+// in) and can be waited for.
+type Pending interface {
+	Wait(ctx context.Context) error
+}
+
+// WaitHeld waits until every Pending value the sandbox holds is done, or
+// ctx ends. A dump must: what a lazy restore's daemon has not copied in
+// yet is absent from the processes' page tables, and CRIU dumps an absent
+// page as never touched, so its image would hold zeros there.
+func (s *Sandbox) WaitHeld(ctx context.Context) error {
+	s.hmu.Lock()
+	var ps []Pending
+	for _, c := range s.held {
+		if p, ok := c.(Pending); ok {
+			ps = append(ps, p)
+		}
+	}
+	s.hmu.Unlock()
+	for _, p := range ps {
+		if err := p.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // closeHeld closes what Hold gave the sandbox, once.
 func (s *Sandbox) closeHeld() {
 	s.hmu.Lock()

@@ -160,8 +160,15 @@ func (l *LazyPages) Err() error {
 }
 
 // Wait waits until the daemon has copied all the tree's memory (or
-// failed), or ctx ends.
+// failed), or ctx ends. It gives the daemon back its full priority first
+// (Background): someone needs the copy done.
 func (l *LazyPages) Wait(ctx context.Context) error {
+	select {
+	case <-l.done:
+		return l.err
+	default:
+	}
+	unix.Setpriority(unix.PRIO_PROCESS, l.PID(), 0) // best effort: it only goes faster
 	select {
 	case <-l.done:
 		return l.err
