@@ -188,12 +188,12 @@ func (p *partWriter) Close() error {
 // returns each part's bytes in turn, Verify reads the trailer and checks
 // it against everything read.
 type Reader struct {
-	r      io.Reader
-	h      hash.Hash
-	hdr    Header
-	parts  int
-	cur    *partReader
-	n      int64
+	r     io.Reader
+	h     hash.Hash
+	hdr   Header
+	parts int
+	cur   *partReader
+	n     int64
 }
 
 // NewReader reads the magic and the header from r.
