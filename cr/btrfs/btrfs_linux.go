@@ -367,10 +367,6 @@ func (s *Snapshotter) pruneTmp() {
 	dir := filepath.Join(s.root, tmpDir)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), recvPrefix) {
-			s.removeRecvDir(filepath.Join(dir, e.Name()))
-			continue
-		}
 		if err := destroySubvol(dir, e.Name()); err != nil {
 			s.log.Warn("destroy stale temporary snapshot", slog.String("name", e.Name()), slog.Any("err", err))
 		}
