@@ -43,6 +43,9 @@ type NodeInfo struct {
 	ID string `json:"id"`
 	// Addr is host:port of the node's protocol websocket (/v1/ws).
 	Addr string `json:"addr"`
+	// Transfer is host:port where the node serves state transfers
+	// (TransferPrefix; "": it serves none).
+	Transfer string `json:"transfer,omitempty"`
 	// Envs is the number of envs handed out on the node, MaxEnvs its
 	// bound.
 	Envs    int `json:"envs"`

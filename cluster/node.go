@@ -22,6 +22,9 @@ type NodeOptions struct {
 	ID string
 	// Advertise is host:port where routers reach the node's websocket.
 	Advertise string
+	// Transfer is host:port where the node serves state transfers
+	// (Transfer.Handler; "": none), published in its NodeInfo.
+	Transfer string
 	// TTL of the node's lease (default 10 s): a node that stops keeping
 	// it alive is gone from the registry this long after.
 	TTL time.Duration
@@ -296,7 +299,7 @@ func (n *Node) info() (string, clientv3.LeaseID) {
 	if n.local != nil {
 		info = n.local.Capacity()
 	}
-	info.ID, info.Addr, info.Version, info.Started, info.Updated = n.o.ID, n.o.Advertise, n.o.Version, n.started, time.Now()
+	info.ID, info.Addr, info.Transfer, info.Version, info.Started, info.Updated = n.o.ID, n.o.Advertise, n.o.Transfer, n.o.Version, n.started, time.Now()
 	info.Envs = len(n.envs)
 	sort.Strings(info.Tasks)
 	b, _ := json.Marshal(info)

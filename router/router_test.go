@@ -74,6 +74,7 @@ type node struct {
 	id, addr string
 	ln       *connTracker
 	reg      *cluster.Node
+	eng      *branch.Engine
 	killOnce sync.Once
 }
 
@@ -93,9 +94,9 @@ func startNode(t *testing.T, etcd, id, ip string) *node {
 	if err != nil {
 		t.Fatalf("listen on %s (loopback): %v", ip, err)
 	}
-	n := &node{id: id, addr: raw.Addr().String(), ln: &connTracker{Listener: raw}}
+	n := &node{id: id, addr: raw.Addr().String(), ln: &connTracker{Listener: raw}, eng: rig.Engine}
 	ctx := context.Background()
-	n.reg, err = cluster.Connect(ctx, cluster.NodeOptions{Endpoints: []string{etcd}, ID: id, Advertise: n.addr,
+	n.reg, err = cluster.Connect(ctx, cluster.NodeOptions{Endpoints: []string{etcd}, ID: id, Advertise: n.addr, Transfer: n.addr,
 		TTL: ttl, Interval: 300 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +106,8 @@ func startNode(t *testing.T, etcd, id, ip string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Coordinator: co, Logger: quiet()})
+	tr := cluster.NewTransfer(cluster.TransferOptions{Engine: rig.Engine, Node: n.reg, Timeout: time.Minute, Logger: quiet()})
+	s, err := server.New(server.Options{Coordinator: co, Handlers: map[string]http.Handler{cluster.TransferPrefix: tr.Handler()}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

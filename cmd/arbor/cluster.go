@@ -68,5 +68,5 @@ func (c *clusterFlags) connect(ctx context.Context, listen net.Addr, log *slog.L
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return nil, fmt.Errorf("--advertise: %q is not an address routers can reach; give --advertise HOST:PORT", adv)
 	}
-	return cluster.Connect(ctx, cluster.NodeOptions{Endpoints: splitURLs(c.etcd), ID: id, Advertise: adv, TTL: c.ttl, Logger: log})
+	return cluster.Connect(ctx, cluster.NodeOptions{Endpoints: splitURLs(c.etcd), ID: id, Advertise: adv, Transfer: adv, TTL: c.ttl, Logger: log})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -238,6 +239,16 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 				log.Warn("close llm proxy", slog.Any("err", cerr))
 			}
 		}()
+	}
+	if node != nil {
+		// Other nodes ship states here, and this node ships its own, on
+		// the same listener behind the same token (docs/cluster.md,
+		// "State transfer").
+		tr := cluster.NewTransfer(cluster.TransferOptions{Engine: e, Node: node, Token: o.token, Logger: log})
+		if routes == nil {
+			routes = map[string]http.Handler{}
+		}
+		routes[cluster.TransferPrefix] = tr.Handler()
 	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
 		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})

@@ -1,0 +1,287 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/arbor-env/arbor/branch"
+)
+
+// TransferPrefix is where a node serves state transfers, on its
+// protocol listener (docs/cluster.md, "State transfer"):
+//
+//	POST /cluster/v1/holds   branch.Offer -> branch.Holding
+//	POST /cluster/v1/import  a transfer stream -> branch.TransferStats
+//	POST /cluster/v1/ship    ShipRequest -> branch.TransferStats
+//
+// Every request must carry the node's token ("Authorization: Bearer").
+const TransferPrefix = "/cluster/v1/"
+
+// ShipRequest asks a node to ship one of its states to another node.
+type ShipRequest struct {
+	State string `json:"state"`
+	// To is host:port of the receiving node's transfer endpoint
+	// (NodeInfo.Transfer).
+	To string `json:"to"`
+}
+
+// TransferOptions configure a Transfer.
+type TransferOptions struct {
+	Engine *branch.Engine
+	// Node records the states this node imports (nil: none recorded).
+	Node *Node
+	// Token is the node's token: every request must present it, and it
+	// is presented to the nodes this one ships to (a cluster's nodes
+	// share one token). "" accepts any request (loopback only).
+	Token string
+	// Timeout bounds one shipment, on both sides (default 10 min).
+	Timeout time.Duration
+	// DialTimeout bounds the connection to a receiver (default 5 s).
+	DialTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Transfer ships states between nodes: it serves the receiving side of a
+// transfer and sends states of its engine to other nodes.
+type Transfer struct {
+	o   TransferOptions
+	cli *http.Client
+	log *slog.Logger
+}
+
+// NewTransfer makes a node's Transfer.
+func NewTransfer(o TransferOptions) *Transfer {
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: o.DialTimeout}).DialContext, MaxIdleConnsPerHost: 4,
+		IdleConnTimeout: time.Minute}
+	return &Transfer{o: o, cli: &http.Client{Transport: tr}, log: o.Logger}
+}
+
+// Handler serves TransferPrefix.
+func (t *Transfer) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+TransferPrefix+"holds", t.serveHolds)
+	mux.HandleFunc("POST "+TransferPrefix+"import", t.serveImport)
+	mux.HandleFunc("POST "+TransferPrefix+"ship", t.serveShip)
+	return t.auth(mux)
+}
+
+func (t *Transfer) auth(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if t.o.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(t.o.Token)) != 1 {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// transferError is the body of a refused transfer request.
+type transferError struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func errCode(err error) int {
+	switch {
+	case errors.Is(err, branch.ErrUnknownState):
+		return http.StatusNotFound
+	case errors.Is(err, branch.ErrUnsupported):
+		return http.StatusNotImplemented
+	case errors.Is(err, branch.ErrTransfer):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func (t *Transfer) serveHolds(w http.ResponseWriter, r *http.Request) {
+	var o branch.Offer
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&o); err != nil || o.State == "" {
+		writeJSON(w, http.StatusBadRequest, transferError{fmt.Sprintf("bad offer: %v", err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, t.o.Engine.Holds(o))
+}
+
+func (t *Transfer) serveImport(w http.ResponseWriter, r *http.Request) {
+	// The stream may take long, but not for ever: a sender that stalls
+	// is cut off.
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(t.o.Timeout))
+	ctx, cancel := context.WithTimeout(r.Context(), t.o.Timeout)
+	defer cancel()
+	stats, err := t.o.Engine.Import(ctx, r.Body)
+	if err != nil {
+		t.log.Warn("import refused", slog.String("state", stats.State), slog.Any("err", err))
+		writeJSON(w, errCode(err), transferError{err.Error()})
+		return
+	}
+	if t.o.Node != nil {
+		if st, err := t.o.Engine.State(stats.State); err == nil {
+			t.o.Node.StateMade(st.Env, st.ID)
+		}
+	}
+	writeJSON(w, http.StatusOK, stats)
+}
+
+func (t *Transfer) serveShip(w http.ResponseWriter, r *http.Request) {
+	var req ShipRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.State == "" || req.To == "" {
+		writeJSON(w, http.StatusBadRequest, transferError{fmt.Sprintf("bad ship request (want state and to): %v", err)})
+		return
+	}
+	stats, err := t.Ship(r.Context(), req.State, req.To)
+	if err != nil {
+		writeJSON(w, errCode(err), transferError{err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, stats)
+}
+
+// Ship sends state sid of this node's engine to the node whose transfer
+// endpoint is at addr (host:port), unless it holds it already: the
+// receiver says which artifacts it holds, the stream leaves those out
+// and sends the file snapshot against the nearest ancestor's it holds.
+// When an incremental stream is refused it is sent once more whole.
+func (t *Transfer) Ship(ctx context.Context, sid, addr string) (branch.TransferStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.o.Timeout)
+	defer cancel()
+	offer, err := t.o.Engine.Offer(sid)
+	if err != nil {
+		return branch.TransferStats{}, err
+	}
+	var have branch.Holding
+	if err := t.post(ctx, addr, "holds", "application/json", jsonBody(offer), &have); err != nil {
+		return branch.TransferStats{}, fmt.Errorf("ship %s to %s: %w", sid, addr, err)
+	}
+	if have.State {
+		return branch.TransferStats{State: sid, Held: true}, nil
+	}
+	stats, err := t.send(ctx, sid, addr, have.Artifacts)
+	if err != nil && len(have.Artifacts) > 0 && ctx.Err() == nil {
+		// An incremental stream the receiver could not apply (its copy
+		// of the base came another way): once more, whole.
+		t.log.Warn("incremental transfer refused; sending it whole", slog.String("state", sid), slog.String("to", addr), slog.Any("err", err))
+		stats, err = t.send(ctx, sid, addr, nil)
+	}
+	return stats, err
+}
+
+// send streams the export of sid to addr's import.
+func (t *Transfer) send(ctx context.Context, sid, addr string, have []string) (branch.TransferStats, error) {
+	pr, pw := io.Pipe()
+	type result struct {
+		stats branch.TransferStats
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := t.o.Engine.Export(ctx, sid, have, pw)
+		pw.CloseWithError(err)
+		done <- result{st, err}
+	}()
+	var in branch.TransferStats
+	err := t.post(ctx, addr, "import", "application/octet-stream", pr, &in)
+	pr.CloseWithError(errors.New("receiver answered"))
+	out := <-done
+	if out.err != nil && err == nil {
+		err = out.err
+	}
+	if err != nil {
+		return out.stats, fmt.Errorf("ship %s to %s: %w", sid, addr, err)
+	}
+	out.stats.Took = max(out.stats.Took, in.Took)
+	return out.stats, nil
+}
+
+func jsonBody(v any) io.Reader {
+	b, _ := json.Marshal(v)
+	return bytes.NewReader(b)
+}
+
+// post sends body to another node's route and decodes its answer into
+// out; a refusal is an error with the receiver's message.
+func (t *Transfer) post(ctx context.Context, addr, route, ctype string, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+TransferPrefix+route, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", ctype)
+	if t.o.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+t.o.Token)
+	}
+	resp, err := t.cli.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var te transferError
+		if json.Unmarshal(b, &te) != nil || te.Error == "" {
+			te.Error = strings.TrimSpace(string(b))
+		}
+		err := fmt.Errorf("%s answered %s: %s", addr, resp.Status, te.Error)
+		if resp.StatusCode == http.StatusBadRequest {
+			err = fmt.Errorf("%w: %w", branch.ErrTransfer, err)
+		}
+		return err
+	}
+	return json.Unmarshal(b, out)
+}
+
+// ShipClient asks nodes to ship states to each other (the router).
+type ShipClient struct {
+	Token   string
+	Timeout time.Duration
+	cli     *http.Client
+}
+
+// NewShipClient makes a client presenting token to the nodes; timeout
+// bounds one shipment (default 10 min), dial a connection (5 s).
+func NewShipClient(token string, timeout time.Duration) *ShipClient {
+	if timeout <= 0 {
+		timeout = 10 * time.Minute
+	}
+	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}
+	return &ShipClient{Token: token, Timeout: timeout, cli: &http.Client{Transport: tr}}
+}
+
+// Ship asks the node whose transfer endpoint is at from to ship state
+// sid to the one at to.
+func (c *ShipClient) Ship(ctx context.Context, from, to, sid string) (branch.TransferStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	t := &Transfer{o: TransferOptions{Token: c.Token}, cli: c.cli}
+	var stats branch.TransferStats
+	if err := t.post(ctx, from, "ship", "application/json", jsonBody(ShipRequest{State: sid, To: to}), &stats); err != nil {
+		return stats, fmt.Errorf("ship %s from %s to %s: %w", sid, from, to, err)
+	}
+	return stats, nil
+}
