@@ -148,7 +148,7 @@ func (e *Engine) Export(ctx context.Context, sid string, have []string, w io.Wri
 	for _, id := range have {
 		held[id] = true
 	}
-	hdr := transfer.Header{Image: env.Image, Origin: env.Origin, State: st}
+	hdr := transfer.Header{Image: env.Image, Origin: env.Origin, Labels: env.Labels, State: st}
 	hdr.State.Released, hdr.State.ClosedAt, hdr.State.Pinned, hdr.State.Timings = false, time.Time{}, false, nil
 	type part struct {
 		a    manifest.Artifact
@@ -429,7 +429,7 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 		}
 	}
 	e.gcMu.RLock()
-	err = e.man.ImportState(manifest.Env{ID: st.Env, Image: hdr.Image, Origin: hdr.Origin}, st, e.now(), ids...)
+	err = e.man.ImportState(manifest.Env{ID: st.Env, Image: hdr.Image, Origin: hdr.Origin, Labels: hdr.Labels}, st, e.now(), ids...)
 	if err == nil {
 		e.hold(st.ID)
 	}
@@ -442,4 +442,16 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 	e.log.Info("imported state", slog.String("state", st.ID), slog.String("env", st.Env), slog.Int64("bytes", stats.Bytes),
 		slog.Duration("took", time.Since(start)))
 	return stats, nil
+}
+
+// ImportedLabels are the labels of env id when the engine knows it only
+// from a state imported from another node (manifest.Env.Imported): what
+// its owner there kept on it (task, base turn, seed), so that a branch of
+// that state here inherits them as it would there.
+func (e *Engine) ImportedLabels(id string) (map[string]string, bool) {
+	rec, err := e.man.GetEnv(id)
+	if err != nil || !rec.Imported {
+		return nil, false
+	}
+	return rec.Labels, true
 }

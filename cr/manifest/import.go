@@ -12,8 +12,9 @@ import (
 // transfer"), in one transaction: the artifacts named in ready become
 // Ready, s is inserted released with its retention starting at at (it
 // stays branchable by id for the retention, then GC collects it), and
-// its env gets a closed record from env when it has none (an env of
-// another node; an existing record is left as it is, its head too). Its
+// its env gets a closed record from env (its image, origin and labels,
+// marked Imported) when it has none (an env of another node; an
+// existing record is left as it is, its head too). Its
 // parent need not exist here. It refuses, writing nothing, a state that
 // exists (ErrExists) or whose artifacts are missing or not ready.
 func (m *Manifest) ImportState(env Env, s State, at time.Time, ready ...string) error {
@@ -29,7 +30,7 @@ func (m *Manifest) ImportState(env Env, s State, at time.Time, ready ...string) 
 			return ErrExists
 		}
 		if tx.Bucket(bucketEnvs).Get([]byte(env.ID)) == nil {
-			env.Closed, env.Head, env.Labels, env.Lost = true, "", nil, ""
+			env.Closed, env.Head, env.Lost, env.Imported = true, "", "", true
 			if env.Created.IsZero() {
 				env.Created = at
 			}

@@ -17,7 +17,7 @@ func TestImportState(t *testing.T) {
 		}
 	}
 	st := State{ID: "s2", Env: "e1", Parent: "s1", Turn: 2, Kind: KindFull, FS: "f1", Proc: "p1", Released: false, Pinned: true}
-	env := Env{ID: "e1", Image: "busybox", Origin: "e0"}
+	env := Env{ID: "e1", Image: "busybox", Origin: "e0", Labels: map[string]string{"task": "t0"}}
 	if err := m.ImportState(env, st, t0, "f1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("import with a proc artifact not ready: %v", err)
 	}
@@ -35,7 +35,7 @@ func TestImportState(t *testing.T) {
 		t.Errorf("imported state %+v", got)
 	}
 	e, err := m.GetEnv("e1")
-	if err != nil || !e.Closed || e.Image != "busybox" || e.Origin != "e0" {
+	if err != nil || !e.Closed || !e.Imported || e.Image != "busybox" || e.Origin != "e0" || e.Labels["task"] != "t0" {
 		t.Errorf("env record %+v, %v", e, err)
 	}
 	if err := m.Check(); err != nil {

@@ -42,9 +42,11 @@ type Header struct {
 	// State is the state's record as its sender's manifest holds it
 	// (the owner's flags, released, pinned and timings, left out).
 	State manifest.State `json:"state"`
-	// Image and Origin are those of the env that made the state.
-	Image  string `json:"image"`
-	Origin string `json:"origin,omitempty"`
+	// Image, Origin and Labels are those of the env that made the state
+	// (the labels its owner keeps on it: task, base turn, seed).
+	Image  string            `json:"image"`
+	Origin string            `json:"origin,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 	// Parts are the artifacts that follow, in order: those of the state
 	// the receiver did not hold.
 	Parts []Part `json:"parts"`
