@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
@@ -57,7 +58,14 @@ type Transfer struct {
 	o   TransferOptions
 	cli *http.Client
 	log *slog.Logger
+	// imported and held count the streams this node took: states
+	// committed, and states it held already.
+	imported, held atomic.Int64
 }
+
+// Imported counts the states this node imported, and the streams it
+// read of states it held already.
+func (t *Transfer) Imported() (imported, held int64) { return t.imported.Load(), t.held.Load() }
 
 // NewTransfer makes a node's Transfer.
 func NewTransfer(o TransferOptions) *Transfer {
@@ -138,6 +146,11 @@ func (t *Transfer) serveImport(w http.ResponseWriter, r *http.Request) {
 		t.log.Warn("import refused", slog.String("state", stats.State), slog.Any("err", err))
 		writeJSON(w, errCode(err), transferError{err.Error()})
 		return
+	}
+	if stats.Held {
+		t.held.Add(1)
+	} else {
+		t.imported.Add(1)
 	}
 	if t.o.Node != nil {
 		if st, err := t.o.Engine.State(stats.State); err == nil {

@@ -11,9 +11,10 @@
 // connection's read loop, in the order they arrived, over the one
 // connection to that node, so the node receives them in that order.
 //
-// In this version branch children stay on their source's node, and
-// release/pin/unpin naming states of several nodes are sent to each (all
-// or nothing per node, not across nodes).
+// Branch children are placed by load over the nodes (branch.go): the
+// state is shipped once to each other node that takes children. Release,
+// pin and unpin naming states of several nodes are sent to each (all or
+// nothing per node, not across nodes).
 //
 // Lock order: Router.mu, then nodeConn.mu; cluster.View's lock is a leaf.
 package router
@@ -45,7 +46,10 @@ type Options struct {
 	DialTimeout time.Duration
 	// Timeout bounds each etcd call (default 5 s).
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// ShipTimeout bounds one state's shipment between nodes for a
+	// branch (default 10 min).
+	ShipTimeout time.Duration
+	Logger      *slog.Logger
 }
 
 // Router forwards protocol v1 to the cluster's nodes.
@@ -53,6 +57,7 @@ type Router struct {
 	o    Options
 	log  *slog.Logger
 	view *cluster.View
+	ship *cluster.ShipClient
 
 	mu      sync.Mutex
 	conns   map[string]*nodeConn
@@ -79,7 +84,8 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}}
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{},
+		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
 		return nil, err
@@ -271,14 +277,7 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		if p.EnvID != "" {
-			return r.toEnv(ctx, p.EnvID, method, params)
-		}
-		node, err := r.stateNode(ctx, p.StateID)
-		if err != nil {
-			return fail(err)
-		}
-		return r.forward(node, method, params)
+		return r.branch(ctx, p, params)
 	case protocol.MethodEnvs:
 		var p protocol.EnvsParams
 		if err := decode(&p); err != nil {
