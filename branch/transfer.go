@@ -455,3 +455,95 @@ func (e *Engine) ImportedLabels(id string) (map[string]string, bool) {
 	}
 	return rec.Labels, true
 }
+
+// Freeze stops env where its last committed state left it, for a
+// migration: it waits for env's pending checkpoint, freezes its sandbox
+// and returns that state (its head) and a thaw that resumes the env when
+// the migration fails. An env whose checkpoint failed is refused (its
+// head is behind what it did): the next operation reports the failure
+// and checkpoints it full.
+func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func(), err error) {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if env.closed {
+		return "", nil, fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return "", nil, err
+	}
+	if env.ckptErr != nil || env.mustFull || env.head == "" {
+		return "", nil, fmt.Errorf("%w: env %s has no committed state equal to it (its last checkpoint failed)", ErrCheckpoint, env.ID)
+	}
+	sb := env.sb
+	if err := sb.Freeze(); err != nil {
+		return "", nil, fmt.Errorf("freeze env %s: %w", env.ID, err)
+	}
+	return env.head, func() {
+		if err := sb.Thaw(); err != nil {
+			e.log.Warn("thaw env after a failed migration", slog.String("env", env.ID), slog.Any("err", err))
+		}
+	}, nil
+}
+
+// AdoptImported opens env id here at state head, both imported from the
+// node where the env lived (a migration's target): its record is opened
+// again with its lineage unreleased (manifest.ReopenEnv) and head is
+// restored under the same env id, as a crash recovery restores an env.
+// On failure the record is closed again.
+func (e *Engine) AdoptImported(ctx context.Context, id, head string) (env *Env, err error) {
+	rec, err := e.man.GetEnv(id)
+	if err != nil || !rec.Imported {
+		return nil, fmt.Errorf("%w: env %s was not imported from another node", ErrBadRequest, id)
+	}
+	if _, err := e.Env(id); err == nil {
+		return nil, fmt.Errorf("%w: env %s is open here already", ErrBadRequest, id)
+	}
+	st, err := e.State(head)
+	if err != nil {
+		return nil, err
+	}
+	if st.Env != id {
+		return nil, fmt.Errorf("%w: state %s is of env %s, not %s", ErrBadRequest, head, st.Env, id)
+	}
+	if err := e.man.ReopenEnv(id, head, rec.Labels); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if cerr := e.man.ReleaseEnvAt(id, e.now()); cerr != nil {
+				e.log.Warn("close the record of a failed adoption", slog.String("env", id), slog.Any("err", cerr))
+			}
+		}
+	}()
+	// A name of its own: on one host (nodes side by side, as in the
+	// tests) the source's sandbox, frozen, still holds id-<generation>.
+	e.gcMu.RLock()
+	r, err := e.restore(ctx, head, newID(id+"-m"))
+	e.gcMu.RUnlock()
+	if err != nil {
+		return nil, err
+	}
+	// Its origin lives on the other node: nothing to promote into here.
+	env = &Env{ID: id, Image: rec.Image, sb: r.sb, volume: r.volume, head: head, pubHead: head,
+		fsLoc: r.fsLoc, stats: &e.stats, labels: rec.Labels}
+	env.turn.Store(int64(st.Turn))
+	if err := e.register(env); err != nil {
+		e.discard(r)
+		return nil, err
+	}
+	e.track(ctx, env, r.imageShell)
+	return env, nil
+}
+
+// CommittedHead is env id's last committed state (its manifest head),
+// without waiting for a checkpoint or operation in progress.
+func (e *Engine) CommittedHead(id string) (string, error) {
+	rec, err := e.man.GetEnv(id)
+	if err != nil || rec.Closed {
+		return "", fmt.Errorf("%w: %s", ErrUnknownEnv, id)
+	}
+	if rec.Head == "" {
+		return "", fmt.Errorf("%w: env %s has no committed state yet", ErrUnknownState, id)
+	}
+	return rec.Head, nil
+}

@@ -98,6 +98,7 @@ type Node struct {
 	envs       map[string]string   // env -> the placement value this node put
 	states     map[string]stateRec // keys put under the lease
 	lost       map[string]bool     // envs whose placement could not be written yet
+	closing    map[string]string   // closed envs: the placement value to delete
 	kick       chan struct{}       // asks the publisher to publish the load now
 }
 
@@ -119,7 +120,7 @@ func Connect(ctx context.Context, o NodeOptions) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{o: o, cli: cli, log: o.Logger.With(slog.String("node", o.ID)), envs: map[string]string{},
-		states: map[string]stateRec{}, lost: map[string]bool{}, started: time.Now(), kick: make(chan struct{}, 1)}
+		states: map[string]stateRec{}, lost: map[string]bool{}, closing: map[string]string{}, started: time.Now(), kick: make(chan struct{}, 1)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.grant(ctx); err != nil {
 		cli.Close()
@@ -373,7 +374,7 @@ func (n *Node) retryPlacements() {
 		if open {
 			err = n.put(EnvKey(id), val)
 		} else {
-			err = n.del(EnvKey(id))
+			err = n.delMine(id)
 		}
 		if err == nil {
 			n.mu.Lock()
@@ -455,19 +456,33 @@ func (n *Node) EnvClosed(env string) {
 		return // closed: the node is leaving or dead
 	}
 	n.mu.Lock()
-	val := n.envs[env]
+	n.closing[env] = n.envs[env]
 	delete(n.envs, env)
 	n.mu.Unlock()
-	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
-	_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(EnvKey(env)), "=", val)).Then(clientv3.OpDelete(EnvKey(env))).Commit()
-	cancel()
-	if err != nil {
+	if err := n.delMine(env); err != nil {
 		n.log.Warn("delete placement (retried)", slog.String("env", env), slog.Any("err", err))
 		n.mu.Lock()
 		n.lost[env] = true
 		n.mu.Unlock()
 	}
 	n.publishSoon()
+}
+
+// delMine deletes env's placement if it still holds the value this node
+// put (an env migrated away has the target's), and forgets that value.
+func (n *Node) delMine(env string) error {
+	n.mu.Lock()
+	val := n.closing[env]
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
+	defer cancel()
+	_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(EnvKey(env)), "=", val)).Then(clientv3.OpDelete(EnvKey(env))).Commit()
+	if err == nil {
+		n.mu.Lock()
+		delete(n.closing, env)
+		n.mu.Unlock()
+	}
+	return err
 }
 
 // StateMade records that this node holds the state's artifacts, under its

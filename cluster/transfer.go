@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator"
 )
 
 // TransferPrefix is where a node serves state transfers, on its
@@ -24,6 +25,9 @@ import (
 //	POST /cluster/v1/holds   branch.Offer -> branch.Holding
 //	POST /cluster/v1/import  a transfer stream -> branch.TransferStats
 //	POST /cluster/v1/ship    ShipRequest -> branch.TransferStats
+//	POST /cluster/v1/precopy MigrateRequest -> MigrateStats
+//	POST /cluster/v1/migrate MigrateRequest -> MigrateStats
+//	POST /cluster/v1/adopt   AdoptRequest -> {}
 //
 // Every request must carry the node's token ("Authorization: Bearer").
 const TransferPrefix = "/cluster/v1/"
@@ -36,8 +40,42 @@ type ShipRequest struct {
 	To string `json:"to"`
 }
 
+// MigrateRequest asks a node to move one of its envs to another node:
+// precopy ships the env's lineage while it runs, migrate stops it and
+// moves it.
+type MigrateRequest struct {
+	Env string `json:"env"`
+	// To is host:port of the target node's transfer endpoint.
+	To string `json:"to"`
+}
+
+// MigrateStats describe a migration's part on the source node.
+type MigrateStats struct {
+	Env string `json:"env"`
+	// State is the env's head: the state the target restored (migrate),
+	// or the newest one shipped ahead (precopy).
+	State string `json:"state"`
+	// States and Bytes count the states shipped and their streams.
+	States int   `json:"states"`
+	Bytes  int64 `json:"bytes"`
+	// Pause is how long the env served nothing (migrate: from the
+	// source's hold of it to the target's restore), Took the whole call.
+	Pause time.Duration `json:"pause"`
+	Took  time.Duration `json:"took"`
+}
+
+// AdoptRequest asks the target of a migration to open the env at state.
+type AdoptRequest struct {
+	Env   string `json:"env"`
+	State string `json:"state"`
+}
+
 // TransferOptions configure a Transfer.
 type TransferOptions struct {
+	// Coordinator is the node's: migrations take its envs' tickets,
+	// close them and adopt them (nil: no migrations, Engine alone).
+	Coordinator *coordinator.Coordinator
+	// Engine is the node's engine (default: the Coordinator's).
 	Engine *branch.Engine
 	// Node records the states this node imports (nil: none recorded).
 	Node *Node
@@ -78,6 +116,9 @@ func NewTransfer(o TransferOptions) *Transfer {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Engine == nil && o.Coordinator != nil {
+		o.Engine = o.Coordinator.Engine()
+	}
 	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: o.DialTimeout}).DialContext, MaxIdleConnsPerHost: 4,
 		IdleConnTimeout: time.Minute}
 	return &Transfer{o: o, cli: &http.Client{Transport: tr}, log: o.Logger}
@@ -89,6 +130,9 @@ func (t *Transfer) Handler() http.Handler {
 	mux.HandleFunc("POST "+TransferPrefix+"holds", t.serveHolds)
 	mux.HandleFunc("POST "+TransferPrefix+"import", t.serveImport)
 	mux.HandleFunc("POST "+TransferPrefix+"ship", t.serveShip)
+	mux.HandleFunc("POST "+TransferPrefix+"precopy", t.serveMigrate(t.Precopy))
+	mux.HandleFunc("POST "+TransferPrefix+"migrate", t.serveMigrate(t.Migrate))
+	mux.HandleFunc("POST "+TransferPrefix+"adopt", t.serveAdopt)
 	return t.auth(mux)
 }
 
@@ -116,6 +160,12 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func errCode(err error) int {
 	switch {
+	case errors.Is(err, branch.ErrUnknownEnv), errors.Is(err, coordinator.ErrUnknownEnv):
+		return http.StatusNotFound
+	case errors.Is(err, branch.ErrBadRequest), errors.Is(err, coordinator.ErrBadRequest):
+		return http.StatusConflict
+	case errors.Is(err, coordinator.ErrTooManyEnvs):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, branch.ErrUnknownState):
 		return http.StatusNotFound
 	case errors.Is(err, branch.ErrUnsupported):
@@ -295,6 +345,139 @@ func (c *ShipClient) Ship(ctx context.Context, from, to, sid string) (branch.Tra
 	var stats branch.TransferStats
 	if err := t.post(ctx, from, "ship", "application/json", jsonBody(ShipRequest{State: sid, To: to}), &stats); err != nil {
 		return stats, fmt.Errorf("ship %s from %s to %s: %w", sid, from, to, err)
+	}
+	return stats, nil
+}
+
+func (t *Transfer) serveMigrate(f func(context.Context, string, string) (MigrateStats, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req MigrateRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Env == "" || req.To == "" {
+			writeJSON(w, http.StatusBadRequest, transferError{fmt.Sprintf("bad migrate request (want env and to): %v", err)})
+			return
+		}
+		if t.o.Coordinator == nil {
+			writeJSON(w, http.StatusNotImplemented, transferError{"this node does not migrate envs"})
+			return
+		}
+		stats, err := f(r.Context(), req.Env, req.To)
+		if err != nil {
+			t.log.Warn("migration failed", slog.String("env", req.Env), slog.String("to", req.To), slog.Any("err", err))
+			writeJSON(w, errCode(err), transferError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, stats)
+	}
+}
+
+func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
+	var req AdoptRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Env == "" || req.State == "" {
+		writeJSON(w, http.StatusBadRequest, transferError{fmt.Sprintf("bad adopt request (want env and state): %v", err)})
+		return
+	}
+	if t.o.Coordinator == nil {
+		writeJSON(w, http.StatusNotImplemented, transferError{"this node does not adopt envs"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), t.o.Timeout)
+	defer cancel()
+	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State); err != nil {
+		writeJSON(w, errCode(err), transferError{err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// shipLineage ships state sid and its ancestors to addr, oldest first, so
+// that each file snapshot goes as the difference from its parent's;
+// states the receiver holds cost a question each.
+func (t *Transfer) shipLineage(ctx context.Context, sid, addr string, into *MigrateStats) error {
+	line, err := t.o.Engine.Lineage(sid)
+	if err != nil {
+		return err
+	}
+	for _, st := range line {
+		s, err := t.Ship(ctx, st.ID, addr)
+		if err != nil {
+			return err
+		}
+		if !s.Held {
+			into.States++
+			into.Bytes += s.Bytes
+		}
+	}
+	into.State = sid
+	return nil
+}
+
+// Precopy ships env's lineage up to its last committed state to the node
+// at addr while the env goes on running: what migrate then ships while
+// the env waits is what it did since.
+func (t *Transfer) Precopy(ctx context.Context, envID, addr string) (MigrateStats, error) {
+	start := time.Now()
+	st := MigrateStats{Env: envID}
+	head, err := t.o.Engine.CommittedHead(envID)
+	if err != nil {
+		return st, err
+	}
+	err = t.shipLineage(ctx, head, addr, &st)
+	st.Took = time.Since(start)
+	return st, err
+}
+
+// Migrate moves env to the node at addr: it takes the env's ticket (the
+// operations queued before it finish here, those after it wait), freezes
+// the env at its last committed state, ships what the target lacks of
+// its lineage, has the target adopt it at that state under the same id
+// (the target's registry rewrites its placement), then closes it here.
+// On failure the env thaws and stays here.
+func (t *Transfer) Migrate(ctx context.Context, envID, addr string) (MigrateStats, error) {
+	start := time.Now()
+	st := MigrateStats{Env: envID}
+	ctx, cancel := context.WithTimeout(ctx, t.o.Timeout)
+	defer cancel()
+	co := t.o.Coordinator
+	wait, release := co.Ticket(envID)
+	wait()
+	defer release()
+	paused := time.Now()
+	env, err := co.Env(envID)
+	if err != nil {
+		return st, err
+	}
+	head, thaw, err := t.o.Engine.Freeze(ctx, env)
+	if err != nil {
+		return st, err
+	}
+	err = t.shipLineage(ctx, head, addr, &st)
+	if err == nil {
+		var ok struct{}
+		err = t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: envID, State: head}), &ok)
+	}
+	if err != nil {
+		thaw()
+		return st, fmt.Errorf("migrate env %s to %s: %w", envID, addr, err)
+	}
+	st.Pause = time.Since(paused)
+	if err := co.CloseEnv(context.Background(), envID); err != nil {
+		t.log.Warn("close a migrated env", slog.String("env", envID), slog.Any("err", err))
+	}
+	st.Took = time.Since(start)
+	t.log.Info("migrated env", slog.String("env", envID), slog.String("to", addr), slog.String("state", head),
+		slog.Int("states", st.States), slog.Int64("bytes", st.Bytes), slog.Duration("pause", st.Pause))
+	return st, nil
+}
+
+// Migrate asks the node whose transfer endpoint is at from to run step
+// ("precopy" or "migrate") of env's migration to the node at to.
+func (c *ShipClient) Migrate(ctx context.Context, step, from, to, env string) (MigrateStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	t := &Transfer{o: TransferOptions{Token: c.Token}, cli: c.cli}
+	var stats MigrateStats
+	if err := t.post(ctx, from, step, "application/json", jsonBody(MigrateRequest{Env: env, To: to}), &stats); err != nil {
+		return stats, fmt.Errorf("%s env %s from %s to %s: %w", step, env, from, to, err)
 	}
 	return stats, nil
 }

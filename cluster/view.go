@@ -305,6 +305,33 @@ func (v *View) EnvNode(ctx context.Context, env string) (string, error) {
 	return p.Node, nil
 }
 
+// Moved records that env lives on node now (a migration the router
+// made, before the watch brings the placement the target wrote).
+func (v *View) Moved(env, node string) {
+	v.mu.Lock()
+	v.envs[env] = node
+	v.mu.Unlock()
+}
+
+// FreshEnvNode reads env's placement from etcd, not from the view (a
+// node that answered it has no such env: the env may have migrated).
+func (v *View) FreshEnvNode(ctx context.Context, env string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
+	defer cancel()
+	r, err := v.cli.Get(ctx, EnvKey(env))
+	if err != nil {
+		return "", fmt.Errorf("%w: read placement of %s: %v", ErrUnavailable, env, err)
+	}
+	if len(r.Kvs) == 0 {
+		return "", nil
+	}
+	var p Placement
+	if err := json.Unmarshal(r.Kvs[0].Value, &p); err != nil {
+		return "", fmt.Errorf("placement of %s: %w", env, err)
+	}
+	return p.Node, nil
+}
+
 // StateNodes lists the nodes holding a state's artifacts (none: no node
 // alive has it).
 func (v *View) StateNodes(ctx context.Context, state string) ([]string, error) {

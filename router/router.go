@@ -61,7 +61,8 @@ type Router struct {
 
 	mu      sync.Mutex
 	conns   map[string]*nodeConn
-	pending map[string]int // resets sent to each node, not yet answered
+	pending map[string]int   // resets sent to each node, not yet answered
+	moves   map[string]*move // envs being migrated (migrate.go)
 }
 
 // nodeConn is the router's connection to one node, dialed when first
@@ -84,7 +85,7 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{},
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{},
 		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
@@ -277,7 +278,16 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
+		if p.EnvID != "" {
+			return r.held(p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, p, params) })
+		}
 		return r.branch(ctx, p, params)
+	case protocol.MethodMigrate:
+		var p protocol.MigrateParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.held(p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, p) })
 	case protocol.MethodEnvs:
 		var p protocol.EnvsParams
 		if err := decode(&p); err != nil {
@@ -295,7 +305,30 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.stepBatch(ctx, msgid, p.Items, notify)
+		// A batch naming an env being migrated waits for it as a whole.
+		var waits []func(context.Context) error
+		var sents []func()
+		for _, it := range p.Items {
+			if w, sent := r.moving(it.EnvID); w != nil {
+				waits, sents = append(waits, w), append(sents, sent)
+			}
+		}
+		if len(waits) == 0 {
+			return r.stepBatch(ctx, msgid, p.Items, notify)
+		}
+		return func(ctx context.Context) (any, error) {
+			defer func() {
+				for _, s := range sents {
+					s()
+				}
+			}()
+			for _, w := range waits {
+				if err := w(ctx); err != nil {
+					return nil, err
+				}
+			}
+			return r.stepBatch(ctx, msgid, p.Items, notify)(ctx)
+		}
 	}
 	return fail(protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q", method))
 }
@@ -312,12 +345,28 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 	return node, nil
 }
 
+// toEnv sends a request for env to its node (after env's migration
+// when one is under way), resending it to the env's new node when the
+// old one answers that it has no such env because the env migrated.
 func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.RawMessage) answer {
-	node, err := r.envNode(ctx, env)
-	if err != nil {
-		return fail(err)
-	}
-	return r.forward(node, method, params)
+	return r.held(env, func(ctx context.Context) answer {
+		node, err := r.envNode(ctx, env)
+		if err != nil {
+			return fail(err)
+		}
+		s, err := r.send(node, method, params, nil)
+		if err != nil {
+			return fail(err)
+		}
+		return func(ctx context.Context) (any, error) {
+			raw, err := s.wait(ctx)
+			raw, err = r.redirect(ctx, env, node, method, params, raw, err)
+			if err != nil {
+				return nil, err
+			}
+			return raw, nil
+		}
+	})
 }
 
 // stateNode is a live node holding the state's artifacts.

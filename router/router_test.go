@@ -107,7 +107,7 @@ func startNode(t *testing.T, etcd, id, ip string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.tr = cluster.NewTransfer(cluster.TransferOptions{Engine: rig.Engine, Node: n.reg, Timeout: time.Minute, Logger: quiet()})
+	n.tr = cluster.NewTransfer(cluster.TransferOptions{Coordinator: co, Node: n.reg, Timeout: time.Minute, Logger: quiet()})
 	s, err := server.New(server.Options{Coordinator: co, Handlers: map[string]http.Handler{cluster.TransferPrefix: n.tr.Handler()}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,175 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// move is an env being migrated: the requests for it that arrive
+// meanwhile wait for done, then are sent on one after the other, in
+// arrival order, each once the one before it was sent (tail).
+type move struct {
+	done chan struct{}
+	tail chan struct{}
+}
+
+// moving returns the wait of a request for env while env is migrated
+// (nil when it is not): wait blocks until the migration ended and the
+// requests for env that arrived before this one were sent; sent lets the
+// next one go. It is called on the read loop, in arrival order.
+func (r *Router) moving(env string) (wait func(ctx context.Context) error, sent func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.moves[env]
+	if m == nil {
+		return nil, nil
+	}
+	prev, next := m.tail, make(chan struct{})
+	m.tail = next
+	var once sync.Once
+	return func(ctx context.Context) error {
+			for _, ch := range []chan struct{}{m.done, prev} {
+				select {
+				case <-ch:
+				case <-ctx.Done():
+					once.Do(func() { close(next) })
+					return protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+				}
+			}
+			return nil
+		}, func() {
+			once.Do(func() { close(next) })
+		}
+}
+
+// held wraps the answer of a request for env that must wait for env's
+// migration: once it ended, send sends the request (to the env's node
+// then) and its answer is waited for.
+func (r *Router) held(env string, send func(ctx context.Context) answer) answer {
+	wait, sent := r.moving(env)
+	if wait == nil {
+		return send(context.Background())
+	}
+	return func(ctx context.Context) (any, error) {
+		if err := wait(ctx); err != nil {
+			return nil, err
+		}
+		a := send(ctx)
+		sent()
+		return a(ctx)
+	}
+}
+
+// migrate moves env to another node (p.Node, else the least loaded live
+// node that serves transfers): the source ships the env's lineage while
+// it runs (precopy), then the router holds the requests for the env
+// that arrive, the source stops the env at its last committed state,
+// ships what it did since and the target adopts it under the same id,
+// which rewrites its placement in etcd; the held requests then go to the
+// target in their order (docs/cluster.md, "Live migration").
+func (r *Router) migrate(ctx context.Context, p protocol.MigrateParams) answer {
+	src, err := r.envNode(ctx, p.EnvID)
+	if err != nil {
+		return fail(err)
+	}
+	from, ok := r.view.Node(src)
+	if !ok {
+		return fail(unavailable(src, "it is not in the cluster registry"))
+	}
+	if from.Transfer == "" {
+		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers: its envs cannot migrate", src))
+	}
+	var to cluster.NodeInfo
+	if p.Node != "" {
+		if to, ok = r.view.Node(p.Node); !ok {
+			return fail(unavailable(p.Node, "it is not in the cluster registry"))
+		}
+	} else {
+		for _, n := range r.view.Place("", nil) {
+			if n.ID != src && n.Transfer != "" && n.Envs < n.MaxEnvs {
+				to, ok = n, true
+				break
+			}
+		}
+		if !ok {
+			return fail(protocol.Errorf(protocol.CodeTooManyEnvs, "no other live node can take env %s", p.EnvID))
+		}
+	}
+	if to.ID == src {
+		return fail(protocol.Errorf(protocol.CodeBadRequest, "env %s is on node %s already", p.EnvID, src))
+	}
+	if to.Transfer == "" {
+		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers", to.ID))
+	}
+	return func(ctx context.Context) (any, error) {
+		start := time.Now()
+		pre, err := r.ship.Migrate(ctx, "precopy", from.Transfer, to.Transfer, p.EnvID)
+		if err != nil {
+			return nil, migrateErr(err)
+		}
+		m := &move{done: make(chan struct{}), tail: make(chan struct{})}
+		close(m.tail)
+		r.mu.Lock()
+		if r.moves[p.EnvID] != nil {
+			r.mu.Unlock()
+			return nil, protocol.Errorf(protocol.CodeBadRequest, "env %s is being migrated already", p.EnvID)
+		}
+		r.moves[p.EnvID] = m
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			delete(r.moves, p.EnvID)
+			r.mu.Unlock()
+			close(m.done)
+		}()
+		st, err := r.ship.Migrate(ctx, "migrate", from.Transfer, to.Transfer, p.EnvID)
+		if err != nil {
+			return nil, migrateErr(err)
+		}
+		// The target wrote the placement before it answered; the watch
+		// may bring it later than the held requests go.
+		r.view.Moved(p.EnvID, to.ID)
+		res := protocol.MigrateResult{EnvID: p.EnvID, Node: to.ID, From: src, StateID: st.State,
+			PauseS: st.Pause.Seconds(), TookS: time.Since(start).Seconds(), PreBytes: pre.Bytes, Bytes: st.Bytes}
+		r.log.Info("migrated env", slog.String("env", p.EnvID), slog.String("from", src), slog.String("to", to.ID),
+			slog.Duration("pause", st.Pause), slog.Duration("took", time.Since(start)), slog.Int64("pre_bytes", pre.Bytes), slog.Int64("bytes", st.Bytes))
+		return res, nil
+	}
+}
+
+// migrateErr is a failed migration's protocol error: the env stays where
+// it was.
+func migrateErr(err error) error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return protocol.Errorf(protocol.CodeRestoreFailed, "migration failed, the env stays on its node: %v", err)
+}
+
+// redirect resends a request answered unknown_env by node when the env's
+// placement names another live node now (it migrated while the request
+// was on its way, through another router or before this one held it).
+func (r *Router) redirect(ctx context.Context, env, node, method string, params msgpack.RawMessage, raw msgpack.RawMessage, err error) (msgpack.RawMessage, error) {
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeUnknownEnv {
+		return raw, err
+	}
+	now, gerr := r.view.FreshEnvNode(ctx, env)
+	if gerr != nil || now == "" || now == node {
+		return raw, err
+	}
+	s, serr := r.send(now, method, params, nil)
+	if serr != nil {
+		return nil, serr
+	}
+	return s.wait(ctx)
+}
