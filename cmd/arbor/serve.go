@@ -244,7 +244,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		// Other nodes ship states here, and this node ships its own, on
 		// the same listener behind the same token (docs/cluster.md,
 		// "State transfer").
-		tr := cluster.NewTransfer(cluster.TransferOptions{Engine: e, Node: node, Token: o.token, Logger: log})
+		tr := cluster.NewTransfer(cluster.TransferOptions{Coordinator: co, Node: node, Token: o.token, Logger: log})
 		if routes == nil {
 			routes = map[string]http.Handler{}
 		}
