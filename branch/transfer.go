@@ -341,6 +341,9 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 	for _, p := range hdr.Parts {
 		inStream[p.Artifact.ID] = true
 	}
+	// An artifact the stream carries and this node got meanwhile (another
+	// state's import shared it) is read past, not written twice.
+	skip := map[string]bool{}
 	for _, id := range []string{st.FS, st.Proc} {
 		if id == "" {
 			continue
@@ -349,7 +352,7 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 		held := err == nil && a.Ready
 		switch {
 		case held && inStream[id]:
-			return stats, fmt.Errorf("the stream carries artifact %s, which this node holds", id)
+			skip[id] = true
 		case !held && !inStream[id]:
 			return stats, fmt.Errorf("the stream lacks artifact %s, which this node does not hold", id)
 		}
@@ -372,6 +375,9 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 			return stats, err
 		}
 		a := p.Artifact
+		if skip[a.ID] {
+			continue // Next skips what is left of it
+		}
 		// Where an artifact lives follows from its id, as the engine
 		// names them: a stream cannot write anywhere else.
 		want := a.ID

@@ -412,19 +412,51 @@ func (t *Transfer) shipLineage(ctx context.Context, sid, addr string, into *Migr
 }
 
 // Precopy ships env's lineage up to its last committed state to the node
-// at addr while the env goes on running: what migrate then ships while
-// the env waits is what it did since.
+// at addr while the env goes on running, in rounds: after a round it
+// waits (at most precopyWait) for the checkpoint of a turn that ran
+// meanwhile and ships again, so that what migrate ships while the env
+// waits is what it did in the last moments only.
 func (t *Transfer) Precopy(ctx context.Context, envID, addr string) (MigrateStats, error) {
 	start := time.Now()
 	st := MigrateStats{Env: envID}
-	head, err := t.o.Engine.CommittedHead(envID)
+	env, err := t.o.Coordinator.Env(envID)
 	if err != nil {
 		return st, err
 	}
-	err = t.shipLineage(ctx, head, addr, &st)
+	shipped := ""
+	for round := 0; round < precopyRounds; round++ {
+		head, err := t.o.Engine.CommittedHead(envID)
+		if err != nil {
+			return st, err
+		}
+		if head == shipped {
+			break
+		}
+		if err := t.shipLineage(ctx, head, addr, &st); err != nil {
+			return st, err
+		}
+		shipped = head
+		// A turn's checkpoint still running: its state is next.
+		for end := time.Now().Add(precopyWait); env.Head() != shipped && time.Now().Before(end); {
+			if h, err := t.o.Engine.CommittedHead(envID); err != nil || h == env.Head() {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return st, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
 	st.Took = time.Since(start)
-	return st, err
+	return st, nil
 }
+
+// The pre-copy's rounds and its wait for a checkpoint in progress.
+const (
+	precopyRounds = 3
+	precopyWait   = 2 * time.Second
+)
 
 // Migrate moves env to the node at addr: it takes the env's ticket (the
 // operations queued before it finish here, those after it wait), freezes

@@ -58,8 +58,8 @@ func TestMigrate(t *testing.T) {
 	}
 
 	// Under pipelined load: a step is sent every 40 ms, without waiting
-	// for the one before, from before the migrate until after it
-	// answered. Those that reach the source during the pre-copy run
+	// for the one before (at most 4 in flight), from before the migrate
+	// until after it answered. Those that reach the source during the pre-copy run
 	// there; those sent while the env is stopped wait in the router and
 	// run on the new node; all in their order.
 	mig, err := c.Send(protocol.MethodMigrate, protocol.MigrateParams{EnvID: env}, nil)
@@ -70,20 +70,33 @@ func TestMigrate(t *testing.T) {
 	var migErr error
 	migrated := make(chan struct{})
 	go func() { migErr = mig.Wait(ctx, &res); close(migrated) }()
-	var steps []*arbor.Pending
-	var during []bool // sent before the migrate answered
+	type stepRes struct {
+		sr   arbor.StepResult
+		err  error
+		done chan struct{}
+	}
+	var steps []*stepRes
+	var during []bool               // sent before the migrate answered
+	slots := make(chan struct{}, 4) // at most 4 steps in flight
 	for after := 0; after < 3; {
 		select {
 		case <-migrated:
 			after++
 		default:
 		}
+		slots <- struct{}{}
 		p, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: env,
 			Action: arbor.Bash(fmt.Sprintf("echo step%d >> /work/log; %s", len(steps), counterRead), 0)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		steps, during = append(steps, p), append(during, after == 0)
+		sr := &stepRes{done: make(chan struct{})}
+		go func() {
+			defer func() { <-slots }()
+			sr.err = p.Wait(ctx, &sr.sr)
+			close(sr.done)
+		}()
+		steps, during = append(steps, sr), append(during, after == 0)
 		time.Sleep(40 * time.Millisecond)
 	}
 	<-migrated
@@ -98,12 +111,20 @@ func TestMigrate(t *testing.T) {
 	waited := 0
 	var log strings.Builder
 	for i, p := range steps {
-		var sr arbor.StepResult
-		if err := p.Wait(ctx, &sr); err != nil {
-			t.Fatalf("step %d of the load: %v", i, err)
+		<-p.done
+		if p.err != nil {
+			t.Fatalf("step %d of the load: %v", i, p.err)
 		}
+		sr := p.sr
 		if got := strings.TrimSpace(string(sr.Obs.Stdout)); got != strconv.Itoa(base+1+i) || sr.Obs.ExitCode != 0 {
-			t.Errorf("step %d of the load: counter %q exit %d, want %d", i, got, sr.Obs.ExitCode, base+1+i)
+			where := "source"
+			if st, err := dst.eng.State(sr.Info.StateID); err == nil && st.Timings != nil {
+				where = "target"
+			}
+			t.Errorf("step %d of the load: counter %q exit %d, want %d (turn %d, state %s, made on the %s)", i, got, sr.Obs.ExitCode, base+1+i, sr.Info.Turn, sr.Info.StateID, where)
+			if t.Failed() && i > 3 {
+				break
+			}
 		}
 		fmt.Fprintf(&log, "step%d\n", i)
 		// A state the target's own checkpoint made (imported ones carry
@@ -124,6 +145,14 @@ func TestMigrate(t *testing.T) {
 	}
 	if _, err := dst.eng.Env(env); err != nil {
 		t.Errorf("the target has no env %s: %v", env, err)
+	}
+	if t.Failed() {
+		seen := map[string]int{}
+		for _, l := range strings.Split(out(sh(t, c, env, "cat /work/log")), "\n") {
+			if seen[l]++; seen[l] > 1 {
+				t.Logf("log line %q twice", l)
+			}
+		}
 	}
 	if got := string(sh(t, c, env, shellState+"; cat /work/log").Obs.Stdout); got != "cwd=/work K=v\nfun\ndata\nbefore0\nbefore1\nbefore2\n"+log.String() {
 		t.Errorf("after the migration: %q", got)

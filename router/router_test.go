@@ -88,7 +88,7 @@ func classify(_ context.Context, _ *branch.Env, cmd string) (branch.Turn, error)
 	return branch.Turn{Kind: branch.Full}, nil
 }
 
-func startNode(t *testing.T, etcd, id, ip string) *node {
+func startNode(t testing.TB, etcd, id, ip string) *node {
 	t.Helper()
 	rig := branchtest.ForTest(t, branchtest.Options{})
 	raw, err := net.Listen("tcp", ip+":0")
@@ -140,7 +140,7 @@ func (n *node) kill() {
 
 // startRouter starts a router on 127.0.0.1; tokens (none, or the
 // clients' and the nodes') as arbor router's --token and --node-token.
-func startRouter(t *testing.T, etcd string, tokens ...string) (*router.Router, string) {
+func startRouter(t testing.TB, etcd string, tokens ...string) (*router.Router, string) {
 	t.Helper()
 	var token, nodeToken string
 	if len(tokens) == 2 {
@@ -165,7 +165,7 @@ func startRouter(t *testing.T, etcd string, tokens ...string) (*router.Router, s
 	return rt, strings.TrimPrefix(hs.URL, "http://")
 }
 
-func etcdClient(t *testing.T, url string) *clientv3.Client {
+func etcdClient(t testing.TB, url string) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -176,7 +176,7 @@ func etcdClient(t *testing.T, url string) *clientv3.Client {
 }
 
 // placement is the node etcd records for env ("" for none).
-func placement(t *testing.T, cli *clientv3.Client, env string) string {
+func placement(t testing.TB, cli *clientv3.Client, env string) string {
 	t.Helper()
 	r, err := cli.Get(context.Background(), cluster.EnvKey(env))
 	if err != nil {
@@ -208,7 +208,7 @@ func keysOf(t *testing.T, cli *clientv3.Client, prefix, suffix string) int {
 	return n
 }
 
-func sh(t *testing.T, c *arbor.Client, env, cmd string) *arbor.StepResult {
+func sh(t testing.TB, c *arbor.Client, env, cmd string) *arbor.StepResult {
 	t.Helper()
 	r, err := c.Step(context.Background(), env, arbor.Bash(cmd, 20*time.Second))
 	if err != nil {
