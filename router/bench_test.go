@@ -142,4 +142,3 @@ func BenchmarkMigrate(b *testing.B) {
 }
 
 func mibs(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
-
