@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,18 +98,30 @@ func BenchmarkMigrate(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	for _, mib := range []int{0, 16, 64} {
-		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
-			r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	for _, size := range []string{"0MiB", "16MiB", "64MiB", "debian"} {
+		b.Run(size, func(b *testing.B) {
+			img, mib, read := "busybox", 0, counterRead
+			if size == "debian" {
+				img = "debian"
+			} else {
+				mib, _ = strconv.Atoi(strings.TrimSuffix(size, "MiB"))
+			}
+			r, err := c.Reset(ctx, arbor.ResetParams{Image: img})
 			if err != nil {
 				b.Fatal(err)
 			}
 			env := r.EnvID
 			defer c.CloseEnv(ctx, env)
-			sh(b, c, env, fmt.Sprintf("mkdir -p /work; head -c %d /dev/urandom > /work/blob", mib<<20))
-			// The counter's shell holds mib MiB in a variable.
-			sh(b, c, env, fmt.Sprintf(`(big=$(head -c %d /dev/zero | tr '\0' x); n=0; while :; do if [ -e /tmp/ask ]; then n=$((n+1)); echo $n > /tmp/answer; rm /tmp/ask; fi; sleep 0.02; done) >/dev/null 2>&1 &`, mib<<20))
-			want, err := strconv.Atoi(out(sh(b, c, env, counterRead)))
+			if img == "debian" {
+				// A Python server holding a request counter in memory.
+				sh(b, c, env, debianCounterStart)
+				read = debianCounterRead
+			} else {
+				sh(b, c, env, fmt.Sprintf("mkdir -p /work; head -c %d /dev/urandom > /work/blob", mib<<20))
+				// The counter's shell holds mib MiB in a variable.
+				sh(b, c, env, fmt.Sprintf(`(big=$(head -c %d /dev/zero | tr '\0' x); n=0; while :; do if [ -e /tmp/ask ]; then n=$((n+1)); echo $n > /tmp/answer; rm /tmp/ask; fi; sleep 0.02; done) >/dev/null 2>&1 &`, mib<<20))
+			}
+			want, err := strconv.Atoi(out(sh(b, c, env, read)))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -123,22 +136,36 @@ func BenchmarkMigrate(b *testing.B) {
 				total = append(total, time.Duration(res.TookS*float64(time.Second)))
 				pre, during = pre+res.PreBytes, during+res.Bytes
 				want++
-				if got := out(sh(b, c, env, counterRead)); got != strconv.Itoa(want) {
+				if got := out(sh(b, c, env, read)); got != strconv.Itoa(want) {
 					b.Fatalf("counter after a migration: %s, want %d", got, want)
 				}
 				// A turn between moves, as in an episode.
-				sh(b, c, env, "date >> /work/log")
+				sh(b, c, env, "mkdir -p /work; date >> /work/log")
 			}
 			p50, pmax := quantiles(pause)
 			t50, tmax := quantiles(total)
 			n := int64(len(pause))
 			b.ReportMetric(float64(p50.Milliseconds()), "pause-p50-ms")
 			b.ReportMetric(float64(t50.Milliseconds()), "total-p50-ms")
-			b.Logf("%d MiB written, %d MiB in memory: %d moves: pause p50 %v max %v; total p50 %v max %v; %s before, %s during the pause per move",
-				mib, mib, n, p50.Round(time.Millisecond), pmax.Round(time.Millisecond), t50.Round(time.Millisecond), tmax.Round(time.Millisecond),
+			b.Logf("%s (%d MiB written, %d MiB in memory): %d moves: pause p50 %v max %v; total p50 %v max %v; %s before, %s during the pause per move",
+				size, mib, mib, n, p50.Round(time.Millisecond), pmax.Round(time.Millisecond), t50.Round(time.Millisecond), tmax.Round(time.Millisecond),
 				mibs(pre/n), mibs(during/n))
 		})
 	}
 }
+
+// debian's counter: a Python server answering each connection with the
+// next value of a counter it holds in memory (as branch's tests).
+const (
+	debianCounterStart = `python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 7070)); s.listen(8); n = 0
+while True:
+    c, _ = s.accept(); n += 1; c.sendall(str(n).encode()); c.close()
+' >/dev/null 2>&1 &
+for i in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127.0.0.1", 7070)).close()' 2>/dev/null && break; sleep 0.1; done`
+	debianCounterRead = `python3 -c 'import socket; print(socket.create_connection(("127.0.0.1", 7070)).recv(16).decode())'`
+)
 
 func mibs(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
