@@ -12,11 +12,14 @@
 // connection to that node, so the node receives them in that order.
 //
 // Branch children are placed by load over the nodes (branch.go): the
-// state is shipped once to each other node that takes children. Release,
+// state is shipped once to each other node that takes children. Migrate
+// moves an env between nodes (migrate.go); the env's requests wait in
+// the router meanwhile, in order. Release,
 // pin and unpin naming states of several nodes are sent to each (all or
 // nothing per node, not across nodes).
 //
-// Lock order: Router.mu, then nodeConn.mu; cluster.View's lock is a leaf.
+// Lock order: Router.mu (connections, pending counts, migrations), then
+// nodeConn.mu; cluster.View's lock is a leaf.
 package router
 
 import (
