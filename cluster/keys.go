@@ -52,6 +52,9 @@ type NodeInfo struct {
 	MaxEnvs int `json:"max_envs"`
 	// Tasks are the tasks its reset accepts.
 	Tasks []string `json:"tasks,omitempty"`
+	// Draining: the node is moving its envs away (Transfer.Drain); it
+	// takes no new env (resets, branch children, migrations).
+	Draining bool `json:"draining,omitempty"`
 	// EnvIdleTTLS is the node's idle TTL in seconds (0: never).
 	EnvIdleTTLS float64   `json:"env_idle_ttl_s"`
 	Version     string    `json:"version,omitempty"`

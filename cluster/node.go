@@ -99,6 +99,7 @@ type Node struct {
 	states     map[string]stateRec // keys put under the lease
 	lost       map[string]bool     // envs whose placement could not be written yet
 	closing    map[string]string   // closed envs: the placement value to delete
+	draining   bool                // published: the node takes no new env
 	kick       chan struct{}       // asks the publisher to publish the load now
 }
 
@@ -302,6 +303,7 @@ func (n *Node) info() (string, clientv3.LeaseID) {
 	}
 	info.ID, info.Addr, info.Transfer, info.Version, info.Started, info.Updated = n.o.ID, n.o.Advertise, n.o.Transfer, n.o.Version, n.started, time.Now()
 	info.Envs = len(n.envs)
+	info.Draining = n.draining
 	sort.Strings(info.Tasks)
 	b, _ := json.Marshal(info)
 	return string(b), n.lease
@@ -546,6 +548,33 @@ func (n *Node) Close() {
 		n.wg.Wait()
 		n.cli.Close()
 	})
+}
+
+// SetDraining marks the node as draining (or not) and publishes it at
+// once: routers stop placing new envs on it.
+func (n *Node) SetDraining(on bool) error {
+	n.mu.Lock()
+	n.draining = on
+	n.mu.Unlock()
+	return n.publish()
+}
+
+// Peers reads the live nodes' records from etcd, this one included.
+func (n *Node) Peers(ctx context.Context) ([]NodeInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.o.Timeout)
+	defer cancel()
+	r, err := n.cli.Get(ctx, nodesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("%w: read nodes: %v", ErrUnavailable, err)
+	}
+	var out []NodeInfo
+	for _, kv := range r.Kvs {
+		var info NodeInfo
+		if json.Unmarshal(kv.Value, &info) == nil {
+			out = append(out, info)
+		}
+	}
+	return out, nil
 }
 
 // ID is the node's id.

@@ -28,6 +28,7 @@ import (
 //	POST /cluster/v1/precopy MigrateRequest -> MigrateStats
 //	POST /cluster/v1/migrate MigrateRequest -> MigrateStats
 //	POST /cluster/v1/adopt   AdoptRequest -> {}
+//	POST /cluster/v1/drain   -> DrainStats
 //
 // Every request must carry the node's token ("Authorization: Bearer").
 const TransferPrefix = "/cluster/v1/"
@@ -133,6 +134,7 @@ func (t *Transfer) Handler() http.Handler {
 	mux.HandleFunc("POST "+TransferPrefix+"precopy", t.serveMigrate(t.Precopy))
 	mux.HandleFunc("POST "+TransferPrefix+"migrate", t.serveMigrate(t.Migrate))
 	mux.HandleFunc("POST "+TransferPrefix+"adopt", t.serveAdopt)
+	mux.HandleFunc("POST "+TransferPrefix+"drain", t.serveDrain)
 	return t.auth(mux)
 }
 
@@ -512,4 +514,120 @@ func (c *ShipClient) Migrate(ctx context.Context, step, from, to, env string) (M
 		return stats, fmt.Errorf("%s env %s from %s to %s: %w", step, env, from, to, err)
 	}
 	return stats, nil
+}
+
+// DrainStats describe a drain: the envs moved, each with its migration,
+// and those that could not be moved, with why.
+type DrainStats struct {
+	Node   string            `json:"node"`
+	Moved  map[string]string `json:"moved"` // env -> the node it went to
+	Failed map[string]string `json:"failed,omitempty"`
+	Pause  time.Duration     `json:"max_pause"`
+	Took   time.Duration     `json:"took"`
+}
+
+// Drain moves every env of this node to other live nodes, one at a time,
+// each to the least loaded node that serves transfers, is not draining
+// and has room, as migrate moves an env (Precopy, then Migrate); the node
+// is published as draining first, so no router places a new env on it.
+// Requests that reach this node for an env that left are answered
+// unknown_env, which a router sends on to the env's new node. ctx bounds
+// the whole drain: envs not moved by then stay (and are reported).
+func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
+	start := time.Now()
+	ds := DrainStats{Moved: map[string]string{}, Failed: map[string]string{}}
+	co, n := t.o.Coordinator, t.o.Node
+	if co == nil || n == nil {
+		return ds, errors.New("drain: this node is not a cluster node")
+	}
+	ds.Node = n.ID()
+	if err := n.SetDraining(true); err != nil {
+		t.log.Warn("publish draining", slog.Any("err", err))
+	}
+	placed := map[string]int{} // envs this drain sent to each node
+	for _, e := range co.Envs() {
+		id := e.Env.ID
+		if err := ctx.Err(); err != nil {
+			ds.Failed[id] = "drain deadline: " + err.Error()
+			continue
+		}
+		peers, err := n.Peers(ctx)
+		if err != nil {
+			ds.Failed[id] = err.Error()
+			continue
+		}
+		var to NodeInfo
+		best := 2.0
+		for _, p := range peers {
+			if p.ID == ds.Node || p.Draining || p.Transfer == "" || p.MaxEnvs <= 0 {
+				continue
+			}
+			used := p.Envs + placed[p.ID]
+			if used >= p.MaxEnvs {
+				continue
+			}
+			if l := float64(used+1) / float64(p.MaxEnvs); l < best {
+				to, best = p, l
+			}
+		}
+		if to.ID == "" {
+			ds.Failed[id] = "no other live node has room"
+			continue
+		}
+		if _, err := t.Precopy(ctx, id, to.Transfer); err != nil {
+			ds.Failed[id] = err.Error()
+			continue
+		}
+		st, err := t.Migrate(ctx, id, to.Transfer)
+		if err != nil {
+			ds.Failed[id] = err.Error()
+			continue
+		}
+		placed[to.ID]++
+		ds.Moved[id] = to.ID
+		ds.Pause = max(ds.Pause, st.Pause)
+	}
+	ds.Took = time.Since(start)
+	t.log.Info("drained", slog.Int("moved", len(ds.Moved)), slog.Int("failed", len(ds.Failed)), slog.Duration("took", ds.Took))
+	if len(ds.Failed) > 0 {
+		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
+	}
+	return ds, nil
+}
+
+func (t *Transfer) serveDrain(w http.ResponseWriter, r *http.Request) {
+	ds, err := t.Drain(r.Context())
+	code := http.StatusOK
+	if err != nil {
+		code = http.StatusConflict
+	}
+	writeJSON(w, code, ds)
+}
+
+// Drain asks the node whose transfer endpoint is at addr to drain
+// (Transfer.Drain), within timeout.
+func (c *ShipClient) Drain(ctx context.Context, addr string, timeout time.Duration) (DrainStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+TransferPrefix+"drain", nil)
+	if err != nil {
+		return DrainStats{}, err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := c.cli.Do(req)
+	if err != nil {
+		return DrainStats{}, fmt.Errorf("drain %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	var ds DrainStats
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err := json.Unmarshal(b, &ds); err != nil || resp.StatusCode == http.StatusUnauthorized {
+		return ds, fmt.Errorf("drain %s: %s: %s", addr, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if resp.StatusCode != http.StatusOK {
+		return ds, fmt.Errorf("drain %s: %d envs not moved: %v", addr, len(ds.Failed), ds.Failed)
+	}
+	return ds, nil
 }

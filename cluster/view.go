@@ -216,8 +216,8 @@ func (v *View) Node(id string) (NodeInfo, bool) {
 	return n, ok
 }
 
-// Place orders the live nodes that offer task ("" for any) by load,
-// least loaded first, counting the pending resets the caller has sent to
+// Place orders the live nodes that offer task ("" for any) and are not
+// draining by load, least loaded first, counting the pending resets the caller has sent to
 // each and the envs placed there since the node last published its load.
 // Full nodes come last.
 func (v *View) Place(task string, pending map[string]int) []NodeInfo {
@@ -228,7 +228,7 @@ func (v *View) Place(task string, pending map[string]int) []NodeInfo {
 	}
 	var cs []cand
 	for id, n := range v.nodes {
-		if task != "" && !n.HasTask(task) {
+		if task != "" && !n.HasTask(task) || n.Draining {
 			continue
 		}
 		n.Envs += pending[id] + len(v.unpublished[id])

@@ -106,8 +106,8 @@ func (r *Router) migrate(ctx context.Context, p protocol.MigrateParams) answer {
 	if to.ID == src {
 		return fail(protocol.Errorf(protocol.CodeBadRequest, "env %s is on node %s already", p.EnvID, src))
 	}
-	if to.Transfer == "" {
-		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers", to.ID))
+	if to.Transfer == "" || to.Draining {
+		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers or is draining", to.ID))
 	}
 	return func(ctx context.Context) (any, error) {
 		start := time.Now()
@@ -158,7 +158,10 @@ func migrateErr(err error) error {
 // redirect resends a request answered unknown_env by node when the env's
 // placement names another live node now (it migrated while the request
 // was on its way, through another router or before this one held it).
-func (r *Router) redirect(ctx context.Context, env, node, method string, params msgpack.RawMessage, raw msgpack.RawMessage, err error) (msgpack.RawMessage, error) {
+// The resend waits for the env's earlier requests (wait), so that it
+// keeps its place.
+func (r *Router) redirect(ctx context.Context, env, node, method string, params msgpack.RawMessage, raw msgpack.RawMessage, err error,
+	wait func(context.Context) error) (msgpack.RawMessage, error) {
 	var pe *protocol.Error
 	if !errors.As(err, &pe) || pe.Code != protocol.CodeUnknownEnv {
 		return raw, err
@@ -167,6 +170,10 @@ func (r *Router) redirect(ctx context.Context, env, node, method string, params 
 	if gerr != nil || now == "" || now == node {
 		return raw, err
 	}
+	if werr := wait(ctx); werr != nil {
+		return nil, werr
+	}
+	r.view.Moved(env, now)
 	s, serr := r.send(now, method, params, nil)
 	if serr != nil {
 		return nil, serr

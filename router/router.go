@@ -66,6 +66,7 @@ type Router struct {
 	conns   map[string]*nodeConn
 	pending map[string]int   // resets sent to each node, not yet answered
 	moves   map[string]*move // envs being migrated (migrate.go)
+	order   map[string]*envOrder
 }
 
 // nodeConn is the router's connection to one node, dialed when first
@@ -88,7 +89,7 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{},
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{},
 		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
@@ -350,20 +351,36 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 
 // toEnv sends a request for env to its node (after env's migration
 // when one is under way), resending it to the env's new node when the
-// old one answers that it has no such env because the env migrated.
+// old one answers that it has no such env because the env moved; the
+// env's order holds across the move (order.go).
 func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.RawMessage) answer {
 	return r.held(env, func(ctx context.Context) answer {
 		node, err := r.envNode(ctx, env)
 		if err != nil {
 			return fail(err)
 		}
-		s, err := r.send(node, method, params, nil)
-		if err != nil {
-			return fail(err)
+		wait, resolve, sentNow, mustWait := r.sequence(env, node)
+		var s *sent
+		if !mustWait {
+			if s, err = r.send(node, method, params, nil); err != nil {
+				resolve()
+				return fail(err)
+			}
 		}
 		return func(ctx context.Context) (any, error) {
+			defer resolve()
+			if s == nil {
+				if err := wait(ctx); err != nil {
+					return nil, err
+				}
+				s, err = r.send(node, method, params, nil)
+				sentNow()
+				if err != nil {
+					return nil, err
+				}
+			}
 			raw, err := s.wait(ctx)
-			raw, err = r.redirect(ctx, env, node, method, params, raw, err)
+			raw, err = r.redirect(ctx, env, node, method, params, raw, err, wait)
 			if err != nil {
 				return nil, err
 			}

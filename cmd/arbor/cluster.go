@@ -21,6 +21,7 @@ type clusterFlags struct {
 	nodeID    string
 	advertise string
 	ttl       time.Duration
+	drain     time.Duration
 }
 
 func (c *clusterFlags) add(f *pflag.FlagSet) {
@@ -28,6 +29,7 @@ func (c *clusterFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&c.nodeID, "node-id", envOr("ARBOR_NODE_ID", ""), "this node's id in the cluster, stable across restarts (default: the host name)")
 	f.StringVar(&c.advertise, "advertise", envOr("ARBOR_ADVERTISE", ""), "host:port where routers reach this node (default: the --listen address)")
 	f.DurationVar(&c.ttl, "cluster-ttl", 10*time.Second, "lease of the node's registration: a node that stops renewing it is gone from the cluster this long after")
+	f.DurationVar(&c.drain, "drain-timeout", 0, "on SIGINT/SIGTERM, first migrate the node's envs to other nodes for up to this long (0: no drain; the envs close as on a single server)")
 }
 
 // splitURLs splits a comma-separated list of URLs.

@@ -1,0 +1,129 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/cluster/etcdtest"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// TestDrain drains a node under load: every env of node a moves to node
+// b, each with its files and its background counter; steps sent to one
+// of them during the drain all answer, in order, the late ones on b (the
+// router sends on a request that a answers unknown_env for an env that
+// left); a draining node takes no new env.
+func TestDrain(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	base := map[string]int{}
+	var onA []string
+	for i := range 4 {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := r.EnvID
+		sh(t, c, env, fmt.Sprintf("mkdir -p /work && echo %d > /work/id", i))
+		sh(t, c, env, counterStart)
+		if base[env], err = strconv.Atoi(out(sh(t, c, env, counterRead))); err != nil {
+			t.Fatal(err)
+		}
+		if placement(t, cli, env) == a.id {
+			onA = append(onA, env)
+		}
+	}
+	if len(onA) == 0 {
+		t.Fatal("no env on node a")
+	}
+	load := onA[0]
+	type stepRes struct {
+		sr   arbor.StepResult
+		err  error
+		done chan struct{}
+	}
+	var steps []*stepRes
+	drained := make(chan struct{})
+	var ds cluster.DrainStats
+	var derr error
+	go func() {
+		ds, derr = cluster.NewShipClient("", time.Minute).Drain(ctx, a.addr, time.Minute)
+		close(drained)
+	}()
+	slots := make(chan struct{}, 4)
+	for after := 0; after < 3; {
+		select {
+		case <-drained:
+			after++
+		default:
+		}
+		slots <- struct{}{}
+		p, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: load, Action: arbor.Bash(counterRead, 0)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr := &stepRes{done: make(chan struct{})}
+		go func() {
+			defer func() { <-slots }()
+			sr.err = p.Wait(ctx, &sr.sr)
+			close(sr.done)
+		}()
+		steps = append(steps, sr)
+		time.Sleep(40 * time.Millisecond)
+	}
+	<-drained
+	if derr != nil {
+		t.Fatalf("drain: %v (%+v)", derr, ds)
+	}
+	t.Logf("drained node a: %d envs moved in %v, the longest pause %v; %d steps sent meanwhile", len(ds.Moved), ds.Took, ds.Pause, len(steps))
+	if len(ds.Moved) != len(onA) {
+		t.Errorf("moved %v, want the %d envs of node a", ds.Moved, len(onA))
+	}
+	for i, s := range steps {
+		<-s.done
+		if s.err != nil {
+			t.Fatalf("step %d during the drain: %v", i, s.err)
+		}
+		if got := strings.TrimSpace(string(s.sr.Obs.Stdout)); got != strconv.Itoa(base[load]+1+i) {
+			t.Errorf("step %d during the drain: counter %s, want %d", i, got, base[load]+1+i)
+		}
+	}
+	base[load] += len(steps)
+	for env, n := range base {
+		if p := placement(t, cli, env); p != b.id {
+			t.Errorf("env %s placed on %q after the drain", env, p)
+		}
+		if got := out(sh(t, c, env, counterRead)); got != strconv.Itoa(n+1) {
+			t.Errorf("env %s after the drain: counter %s, want %d", env, got, n+1)
+		}
+	}
+	if n := len(a.eng.Envs()); n != 0 {
+		t.Errorf("node a still has %d envs", n)
+	}
+	// A draining node takes nothing new.
+	if rn, err := cli.Get(ctx, cluster.NodeKey(a.id)); err != nil || len(rn.Kvs) == 0 || !strings.Contains(string(rn.Kvs[0].Value), `"draining":true`) {
+		t.Errorf("node a's record does not say draining: %v", err)
+	}
+	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := placement(t, cli, r.EnvID); p != b.id {
+		t.Errorf("a reset after the drain went to %q", p)
+	}
+}
