@@ -46,6 +46,12 @@ type Options struct {
 	// DefaultTimeout is a bash turn's timeout when neither the action nor
 	// the task sets one (default 60 s); MaxTimeout caps any (default 1 h).
 	DefaultTimeout, MaxTimeout time.Duration
+	// InspectTimeout bounds how long the engine's own reads of an env's
+	// file tree may wait on a file system that does not answer (a FUSE
+	// daemon such as zfs-fuse that hangs): a turn's classification then
+	// takes a full checkpoint, a verification reports that it failed
+	// (default 2 min; docs/zfs.md).
+	InspectTimeout time.Duration
 	// Registry receives the metrics; nil: a registry of the coordinator's
 	// own.
 	Registry *prometheus.Registry
@@ -89,6 +95,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxTimeout <= 0 {
 		o.MaxTimeout = time.Hour
+	}
+	if o.InspectTimeout <= 0 {
+		o.InspectTimeout = 2 * time.Minute
 	}
 	if o.Tasks == nil {
 		o.Tasks = Images{E: o.Engine}

@@ -35,8 +35,8 @@ type Health struct {
 	ImageMisses    uint64 `json:"image_misses"`
 	// WarmCopies: arbor_warm_copies.
 	WarmCopies int `json:"warm_copies"`
-	// Verified counts verification-mode checks by result, ok or miss
-	// (arbor_verify_total).
+	// Verified counts verification-mode checks by result, ok, miss or
+	// error (arbor_verify_total).
 	Verified   map[string]float64 `json:"verified"`
 	States     int                `json:"states"`
 	ActiveEnvs int                `json:"active_envs"`
@@ -67,7 +67,7 @@ func (c *Coordinator) Health() (Health, error) {
 	for _, k := range []branch.Kind{branch.None, branch.FS, branch.Proc, branch.Full} {
 		h.Checkpoints[string(k)] = counterValue(c.m.checkpoints, string(k))
 	}
-	for _, r := range []string{"ok", "miss"} {
+	for _, r := range []string{"ok", "miss", "error"} {
 		h.Verified[r] = counterValue(c.m.verified, r)
 	}
 	c.mu.Lock()
@@ -86,4 +86,43 @@ func counterValue(v *prometheus.CounterVec, label string) float64 {
 		return 0
 	}
 	return m.GetCounter().GetValue()
+}
+
+// Add adds the figures of o, another node's, to h: a cluster's health is
+// the sum of its nodes' (package router). o's file systems are listed
+// under "node/name".
+func (h *Health) Add(node string, o Health) {
+	if h.Checkpoints == nil {
+		h.Checkpoints = map[string]float64{}
+	}
+	if h.Verified == nil {
+		h.Verified = map[string]float64{}
+	}
+	for k, v := range o.Checkpoints {
+		h.Checkpoints[k] += v
+	}
+	for k, v := range o.Verified {
+		h.Verified[k] += v
+	}
+	h.CheckpointSeconds += o.CheckpointSeconds
+	h.ExposedSeconds += o.ExposedSeconds
+	h.QueueLow += o.QueueLow
+	h.QueueHigh += o.QueueHigh
+	h.QueueRunning += o.QueueRunning
+	h.QueueWorkers += o.QueueWorkers
+	h.ImageHotBytes += o.ImageHotBytes
+	h.ImageColdBytes += o.ImageColdBytes
+	h.ImageHot += o.ImageHot
+	h.ImageCold += o.ImageCold
+	h.ImageCapacity += o.ImageCapacity
+	h.ImageHits += o.ImageHits
+	h.ImageMisses += o.ImageMisses
+	h.WarmCopies += o.WarmCopies
+	h.States += o.States
+	h.ActiveEnvs += o.ActiveEnvs
+	h.Revived += o.Revived
+	for _, d := range o.Disk {
+		d.Name = node + "/" + d.Name
+		h.Disk = append(h.Disk, d)
+	}
 }

@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer, e *branch.Engine, activeEnvs func() f
 			Name: "arbor_checkpoints_total", Help: "Checkpoints queued, by kind (none counts turns that needed none).",
 		}, []string{"kind"}),
 		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "arbor_verify_total", Help: "Turns checked in verification mode, by result (ok or miss).",
+			Name: "arbor_verify_total", Help: "Turns checked in verification mode, by result (ok, miss, or error: the check could not run).",
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.verified,

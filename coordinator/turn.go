@@ -122,12 +122,17 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 // verify restores sid and compares it with env's live state
 // (Engine.Verify), counts the outcome and returns the misses.
 func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) []string {
-	v, err := c.e.Verify(ctx, env, sid)
+	vctx, cancel := context.WithTimeout(ctx, c.o.InspectTimeout)
+	defer cancel()
+	v, err := c.e.Verify(vctx, env, sid)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil // cancelled (a client gone, a shutdown): no verdict, no miss
 	case err != nil:
-		c.m.verified.WithLabelValues("miss").Inc()
+		// Not a miss: the check itself could not run (a restore that
+		// failed, a file system that stopped answering), reported as
+		// such in the turn.
+		c.m.verified.WithLabelValues("error").Inc()
 		return []string{"verification failed: " + err.Error()}
 	case len(v.Misses) > 0:
 		c.m.verified.WithLabelValues("miss").Inc()
@@ -217,6 +222,8 @@ func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
 // classify is the one classification entry: the engine's inspector (or
 // the test seam). Its failures make the turn full.
 func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) branch.Kind {
+	ctx, cancel := context.WithTimeout(ctx, c.o.InspectTimeout)
+	defer cancel()
 	t, err := c.o.Classify(ctx, env, cmd)
 	if err != nil {
 		c.log.Warn("classify turn", slog.String("env", env.ID), slog.Any("err", err))

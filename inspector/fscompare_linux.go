@@ -2,6 +2,7 @@ package inspector
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -209,7 +210,13 @@ func readSized(read func([]byte) (int, error)) ([]byte, error) {
 
 // PathChanged compares sandbox path p in the live tree and in the snapshot
 // of the last filesystem artifact (both host paths of the trees' roots).
-func PathChanged(liveRoot, snapRoot, p string) (bool, error) {
+// It gives up with ErrStalled when ctx's deadline passes while the file
+// system does not answer.
+func PathChanged(ctx context.Context, liveRoot, snapRoot, p string) (bool, error) {
+	return bounded(ctx, func() (bool, error) { return pathChanged(liveRoot, snapRoot, p) })
+}
+
+func pathChanged(liveRoot, snapRoot, p string) (bool, error) {
 	a, err := stateOf(liveRoot, p)
 	if err != nil {
 		return true, err

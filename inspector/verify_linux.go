@@ -13,7 +13,13 @@ import (
 // owner, size, symlink target, content, xattrs) differs between two trees,
 // e.g. the live root and the snapshot a skipped checkpoint relies on: the
 // verification of --verify-skips. Mounts no snapshot holds are left out.
+// It gives up with ErrStalled when ctx's deadline passes while the file
+// system does not answer.
 func TreeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) {
+	return bounded(ctx, func() ([]string, error) { return treeDiff(ctx, liveRoot, snapRoot) })
+}
+
+func treeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) {
 	seen := map[string]bool{}
 	for _, root := range []string{liveRoot, snapRoot} {
 		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -39,7 +45,10 @@ func TreeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) 
 	}
 	var diff []string
 	for p := range seen {
-		changed, err := PathChanged(liveRoot, snapRoot, p)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		changed, err := pathChanged(liveRoot, snapRoot, p)
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,10 @@
 // connection's read loop, in the order they arrived, over the one
 // connection to that node, so the node receives them in that order.
 //
+// OpenEnv connections (server.OpenEnvPlacer, docs/openenv.md) are
+// proxied whole to one node: placed like a reset, or on the node of the
+// session they attach to.
+//
 // Branch children are placed by load over the nodes (branch.go): the
 // state is shipped once to each other node that takes children. Migrate
 // moves an env between nodes (migrate.go); the env's requests wait in
@@ -655,4 +659,47 @@ func (r *Router) Capabilities() protocol.Capabilities {
 		c.EnvIdleTTLS = ttl
 	}
 	return c
+}
+
+// OpenEnvNode places an OpenEnv connection (server.OpenEnvPlacer): a new
+// one on the least loaded live node that offers the task, counted as a
+// pending env there while it lasts (its resets make their env there); one
+// that attaches to a session on the node holding that env (branch
+// children stay on their source's node).
+func (r *Router) OpenEnvNode(ctx context.Context, task, session string) (addr, token string, done func(), err error) {
+	done = func() {}
+	var id string
+	if session != "" {
+		if id, err = r.envNode(ctx, session); err != nil {
+			return "", "", nil, err
+		}
+	} else {
+		r.mu.Lock()
+		pending := make(map[string]int, len(r.pending))
+		for k, v := range r.pending {
+			pending[k] = v
+		}
+		r.mu.Unlock()
+		cands := r.view.Place(task, pending)
+		if len(cands) == 0 {
+			return "", "", nil, protocol.Errorf(protocol.CodeUnknownTask, "no live node offers task %q", task)
+		}
+		id = cands[0].ID
+		r.mu.Lock()
+		r.pending[id]++
+		r.mu.Unlock()
+		done = func() {
+			r.mu.Lock()
+			if r.pending[id]--; r.pending[id] <= 0 {
+				delete(r.pending, id)
+			}
+			r.mu.Unlock()
+		}
+	}
+	info, ok := r.view.Node(id)
+	if !ok {
+		done()
+		return "", "", nil, unavailable(id, "it is not in the cluster registry (its lease ended: the node died or left)")
+	}
+	return info.Addr, r.o.NodeToken, done, nil
 }

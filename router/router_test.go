@@ -26,6 +26,7 @@ import (
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/cluster/etcdtest"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/router"
 	"github.com/arbor-env/arbor/server"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -88,9 +89,20 @@ func classify(_ context.Context, _ *branch.Env, cmd string) (branch.Turn, error)
 	return branch.Turn{Kind: branch.Full}, nil
 }
 
-func startNode(t testing.TB, etcd, id, ip string) *node {
+// startNode starts a node; with tasks, its resets take them from a task
+// pool of its own (one warm env each).
+func startNode(t testing.TB, etcd, id, ip string, tasks ...envpool.Task) *node {
 	t.Helper()
 	rig := branchtest.ForTest(t, branchtest.Options{})
+	var pool coordinator.Tasks
+	if len(tasks) > 0 {
+		p, err := envpool.NewPool(context.Background(), rig.Engine, tasks, envpool.PoolOptions{Warm: 1, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close(context.Background()) })
+		pool = coordinator.FromEnvpool(p)
+	}
 	raw, err := net.Listen("tcp", ip+":0")
 	if err != nil {
 		t.Fatalf("listen on %s (loopback): %v", ip, err)
@@ -103,7 +115,7 @@ func startNode(t testing.TB, etcd, id, ip string) *node {
 		t.Fatal(err)
 	}
 	co, err := coordinator.New(coordinator.Options{Engine: rig.Engine, Classify: classify, MaxEnvs: maxEnvs,
-		Hooks: n.reg, Logger: quiet()})
+		Hooks: n.reg, Tasks: pool, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

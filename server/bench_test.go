@@ -2,11 +2,14 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
@@ -144,4 +147,77 @@ func BenchmarkSteps64(b *testing.B) {
 			b.ReportMetric(float64(b.N*n)/time.Since(start).Seconds(), "steps/s")
 		})
 	}
+}
+
+// BenchmarkOpenEnvStep compares a step of `echo hi` through the OpenEnv
+// endpoint (JSON text messages, one env per connection) with the same
+// step over protocol v1 (msgpack), alternating the two on two envs of the
+// same task on one server. Turns are classified none, so no checkpoint
+// runs between them; the difference is the OpenEnv adapter's cost
+// (docs/openenv.md, "Overhead").
+func BenchmarkOpenEnvStep(b *testing.B) {
+	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(branch.None)})
+	ctx := context.Background()
+	c := dial(b, addr, nil)
+	r, err := c.Reset(ctx, arbor.ResetParams{Task: testTask.Name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.CloseEnv(ctx, r.EnvID)
+	sh(b, c, r.EnvID, "true")
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+addr+"/openenv/"+testTask.Name+"/ws", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ws.Close()
+	call := func(msg string) map[string]any {
+		if err := ws.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+			b.Fatal(err)
+		}
+		_, raw, err := ws.ReadMessage()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var a map[string]any
+		if err := json.Unmarshal(raw, &a); err != nil || a["type"] != "observation" {
+			b.Fatalf("answer %s: %v", raw, err)
+		}
+		return a
+	}
+	call(`{"type": "reset", "data": {}}`)
+	const step = `{"type": "step", "data": {"tool": "bash", "cmd": "echo hi"}}`
+	start := call(step)["data"].(map[string]any)["observation"].(map[string]any)["metadata"].(map[string]any)["state_id"].(string)
+	v1 := make([]time.Duration, 0, b.N)
+	oe := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		if i%30 == 29 {
+			// Stay under the task's max_turns, which ends an OpenEnv
+			// episode (and runs the verifier): roll both back, untimed.
+			b.StopTimer()
+			if _, err := c.Rollback(ctx, r.EnvID, r.Info.StateID); err != nil {
+				b.Fatal(err)
+			}
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type": "rollback", "data": {"state_id": "`+start+`"}}`))
+			if _, _, err := ws.ReadMessage(); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		t := time.Now()
+		if _, err := c.Step(ctx, r.EnvID, arbor.Bash("echo hi", 0)); err != nil {
+			b.Fatal(err)
+		}
+		v1 = append(v1, time.Since(t))
+		t = time.Now()
+		call(step)
+		oe = append(oe, time.Since(t))
+	}
+	b.StopTimer()
+	v50, v99, o50, o99 := percentile(v1, .5), percentile(v1, .99), percentile(oe, .5), percentile(oe, .99)
+	b.ReportMetric(float64(v50.Microseconds()), "v1-p50-us")
+	b.ReportMetric(float64(v99.Microseconds()), "v1-p99-us")
+	b.ReportMetric(float64(o50.Microseconds()), "openenv-p50-us")
+	b.ReportMetric(float64(o99.Microseconds()), "openenv-p99-us")
+	b.ReportMetric(float64((o50 - v50).Microseconds()), "overhead-p50-us")
 }

@@ -64,8 +64,7 @@ func (c *conn) unclaim(msgid uint32) {
 
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	authed := s.o.Token == ""
-	if h := r.Header.Get("Authorization"); h != "" {
-		tok, ok := strings.CutPrefix(h, "Bearer ")
+	if tok, present, ok := headerToken(r, false); present {
 		if !ok || !s.authorized(tok) {
 			http.Error(w, "bad bearer token", http.StatusUnauthorized)
 			return
@@ -104,6 +103,47 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	s.m.conns.Dec()
 	c.log.Debug("disconnected")
+}
+
+// headerToken reads the token of a request's Authorization header:
+// "Bearer TOKEN", and with basic also "Basic base64(USER:TOKEN)" (any
+// user), which websocket clients send for a URL ws://USER:TOKEN@HOST/...
+// (the OpenEnv client's only way to present one). present is false
+// without the header; ok is false for a header of another form.
+func headerToken(r *http.Request, basic bool) (tok string, present, ok bool) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return "", false, false
+	}
+	if tok, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return tok, true, true
+	}
+	if _, pass, ok := r.BasicAuth(); ok && basic {
+		return pass, true, true
+	}
+	return "", true, false
+}
+
+// errFrameTooLarge: a frame over the connection's MaxFrameBytes, read
+// and discarded.
+var errFrameTooLarge = errors.New("frame too large")
+
+// readFrame reads one message of at most max bytes. A larger one is read
+// to its end and discarded (errFrameTooLarge), so that its sender can be
+// told; one over the websocket's read limit (4x max) fails the read, and
+// the connection is dropped.
+func readFrame(r io.Reader, max int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(max)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > max {
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return nil, err
+		}
+		return b[:max], errFrameTooLarge
+	}
+	return b, nil
 }
 
 // shut closes the connection once; operations it started go on, and their
@@ -288,14 +328,11 @@ func (c *conn) readLoop() {
 			}
 			return
 		}
-		b, err := io.ReadAll(io.LimitReader(r, int64(max)+1))
-		if err != nil {
-			return
+		b, err := readFrame(r, max)
+		if err != nil && !errors.Is(err, errFrameTooLarge) {
+			return // over the hard limit: the connection is dropped
 		}
-		if len(b) > max {
-			if _, err := io.Copy(io.Discard, r); err != nil {
-				return // over the hard limit: the connection is dropped
-			}
+		if err != nil {
 			e := protocol.Errorf(protocol.CodeTooLarge, "frame over the %d byte limit", max)
 			if id, method, ok := protocol.PeekRequest(b); ok {
 				c.respond(id, method, nil, e)

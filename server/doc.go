@@ -1,6 +1,8 @@
 // Package server is Arbor's environment server: protocol v1 (see package
-// protocol and docs/protocol.md) over a websocket at /v1/ws, plus /livez,
-// /readyz and /metrics. It is an adapter: it speaks the protocol (frames,
+// protocol and docs/protocol.md) over a websocket at /v1/ws, the OpenEnv
+// endpoint at /openenv/TASK/ (openenv.go, docs/openenv.md; proxied to the
+// nodes by a router, openenv_proxy.go), plus /livez, /readyz and
+// /metrics. It is an adapter: it speaks the protocol (frames,
 // auth, limits, params) and hands every operation to the coordinator
 // (package coordinator), which owns the turn, the envs and the errors'
 // codes.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -188,4 +189,34 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestVerificationThatCannotRun: a verification whose check cannot run
+// (here its deadline, InspectTimeout, passes before the restore starts,
+// as when a file system stops answering) is reported in the step as
+// "verification failed" and counted as result="error", not as a miss.
+func TestVerificationThatCannotRun(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	none := func(context.Context, *branch.Env, string) (branch.Turn, error) {
+		return branch.Turn{Kind: branch.None}, nil
+	}
+	_, addr := newServerWith(t, server.Options{Registry: reg},
+		coordinator.Options{Classify: none, VerifySkips: 1, InspectTimeout: time.Nanosecond})
+	ctx := context.Background()
+	c := dial(t, addr, nil)
+	reset, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseEnv(ctx, reset.EnvID)
+	r := sh(t, c, reset.EnvID, "export Z=1")
+	if len(r.Info.VerifyMisses) != 1 || !strings.HasPrefix(r.Info.VerifyMisses[0], "verification failed: ") {
+		t.Errorf("verify_misses %q, want one \"verification failed: ...\"", r.Info.VerifyMisses)
+	}
+	if got := counterValue(t, reg, "arbor_verify_total", "error"); got != 1 {
+		t.Errorf("arbor_verify_total{result=error} = %v, want 1", got)
+	}
+	if got := counterValue(t, reg, "arbor_verify_total", "miss"); got != 0 {
+		t.Errorf("arbor_verify_total{result=miss} = %v, want 0", got)
+	}
 }

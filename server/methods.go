@@ -127,17 +127,23 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 }
 
 func (r *request) reset(ctx context.Context, p *protocol.ResetParams) (any, error) {
-	req := coordinator.ResetRequest{Image: p.Image, Task: p.Task}
+	return r.server().reset(ctx, p, false)
+}
+
+// reset starts an episode; ephemeral: its env ends with what asked for
+// it (an OpenEnv connection) and is not adopted again after a crash.
+func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral bool) (*protocol.ResetResult, error) {
+	req := coordinator.ResetRequest{Image: p.Image, Task: p.Task, Ephemeral: ephemeral}
 	if p.Seed != nil {
 		req.Seed = *p.Seed
 	}
-	res, err := r.server().c.Reset(ctx, req)
+	res, err := s.c.Reset(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: res.Task.Name, Image: res.Task.Image,
 		MaxTurns: res.Task.MaxTurns, Seed: p.Seed}
-	return protocol.ResetResult{EnvID: res.Env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
+	return &protocol.ResetResult{EnvID: res.Env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
 }
 
 func (r *request) step(ctx context.Context, p *protocol.StepParams) (any, error) {
@@ -198,7 +204,13 @@ func branchEnvs(_ *Server, _ *request, p *protocol.BranchParams) ([]string, erro
 }
 
 func (r *request) branch(ctx context.Context, p *protocol.BranchParams) (any, error) {
-	res, err := r.server().c.Branch(ctx, coordinator.BranchRequest{EnvID: p.EnvID, StateID: p.StateID, N: p.N})
+	return r.server().branch(ctx, p)
+}
+
+// branch makes p.N children of an env or a state; the caller holds the
+// env's ticket.
+func (s *Server) branch(ctx context.Context, p *protocol.BranchParams) (*protocol.BranchResult, error) {
+	res, err := s.c.Branch(ctx, coordinator.BranchRequest{EnvID: p.EnvID, StateID: p.StateID, N: p.N})
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +225,7 @@ func (r *request) branch(ctx context.Context, p *protocol.BranchParams) (any, er
 		}
 		out.EnvIDs[i] = c.ID
 	}
-	return out, nil
+	return &out, nil
 }
 
 func (r *request) checkpoint(ctx context.Context, p *protocol.EnvParams) (any, error) {
@@ -225,11 +237,16 @@ func (r *request) checkpoint(ctx context.Context, p *protocol.EnvParams) (any, e
 }
 
 func (r *request) rollback(ctx context.Context, p *protocol.RollbackParams) (any, error) {
-	res, err := r.server().c.Rollback(ctx, p.EnvID, p.StateID)
+	return r.server().rollback(ctx, p.EnvID, p.StateID)
+}
+
+// rollback restores an env at a state; the caller holds the env's ticket.
+func (s *Server) rollback(ctx context.Context, envID, stateID string) (*protocol.RollbackResult, error) {
+	res, err := s.c.Rollback(ctx, envID, stateID)
 	if err != nil {
 		return nil, err
 	}
-	return protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(branch.None), Restored: res.StateID,
+	return &protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(branch.None), Restored: res.StateID,
 		Task: res.Task.Name, MaxTurns: res.Task.MaxTurns, Recovered: recovered(res.Recovered)}}, nil
 }
 
@@ -265,19 +282,31 @@ func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, erro
 }
 
 func (r *request) evaluate(ctx context.Context, p *protocol.EnvParams) (any, error) {
-	ev, err := r.server().c.Evaluate(ctx, p.EnvID)
+	return r.server().evaluate(ctx, p.EnvID)
+}
+
+// evaluate runs the verifier of an env's task; the caller holds the
+// env's ticket.
+func (s *Server) evaluate(ctx context.Context, envID string) (*protocol.Evaluation, error) {
+	ev, err := s.c.Evaluate(ctx, envID)
 	if err != nil {
 		return nil, err
 	}
-	return protocol.Evaluation{Reward: ev.Reward, Details: ev.Details}, nil
+	return &protocol.Evaluation{Reward: ev.Reward, Details: ev.Details}, nil
 }
 
 func (r *request) close(ctx context.Context, p *protocol.EnvParams) (any, error) {
-	if err := r.server().c.CloseEnv(ctx, p.EnvID); err != nil {
-		return nil, err
+	return protocol.Empty{}, r.server().closeEnv(ctx, p.EnvID)
+}
+
+// closeEnv ends an env and forgets its step keys; the caller holds the
+// env's ticket.
+func (s *Server) closeEnv(ctx context.Context, envID string) error {
+	if err := s.c.CloseEnv(ctx, envID); err != nil {
+		return err
 	}
-	r.server().keys.forget(p.EnvID)
-	return protocol.Empty{}, nil
+	s.keys.forget(envID)
+	return nil
 }
 
 func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error) {
@@ -296,16 +325,22 @@ func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error)
 }
 
 func (r *request) states(ctx context.Context, p *protocol.EnvParams) (any, error) {
-	head, l, total, err := r.server().c.States(ctx, p.EnvID)
+	return r.server().states(ctx, p.EnvID)
+}
+
+// states is the lineage of an env's head; the caller holds the env's
+// ticket.
+func (s *Server) states(ctx context.Context, envID string) (*protocol.StatesResult, error) {
+	head, l, total, err := s.c.States(ctx, envID)
 	if err != nil {
 		return nil, err
 	}
-	out := protocol.StatesResult{EnvID: p.EnvID, Head: head, Bytes: total, States: make([]protocol.StateInfo, 0, len(l))}
+	out := protocol.StatesResult{EnvID: envID, Head: head, Bytes: total, States: make([]protocol.StateInfo, 0, len(l))}
 	for _, st := range l {
 		out.States = append(out.States, protocol.StateInfo{StateID: st.ID, Parent: st.Parent, EnvID: st.Env,
 			Turn: st.Turn, Kind: string(st.Kind), Created: st.Created.Format(time.RFC3339Nano), Bytes: st.Bytes})
 	}
-	return out, nil
+	return &out, nil
 }
 
 // release, pin and unpin change the retention of states (docs/engine.md,

@@ -160,8 +160,12 @@ type Server struct {
 	cancel context.CancelFunc
 	ops    sync.WaitGroup
 
+	// oe holds the envs of the OpenEnv endpoint (openenv.go).
+	oe oeSessions
+
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
+	oeConns  map[oeFinisher]struct{}
 	draining bool
 }
 
@@ -181,11 +185,16 @@ func New(o Options) (*Server, error) {
 		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(o.Registry)
-	// The web view reads one coordinator's envs and states; a router
-	// (Forwarder) does not serve it yet (docs/ui.md).
-	if o.Coordinator != nil {
+	// The web view reads the coordinator's envs and states, or those of
+	// the cluster behind a Forwarder that offers them (the router's
+	// UISource; docs/ui.md).
+	uo := ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}
+	if f, ok := o.Forwarder.(interface{ UISource() ui.Source }); ok {
+		uo.Source = f.UISource()
+	}
+	if uo.Source != nil || uo.Coordinator != nil {
 		var err error
-		if s.ui, err = ui.New(ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}); err != nil {
+		if s.ui, err = ui.New(uo); err != nil {
 			return nil, err
 		}
 	}
@@ -231,7 +240,8 @@ func (s *Server) checkOrigin(r *http.Request) bool {
 	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
-// Handler serves /v1/ws, /livez, /readyz, /metrics, Options.Handlers and
+// Handler serves /v1/ws, the OpenEnv endpoint /openenv/TASK/ (a server
+// with a coordinator; docs/openenv.md), /livez, /readyz, /metrics, Options.Handlers and
 // the web view (/ and /ui/, package ui) under the websocket's access
 // rules (uiAccess).
 func (s *Server) Handler() http.Handler {
@@ -249,6 +259,7 @@ func (s *Server) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.o.Registry, promhttp.HandlerOpts{}))
+	s.openenvRoutes(mux)
 	for pattern, h := range s.o.Handlers {
 		mux.Handle(pattern, h)
 	}
@@ -328,11 +339,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
+	oeConns := make([]oeFinisher, 0, len(s.oeConns))
+	for c := range s.oeConns {
+		oeConns = append(oeConns, c)
+	}
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.finish(websocket.CloseGoingAway, "server shutting down", 5*time.Second)
 	}
-	s.log.Info("drained", slog.Int("connections", len(conns)))
+	for _, c := range oeConns {
+		c.finish(websocket.CloseGoingAway, "server shutting down")
+	}
+	s.log.Info("drained", slog.Int("connections", len(conns)+len(oeConns)))
 	return err
 }
 

@@ -261,7 +261,8 @@ func (h *Host) Close() {
 
 // inUse lists the imported pools that are not FAULTED or UNAVAIL:
 // zfs-fuse imports every pool of its cache when it starts, also those
-// whose files are gone (a killed test's), and those use nothing.
+// whose files are gone (one made before CreatePool kept its pools out of
+// the cache), and those use nothing.
 func inUse() []string {
 	out, err := exec.Command("zpool", "list", "-H", "-o", "name,health").Output()
 	if err != nil {
@@ -278,7 +279,11 @@ func inUse() []string {
 }
 
 // CreatePool makes a pool called name in a new sparse file of size bytes,
-// its root dataset mounted at mountpoint.
+// its root dataset mounted at mountpoint. The pool is kept out of the
+// daemon's pool cache (cachefile=none): whoever uses it imports it by its
+// file (ownPool), and a pool left behind by a killed run (a test's, in a
+// temporary folder) is not imported again by every later start of
+// zfs-fuse.
 func CreatePool(ctx context.Context, name, file string, size int64, mountpoint string) (err error) {
 	f, err := os.OpenFile(file, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -296,7 +301,7 @@ func CreatePool(ctx context.Context, name, file string, size int64, mountpoint s
 	if err = f.Close(); err != nil {
 		return fmt.Errorf("zfs pool file: %w", err)
 	}
-	if out, err := exec.CommandContext(ctx, "zpool", "create", "-m", mountpoint, name, file).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "zpool", "create", "-o", "cachefile=none", "-m", mountpoint, name, file).CombinedOutput(); err != nil {
 		return fmt.Errorf("zpool create %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}
 	return nil
@@ -355,7 +360,7 @@ func ownPool(ctx context.Context, stateDir, dir string, size int64, log *slog.Lo
 	} else if err != nil {
 		return "", err
 	}
-	if out, err := exec.CommandContext(ctx, "zpool", "import", "-d", dir, name).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "zpool", "import", "-o", "cachefile=none", "-d", dir, name).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("zpool import -d %s %s: %v: %s", dir, name, err, bytes.TrimSpace(out))
 	}
 	log.InfoContext(ctx, "imported zfs pool", slog.String("pool", name), slog.String("path", file))
@@ -376,9 +381,7 @@ func DestroyPool(ctx context.Context, name string) error {
 
 // poolBusyRetry runs `zpool args...`, retrying for up to about five
 // seconds while zfs-fuse calls the pool busy: it does for a moment after
-// its datasets were unmounted (as in destroyMounted). A pool whose destroy
-// failed stays in zfs-fuse's cache and comes back FAULTED, its file gone,
-// at every start of the daemon.
+// its datasets were unmounted (as in destroyMounted).
 func poolBusyRetry(ctx context.Context, args ...string) error {
 	for try := 0; ; try++ {
 		out, err := exec.CommandContext(ctx, "zpool", args...).CombinedOutput()

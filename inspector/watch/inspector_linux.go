@@ -381,7 +381,7 @@ func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched 
 			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 			continue
 		}
-		changed, err := inspector.PathChanged(t.LiveRoot, t.SnapshotRoot, p)
+		changed, err := inspector.PathChanged(ctx, t.LiveRoot, t.SnapshotRoot, p)
 		switch {
 		case err != nil:
 			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})

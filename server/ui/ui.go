@@ -12,6 +12,7 @@
 package ui
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -29,8 +30,32 @@ import (
 //go:embed static
 var static embed.FS
 
+// Source is what the view shows: one coordinator's envs, trees, health and
+// feed (Local), or a cluster's, merged from its nodes (package router).
+type Source interface {
+	Envs(ctx context.Context) (EnvsAnswer, error)
+	// Tree fails with coordinator.ErrInvalidParams or ErrUnknownEnv
+	// (wrapped) for a bad or unknown scope.
+	Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error)
+	Health(ctx context.Context) (coordinator.Health, error)
+	// Subscribe follows the changes until ctx ends or Close; buf is the
+	// events it may hold undelivered.
+	Subscribe(ctx context.Context, buf int) Feed
+}
+
+// Feed is a Source's stream of changes. C closes when the feed ends:
+// Dropped says whether it ended because the reader fell behind (or, for
+// a cluster, a node's stream ended), after which the page reloads.
+type Feed interface {
+	C() <-chan coordinator.Event
+	Dropped() bool
+	Close()
+}
+
 // Options configure a UI. Zero values take the defaults.
 type Options struct {
+	// Source is what the view shows; nil: Local(Coordinator).
+	Source      Source
 	Coordinator *coordinator.Coordinator
 	// HealthEvery is how often the event stream pushes the engine's
 	// health (default 2 s).
@@ -44,16 +69,19 @@ type Options struct {
 // UI serves the web view. Make one with New.
 type UI struct {
 	o    Options
-	c    *coordinator.Coordinator
+	src  Source
 	log  *slog.Logger
 	once sync.Once
 	done chan struct{} // closed by Close: event streams end
 }
 
-// New makes a UI on a coordinator.
+// New makes a UI on a Source (or a coordinator).
 func New(o Options) (*UI, error) {
-	if o.Coordinator == nil {
-		return nil, errors.New("ui: Options.Coordinator is required")
+	if o.Source == nil {
+		if o.Coordinator == nil {
+			return nil, errors.New("ui: Options.Source or Options.Coordinator is required")
+		}
+		o.Source = Local(o.Coordinator)
 	}
 	if o.HealthEvery <= 0 {
 		o.HealthEvery = 2 * time.Second
@@ -64,7 +92,7 @@ func New(o Options) (*UI, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return &UI{o: o, c: o.Coordinator, log: o.Logger, done: make(chan struct{})}, nil
+	return &UI{o: o, src: o.Source, log: o.Logger, done: make(chan struct{})}, nil
 }
 
 // Close ends the event streams (an HTTP server's shutdown waits for
@@ -118,23 +146,43 @@ type EnvRow struct {
 	Recovered string                `json:"recovered,omitempty"`
 	Lost      string                `json:"lost,omitempty"`
 	Last      *coordinator.TurnNote `json:"last,omitempty"`
+	// Node is the cluster node that holds the env (a router's view).
+	Node string `json:"node,omitempty"`
 }
 
 // EnvsAnswer is /ui/api/envs.
 type EnvsAnswer struct {
 	Envs  []EnvRow `json:"envs"`
 	Tasks []string `json:"tasks"`
+	// Unavailable lists the cluster nodes that did not answer (a
+	// router's view): their envs are missing from Envs.
+	Unavailable []string `json:"unavailable,omitempty"`
 }
 
-func (u *UI) envs(w http.ResponseWriter, _ *http.Request) {
-	out := EnvsAnswer{Envs: []EnvRow{}, Tasks: u.c.TaskNames()}
+func (u *UI) envs(w http.ResponseWriter, r *http.Request) {
+	out, err := u.src.Envs(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	writeJSON(w, out)
+}
+
+// local is the Source of one coordinator.
+type local struct{ c *coordinator.Coordinator }
+
+// Local is the Source of a single server: its coordinator.
+func Local(c *coordinator.Coordinator) Source { return local{c} }
+
+func (l local) Envs(context.Context) (EnvsAnswer, error) {
+	out := EnvsAnswer{Envs: []EnvRow{}, Tasks: l.c.TaskNames()}
 	tasks := map[string]bool{}
 	for _, t := range out.Tasks {
 		tasks[t] = true
 	}
-	for _, e := range u.c.Envs() {
+	for _, e := range l.c.Envs() {
 		row := EnvRow{ID: e.Env.ID, Task: e.Task.Name, Image: e.Env.Image, Origin: e.Env.Origin, Head: e.Env.Head(),
-			Turn: e.Turn, IdleS: e.Idle.Seconds(), Last: u.c.LastTurn(e.Env.ID)}
+			Turn: e.Turn, IdleS: e.Idle.Seconds(), Last: l.c.LastTurn(e.Env.ID)}
 		if e.Recovered != nil {
 			row.Recovered = e.Recovered.StateID
 		}
@@ -144,18 +192,32 @@ func (u *UI) envs(w http.ResponseWriter, _ *http.Request) {
 			out.Tasks = append(out.Tasks, e.Task.Name)
 		}
 	}
-	for _, l := range u.c.Lost() {
+	for _, l := range l.c.Lost() {
 		out.Envs = append(out.Envs, EnvRow{ID: l.ID, Task: l.Task.Name, Image: l.Image, Head: l.Head,
 			Lost: coordinator.ProtoError(l.Err).Message})
 	}
 	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].ID < out.Envs[j].ID })
 	sort.Strings(out.Tasks)
-	writeJSON(w, out)
+	return out, nil
 }
+
+func (l local) Tree(_ context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
+	return l.c.Tree(scope)
+}
+
+func (l local) Health(context.Context) (coordinator.Health, error) { return l.c.Health() }
+
+func (l local) Subscribe(_ context.Context, buf int) Feed { return localFeed{l.c.Subscribe(buf)} }
+
+type localFeed struct{ s *coordinator.Subscription }
+
+func (f localFeed) C() <-chan coordinator.Event { return f.s.C }
+func (f localFeed) Dropped() bool               { return f.s.Dropped() }
+func (f localFeed) Close()                      { f.s.Close() }
 
 func (u *UI) tree(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	t, err := u.c.Tree(coordinator.TreeScope{Env: q.Get("env"), Task: q.Get("task")})
+	t, err := u.src.Tree(r.Context(), coordinator.TreeScope{Env: q.Get("env"), Task: q.Get("task")})
 	if err != nil {
 		pe := coordinator.ProtoError(err)
 		code := http.StatusInternalServerError
@@ -171,8 +233,8 @@ func (u *UI) tree(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, t)
 }
 
-func (u *UI) health(w http.ResponseWriter, _ *http.Request) {
-	h, err := u.c.Health()
+func (u *UI) health(w http.ResponseWriter, r *http.Request) {
+	h, err := u.src.Health(r.Context())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -186,7 +248,7 @@ func (u *UI) health(w http.ResponseWriter, _ *http.Request) {
 // the stream ends (EventSource reconnects; the page reloads its data).
 func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
-	sub := u.c.Subscribe(u.o.Buffer)
+	sub := u.src.Subscribe(r.Context(), u.o.Buffer)
 	defer sub.Close()
 	hd := w.Header()
 	hd.Set("Content-Type", "text/event-stream")
@@ -205,7 +267,7 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 		return rc.Flush() == nil
 	}
 	pushHealth := func() bool {
-		h, err := u.c.Health()
+		h, err := u.src.Health(r.Context())
 		if err != nil {
 			return true
 		}
@@ -225,7 +287,7 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-u.done:
 			return
-		case ev, ok := <-sub.C:
+		case ev, ok := <-sub.C():
 			if !ok {
 				if sub.Dropped() {
 					send("resync", map[string]any{"why": "fell behind the feed"})

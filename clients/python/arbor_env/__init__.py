@@ -11,6 +11,10 @@ branching environment adds: branch(n), checkpoint(), rollback(state_id),
 evaluate(), promote(), discard(). Errors are ArborError(code, message,
 retryable) with .infra set for failures of Arbor itself.
 
+ArborSandboxBackend (arbor_env.sandbox) is an OpenEnv sandbox backend,
+duck-typed to OpenEnv's protocol (it does not import OpenEnv), with fork
+and rollback.
+
 Depends only on msgpack and websockets (Debian 12's python3-msgpack 1.0 and
 python3-websockets 10.4 work, as do newer ones).
 """
@@ -22,10 +26,12 @@ from ._errors import (ArborError, BadResponseError, BranchError, ClientTimeoutEr
 from ._pool import AsyncEnvPool, PoolResult, step_batch_stream
 from ._runner import AgentResult, ChatClient, ChatError, run_agent, tool_schemas
 from ._sync import Client, Env, EnvPool, Episode
+from .sandbox import ArborBgJob, ArborSandbox, ArborSandboxBackend, ExecResult
 
 __all__ = ["Client", "AsyncClient", "Env", "AsyncEnv", "ArborError", "BadResponseError", "BranchError",
            "ClientTimeoutError", "ConnectionClosedError", "make_action", "new_key", "step_tuple",
            "AsyncEnvPool", "EnvPool", "PoolResult", "step_batch_stream",
            "AsyncEpisode", "Episode", "Trajectory", "Turn", "SUBMIT", "run_episode",
-           "AgentResult", "ChatClient", "ChatError", "run_agent", "tool_schemas"]
+           "AgentResult", "ChatClient", "ChatError", "run_agent", "tool_schemas",
+           "ArborSandboxBackend", "ArborSandbox", "ArborBgJob", "ExecResult"]
 __version__ = "0.2.0"

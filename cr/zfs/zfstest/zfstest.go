@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -148,4 +149,29 @@ func destroyTree(root string) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Daemon returns the pid of the zfs-fuse daemon serving the test pool,
+// for tests that stop it (SIGSTOP) to see what a hung file system does.
+// It fails when there is not exactly one.
+func Daemon(tb testing.TB) int {
+	tb.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "zfs-fuse" {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		tb.Fatalf("zfs-fuse daemons running: %v, want exactly one", pids)
+	}
+	return pids[0]
 }

@@ -71,6 +71,7 @@
     const cells = [
       ['id', e.id], ['', e.task || ''], ['', e.image], ['', e.lost ? 'lost' : e.turn], ['id', short(e.head)],
       ['cmd', last ? last.cmd : ''], ['', last ? last.exit : ''], ['idle', e.lost ? '' : secs(idleOf(e))], ['id', e.origin || ''],
+      ['', e.node || ''],
     ];
     for (const [cls, text] of cells) tr.append(el('td', cls, text));
     if (last) {
@@ -383,6 +384,7 @@
     kinds.append(kv);
     const share = h.checkpoint_seconds > 0 ? (100 * h.exposed_seconds / h.checkpoint_seconds).toFixed(1) + '% of ' + secs(h.checkpoint_seconds) : 'of 0 s';
     const misses = (h.verified && h.verified.miss) || 0;
+    const verrors = (h.verified && h.verified.error) || 0;
     const cards = [
       kinds,
       card('exposed checkpoint time', secs(h.exposed_seconds || 0), share),
@@ -390,7 +392,7 @@
       card('image cache hot', bytes(h.image_hot_bytes), `${h.image_hot} images of ${bytes(h.image_capacity)} · ${h.image_hits} hits`),
       card('image cache cold', bytes(h.image_cold_bytes), `${h.image_cold} images · ${h.image_misses} loads back`),
       card('warm copies', h.warm_copies + ''),
-      card('verification misses', misses + '', `${(h.verified && h.verified.ok) || 0} ok`, misses > 0),
+      card('verification misses', misses + '', `${(h.verified && h.verified.ok) || 0} ok · ${verrors} could not run`, misses + verrors > 0),
       card('states', h.states + '', `${h.active_envs} envs open`),
     ];
     for (const d of h.disk || []) {

@@ -1,0 +1,914 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorilla/websocket"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// The OpenEnv endpoint (docs/openenv.md): every task of the coordinator
+// has a base URL /openenv/TASK that OpenEnv's generic client drives, one
+// env per websocket at BASE/ws, with JSON text messages {type, data}.
+// It is a second adapter over the coordinator beside protocol v1: every
+// operation is one of the Server methods the v1 handlers call (reset,
+// step, branch, rollback, states, evaluate, closeEnv), under the env's
+// ticket, with v1's limits, token and error codes.
+
+// The message types: OpenEnv's (reset, step, state, close) and Arbor's
+// extensions in the same style, which a plain OpenEnv client never sends.
+const (
+	oeReset    = "reset"
+	oeStep     = "step"
+	oeState    = "state"
+	oeClose    = "close"
+	oeBranch   = "branch"
+	oeRollback = "rollback"
+	oeStates   = "states"
+	oeEvaluate = "evaluate"
+)
+
+var oeTypes = []string{oeReset, oeStep, oeState, oeClose, oeBranch, oeRollback, oeStates, oeEvaluate}
+
+// oeSubmit is the step tool that ends an episode: nothing runs, and the
+// reward is the verifier's.
+const oeSubmit = "submit"
+
+// openenvRoutes registers the endpoint on mux: served by the coordinator,
+// or proxied to the nodes by a Forwarder that is an OpenEnvPlacer (the
+// router); a Forwarder that is not serves none.
+func (s *Server) openenvRoutes(mux *http.ServeMux) {
+	ws := s.serveOpenEnv
+	if s.c == nil {
+		p, ok := s.o.Forwarder.(OpenEnvPlacer)
+		if !ok {
+			return
+		}
+		ws = func(w http.ResponseWriter, r *http.Request) { s.proxyOpenEnv(w, r, p) }
+	}
+	mux.HandleFunc("GET /openenv/{task}/ws", ws)
+	// A session's own base URL, so that a plain OpenEnv client (which
+	// appends /ws to its base URL) can attach to a branch child.
+	mux.HandleFunc("GET /openenv/{task}/session/{session}/ws", ws)
+	mux.HandleFunc("GET /openenv/{task}/health", s.openenvHTTP(func(w http.ResponseWriter, _ string) {
+		s.mu.Lock()
+		draining := s.draining
+		s.mu.Unlock()
+		if draining {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+	}))
+	mux.HandleFunc("GET /openenv/{task}/metadata", s.openenvHTTP(func(w http.ResponseWriter, task string) {
+		writeJSON(w, http.StatusOK, map[string]any{
+			"name": task, "version": s.o.Version,
+			"description": "Arbor task " + task + ": a shell sandbox with checkpoints, branches and rollback; " +
+				"the action is a tool call (bash, write_file, read_file, rollback, submit)",
+			"readme_content": nil, "author": nil, "documentation_url": nil,
+		})
+	}))
+	mux.HandleFunc("GET /openenv/{task}/schema", s.openenvHTTP(func(w http.ResponseWriter, _ string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(oeSchema)
+	}))
+}
+
+// openenvHTTP serves a GET route of a task under the web view's access
+// rules (uiAccess): without a token the request must name a loopback host;
+// with one it presents it (Bearer or Basic, as the websocket).
+func (s *Server) openenvHTTP(h func(w http.ResponseWriter, task string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.o.Token == "" && !IsLoopback(r.Host) {
+			http.Error(w, "this server answers loopback host names only (or set a token)", http.StatusForbidden)
+			return
+		}
+		if !s.openenvAuthorized(w, r) {
+			return
+		}
+		task := r.PathValue("task")
+		if err := s.hasTask(task); err != nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"detail": err.Error()})
+			return
+		}
+		h(w, task)
+	}
+}
+
+// hasTask checks that the server (or the nodes behind a Forwarder)
+// offers task.
+func (s *Server) hasTask(task string) error {
+	var names []string
+	if s.c != nil {
+		names = s.c.TaskNames()
+	} else {
+		names = s.o.Forwarder.Capabilities().Tasks
+	}
+	if !slices.Contains(names, task) {
+		return fmt.Errorf("no task %q (this server has %s)", task, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// oeFinisher is an OpenEnv connection, as Shutdown closes it.
+type oeFinisher interface{ finish(code int, reason string) }
+
+// oeTrack registers an OpenEnv connection for Shutdown; false (and the
+// connection closed) while the server drains. untrack undoes it.
+func (s *Server) oeTrack(ws *websocket.Conn, c oeFinisher) bool {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "server shutting down"), time.Now().Add(time.Second))
+		ws.Close()
+		return false
+	}
+	if s.oeConns == nil {
+		s.oeConns = map[oeFinisher]struct{}{}
+	}
+	s.oeConns[c] = struct{}{}
+	s.mu.Unlock()
+	s.m.conns.Inc()
+	return true
+}
+
+func (s *Server) oeUntrack(c oeFinisher) {
+	s.mu.Lock()
+	delete(s.oeConns, c)
+	s.mu.Unlock()
+	s.m.conns.Dec()
+}
+
+// oeErrorData is the data of an error answer: v1's error object.
+func oeErrorData(pe *protocol.Error) map[string]any {
+	return map[string]any{"message": pe.Message, "code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
+}
+
+// oeEncode encodes an answer {"type", "data"} as JSON without HTML
+// escaping (command output keeps its < and &).
+func oeEncode(typ string, data any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(map[string]any{"type": typ, "data": data})
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
+}
+
+// openenvAuthorized checks the token of a server that has one, answering
+// 401 when it is missing or wrong.
+func (s *Server) openenvAuthorized(w http.ResponseWriter, r *http.Request) bool {
+	if s.o.Token == "" {
+		return true
+	}
+	if tok, present, ok := headerToken(r, true); present && ok && s.authorized(tok) {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Basic realm="arbor"`)
+	http.Error(w, "this server needs its token: Authorization: Bearer TOKEN, or the base URL http://arbor:TOKEN@HOST:PORT/openenv/TASK (docs/openenv.md)", http.StatusUnauthorized)
+	return false
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// oeHold is an env the endpoint handed out and the connection that
+// closes it when it ends.
+type oeHold struct {
+	conn *oeConn
+	// attached: conn drives the env (it made it with reset, or attached
+	// to it); else it is a branch child waiting for a connection to
+	// attach to it.
+	attached bool
+	task     string
+	// stateID, turn and maxTurns are the child's at its branch.
+	stateID        string
+	turn, maxTurns int
+}
+
+// oeSessions are the envs the endpoint handed out, by env id (their
+// session id).
+type oeSessions struct {
+	mu   sync.Mutex
+	held map[string]*oeHold
+}
+
+func (o *oeSessions) hold(env string, h *oeHold) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.held == nil {
+		o.held = map[string]*oeHold{}
+	}
+	o.held[env] = h
+}
+
+func (o *oeSessions) drop(env string) {
+	o.mu.Lock()
+	delete(o.held, env)
+	o.mu.Unlock()
+}
+
+// attach hands a branch child to the connection c.
+func (o *oeSessions) attach(env string, c *oeConn) (oeHold, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	h, ok := o.held[env]
+	switch {
+	case !ok:
+		return oeHold{}, protocol.Errorf(protocol.CodeUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until their connection ends", env)
+	case h.task != c.task:
+		return oeHold{}, protocol.Errorf(protocol.CodeBadRequest, "session %q runs task %q, not %q: attach at /openenv/%s/ws", env, h.task, c.task, h.task)
+	case h.attached:
+		return oeHold{}, protocol.Errorf(protocol.CodeBadRequest, "session %q is driven by another connection (one connection per session)", env)
+	}
+	h.conn, h.attached = c, true
+	return *h, nil
+}
+
+// heldBy lists the envs c closes when it ends.
+func (o *oeSessions) heldBy(c *oeConn) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var ids []string
+	for id, h := range o.held {
+		if h.conn == c {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// oeConn is one OpenEnv websocket: one session, served one message at a
+// time in the order they came, as OpenEnv's server does.
+type oeConn struct {
+	s    *Server
+	ws   *websocket.Conn
+	task string
+	log  *slog.Logger
+	done chan struct{} // closed when the connection is gone
+	once sync.Once
+
+	// The session; only the goroutine serving messages touches them.
+	env       string // the env driven, its session id ("" before reset)
+	stateID   string
+	turn      int
+	maxTurns  int
+	over      bool // the episode ended (submit, max_turns)
+	episodeID string
+}
+
+// oeFrame is one message read, or errFrameTooLarge.
+type oeFrame struct {
+	b   []byte
+	err error
+}
+
+func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
+	if !s.openenvAuthorized(w, r) {
+		return
+	}
+	task := r.PathValue("task")
+	if err := s.hasTask(task); err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	ws, err := s.up.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered already
+	}
+	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
+	c := &oeConn{s: s, ws: ws, task: task, done: make(chan struct{}),
+		log: s.log.With(slog.String("remote", r.RemoteAddr), slog.String("openenv", task))}
+	if !s.oeTrack(ws, c) {
+		return
+	}
+	defer s.oeUntrack(c)
+	go c.pings()
+	in := make(chan oeFrame)
+	go c.readLoop(in)
+	id := r.PathValue("session")
+	if id == "" {
+		id = r.URL.Query().Get("session")
+	}
+	if id != "" {
+		h, err := s.oe.attach(id, c)
+		if err != nil {
+			c.respond("attach", "", nil, err)
+			c.shut(websocket.ClosePolicyViolation, "no such session")
+			c.closeHeld()
+			return
+		}
+		c.env, c.stateID, c.turn, c.maxTurns, c.episodeID = id, h.stateID, h.turn, h.maxTurns, id
+	}
+	for f := range in {
+		if !c.handle(f) {
+			break
+		}
+	}
+	c.shut(websocket.CloseNormalClosure, "")
+	c.closeHeld()
+}
+
+// shut closes the connection once.
+func (c *oeConn) shut(code int, reason string) {
+	c.once.Do(func() {
+		close(c.done)
+		c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+		c.ws.Close()
+	})
+}
+
+// finish is Shutdown's close of the connection.
+func (c *oeConn) finish(code int, reason string) { c.shut(code, reason) }
+
+// closeHeld closes the envs the connection holds: the one it drives and
+// the branch children nobody attached to (OpenEnv's env lives as long as
+// its connection). While the server drains they are left to the engine's
+// close.
+func (c *oeConn) closeHeld() {
+	ids := c.s.oe.heldBy(c)
+	if len(ids) == 0 || !c.s.begin() {
+		return
+	}
+	defer c.s.ops.Done()
+	for _, id := range ids {
+		c.closeEnv(c.s.ctx, id)
+	}
+}
+
+// closeEnv closes one env the connection holds, under its ticket.
+func (c *oeConn) closeEnv(ctx context.Context, id string) {
+	wait, release := c.s.ticket(id)
+	wait()
+	err := c.s.closeEnv(ctx, id)
+	release()
+	c.s.oe.drop(id)
+	if err != nil && coordinator.ProtoError(err).Code != protocol.CodeUnknownEnv {
+		c.log.Warn("close env", slog.String("env", id), slog.Any("err", err))
+	}
+}
+
+// pings keeps the connection alive as v1's writer does: a ping every
+// PingInterval; the read loop drops a client silent for PongWait.
+func (c *oeConn) pings() {
+	t := time.NewTicker(c.s.o.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.s.o.WriteWait)); err != nil {
+				c.shut(websocket.CloseInternalServerErr, "ping failed")
+				return
+			}
+		}
+	}
+}
+
+// readLoop reads messages for the serving goroutine until the connection
+// ends. Any frame, a pong included, extends the read deadline by PongWait.
+func (c *oeConn) readLoop(out chan<- oeFrame) {
+	defer close(out)
+	alive := func() { c.ws.SetReadDeadline(time.Now().Add(c.s.o.PongWait)) }
+	c.ws.SetPongHandler(func(string) error { alive(); return nil })
+	for {
+		alive()
+		_, r, err := c.ws.NextReader()
+		if err != nil {
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				c.log.Info("dropped a silent connection", slog.Duration("pong_wait", c.s.o.PongWait))
+			case !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) && !errors.Is(err, io.EOF):
+				c.log.Debug("read", slog.Any("err", err))
+			}
+			return
+		}
+		b, err := readFrame(r, c.s.o.MaxFrameBytes)
+		if err != nil && !errors.Is(err, errFrameTooLarge) {
+			return // over the hard limit: the connection is dropped
+		}
+		select {
+		case out <- oeFrame{b: b, err: err}:
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// oeMessage is a message of the client: {"type": ..., "data": ...}.
+type oeMessage struct {
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data"`
+}
+
+// handle serves one message; false when the connection is to end
+// (close).
+func (c *oeConn) handle(f oeFrame) bool {
+	if f.err != nil {
+		c.respond("", "", nil, protocol.Errorf(protocol.CodeTooLarge, "message over the %d byte limit", c.s.o.MaxFrameBytes))
+		return true
+	}
+	var m oeMessage
+	if err := json.Unmarshal(f.b, &m); err != nil {
+		c.respond("", "", nil, protocol.Errorf(protocol.CodeMalformed, "not a JSON message {\"type\": ..., \"data\": ...}: %v", err))
+		return true
+	}
+	if !slices.Contains(oeTypes, m.Type) {
+		c.respond("", "", nil, protocol.Errorf(protocol.CodeUnknownMethod, "unknown message type %q (OpenEnv's reset, step, state, close; Arbor's %s)",
+			m.Type, strings.Join(oeTypes[4:], ", ")))
+		return true
+	}
+	if !c.s.begin() {
+		c.respond(m.Type, "", nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
+		return true
+	}
+	defer c.s.ops.Done()
+	c.s.m.inFlight.Inc()
+	defer c.s.m.inFlight.Dec()
+	ctx := c.s.ctx
+	var (
+		typ  = m.Type // of the answer
+		data any
+		err  error
+	)
+	switch m.Type {
+	case oeClose:
+		// OpenEnv's server ends the session without an answer.
+		c.closeHeld()
+		c.s.m.requests.WithLabelValues("openenv_close", "ok").Inc()
+		return false
+	case oeReset:
+		typ = "observation"
+		data, err = c.reset(ctx, m.Data)
+	case oeStep:
+		typ = "observation"
+		data, err = c.step(ctx, m.Data)
+	case oeState:
+		data, err = c.state()
+	case oeBranch:
+		data, err = c.branch(ctx, m.Data)
+	case oeRollback:
+		data, err = c.rollback(ctx, m.Data)
+	case oeStates:
+		data, err = c.onEnv(func() (any, error) { return c.s.states(ctx, c.env) })
+	case oeEvaluate:
+		data, err = c.onEnv(func() (any, error) {
+			ev, err := c.s.evaluate(ctx, c.env)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"reward": oeReward(ev.Reward), "details": ev.Details}, nil
+		})
+	}
+	c.respond(m.Type, typ, data, err)
+	return true
+}
+
+// respond sends an answer of type typ, or the error: {"type": "error",
+// "data": {message, code, retryable, infra}} with v1's codes.
+func (c *oeConn) respond(method, typ string, data any, err error) {
+	code := "ok"
+	if err != nil {
+		pe := coordinator.ProtoError(err)
+		code, typ = pe.Code, "error"
+		ed := oeErrorData(pe)
+		var se *oeStepError
+		if errors.As(err, &se) {
+			ed["state_id"], ed["turn"] = se.stateID, se.turn
+		}
+		data = ed
+		lvl := slog.LevelDebug
+		if pe.Infra {
+			lvl = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), lvl, "openenv message failed", slog.String("type", method), slog.String("code", pe.Code), slog.String("err", pe.Message))
+	}
+	if method == "" || !slices.Contains(oeTypes, method) {
+		method = "unknown"
+	}
+	c.s.m.requests.WithLabelValues("openenv_"+method, code).Inc()
+	b, merr := oeEncode(typ, data)
+	if merr != nil {
+		c.log.Error("encode openenv answer", slog.String("type", method), slog.Any("err", merr))
+		b, _ = oeEncode("error", oeErrorData(protocol.Errorf(protocol.CodeInternal, "encode answer: %v", merr)))
+	}
+	c.ws.SetWriteDeadline(time.Now().Add(c.s.o.WriteWait))
+	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+		c.log.Debug("write", slog.Any("err", err))
+		c.shut(websocket.CloseInternalServerErr, "write failed")
+	}
+}
+
+// oeStepError is a failure after a step ran (its verifier at the end of
+// the episode): the client learns which state the step made.
+type oeStepError struct {
+	stateID string
+	turn    int
+	err     *protocol.Error
+}
+
+func (e *oeStepError) Error() string { return e.err.Error() }
+
+// Unwrap makes ProtoError see the error's code.
+func (e *oeStepError) Unwrap() error { return e.err }
+
+// oeObs is an OpenEnv observation: v1's obs, and its info in metadata.
+// Output that is not UTF-8 (JSON strings are text) also comes as base64
+// in stdout_b64 / stderr_b64, byte for byte.
+type oeObs struct {
+	Stdout      string     `json:"stdout"`
+	StdoutB64   string     `json:"stdout_b64,omitempty"`
+	Stderr      string     `json:"stderr"`
+	StderrB64   string     `json:"stderr_b64,omitempty"`
+	ExitCode    int        `json:"exit_code"`
+	TimedOut    bool       `json:"timed_out"`
+	Truncated   bool       `json:"truncated"`
+	Cwd         string     `json:"cwd"`
+	DurationS   float64    `json:"duration_s"`
+	Instruction string     `json:"instruction,omitempty"`
+	Metadata    oeMetadata `json:"metadata"`
+}
+
+// oeMetadata is v1's info (state_id, turn, checkpoint, ...) and the
+// session's.
+type oeMetadata struct {
+	SessionID string `json:"session_id"`
+	protocol.Info
+	// MaxTurnsReached is v1's truncated: the episode reached the task's
+	// max_turns.
+	MaxTurnsReached bool `json:"max_turns_reached"`
+	Submitted       bool `json:"submitted,omitempty"`
+	// Evaluation is the verifier's details, when the episode ended.
+	Evaluation map[string]any `json:"evaluation,omitempty"`
+}
+
+// oeResult is the data of an observation answer.
+type oeResult struct {
+	Observation oeObs     `json:"observation"`
+	Reward      *oeReward `json:"reward"`
+	Done        bool      `json:"done"`
+}
+
+// oeReward is a reward, always written as a JSON float (1.0, not 1), so
+// that Python's json gives a float as OpenEnv's StepResult.reward says.
+type oeReward float64
+
+// MarshalJSON implements json.Marshaler.
+func (r oeReward) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(float64(r))
+	if err == nil && !bytes.ContainsAny(b, ".eE") {
+		b = append(b, ".0"...)
+	}
+	return b, err
+}
+
+func oeObservation(o protocol.Obs) oeObs {
+	out := oeObs{Stdout: string(o.Stdout), Stderr: string(o.Stderr), ExitCode: o.ExitCode, TimedOut: o.TimedOut, Truncated: o.Truncated,
+		Cwd: o.Cwd, DurationS: o.DurationS, Instruction: o.Instruction}
+	if !utf8.ValidString(out.Stdout) {
+		out.StdoutB64 = base64.StdEncoding.EncodeToString([]byte(out.Stdout))
+	}
+	if !utf8.ValidString(out.Stderr) {
+		out.StderrB64 = base64.StdEncoding.EncodeToString([]byte(out.Stderr))
+	}
+	return out
+}
+
+// oeFields decodes a message's data: a JSON object, or none (null,
+// absent) when optional.
+func oeFields(raw json.RawMessage, required string) (map[string]any, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		if required != "" {
+			return nil, protocol.Errorf(protocol.CodeInvalidParams, "data: want %s, got nothing", required)
+		}
+		return map[string]any{}, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, protocol.Errorf(protocol.CodeMalformed, "data: %v", err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		what := required
+		if what == "" {
+			what = "an object"
+		}
+		return nil, protocol.Errorf(protocol.CodeInvalidParams, "data: want %s, got %s", what, jsonKind(v))
+	}
+	return m, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case json.Number:
+		return "number"
+	case bool:
+		return "bool"
+	case []any:
+		return "array"
+	case nil:
+		return "null"
+	}
+	return "object"
+}
+
+// oeDecode decodes JSON fields into v1 params by v1's rules
+// (protocol.DecodeParams: types, ranges, one message naming every bad
+// field), so both adapters take and refuse the same requests.
+func oeDecode(fields map[string]any, p protocol.Params) error {
+	raw, err := msgpack.Marshal(fromJSON(fields))
+	if err != nil {
+		return protocol.Errorf(protocol.CodeInvalidParams, "data: %v", err)
+	}
+	return protocol.DecodeParams(raw, p)
+}
+
+// fromJSON turns decoded JSON numbers into msgpack's integers and floats.
+func fromJSON(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		if i, err := v.Int64(); err == nil {
+			return i
+		}
+		f, _ := v.Float64()
+		return f
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = fromJSON(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = fromJSON(e)
+		}
+		return out
+	}
+	return v
+}
+
+func (c *oeConn) needEnv() error {
+	if c.env == "" {
+		return protocol.Errorf(protocol.CodeBadRequest, "no env yet: send reset first")
+	}
+	return nil
+}
+
+// onEnv runs f under the env's ticket.
+func (c *oeConn) onEnv(f func() (any, error)) (any, error) {
+	if err := c.needEnv(); err != nil {
+		return nil, err
+	}
+	wait, release := c.s.ticket(c.env)
+	defer release()
+	wait()
+	return f()
+}
+
+// reset starts an episode of the connection's task, closing the env of
+// the last one. data: {seed?, episode_id?}; other fields are ignored, as
+// OpenEnv's server ignores what its env's reset does not take.
+func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
+	f, err := oeFields(raw, "")
+	if err != nil {
+		return nil, err
+	}
+	in := map[string]any{"task": c.task}
+	if v, ok := f["seed"]; ok {
+		in["seed"] = v
+	}
+	var p protocol.ResetParams
+	if err := oeDecode(in, &p); err != nil {
+		return nil, err
+	}
+	episode, _ := f["episode_id"].(string)
+	if v, ok := f["episode_id"]; ok && v != nil && episode == "" {
+		return nil, protocol.Errorf(protocol.CodeInvalidParams, "episode_id: want a non-empty string, got %s", jsonKind(v))
+	}
+	if c.env != "" {
+		c.closeEnv(ctx, c.env)
+		c.env = ""
+	}
+	res, err := c.s.reset(ctx, &p, true)
+	if err != nil {
+		return nil, err
+	}
+	c.s.oe.hold(res.EnvID, &oeHold{conn: c, attached: true, task: c.task})
+	c.env, c.stateID, c.turn, c.maxTurns, c.over = res.EnvID, res.Info.StateID, 0, res.Info.MaxTurns, false
+	c.episodeID = episode
+	if c.episodeID == "" {
+		c.episodeID = res.EnvID
+	}
+	obs := oeObservation(res.Obs)
+	obs.Metadata = oeMetadata{SessionID: res.EnvID, Info: res.Info}
+	return oeResult{Observation: obs}, nil
+}
+
+// step runs one action (v1's step, the same function) and, when the
+// episode ends (the action submit, or the task's max_turns), the
+// verifier: its reward is the answer's. The action is v1's action map,
+// with content_b64 for write_file content that is not text.
+func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
+	if err := c.needEnv(); err != nil {
+		return nil, err
+	}
+	if c.over {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "the episode is over (turn %d): send reset for a new one, or rollback", c.turn)
+	}
+	f, err := oeFields(raw, "the action, an object {tool, ...}")
+	if err != nil {
+		return nil, err
+	}
+	if f["tool"] == oeSubmit {
+		wait, release := c.s.ticket(c.env)
+		defer release()
+		wait()
+		obs := oeObs{Metadata: oeMetadata{SessionID: c.env, Submitted: true,
+			Info: protocol.Info{StateID: c.stateID, Turn: c.turn, Checkpoint: "none", Tool: oeSubmit, Task: c.task, MaxTurns: c.maxTurns}}}
+		return c.end(ctx, obs)
+	}
+	if b64, ok := f["content_b64"]; ok {
+		s, _ := b64.(string)
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidParams, "action.content_b64: want base64, %v", err)
+		}
+		f["content"] = b
+		delete(f, "content_b64")
+	}
+	var p protocol.StepParams
+	if err := oeDecode(map[string]any{"env_id": c.env, "action": f}, &p); err != nil {
+		return nil, err
+	}
+	wait, release := c.s.ticket(c.env)
+	defer release()
+	wait()
+	res, err := c.s.step(ctx, c.env, p.Action, "")
+	if err != nil {
+		return nil, err
+	}
+	c.stateID, c.turn = res.Info.StateID, res.Info.Turn
+	obs := oeObservation(res.Obs)
+	obs.Metadata = oeMetadata{SessionID: c.env, Info: res.Info, MaxTurnsReached: res.Truncated}
+	if res.Terminated || res.Truncated {
+		return c.end(ctx, obs)
+	}
+	return oeResult{Observation: obs}, nil
+}
+
+// end ends the episode with the verifier's reward (none for a task
+// without one). A verifier that could not run is an error naming the
+// state the step made, never a reward. The caller holds the env's ticket.
+func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
+	c.over = true
+	ev, err := c.s.evaluate(ctx, c.env)
+	if errors.Is(err, coordinator.ErrNoVerifier) || errors.Is(err, envpool.ErrNoVerifier) {
+		return oeResult{Observation: obs, Done: true}, nil
+	}
+	if err != nil {
+		pe := *coordinator.ProtoError(err)
+		pe.Message = fmt.Sprintf("the episode ended at state %s (turn %d) but its reward could not be computed: %s", c.stateID, c.turn, pe.Message)
+		return nil, &oeStepError{stateID: c.stateID, turn: c.turn, err: &pe}
+	}
+	obs.Metadata.Evaluation = ev.Details
+	reward := oeReward(ev.Reward)
+	return oeResult{Observation: obs, Reward: &reward, Done: true}, nil
+}
+
+// state is OpenEnv's state: episode_id and step_count (the episode's
+// turns), and the session's.
+func (c *oeConn) state() (any, error) {
+	if err := c.needEnv(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"episode_id": c.episodeID, "step_count": c.turn, "session_id": c.env, "state_id": c.stateID,
+		"turn": c.turn, "task": c.task, "max_turns": c.maxTurns, "done": c.over}, nil
+}
+
+// branch makes n children of the session's env (v1's branch), each a
+// session of its own that a connection attaches to at
+// BASE/ws?session=ID or, for a plain OpenEnv client, with the base URL
+// /openenv/TASK/session/ID. Until one does, this connection holds them: they
+// close when it ends. data: {n}.
+func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
+	if err := c.needEnv(); err != nil {
+		return nil, err
+	}
+	f, err := oeFields(raw, "an object {n}")
+	if err != nil {
+		return nil, err
+	}
+	f["env_id"] = c.env
+	delete(f, "state_id")
+	var p protocol.BranchParams
+	if err := oeDecode(f, &p); err != nil {
+		return nil, err
+	}
+	res, err := c.onEnv(func() (any, error) { return c.s.branch(ctx, &p) })
+	if err != nil {
+		return nil, err
+	}
+	br := res.(*protocol.BranchResult)
+	paths := make([]string, len(br.EnvIDs))
+	for i, id := range br.EnvIDs {
+		if id != "" {
+			c.s.oe.hold(id, &oeHold{conn: c, task: c.task, stateID: br.StateID, turn: br.Turn, maxTurns: c.maxTurns})
+			paths[i] = "/openenv/" + c.task + "/session/" + id
+		}
+	}
+	return map[string]any{"sessions": br.EnvIDs, "base_paths": paths, "state_id": br.StateID, "turn": br.Turn, "errors": br.Errors, "took_s": br.TookS}, nil
+}
+
+// rollback restores the session's env at a state (v1's rollback method:
+// any state the server knows) and reopens an episode that was over.
+// data: {state_id}.
+func (c *oeConn) rollback(ctx context.Context, raw json.RawMessage) (any, error) {
+	if err := c.needEnv(); err != nil {
+		return nil, err
+	}
+	f, err := oeFields(raw, "an object {state_id}")
+	if err != nil {
+		return nil, err
+	}
+	f["env_id"] = c.env
+	var p protocol.RollbackParams
+	if err := oeDecode(f, &p); err != nil {
+		return nil, err
+	}
+	res, err := c.onEnv(func() (any, error) { return c.s.rollback(ctx, c.env, p.StateID) })
+	if err != nil {
+		return nil, err
+	}
+	info := res.(*protocol.RollbackResult).Info
+	c.stateID, c.turn, c.over = info.StateID, info.Turn, false
+	return map[string]any{"session_id": c.env, "state_id": info.StateID, "turn": info.Turn, "restored": info.Restored}, nil
+}
+
+// oeSchema is what /schema answers: JSON schemas of the action, the
+// observation and the state.
+var oeSchema = func() []byte {
+	str := map[string]any{"type": "string"}
+	num := map[string]any{"type": "number"}
+	integer := map[string]any{"type": "integer"}
+	boolean := map[string]any{"type": "boolean"}
+	tool := func(name string, required []string, props map[string]any) map[string]any {
+		p := map[string]any{"tool": map[string]any{"const": name}, "max_output": integer}
+		for k, v := range props {
+			p[k] = v
+		}
+		return map[string]any{"type": "object", "properties": p, "required": append([]string{"tool"}, required...)}
+	}
+	b, err := json.Marshal(map[string]any{
+		"action": map[string]any{"title": "ArborAction", "oneOf": []any{
+			tool("bash", []string{"cmd"}, map[string]any{"cmd": str, "timeout_s": num}),
+			tool("write_file", []string{"path"}, map[string]any{"path": str, "content": str, "content_b64": str}),
+			tool("read_file", []string{"path"}, map[string]any{"path": str}),
+			tool("rollback", []string{"state_id"}, map[string]any{"state_id": str}),
+			tool("submit", nil, nil),
+		}},
+		"observation": map[string]any{"title": "ArborObservation", "type": "object", "properties": map[string]any{
+			"stdout": str, "stdout_b64": str, "stderr": str, "stderr_b64": str, "exit_code": integer, "timed_out": boolean,
+			"truncated": boolean, "cwd": str, "duration_s": num, "instruction": str,
+			"metadata": map[string]any{"type": "object", "properties": map[string]any{
+				"session_id": str, "state_id": str, "turn": integer, "checkpoint": str, "tool": str, "task": str, "max_turns": integer,
+				"max_turns_reached": boolean, "submitted": boolean, "evaluation": map[string]any{"type": "object"},
+			}},
+		}},
+		"state": map[string]any{"title": "ArborState", "type": "object", "properties": map[string]any{
+			"episode_id": str, "step_count": integer, "session_id": str, "state_id": str, "turn": integer, "task": str,
+			"max_turns": integer, "done": boolean,
+		}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
