@@ -491,16 +491,14 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 	}, nil
 }
 
-// AdoptImported opens env id here at state head, both imported from the
-// node where the env lived (a migration's target): its record is opened
-// again with its lineage unreleased (manifest.ReopenEnv) and head is
-// restored under the same env id, as a crash recovery restores an env.
-// On failure the record is closed again.
-func (e *Engine) AdoptImported(ctx context.Context, id, head string) (env *Env, err error) {
-	rec, err := e.man.GetEnv(id)
-	if err != nil || !rec.Imported {
-		return nil, fmt.Errorf("%w: env %s was not imported from another node", ErrBadRequest, id)
-	}
+// AdoptImported opens env id here at state head, imported from the node
+// where the env lived (a migration's target), with the env's image and
+// labels: its record, made when its states were imported (or now, for a
+// branch child that made no state of its own yet, whose head is its
+// origin's), is opened again with its lineage unreleased
+// (manifest.ReopenEnv) and head is restored under the same env id, as a
+// crash recovery restores an env. On failure the record is closed again.
+func (e *Engine) AdoptImported(ctx context.Context, id, head, image string, labels map[string]string) (env *Env, err error) {
 	if _, err := e.Env(id); err == nil {
 		return nil, fmt.Errorf("%w: env %s is open here already", ErrBadRequest, id)
 	}
@@ -508,12 +506,25 @@ func (e *Engine) AdoptImported(ctx context.Context, id, head string) (env *Env, 
 	if err != nil {
 		return nil, err
 	}
-	if st.Env != id {
-		return nil, fmt.Errorf("%w: state %s is of env %s, not %s", ErrBadRequest, head, st.Env, id)
+	rec, err := e.man.GetEnv(id)
+	switch {
+	case errors.Is(err, manifest.ErrNotFound):
+		rec = manifest.Env{ID: id, Image: image, Labels: labels, Imported: true, Closed: true}
+		if err := e.man.PutEnv(rec); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	case !rec.Imported || !rec.Closed:
+		return nil, fmt.Errorf("%w: env %s was not imported from another node", ErrBadRequest, id)
 	}
-	if err := e.man.ReopenEnv(id, head, rec.Labels); err != nil {
+	if labels == nil {
+		labels = rec.Labels
+	}
+	if err := e.man.ReopenEnv(id, head, labels); err != nil {
 		return nil, err
 	}
+	rec.Labels = labels
 	defer func() {
 		if err != nil {
 			if cerr := e.man.ReleaseEnvAt(id, e.now()); cerr != nil {

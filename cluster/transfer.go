@@ -65,10 +65,13 @@ type MigrateStats struct {
 	Took  time.Duration `json:"took"`
 }
 
-// AdoptRequest asks the target of a migration to open the env at state.
+// AdoptRequest asks the target of a migration to open the env at state,
+// with its image and the labels its owner keeps on it.
 type AdoptRequest struct {
-	Env   string `json:"env"`
-	State string `json:"state"`
+	Env    string            `json:"env"`
+	State  string            `json:"state"`
+	Image  string            `json:"image"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // TransferOptions configure a Transfer.
@@ -384,7 +387,7 @@ func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), t.o.Timeout)
 	defer cancel()
-	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State); err != nil {
+	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
 		writeJSON(w, errCode(err), transferError{err.Error()})
 		return
 	}
@@ -487,7 +490,7 @@ func (t *Transfer) Migrate(ctx context.Context, envID, addr string) (MigrateStat
 	err = t.shipLineage(ctx, head, addr, &st)
 	if err == nil {
 		var ok struct{}
-		err = t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: envID, State: head}), &ok)
+		err = t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: envID, State: head, Image: env.Image, Labels: env.Labels()}), &ok)
 	}
 	if err != nil {
 		thaw()
@@ -545,8 +548,39 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 		t.log.Warn("publish draining", slog.Any("err", err))
 	}
 	placed := map[string]int{} // envs this drain sent to each node
-	for _, e := range co.Envs() {
-		id := e.Env.ID
+	// Envs made here while it drains (the children of a branch already
+	// under way) are moved in a later pass.
+	for pass := 0; pass < drainPasses; pass++ {
+		var left []string
+		for _, e := range co.Envs() {
+			if _, failed := ds.Failed[e.Env.ID]; !failed {
+				left = append(left, e.Env.ID)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		t.drainPass(ctx, left, placed, &ds)
+	}
+	ds.Took = time.Since(start)
+	t.log.Info("drained", slog.Int("moved", len(ds.Moved)), slog.Int("failed", len(ds.Failed)), slog.Duration("took", ds.Took))
+	if len(ds.Failed) > 0 {
+		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
+	}
+	if n := len(co.Envs()); n > 0 {
+		return ds, fmt.Errorf("drain: %d envs still here after %d passes (made while it drained)", n, drainPasses)
+	}
+	return ds, nil
+}
+
+// drainPasses bounds the passes of a drain over the node's envs.
+const drainPasses = 5
+
+// drainPass migrates the envs ids away, each to the least loaded other
+// node with room.
+func (t *Transfer) drainPass(ctx context.Context, ids []string, placed map[string]int, ds *DrainStats) {
+	n := t.o.Node
+	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			ds.Failed[id] = "drain deadline: " + err.Error()
 			continue
@@ -587,12 +621,6 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 		ds.Moved[id] = to.ID
 		ds.Pause = max(ds.Pause, st.Pause)
 	}
-	ds.Took = time.Since(start)
-	t.log.Info("drained", slog.Int("moved", len(ds.Moved)), slog.Int("failed", len(ds.Failed)), slog.Duration("took", ds.Took))
-	if len(ds.Failed) > 0 {
-		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
-	}
-	return ds, nil
 }
 
 func (t *Transfer) serveDrain(w http.ResponseWriter, r *http.Request) {

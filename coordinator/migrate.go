@@ -11,7 +11,7 @@ import (
 // id (AdoptImported), and it is registered as handed out with the task,
 // seed and base turn its labels carry, as a crash restart adopts an env.
 // Its hooks record it here (a cluster node rewrites its placement).
-func (c *Coordinator) Adopt(ctx context.Context, id, head string) error {
+func (c *Coordinator) Adopt(ctx context.Context, id, head, image string, labels map[string]string) error {
 	if c.Has(id) {
 		return fmt.Errorf("%w: env %s is handed out here already", ErrBadRequest, id)
 	}
@@ -19,7 +19,7 @@ func (c *Coordinator) Adopt(ctx context.Context, id, head string) error {
 		return err
 	}
 	defer c.unreserve(1)
-	env, err := c.e.AdoptImported(ctx, id, head)
+	env, err := c.e.AdoptImported(ctx, id, head, image, labels)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -20,23 +21,21 @@ import (
 // and nodes that serve state transfers take children, and a full node
 // takes none while another has room; with no room anywhere they go to
 // src, which answers too_many_envs.
-func spread(n int, nodes []cluster.NodeInfo, src string) map[string]int {
+//
+// A draining source (not among nodes, which are Place's) ships all its
+// children elsewhere when it serves transfers.
+func spread(n int, nodes []cluster.NodeInfo, src cluster.NodeInfo) map[string]int {
 	plan := map[string]int{}
 	var cands []cluster.NodeInfo
-	srcOK := false
+	srcOK := src.Transfer != ""
 	for _, nd := range nodes {
-		if nd.ID == src {
-			srcOK = nd.Transfer != ""
-		}
-	}
-	for _, nd := range nodes {
-		if nd.ID == src || (srcOK && nd.Transfer != "" && nd.MaxEnvs > 0) {
+		if nd.ID == src.ID || (srcOK && nd.Transfer != "" && nd.MaxEnvs > 0) {
 			cands = append(cands, nd)
 		}
 	}
 	sort.Slice(cands, func(i, j int) bool {
-		if (cands[i].ID == src) != (cands[j].ID == src) {
-			return cands[i].ID == src
+		if (cands[i].ID == src.ID) != (cands[j].ID == src.ID) {
+			return cands[i].ID == src.ID
 		}
 		return cands[i].ID < cands[j].ID
 	})
@@ -56,7 +55,7 @@ func spread(n int, nodes []cluster.NodeInfo, src string) map[string]int {
 			}
 		}
 		if best == "" {
-			best = src
+			best = src.ID
 		}
 		plan[best]++
 	}
@@ -89,7 +88,11 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 	r.mu.Unlock()
 	// Place counts what the router has in flight and what the nodes
 	// have not published yet, as for a reset.
-	plan := spread(p.N, r.view.Place("", pending), src)
+	srcInfo, ok := r.view.Node(src)
+	if !ok {
+		return fail(unavailable(src, "it is not in the cluster registry"))
+	}
+	plan := spread(p.N, r.view.Place("", pending), srcInfo)
 	k := plan[src]
 	if k == p.N {
 		return r.forward(src, protocol.MethodBranch, params)
@@ -116,6 +119,14 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 		var errs []*protocol.Error
 		if first != nil {
 			raw, err := first.wait(ctx)
+			if err != nil && p.EnvID != "" && isUnknownEnv(err) {
+				// The env moved meanwhile (a drain): branch it where it
+				// is now.
+				if now, gerr := r.view.FreshEnvNode(ctx, p.EnvID); gerr == nil && now != "" && now != src {
+					r.view.Moved(p.EnvID, now)
+					return r.branch(ctx, p, params)(ctx)
+				}
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -262,4 +273,9 @@ func (r *Router) addPending(plan map[string]int, d int) {
 			delete(r.pending, node)
 		}
 	}
+}
+
+func isUnknownEnv(err error) bool {
+	var pe *protocol.Error
+	return errors.As(err, &pe) && pe.Code == protocol.CodeUnknownEnv
 }

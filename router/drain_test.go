@@ -127,3 +127,65 @@ func TestDrain(t *testing.T) {
 		t.Errorf("a reset after the drain went to %q", p)
 	}
 }
+
+// TestDrainDuringBranch drains a node while a branch(8) of one of its
+// envs runs through the router: the branch answers its eight children,
+// each exact, and once the drain is done the parent and every child are
+// on the other node, none left on the drained one.
+func TestDrainDuringBranch(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var env string
+	for env == "" || placement(t, cli, env) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = r.EnvID
+	}
+	sh(t, c, env, "mkdir -p /work && cd /work && export K=v && echo data > /work/file")
+	sh(t, c, env, counterStart)
+	base, err := strconv.Atoi(out(sh(t, c, env, counterRead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := c.Send(protocol.MethodBranch, protocol.BranchParams{EnvID: env, N: 8}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, derr := cluster.NewShipClient("", time.Minute).Drain(ctx, a.addr, 2*time.Minute)
+	var res protocol.BranchResult
+	if err := br.Wait(ctx, &res); err != nil {
+		t.Fatalf("branch(8) during the drain: %v", err)
+	}
+	if derr != nil {
+		t.Fatalf("drain during a branch(8): %v (%+v)", derr, ds)
+	}
+	t.Logf("drain: %d envs moved in %v (longest pause %v); branch(8) in %.3f s", len(ds.Moved), ds.Took, ds.Pause, res.TookS)
+	if len(res.EnvIDs) != 8 || len(res.Errors) != 0 {
+		t.Fatalf("branch(8) during the drain: %v %v", res.EnvIDs, res.Errors)
+	}
+	for i, kid := range append([]string{env}, res.EnvIDs...) {
+		if p := placement(t, cli, kid); p != b.id {
+			t.Errorf("env %d (%s) on %q after the drain", i, kid, p)
+		}
+		if got := string(sh(t, c, kid, `echo "cwd=$(pwd) K=$K"; cat /work/file`).Obs.Stdout); got != "cwd=/work K=v\ndata\n" {
+			t.Errorf("env %d after the drain: %q", i, got)
+		}
+		if got := out(sh(t, c, kid, counterRead)); got != strconv.Itoa(base+1) {
+			t.Errorf("env %d after the drain: counter %s, want %d", i, got, base+1)
+		}
+	}
+	if n := len(a.eng.Envs()); n != 0 {
+		t.Errorf("node a still has %d envs after the drain", n)
+	}
+}

@@ -36,7 +36,7 @@ import (
 // leaves the registry quickly.
 const ttl = 2 * time.Second
 
-const maxEnvs = 8
+const maxEnvs = 16
 
 func quiet() *slog.Logger { return branchtest.Logger() }
 

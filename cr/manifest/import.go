@@ -58,10 +58,11 @@ func (m *Manifest) ImportState(env Env, s State, at time.Time, ready ...string) 
 	return nil
 }
 
-// ReopenEnv makes env id open again at head, one of its states, with
-// labels, and takes back the release of every state of it, in one
-// transaction: an env whose lineage was imported from another node and
-// that now lives here (a migration).
+// ReopenEnv makes env id open again at head (a state of it, or of the
+// env it was branched from when it made none yet) with labels, and takes
+// back the release of every state of it, in one transaction: an env
+// whose lineage was imported from another node and that now lives here
+// (a migration).
 func (m *Manifest) ReopenEnv(id, head string, labels map[string]string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		e, err := get[Env](tx, bucketEnvs, "env", id)
@@ -72,9 +73,7 @@ func (m *Manifest) ReopenEnv(id, head string, labels map[string]string) error {
 		if err != nil {
 			return err
 		}
-		if st.Env != id {
-			return fmt.Errorf("head %s is a state of env %s: %w", head, st.Env, ErrInvalid)
-		}
+		_ = st // a branch child that made no state yet has its origin's
 		e.Closed, e.Head, e.Lost, e.Labels = false, head, "", MergeLabels(nil, labels)
 		if err := put(tx, bucketEnvs, e); err != nil {
 			return err
