@@ -11,6 +11,7 @@ import (
 //	/arbor/v1/envs/<env>            Placement (JSON), no lease
 //	/arbor/v1/states/<state>/<node> the env that made the state, under the
 //	                                lease of the node holding its artifacts
+//	/arbor/v1/replicas/<env>        Replica (JSON), no lease (replica.go)
 //
 // A node's key and its state keys vanish when its lease ends (the node
 // died or left). Placements stay: an env whose node is gone is answered

@@ -138,6 +138,7 @@ func (t *Transfer) Handler() http.Handler {
 	mux.HandleFunc("POST "+TransferPrefix+"migrate", t.serveMigrate(t.Migrate))
 	mux.HandleFunc("POST "+TransferPrefix+"adopt", t.serveAdopt)
 	mux.HandleFunc("POST "+TransferPrefix+"drain", t.serveDrain)
+	mux.HandleFunc("POST "+TransferPrefix+"keep", t.serveKeep)
 	return t.auth(mux)
 }
 

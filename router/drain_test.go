@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -188,4 +189,84 @@ func TestDrainDuringBranch(t *testing.T) {
 	if n := len(a.eng.Envs()); n != 0 {
 		t.Errorf("node a still has %d envs after the drain", n)
 	}
+}
+
+// TestReplicas kills a node (its lease left to end) with an env
+// replicated to the other node (as --replicas 2 does) and one made after
+// replication stopped: a step on the first is answered from the
+// replica's node at the last replicated state (its files and its
+// process's counter as they were then), and the env lives there from
+// then on; the second answers node_unavailable.
+func TestReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var env string
+	for env == "" || placement(t, cli, env) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = r.EnvID
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go a.tr.Replicate(rctx, 200*time.Millisecond)
+	sh(t, c, env, "mkdir -p /work && echo data > /work/file")
+	sh(t, c, env, counterStart)
+	base, err := strconv.Atoi(out(sh(t, c, env, counterRead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := sh(t, c, env, "echo more >> /work/file").Info.StateID
+	var rp cluster.Replica
+	for end := time.Now().Add(20 * time.Second); rp.State != last; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no replica of state %s after 20 s (replica %+v)", last, rp)
+		}
+		g, err := cli.Get(ctx, cluster.ReplicaKey(env))
+		if err == nil && len(g.Kvs) > 0 {
+			json.Unmarshal(g.Kvs[0].Value, &rp)
+		}
+	}
+	t.Logf("env %s of node a replicated on node %s at %s", env, rp.Node, rp.State)
+	if rp.Node != b.id {
+		t.Fatalf("replica on %q, want node b", rp.Node)
+	}
+	// Another env of a, made once a replicates no more: it has no replica.
+	stop()
+	var orphan string
+	for orphan == "" || placement(t, cli, orphan) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orphan = r.EnvID
+	}
+	a.kill()
+	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("node a's key still there")
+		}
+	}
+	start := time.Now()
+	got := string(sh(t, c, env, "cat /work/file; "+counterRead).Obs.Stdout)
+	t.Logf("the env of the dead node answered from its replica after %v", time.Since(start))
+	if got != "data\nmore\n"+strconv.Itoa(base+1)+"\n" {
+		t.Errorf("the env restored from its replica: %q, want its files and counter at %s", got, last)
+	}
+	if p := placement(t, cli, env); p != b.id {
+		t.Errorf("placement after the failover: %q", p)
+	}
+	start = time.Now()
+	_, err = c.Step(ctx, orphan, arbor.Bash("true", 0))
+	nodeUnavailable(t, "step on an env of the dead node without a replica", err, start, 2*time.Second)
 }

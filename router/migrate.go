@@ -3,7 +3,9 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -179,4 +181,55 @@ func (r *Router) redirect(ctx context.Context, env, node, method string, params 
 		return nil, serr
 	}
 	return s.wait(ctx)
+}
+
+// failover restores env, whose node is gone from the registry, on the
+// node holding its replica (arbor serve --replicas 2): that node adopts
+// it at the replicated state, its last committed one there, and the
+// placement names it from then on (docs/cluster.md, "Replicas"). Without
+// a live replica the env's requests answer node_unavailable, as before.
+// One restore per env at a time; the others wait for it.
+func (r *Router) failover(ctx context.Context, env, dead string) (string, error) {
+	r.mu.Lock()
+	if ch, ok := r.failing[env]; ok {
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return "", protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+		}
+		if now, err := r.view.FreshEnvNode(ctx, env); err == nil && now != dead {
+			if _, live := r.view.Node(now); live {
+				return now, nil
+			}
+		}
+		return "", unavailable(dead, "it is not in the cluster registry, and no replica of the env could be restored")
+	}
+	ch := make(chan struct{})
+	r.failing[env] = ch
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.failing, env)
+		r.mu.Unlock()
+		close(ch)
+	}()
+	gone := unavailable(dead, "it is not in the cluster registry (its lease ended: the node died or left), and the env has no live replica")
+	rp, err := r.view.Replica(ctx, env)
+	if err != nil || rp.Node == "" || rp.Node == dead {
+		return "", gone
+	}
+	to, ok := r.view.Node(rp.Node)
+	if !ok || to.Transfer == "" {
+		return "", gone
+	}
+	start := time.Now()
+	if err := r.ship.Adopt(ctx, to.Transfer, env, rp.State); err != nil && !strings.Contains(err.Error(), "open here already") {
+		return "", unavailable(dead, fmt.Sprintf("it is gone, and restoring the env's replica on node %s failed: %v", rp.Node, err))
+	}
+	r.ship.Keep(ctx, to.Transfer, rp.State, false)
+	r.view.Moved(env, rp.Node)
+	r.log.Warn("restored an env of a dead node from its replica", slog.String("env", env), slog.String("dead", dead),
+		slog.String("node", rp.Node), slog.String("state", rp.State), slog.Duration("took", time.Since(start)))
+	return rp.Node, nil
 }

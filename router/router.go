@@ -71,6 +71,7 @@ type Router struct {
 	pending map[string]int   // resets sent to each node, not yet answered
 	moves   map[string]*move // envs being migrated (migrate.go)
 	order   map[string]*envOrder
+	failing map[string]chan struct{} // envs being restored from a replica
 }
 
 // nodeConn is the router's connection to one node, dialed when first
@@ -93,7 +94,7 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{},
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{}, failing: map[string]chan struct{}{},
 		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
@@ -365,14 +366,26 @@ func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.R
 		}
 		wait, resolve, sentNow, mustWait := r.sequence(env, node)
 		var s *sent
+		failover := false
 		if !mustWait {
 			if s, err = r.send(node, method, params, nil); err != nil {
-				resolve()
-				return fail(err)
+				if _, live := r.view.Node(node); live {
+					resolve()
+					return fail(err)
+				}
+				// Its node is gone: the env may have a replica.
+				failover, s = true, nil
 			}
 		}
 		return func(ctx context.Context) (any, error) {
 			defer resolve()
+			if failover {
+				now, ferr := r.failover(ctx, env, node)
+				if ferr != nil {
+					return nil, ferr
+				}
+				node = now
+			}
 			if s == nil {
 				if err := wait(ctx); err != nil {
 					return nil, err

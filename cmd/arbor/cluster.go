@@ -22,6 +22,7 @@ type clusterFlags struct {
 	advertise string
 	ttl       time.Duration
 	drain     time.Duration
+	replicas  int
 }
 
 func (c *clusterFlags) add(f *pflag.FlagSet) {
@@ -29,6 +30,7 @@ func (c *clusterFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&c.nodeID, "node-id", envOr("ARBOR_NODE_ID", ""), "this node's id in the cluster, stable across restarts (default: the host name)")
 	f.StringVar(&c.advertise, "advertise", envOr("ARBOR_ADVERTISE", ""), "host:port where routers reach this node (default: the --listen address)")
 	f.DurationVar(&c.ttl, "cluster-ttl", 10*time.Second, "lease of the node's registration: a node that stops renewing it is gone from the cluster this long after")
+	f.IntVar(&c.replicas, "replicas", 1, "copies of each env's last committed state in the cluster: 2 ships it to a second node as it goes, where a router restores the env if this node dies (docs/cluster.md, \"Replicas\")")
 	f.DurationVar(&c.drain, "drain-timeout", 0, "on SIGINT/SIGTERM, first migrate the node's envs to other nodes for up to this long (0: no drain; the envs close as on a single server)")
 }
 

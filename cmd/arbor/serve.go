@@ -262,6 +262,11 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "arbor: serving protocol v1 on ws://%s/v1/ws (metrics on http://%s/metrics); Ctrl-C stops\n", ln.Addr(), ln.Addr())
+	if tr != nil && o.cluster.replicas > 1 {
+		rctx, stopRep := context.WithCancel(context.Background())
+		defer stopRep()
+		go tr.Replicate(rctx, time.Second)
+	}
 	serveCtx := ctx
 	if tr != nil && o.cluster.drain > 0 {
 		// SIGTERM (a spot preemption's notice): move the envs away while
