@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/branch"
-	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr/manifest"
 )
@@ -68,6 +67,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.BranchOnly {
+		if err := r.branchSection(ctx, ha, traces, o, rep); err != nil {
+			return nil, err
+		}
+		rep.DurationS = time.Since(start).Seconds()
+		rep.summarize()
+		return rep, nil
+	}
 	if o.TracesOnly {
 		for _, t := range traces {
 			run, err := r.serverRun(ctx, ha, t, o.Think)
@@ -106,17 +113,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Runs = append(rep.Runs, TraceRun{Trace: t.Name, Mode: ModeReplay, Turns: turns, Recovery: turns})
 		o.Progress("%s/%s: recovery %d/%d", t.Name, ModeReplay, recovered(turns), checked(turns))
 	}
-	rep.Branch = map[string]map[int][]float64{}
-	if rep.Branch[ModeArbor], err = r.branchBench(ctx, ha, traces, o); err != nil {
-		return nil, fmt.Errorf("branch scaling: %w", err)
-	}
-	o.Progress("branch(n) measured")
-	if !o.SkipRunc {
-		rep.Runc = r.runcBench(ctx, o.BranchN, o.BranchReps)
-		if rep.Runc.Available {
-			rep.Branch["runc"] = rep.Runc.BranchMS
-		}
-		o.Progress("runc: %s", strings.SplitN(rep.Runc.Note, ";", 2)[0])
+	if err := r.branchSection(ctx, ha, traces, o, rep); err != nil {
+		return nil, err
 	}
 	for _, t := range traces {
 		if t.Name == o.Tree.Trace {
@@ -138,6 +136,33 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.DurationS = time.Since(start).Seconds()
 	rep.summarize()
 	return rep, nil
+}
+
+// branchSection times branch(n) of the small state (Arbor, and runc
+// beside it) and of the big one, eager and lazy, with the children's
+// memory.
+func (r *rig) branchSection(ctx context.Context, ha *serverHandle, traces []Trace, o Options, rep *Report) error {
+	rep.Branch = map[string]map[int][]float64{}
+	small, err := r.branchBench(ctx, ha, traces, o)
+	if err != nil {
+		return fmt.Errorf("branch scaling: %w", err)
+	}
+	defer ha.c.CloseEnv(ctx, small.envID)
+	rep.Branch[ModeArbor] = small.ms
+	o.Progress("branch(n) measured")
+	if rep.BranchMem, err = r.memBench(ctx, ha, small.sid, o); err != nil {
+		return fmt.Errorf("branch by memory: %w", err)
+	}
+	rep.BranchMem.SmallPhases, rep.BranchMem.SmallPhasesN = small.phases, small.phasesN
+	o.Progress("branch(n) of a %d MiB sandbox measured", o.BigMB)
+	if !o.SkipRunc {
+		rep.Runc = r.runcBench(ctx, o.BranchN, o.BranchReps)
+		if rep.Runc.Available {
+			rep.Branch["runc"] = rep.Runc.BranchMS
+		}
+		o.Progress("runc: %s", strings.SplitN(rep.Runc.Note, ";", 2)[0])
+	}
+	return nil
 }
 
 // zfsRun plays every trace through Arbor on a zfs rig (timed, then the
@@ -165,9 +190,12 @@ func zfsRun(ctx context.Context, o Options, traces []Trace, rep *Report) error {
 		rep.Runs = append(rep.Runs, *run)
 		o.Progress("%s/%s: %d turns, recovery %d/%d", t.Name, h.name, len(run.Turns), recovered(run.Recovery), len(run.Recovery))
 	}
-	if rep.Branch[ModeArborZFS], err = r.branchBench(ctx, h, traces, o); err != nil {
+	br, err := r.branchBench(ctx, h, traces, o)
+	if err != nil {
 		return fmt.Errorf("branch scaling: %w", err)
 	}
+	h.c.CloseEnv(ctx, br.envID)
+	rep.Branch[ModeArborZFS] = br.ms
 	o.Progress("branch(n) on zfs measured")
 	return nil
 }
@@ -242,9 +270,11 @@ func (r *rig) fsOnlyRun(ctx context.Context, t Trace, think time.Duration) (*Tra
 	return run, nil
 }
 
-// branchBench times branch(n) of a state with a live background server
-// (the service trace's end state, or the first trace's).
-func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, o Options) (map[int][]float64, error) {
+// branchBench times branch(n) of a past state with a live background
+// server (the service trace's end state, or the first trace's, the env
+// changed and checkpointed once more after it) and returns the state and
+// its env, still open (the caller closes it: its states go with it).
+func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, o Options) (branchRun, error) {
 	t := traces[0]
 	for _, x := range traces {
 		if x.Name == "service" {
@@ -253,34 +283,57 @@ func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, 
 	}
 	envID, _, err := r.playServer(ctx, h, t, 0, false)
 	if err != nil {
-		return nil, err
+		return branchRun{}, err
 	}
-	defer h.c.CloseEnv(ctx, envID)
-	sid, err := h.c.Checkpoint(ctx, envID)
+	ok := false
+	defer func() {
+		if !ok {
+			h.c.CloseEnv(ctx, envID)
+		}
+	}()
+	sid, err := pastState(ctx, h, envID)
 	if err != nil {
-		return nil, err
+		return branchRun{}, err
 	}
-	out := map[int][]float64{}
+	out := branchRun{ms: map[int][]float64{}, sid: sid, envID: envID}
+	for _, n := range o.BranchN {
+		out.phasesN = max(out.phasesN, n)
+	}
+	var meter phaseMeter
 	for _, n := range o.BranchN {
 		for i := 0; i < o.BranchReps; i++ {
 			if o.WarmCopies > 0 {
 				waitWarm(ctx, h.e, min(n, o.WarmCopies))
 			}
-			start := time.Now()
-			br, err := h.c.Branch(ctx, arbor.BranchParams{StateID: sid, N: n})
+			m := &meter
+			if n != out.phasesN {
+				m = &phaseMeter{}
+			}
+			var took float64
+			var ids []string
+			err := m.measure(h.e, n, func() (err error) {
+				took, ids, err = timedBranch(ctx, h, sid, n)
+				return err
+			})
+			closeAll(ctx, h, ids)
 			if err != nil {
-				return nil, fmt.Errorf("branch(%d): %w", n, err)
+				return out, err
 			}
-			out[n] = append(out[n], ms(time.Since(start)))
-			for j, id := range br.EnvIDs {
-				if id == "" {
-					return nil, fmt.Errorf("branch(%d) child %d: %v", n, j, br.Errors)
-				}
-				h.c.CloseEnv(ctx, id)
-			}
+			out.ms[n] = append(out.ms[n], took)
 		}
 	}
+	out.phases = meter.perChild()
+	ok = true
 	return out, nil
+}
+
+// branchRun is what branchBench measured.
+type branchRun struct {
+	ms         map[int][]float64
+	sid, envID string // the past state branched, and its env (open)
+	// phases: restore phase -> ms per child of branch(phasesN)
+	phases  map[string]float64
+	phasesN int
 }
 
 func waitWarm(ctx context.Context, e *branch.Engine, n int) {

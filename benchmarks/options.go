@@ -3,6 +3,8 @@ package benchmarks
 import (
 	"log/slog"
 	"time"
+
+	"github.com/arbor-env/arbor/branch"
 )
 
 // Options configure a benchmark run. Zero values take the defaults.
@@ -36,6 +38,15 @@ type Options struct {
 	// makes it: zfs-fuse started and its shim wired where needed) and
 	// times branch(n) there: the report's ZFS column beside btrfs.
 	ZFS bool
+	// BranchOnly measures branch(n) only: the small (service trace) and
+	// the big sandbox from past states, their children's memory, and
+	// runc beside them (no baselines, recovery check or tree rollouts).
+	BranchOnly bool
+	// BigMB is what the big sandbox's process holds (default 256 MiB).
+	BigMB int
+	// LazyBytes is Arbor's engine's Options.LazyBytes (default
+	// branch.DefaultLazyBytes; negative: every restore eager).
+	LazyBytes int64
 	// WarmCopies is the engine's pre-restored copies per open env (0: none,
 	// the default: every branch is a cold restore).
 	WarmCopies int
@@ -80,6 +91,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BranchReps <= 0 {
 		o.BranchReps = 3
+	}
+	if o.BigMB <= 0 {
+		o.BigMB = 256
+	}
+	if o.LazyBytes == 0 {
+		o.LazyBytes = branch.DefaultLazyBytes
 	}
 	if o.ReplayStride <= 0 {
 		o.ReplayStride = 2

@@ -25,6 +25,7 @@ type Report struct {
 	// Branch: mode -> n -> latencies (ms) of branch(n).
 	Branch      map[string]map[int][]float64 `json:"branch_ms"`
 	Runc        *RuncResult                  `json:"runc,omitempty"`
+	BranchMem   *BranchMem                   `json:"branch_memory,omitempty"`
 	Tree        []TreeResult                 `json:"tree,omitempty"`
 	TreeOptions TreeOptions                  `json:"tree_options"`
 	Goals       []Goal                       `json:"goals"`
@@ -256,6 +257,30 @@ func (rep *Report) goals() {
 		rep.Goals = append(rep.Goals, Goal{Name: "branch(8) p50, runc / Arbor", Target: "> 1x",
 			Value: fmt.Sprintf("%.1fx (%.0f ms vs %.0f ms)", ratio(rr, ar), rr, ar), Met: ar < rr})
 	}
+	// Issue 14's branch goals, from past states.
+	if a := rep.Branch[ModeArbor][32]; len(a) > 0 {
+		p := rep.branchP50(ModeArbor, 32)
+		rep.Goals = append(rep.Goals, Goal{Name: "branch(32) of a past state, per child amortized", Target: "<= 10 ms (stretch 5)",
+			Value: fmt.Sprintf("%.1f ms (%.0f ms in all)", p/32, p), Met: p/32 <= 10})
+		if rn := rep.Branch["runc"][32]; len(rn) > 0 {
+			rr := rep.branchP50("runc", 32)
+			rep.Goals = append(rep.Goals, Goal{Name: "branch(32) p50, runc / Arbor", Target: ">= 3x",
+				Value: fmt.Sprintf("%.1fx (%.0f ms vs %.0f ms)", ratio(rr, p), rr, p), Met: ratio(rr, p) >= 3})
+		}
+	}
+	if bm := rep.BranchMem; bm != nil {
+		p50 := func(v string, n int) float64 { return Percentiles(bm.MS[v][n]).P50 }
+		if s, l := p50(BranchSmall, 8), p50(BranchBigLazy, 8); s > 0 && l > 0 {
+			e := p50(BranchBigEager, 8)
+			rep.Goals = append(rep.Goals, Goal{Name: fmt.Sprintf("branch(8) of a %d MiB sandbox / of a small one", bm.BigMB), Target: "<= 2x",
+				Value: fmt.Sprintf("%.1fx lazy (%.0f ms vs %.0f ms); eager %.1fx (%.0f ms)", ratio(l, s), l, s, ratio(e, s), e), Met: ratio(l, s) <= 2})
+		}
+		if m, ok := bm.Memory[BranchBigLazy]; ok {
+			e := bm.Memory[BranchBigEager]
+			rep.Goals = append(rep.Goals, Goal{Name: fmt.Sprintf("memory per child of branch(%d) of %d MiB, right after / after 10 s", bm.MemN, bm.BigMB), Target: "reported; stretch: a few MiB + the pages it writes",
+				Value: fmt.Sprintf("lazy %.0f / %.0f MiB, eager %.0f / %.0f MiB", m.AfterMiB, m.After10sMiB, e.AfterMiB, e.After10sMiB), Met: m.After10sMiB < 32})
+		}
+	}
 }
 
 // Write puts results.json, results.md and the SVG plots into dir.
@@ -436,6 +461,7 @@ func (rep *Report) Markdown() string {
 		}
 	}
 	b.WriteString("\n![branch scaling](branch-scaling.svg)\n")
+	b.WriteString(rep.branchMem())
 	if rep.Runc != nil {
 		fmt.Fprintf(&b, "\nrunc: %s", rep.Runc.Note)
 		if rep.Runc.BranchErrors > 0 {
@@ -456,6 +482,50 @@ func (rep *Report) Markdown() string {
 	b.WriteString(rep.backends())
 	b.WriteString("\n## Method\n\n")
 	b.WriteString(method)
+	return b.String()
+}
+
+// branchMem is the branch-by-memory tables ("" without them).
+func (rep *Report) branchMem() string {
+	bm := rep.BranchMem
+	if bm == nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## branch(n) by memory (ms, p50, past states)\n\nsmall: the service trace's state (process image %s, restored eagerly); big: a debian sandbox whose Python process holds %d MiB of touched memory (state %s), restored eagerly and lazily (docs/engine.md, Lazy restore) on the same engine, the three taking turns rep by rep (so the small column is timed again here, beside the table above). Big fan-outs stop at %d (each child ends up holding its own copy).\n\n",
+		mib(bm.ImageBytes[BranchSmall]), bm.BigMB, mib(bm.ImageBytes[BranchBigEager]), bigMaxN)
+	b.WriteString("| n | small | big, eager | big, lazy | big lazy / small | per child: small / eager / lazy |\n|---|---|---|---|---|---|\n")
+	for _, n := range rep.BranchN {
+		p := func(v string) float64 { return Percentiles(bm.MS[v][n]).P50 }
+		if n > bigMaxN {
+			continue // the small state's larger fan-outs: the table above
+		}
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.0f | %.1fx | %.1f / %.1f / %.1f |\n", n, p(BranchSmall), p(BranchBigEager), p(BranchBigLazy),
+			ratio(p(BranchBigLazy), p(BranchSmall)), p(BranchSmall)/float64(n), p(BranchBigEager)/float64(n), p(BranchBigLazy)/float64(n))
+	}
+	if len(bm.PhaseNames) > 0 {
+		fmt.Fprintf(&b, "\nWhere a child's restore goes (ms per child, each restore's own time; the queue runs one restore per core, so the wall time per child is about the sum over the cores):\n\n")
+		fmt.Fprintf(&b, "| phase | small, branch(%d) | big eager, branch(%d) | big lazy, branch(%d) |\n|---|---|---|---|\n", bm.SmallPhasesN, bm.MemN, bm.MemN)
+		var sums [3]float64
+		for _, ph := range bm.PhaseNames {
+			vs := [3]float64{bm.SmallPhases[ph], bm.Phases[BranchBigEager][ph], bm.Phases[BranchBigLazy][ph]}
+			if ph != branchPhaseLazyStart { // it overlaps the others
+				for i := range sums {
+					sums[i] += vs[i]
+				}
+			}
+			fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f |\n", ph, vs[0], vs[1], vs[2])
+		}
+		fmt.Fprintf(&b, "| sum | %.1f | %.1f | %.1f |\n", sums[0], sums[1], sums[2])
+		wall := func(m map[int][]float64, n int) float64 { return Percentiles(m[n]).P50 / float64(max(n, 1)) }
+		fmt.Fprintf(&b, "| wall time per child (p50 / n) | %.1f | %.1f | %.1f |\n", wall(rep.Branch[ModeArbor], bm.SmallPhasesN), wall(bm.MS[BranchBigEager], bm.MemN), wall(bm.MS[BranchBigLazy], bm.MemN))
+	}
+	fmt.Fprintf(&b, "\nMemory charged per child of branch(%d) (memory cgroup, MiB, mean; anon is the processes' private part):\n\n", bm.MemN)
+	b.WriteString("| | right after | anon | after 10 s | anon | lazy restores |\n|---|---|---|---|---|---|\n")
+	for _, v := range branchVariants {
+		m := bm.Memory[v]
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f | %d |\n", v, m.AfterMiB, m.AnonAfterMiB, m.After10sMiB, m.Anon10sMiB, m.LazyRestores)
+	}
 	return b.String()
 }
 

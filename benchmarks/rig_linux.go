@@ -109,7 +109,7 @@ func newRig(ctx context.Context, o Options, backend string) (r *rig, err error) 
 		r.inNote = "--classifier full: Arbor ran without the Inspector, full every turn"
 	}
 	eo := branch.Options{StateDir: filepath.Join(dir, "engine"), Snap: r.snap, CRIU: r.criu,
-		Launcher: r.launch, WarmCopies: o.WarmCopies, Logger: r.log}
+		Launcher: r.launch, WarmCopies: o.WarmCopies, LazyBytes: o.LazyBytes, Logger: r.log}
 	if r.in != nil { // not a typed nil in the interface
 		eo.Inspector = r.in
 	}

@@ -48,6 +48,12 @@ func (c chart) render() string {
 	}
 	if math.IsInf(minX, 1) {
 		minX, maxX = 0, 1
+		if c.logX {
+			// No data (arbor bench --branch-only has no checkpoint
+			// latencies): a log axis from 0 made the ticks loop from
+			// -Inf for ever, allocating until the OOM killer came.
+			minX, maxX = 1, 10
+		}
 	}
 	if maxY == 0 {
 		maxY = 1

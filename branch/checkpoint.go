@@ -213,9 +213,23 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if err := sandbox.WriteIsolationRecord(dir, rec); err != nil {
 				return err
 			}
+			// A lazily restored tree is dumped once all its memory is
+			// in: CRIU would dump the pages still missing as zeros
+			// (docs/engine.md, "Lazy restore").
+			wctx, cancel := context.WithTimeout(ctx, lazyDumpWait)
+			err = sb.WaitHeld(wctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("wait for the lazy restore's pages: %w", err)
+			}
 			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()})
 			if err != nil {
 				return err
+			}
+			// A lazily restored tree whose page daemon failed may have
+			// read, and so dumped, zeros (docs/engine.md, "Lazy restore").
+			if err := sb.Err(); err != nil {
+				return fmt.Errorf("dump: %w", err)
 			}
 			st.Timings["dump"] = time.Since(t)
 		}

@@ -33,6 +33,10 @@ const (
 	Full = manifest.KindFull
 )
 
+// DefaultLazyBytes is the image size from which arbor serve restores
+// lazily (Options.LazyBytes).
+const DefaultLazyBytes = 64 << 20
+
 // SnapshotPrefix is where filesystem artifacts live in the snapshotter.
 const SnapshotPrefix = "states/"
 
@@ -59,6 +63,11 @@ type Options struct {
 	// WarmCopies is how many pre-restored, frozen copies of every open
 	// environment's newest state to keep, so that branch only thaws them.
 	WarmCopies int
+	// LazyBytes: process images of at least this many bytes are restored
+	// lazily over userfaultfd, their memory copied in after the tree
+	// runs (docs/engine.md, "Lazy restore"); 0 or less restores every
+	// image eagerly. DefaultLazyBytes is the server's default.
+	LazyBytes int64
 	// Inspector, when set, classifies turns (Classify) and keeps its
 	// baselines in step with every checkpoint and restore; without it
 	// every turn is a full checkpoint. *watch.Inspector (package
@@ -118,7 +127,9 @@ type Engine struct {
 	gcDone   chan struct{}
 	gcStats  gcStats
 	clockOff atomic.Int64
-	pr       pressure // disk pressure (pressure.go)
+	// lazyBytes is Options.LazyBytes (SetLazyBytes).
+	lazyBytes atomic.Int64
+	pr        pressure // disk pressure (pressure.go)
 
 	mu     sync.Mutex
 	envs   map[string]*Env
@@ -169,6 +180,7 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{},
 		refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
+	e.lazyBytes.Store(o.LazyBytes)
 	e.cache, err = imgcache.Open(imgcache.Options{
 		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
 		HotBytes: o.HotBytes, NoMount: o.NoTmpfs, Logger: o.Logger,
@@ -533,6 +545,8 @@ type coordStats struct {
 	verified, misses                      atomic.Int64
 	revived                               atomic.Int64
 	shellDeltas                           atomic.Int64
+	lazyRestores, lazyFailed              atomic.Int64
+	phases                                phaseStats
 }
 
 // CoordStats are the engine's totals since it opened (checkpoints it
@@ -554,6 +568,14 @@ type CoordStats struct {
 	// instead of a dump of the processes (docs/engine.md, "Shell delta
 	// states").
 	ShellDeltas int64
+	// LazyRestores counts the restores made lazily (Options.LazyBytes),
+	// LazyFailed those whose daemon failed after the restore had
+	// returned, their sandbox killed (docs/engine.md, "Lazy restore").
+	LazyRestores, LazyFailed int64
+	// Restores counts the successful restores and RestorePhases sums
+	// their time by phase (Phase*; PhaseAdopt: of branch children).
+	Restores      int64
+	RestorePhases map[string]time.Duration
 }
 
 // WaitCheckpoint waits for env's background checkpoint (raising its

@@ -26,6 +26,22 @@ type restored struct {
 	// imageShell is the shell state of the process image, read before a
 	// shell delta was run on it; nil for a state without one.
 	imageShell *inspector.ShellState
+	// lazy is the daemon of a lazy restore (the sandbox holds it).
+	lazy *criu.LazyPages
+}
+
+// handedOut lowers a lazy restore's daemon to the background once its
+// sandbox is handed out (a branch child registered, a rollback swapped
+// in): before, its tree's first touches (init's answer, the Inspector's
+// baseline) are served at full priority; after, its copy of the pages
+// nobody asked for yields the CPU to the restores still running.
+func (e *Engine) handedOut(r restored) {
+	if r.lazy == nil {
+		return
+	}
+	if err := r.lazy.Background(); err != nil {
+		e.log.Warn("lazy restore", slog.Any("err", err))
+	}
 }
 
 // restore brings state sid back as a new sandbox named name: a writable
@@ -37,6 +53,8 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			err = fmt.Errorf("%w: state %s: %w", ErrRestore, sid, err)
 		}
 	}()
+	ph := e.stats.phases.start()
+	defer func() { ph.done(err == nil) }()
 	st, err := e.man.GetState(sid)
 	if err != nil {
 		return r, err
@@ -49,11 +67,37 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, fmt.Errorf("process artifact: %w", err)
 	}
+	ph.mark(PhaseManifest)
 	dir, release, err := e.cache.Acquire(ctx, procA.Location)
 	if err != nil {
 		return r, fmt.Errorf("process image %s: %w", procA.ID, err)
 	}
-	defer release()
+	ph.mark(PhaseImage)
+	// A lazy restore's daemon keeps the image pinned until it has served
+	// every page (serveLazily); every other restore lets it go here.
+	var lp *criu.LazyPages
+	defer func() {
+		if lp == nil {
+			release()
+		}
+	}()
+	// A lazy restore's daemon starts beside the clone and the sandbox's
+	// set-up (it needs only the images); joined before CRIU restores.
+	var started chan lazyStart
+	if e.lazy(procA) {
+		started = make(chan lazyStart, 1)
+		go func() {
+			d, err := e.o.CRIU.StartLazyPages(ctx, dir)
+			started <- lazyStart{d, err}
+		}()
+		defer func() {
+			if started != nil { // never joined: the restore failed first
+				if s := <-started; s.d != nil {
+					s.d.Close()
+				}
+			}
+		}()
+	}
 	vol := launch.VolumePrefix + name
 	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
 		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
@@ -65,6 +109,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 			}
 		}
 	}()
+	ph.mark(PhaseClone)
 	disk, err := launch.SetDiskQuota(ctx, e.o.Snap, vol, e.o.Limits)
 	if err != nil {
 		return r, err
@@ -80,14 +125,46 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 	if err != nil {
 		return r, err
 	}
+	if u.Enabled && started != nil {
+		// User namespace mode restores eagerly: lazy restore is not
+		// tested in it (docs/engine.md, "Lazy restore").
+		if s := <-started; s.d != nil {
+			s.d.Close()
+		}
+		started = nil
+	}
+	var daemon *criu.LazyPages
+	ph.mark(PhaseQuota)
 	sb, err := sandbox.Restore(ctx, sandbox.Config{ID: name, Root: root, Limits: e.o.Limits, Isolation: e.isolation(), Disk: disk, Logger: e.log, UserNS: u}, expect,
 		func(join func(int) error) (int, error) {
-			return e.o.CRIU.Restore(ctx, criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled})
+			ph.mark(PhaseCgroup)
+			defer ph.mark(PhaseCRIU)
+			req := criu.RestoreRequest{Dir: dir, Root: root, Join: join, UserNS: u.Enabled}
+			if started == nil {
+				return e.o.CRIU.Restore(ctx, req)
+			}
+			s := <-started
+			started = nil
+			if s.err != nil {
+				return 0, s.err
+			}
+			daemon = s.d
+			return e.o.CRIU.RestoreLazily(ctx, req, daemon)
 		})
+	ph.mark(PhaseSandbox)
 	if err != nil {
+		if daemon != nil {
+			// sandbox.Restore killed the tree it served.
+			daemon.Close()
+		}
 		return r, err
 	}
-	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location}
+	if daemon != nil {
+		lp = daemon
+		e.serveLazily(sb, daemon, release)
+		e.stats.phases.add(PhaseLazyStart, daemon.Startup())
+	}
+	r = restored{sb: sb, volume: vol, fsLoc: fsA.Location, lazy: lp}
 	if st.ShellDigest != "" {
 		img, err := e.applyShellDelta(ctx, sb, st)
 		if err != nil {
@@ -98,7 +175,57 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		}
 		r.imageShell = &img
 	}
+	ph.mark(PhaseShell)
 	return r, nil
+}
+
+// lazyDumpWait bounds how long a checkpoint waits for a lazily restored
+// tree's daemon to have copied all its memory in (a 256 MiB tree takes
+// well under a second here; a daemon at nice 19 on a busy machine more).
+const lazyDumpWait = 2 * time.Minute
+
+// lazyStart is a lazy-pages daemon started for a restore, or why not.
+type lazyStart struct {
+	d   *criu.LazyPages
+	err error
+}
+
+// lazy reports whether a process image is restored lazily: when it is
+// at least Options.LazyBytes (docs/engine.md, "Lazy restore").
+func (e *Engine) lazy(img manifest.Artifact) bool {
+	n := e.lazyBytes.Load()
+	return n > 0 && img.Bytes >= n
+}
+
+// SetLazyBytes replaces Options.LazyBytes for the restores that start
+// from now on (the benchmark times both ways on one engine).
+func (e *Engine) SetLazyBytes(n int64) { e.lazyBytes.Store(n) }
+
+// serveLazily ties a lazy restore's daemon to the sandbox it serves: the
+// sandbox's Destroy closes it (after the tree is killed), a command after
+// it failed finds the sandbox dead (sandbox.Failing), and the image stays
+// pinned in the cache, out of the GC's and the eviction's reach, until the
+// daemon has exited. A daemon that fails while the tree runs has left it
+// with pages it can no longer serve: the tree is killed at once, so the
+// env is revived at its last committed state on its next command.
+func (e *Engine) serveLazily(sb *sandbox.Sandbox, d *criu.LazyPages, release func()) {
+	sb.Hold(d)
+	e.stats.lazyRestores.Add(1)
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		<-d.Done()
+		release()
+		if err := d.Err(); err != nil {
+			select {
+			case <-sb.Exited(): // destroyed (Destroy closed the daemon) or died
+			default:
+				e.log.Error("lazy-pages daemon failed: killing the sandbox it served", slog.String("sandbox", sb.ID()), slog.Any("err", err))
+				e.stats.lazyFailed.Add(1)
+				sb.Kill()
+			}
+		}
+	}()
 }
 
 // applyShellDelta runs a shell delta state's script in the shell of its
@@ -314,6 +441,9 @@ func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st m
 	if err != nil {
 		return err
 	}
+	t := time.Now()
+	defer func() { e.stats.phases.add(PhaseAdopt, time.Since(t)) }()
+	defer e.handedOut(r)
 	return h.deliver(func() (*Env, error) { return e.adopt(qctx, id, r, st, origin) }, func() { e.discard(r) })
 }
 
@@ -369,6 +499,7 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 		return err
 	}
 	e.swapIn(ctx, env, r, st)
+	e.handedOut(r)
 	return nil
 }
 

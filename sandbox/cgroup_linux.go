@@ -381,6 +381,25 @@ func (cg *cgroup) counters() counters {
 	return c
 }
 
+// memory is what the group's memory controller charges now, and of that
+// its anonymous (process-private) part.
+func (cg *cgroup) memory() (Memory, error) {
+	var m Memory
+	cur, stat, anon := filepath.Join(cg.v2, "memory.current"), filepath.Join(cg.v2, "memory.stat"), "anon"
+	if d, ok := cg.v1["memory"]; ok {
+		cur, stat, anon = filepath.Join(d, "memory.usage_in_bytes"), filepath.Join(d, "memory.stat"), "rss"
+	}
+	b, err := os.ReadFile(cur)
+	if err != nil {
+		return m, fmt.Errorf("read memory usage: %w", err)
+	}
+	if m.Current, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err != nil {
+		return m, fmt.Errorf("read memory usage: %w", err)
+	}
+	m.Anon = keyed(stat, anon)
+	return m, nil
+}
+
 // keyed reads "key value" lines and returns value for key (0 if absent).
 func keyed(path, key string) int64 {
 	f, err := os.Open(path)

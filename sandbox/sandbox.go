@@ -27,6 +27,16 @@ type Limits struct {
 }
 
 // DefaultLimits are used for zero fields of Config.Limits.
+// Memory is what a sandbox's memory cgroup charges (Sandbox.Memory).
+type Memory struct {
+	// Current is the whole charge: memory.current (cgroup v2), or
+	// memory.usage_in_bytes of the v1 memory controller.
+	Current int64
+	// Anon is its anonymous part, the processes' private memory
+	// (memory.stat's anon, v1's rss).
+	Anon int64
+}
+
 var DefaultLimits = Limits{MemoryBytes: 1 << 30, Pids: 512, CPUs: 1, DiskBytes: 2 << 30}
 
 func (l Limits) withDefaults() Limits {

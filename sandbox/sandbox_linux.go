@@ -45,6 +45,10 @@ type Sandbox struct {
 	// iso is what the sandbox was started (or restored) to hold: hardened
 	// or not, and the capability set kept.
 	iso IsolationRecord
+
+	hmu  sync.Mutex  // guards held and gone; a leaf, never held across a call
+	held []io.Closer // closed by Destroy after the processes are killed (Hold)
+	gone bool        // Destroy closed held
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -381,6 +385,118 @@ func (s *Sandbox) CgroupID() (uint64, error) { return s.cg.ID() }
 // Exited is closed when the sandbox's init has exited.
 func (s *Sandbox) Exited() <-chan struct{} { return s.exited }
 
+// Memory is what the sandbox's memory cgroup charges now.
+func (s *Sandbox) Memory() (Memory, error) { return s.cg.memory() }
+
+// Hold ties c to the sandbox's life: Destroy closes it once the
+// sandbox's processes are killed (a lazy restore's page daemon, which must
+// outlive the tree it serves, and no more). On a sandbox already destroyed
+// c is closed at once. When c is Failing and fails, every later command
+// fails with ErrDead and the sandbox is killed.
+func (s *Sandbox) Hold(c io.Closer) {
+	s.hmu.Lock()
+	if !s.gone {
+		s.held = append(s.held, c)
+		s.hmu.Unlock()
+		return
+	}
+	s.hmu.Unlock()
+	if err := c.Close(); err != nil {
+		s.log.Warn("close what the sandbox held", slog.Any("err", err))
+	}
+}
+
+// Kill ends every process of the sandbox (SIGKILL to its cgroup) without
+// destroying it: its init exits, so the next command finds it dead
+// (ErrDead) and the engine revives it. For a tree that must not run on
+// (the daemon serving its memory failed).
+func (s *Sandbox) Kill() {
+	s.cg.kill()
+	select {
+	case <-s.exited:
+		return // reaped: its pid may be another process's by now
+	default:
+	}
+	if s.pid > 0 {
+		syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+}
+
+// Failing is what the sandbox's processes depend on and a Hold value
+// reports as failed (Err non-nil while the sandbox is not destroyed).
+type Failing interface {
+	io.Closer
+	Err() error
+}
+
+// heldErr is the failure of a Failing value the sandbox holds: then its
+// processes cannot be trusted (a lazy restore's daemon died with pages
+// still to serve, which then read as zeros), so the sandbox is killed and
+// heldErr wraps ErrDead: a command that ran meanwhile has no result.
+func (s *Sandbox) heldErr() error {
+	s.hmu.Lock()
+	var err error
+	for _, c := range s.held {
+		if f, ok := c.(Failing); ok {
+			if err = f.Err(); err != nil {
+				break
+			}
+		}
+	}
+	s.hmu.Unlock()
+	if err == nil {
+		return nil
+	}
+	s.Kill()
+	return fmt.Errorf("%w: %w", ErrDead, err)
+}
+
+// Err is the failure of what the sandbox depends on (heldErr), after
+// which it is killed: callers that read the processes' state from outside
+// (a checkpoint's dump) check it after doing so.
+func (s *Sandbox) Err() error { return s.heldErr() }
+
+// Pending is a Hold value whose work on the sandbox's processes goes on
+// after it was handed over (a lazy restore's daemon copying their memory
+// in) and can be waited for.
+type Pending interface {
+	Wait(ctx context.Context) error
+}
+
+// WaitHeld waits until every Pending value the sandbox holds is done, or
+// ctx ends. A dump must: what a lazy restore's daemon has not copied in
+// yet is absent from the processes' page tables, and CRIU dumps an absent
+// page as never touched, so its image would hold zeros there.
+func (s *Sandbox) WaitHeld(ctx context.Context) error {
+	s.hmu.Lock()
+	var ps []Pending
+	for _, c := range s.held {
+		if p, ok := c.(Pending); ok {
+			ps = append(ps, p)
+		}
+	}
+	s.hmu.Unlock()
+	for _, p := range ps {
+		if err := p.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// closeHeld closes what Hold gave the sandbox, once.
+func (s *Sandbox) closeHeld() {
+	s.hmu.Lock()
+	held := s.held
+	s.held, s.gone = nil, true
+	s.hmu.Unlock()
+	for _, c := range held {
+		if err := c.Close(); err != nil {
+			s.log.Warn("close what the sandbox held", slog.Any("err", err))
+		}
+	}
+}
+
 // dial connects to init's control socket through init's own root, which
 // works whatever the host path of the root is.
 func (s *Sandbox) dial(ctx context.Context) error {
@@ -583,6 +699,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		// not start another: the sandbox cannot run the next command.
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
+	if err := s.heldErr(); err != nil {
+		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
+	}
 	events = append(events, s.checkLimits()...)
 	if resp.Rejected > 0 {
 		s.log.Debug("init dropped forged or stray status records", slog.Int("count", resp.Rejected))
@@ -625,6 +744,9 @@ func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result
 	}
 	if resp.Error != "" {
 		return nil, fmt.Errorf("run in sandbox %s: %s", s.cfg.ID, resp.Error)
+	}
+	if err := s.heldErr(); err != nil {
+		return nil, fmt.Errorf("run in sandbox %s: %w", s.cfg.ID, err)
 	}
 	r := result(resp, out, errb)
 	r.Limits = append(events, s.checkLimits()...)
@@ -982,6 +1104,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.closed = true
 	s.disconnect()
 	s.mu.Unlock()
+	// What the sandbox held goes after its processes, whether or not
+	// init is seen to exit in time: they were all sent SIGKILL.
+	defer s.closeHeld()
 	select {
 	case <-s.exited:
 	case <-ctx.Done():

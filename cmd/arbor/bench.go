@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/arbor-env/arbor/benchmarks"
+	"github.com/arbor-env/arbor/branch"
 )
 
 func init() { subcommands = append(subcommands, newBenchCmd) }
@@ -16,6 +17,7 @@ func init() { subcommands = append(subcommands, newBenchCmd) }
 func newBenchCmd(g *globalOptions) *cobra.Command {
 	var o benchmarks.Options
 	var quick bool
+	var lazy string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Compare Arbor with full-every-turn, files-only, replay and runc on agent traces",
@@ -37,6 +39,13 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 				o.Tree.M = 1
 				o.ReplayStride = 4
 			}
+			n, err := parseSize(lazy)
+			if err != nil {
+				return fmt.Errorf("--lazy-restore: %w", err)
+			}
+			if o.LazyBytes = n; n == 0 {
+				o.LazyBytes = -1 // Options: 0 takes the default
+			}
 			o.CRIU = g.criuPath
 			o.Logger = slog.Default()
 			start := time.Now()
@@ -54,8 +63,10 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 			if err := rep.Write(out); err != nil {
 				return fmt.Errorf("write results: %w", err)
 			}
-			fmt.Print(rep.Headline())
-			fmt.Println()
+			if !o.BranchOnly {
+				fmt.Print(rep.Headline())
+				fmt.Println()
+			}
 			for _, gl := range rep.Goals {
 				met := "met"
 				if !gl.Met {
@@ -78,6 +89,9 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 	f.IntVar(&o.Tree.Prefix, "tree-chain", 0, "turns of the trace in each tree's initial chain (0: the whole trace)")
 	f.IntVar(&o.ReplayStride, "replay-stride", 2, "check every k-th turn by replay (the replay check costs O(turns^2))")
 	f.BoolVar(&o.SkipRunc, "no-runc", false, "leave the runc baseline out")
+	f.BoolVar(&o.BranchOnly, "branch-only", false, "measure branch(n) only: the small and the big sandbox from past states, eager and lazy, the children's memory, and runc beside them")
+	f.IntVar(&o.BigMB, "big-mb", 256, "memory the big sandbox's process holds (MiB)")
+	f.StringVar(&lazy, "lazy-restore", fmt.Sprintf("%dM", branch.DefaultLazyBytes>>20), "Arbor restores process images of at least this size lazily (0: every restore eager)")
 	f.BoolVar(&o.TracesOnly, "traces-only", false, "play the traces through Arbor and check their recovery, nothing else (turn classes and CRIU dumps)")
 	f.BoolVar(&o.ZFS, "zfs", false, "also play the traces through Arbor on the zfs backend and time branch(n) there (a ZFS column beside btrfs; zfs-fuse here, slow)")
 	f.IntVar(&o.WarmCopies, "warm", 0, "pre-restored warm copies per env in Arbor's engine (0: cold branches)")

@@ -39,6 +39,7 @@ type serveOptions struct {
 	warm        int
 	idleTTL     time.Duration
 	retain      time.Duration
+	lazy        string
 	highWater   float64
 	lowWater    float64
 	maxEnvs     int
@@ -84,6 +85,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.maxBatch, "max-batch", 1024, "most items of one step_batch")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
+	f.StringVar(&o.lazy, "lazy-restore", fmt.Sprintf("%dM", branch.DefaultLazyBytes>>20), "restore process images of at least this size lazily, their memory copied in after the tree runs (docs/engine.md, Lazy restore); 0: every restore eager")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
 	f.StringVar(&o.inspect, "inspector", envOr("ARBOR_INSPECTOR", "auto"), "turn classification: auto (eBPF, else the snapshot backend's change list), ebpf, fallback, off (every turn full)")
@@ -171,8 +173,12 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	lazy, err := parseSize(o.lazy)
+	if err != nil {
+		return fmt.Errorf("--lazy-restore: %w", err)
+	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, HighWater: o.highWater, LowWater: o.lowWater, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in

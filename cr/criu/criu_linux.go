@@ -38,7 +38,10 @@ type Checkpointer struct {
 	// "setup-namespaces", ...) with that CRIU's pid, before it is
 	// answered: tests use it to make a run hang (SIGSTOP the CRIU).
 	FaultHook func(stage string, criuPID int)
-	spares    *spares
+	// LazyFaultHook, when set, is called as FaultHook is during a lazy
+	// restore, with its lazy-pages daemon: tests kill the daemon with it.
+	LazyFaultHook func(stage string, daemon *LazyPages)
+	spares        *spares
 }
 
 // DefaultTimeout bounds a CRIU run when Checkpointer.Timeout is zero: a
@@ -237,13 +240,38 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 // Restore brings the tree back as a child of this process (RstSibling) and
 // returns the host pid of its root.
 func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, error) {
+	return c.restore(ctx, r, nil)
+}
+
+// RestoreLazily restores the tree as Restore does, but with its private
+// anonymous memory left in the images for daemon, a lazy-pages daemon
+// StartLazyPages started on r.Dir: it copies each page in on first touch
+// and the rest in the background, then exits (docs/engine.md, "Lazy
+// restore"). The restore works in the daemon's work directory
+// (r.WorkDir is not used). The caller keeps daemon: it Closes it after a
+// failed restore, and after a successful one once the tree is gone; the
+// images in r.Dir must stay until the daemon is Done. When the daemon
+// fails (Done with an error) the tree may have lost memory and must be
+// killed. A daemon that fails before the restore returns fails it with
+// ErrLazyPages.
+func (c *Checkpointer) RestoreLazily(ctx context.Context, r RestoreRequest, daemon *LazyPages) (int, error) {
+	if daemon == nil {
+		return 0, fmt.Errorf("%w: lazy restore without a daemon", ErrLazyPages)
+	}
+	return c.restore(ctx, r, daemon)
+}
+
+func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *LazyPages) (pid int, err error) {
 	dir, err := os.Open(r.Dir)
 	if err != nil {
 		return 0, fmt.Errorf("open image dir: %w", err)
 	}
 	defer dir.Close()
 	work := r.WorkDir
-	if work == "" {
+	if daemon != nil {
+		// The restore finds the daemon's socket in its work directory.
+		work = daemon.work
+	} else if work == "" {
 		if work, err = os.MkdirTemp("", "arbor-restore-"); err != nil {
 			return 0, err
 		}
@@ -308,11 +336,49 @@ func (c *Checkpointer) Restore(ctx context.Context, r RestoreRequest) (int, erro
 		NotifyScripts:     proto.Bool(true),
 		InheritFd:         []*rpc.InheritFd{{Key: proto.String(netKey), Fd: proto.Int32(netnsFd)}},
 	}
-	if err := c.run(ctx, sp, rpc.CriuReqType_RESTORE, opts, n.handle); err != nil {
+	handle := n.handle
+	if daemon != nil {
+		opts.LazyPages = proto.Bool(true)
+		if hook := c.LazyFaultHook; hook != nil {
+			handle = func(m *rpc.CriuNotify) error {
+				hook(m.GetScript(), daemon)
+				return n.handle(m)
+			}
+		}
+	}
+	if daemon != nil {
+		// A daemon that fails while CRIU restores ends the restore at
+		// once: CRIU's own way out of a failed restore after it seized
+		// the tree waits for the root task, which waits for its
+		// children, which wait for CRIU (their tracer) to reap them,
+		// until CRIU's deadline (TestLazyDaemonKilled).
+		ran := make(chan struct{})
+		defer close(ran)
+		go func() {
+			select {
+			case <-daemon.done:
+				if daemon.err != nil {
+					sp.w.kill()
+				}
+			case <-ran:
+			}
+		}()
+	}
+	if err := c.run(ctx, sp, rpc.CriuReqType_RESTORE, opts, handle); err != nil {
+		if daemon != nil && daemon.Err() != nil {
+			err = daemon.Err()
+		}
 		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
 	}
 	if n.pid == 0 {
 		return 0, errors.New("criu restore reported no pid")
+	}
+	if daemon != nil {
+		// Every uffd reached the daemon during the restore; one that is
+		// gone already cannot serve them.
+		if err := daemon.Err(); err != nil {
+			return 0, fmt.Errorf("criu restore into %s: %w", r.Root, err)
+		}
 	}
 	return n.pid, nil
 }
