@@ -28,7 +28,7 @@ SKIPFUZZ_TURNS ?=
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build run test test-images fuzz fuzz-skips generate bench gobench stress soak lint ui-screenshot
+.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench stress soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,6 +39,10 @@ deps: ## install system packages and the private CRIU 4.x (idempotent)
 build: ## build bin/arbor and bin/arbor-init
 	$(GO) build -o $(BIN)/arbor ./cmd/arbor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/arbor-init ./cmd/arbor-init
+
+cluster-demo: deps build ## etcd (embedded), three nodes on 127.0.0.2-4 and a router on 127.0.0.1:7880; a short episode through them (DEMO_HOLD=0: stop after it)
+	$(GO) build -o $(BIN)/arbor-etcd ./cmd/arbor-etcd
+	BIN=$(BIN) scripts/cluster-demo.sh
 
 run: deps build ## install what is missing, build, start the server on embedded defaults (BACKEND=zfs: on ZFS)
 	$(BIN)/arbor --backend $(BACKEND) doctor

@@ -114,6 +114,9 @@ type Engine struct {
 	// passMu makes GC passes one at a time, the deletion of their
 	// artifacts (outside gcMu) included.
 	passMu sync.Mutex
+	// importMu makes Imports one at a time (two streams may carry the
+	// same artifact).
+	importMu sync.Mutex
 
 	stats coordStats
 

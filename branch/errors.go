@@ -34,6 +34,13 @@ var (
 	// restored shell to the state it recorded (its digest differs); the
 	// restore fails rather than hand out another state.
 	ErrShellDelta = errors.New("shell delta did not reach its state")
+	// ErrTransfer: a state shipped from another node could not be
+	// imported (the stream was cut short or damaged, an artifact it
+	// needs is missing); nothing of it was kept.
+	ErrTransfer = errors.New("state transfer failed")
+	// ErrUnsupported: the engine's backend cannot do this (a zfs pool
+	// cannot stream its snapshots to another node yet).
+	ErrUnsupported = errors.New("not supported by this backend")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

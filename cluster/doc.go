@@ -7,9 +7,10 @@
 //
 // A node (arbor serve --cluster-etcd) publishes with a Node: Connect
 // before its coordinator exists (the Node is the coordinator's Hooks),
-// Register once it serves, Leave when it stops. A router (package router)
-// reads the cluster with a View. The key layout is in keys.go and
-// docs/cluster.md.
+// Register once it serves, Leave when it stops. Its Transfer serves and
+// sends states between nodes and runs migrations (transfer.go). A router
+// (package router) reads the cluster with a View and drives transfers
+// with a ShipClient. The key layout is in keys.go and docs/cluster.md.
 //
 // Lock order: Node.mu is a leaf (no etcd call is made while it is held);
 // so is View.mu.

@@ -11,6 +11,7 @@ import (
 //	/arbor/v1/envs/<env>            Placement (JSON), no lease
 //	/arbor/v1/states/<state>/<node> the env that made the state, under the
 //	                                lease of the node holding its artifacts
+//	/arbor/v1/replicas/<env>        Replica (JSON), no lease (replica.go)
 //
 // A node's key and its state keys vanish when its lease ends (the node
 // died or left). Placements stay: an env whose node is gone is answered
@@ -43,12 +44,18 @@ type NodeInfo struct {
 	ID string `json:"id"`
 	// Addr is host:port of the node's protocol websocket (/v1/ws).
 	Addr string `json:"addr"`
+	// Transfer is host:port where the node serves state transfers
+	// (TransferPrefix; "": it serves none).
+	Transfer string `json:"transfer,omitempty"`
 	// Envs is the number of envs handed out on the node, MaxEnvs its
 	// bound.
 	Envs    int `json:"envs"`
 	MaxEnvs int `json:"max_envs"`
 	// Tasks are the tasks its reset accepts.
 	Tasks []string `json:"tasks,omitempty"`
+	// Draining: the node is moving its envs away (Transfer.Drain); it
+	// takes no new env (resets, branch children, migrations).
+	Draining bool `json:"draining,omitempty"`
 	// EnvIdleTTLS is the node's idle TTL in seconds (0: never).
 	EnvIdleTTLS float64   `json:"env_idle_ttl_s"`
 	Version     string    `json:"version,omitempty"`

@@ -22,6 +22,9 @@ type NodeOptions struct {
 	ID string
 	// Advertise is host:port where routers reach the node's websocket.
 	Advertise string
+	// Transfer is host:port where the node serves state transfers
+	// (Transfer.Handler; "": none), published in its NodeInfo.
+	Transfer string
 	// TTL of the node's lease (default 10 s): a node that stops keeping
 	// it alive is gone from the registry this long after.
 	TTL time.Duration
@@ -95,6 +98,8 @@ type Node struct {
 	envs       map[string]string   // env -> the placement value this node put
 	states     map[string]stateRec // keys put under the lease
 	lost       map[string]bool     // envs whose placement could not be written yet
+	closing    map[string]string   // closed envs: the placement value to delete
+	draining   bool                // published: the node takes no new env
 	kick       chan struct{}       // asks the publisher to publish the load now
 }
 
@@ -116,7 +121,7 @@ func Connect(ctx context.Context, o NodeOptions) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{o: o, cli: cli, log: o.Logger.With(slog.String("node", o.ID)), envs: map[string]string{},
-		states: map[string]stateRec{}, lost: map[string]bool{}, started: time.Now(), kick: make(chan struct{}, 1)}
+		states: map[string]stateRec{}, lost: map[string]bool{}, closing: map[string]string{}, started: time.Now(), kick: make(chan struct{}, 1)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.grant(ctx); err != nil {
 		cli.Close()
@@ -296,8 +301,9 @@ func (n *Node) info() (string, clientv3.LeaseID) {
 	if n.local != nil {
 		info = n.local.Capacity()
 	}
-	info.ID, info.Addr, info.Version, info.Started, info.Updated = n.o.ID, n.o.Advertise, n.o.Version, n.started, time.Now()
+	info.ID, info.Addr, info.Transfer, info.Version, info.Started, info.Updated = n.o.ID, n.o.Advertise, n.o.Transfer, n.o.Version, n.started, time.Now()
 	info.Envs = len(n.envs)
+	info.Draining = n.draining
 	sort.Strings(info.Tasks)
 	b, _ := json.Marshal(info)
 	return string(b), n.lease
@@ -370,7 +376,7 @@ func (n *Node) retryPlacements() {
 		if open {
 			err = n.put(EnvKey(id), val)
 		} else {
-			err = n.del(EnvKey(id))
+			err = n.delMine(id)
 		}
 		if err == nil {
 			n.mu.Lock()
@@ -452,19 +458,33 @@ func (n *Node) EnvClosed(env string) {
 		return // closed: the node is leaving or dead
 	}
 	n.mu.Lock()
-	val := n.envs[env]
+	n.closing[env] = n.envs[env]
 	delete(n.envs, env)
 	n.mu.Unlock()
-	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
-	_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(EnvKey(env)), "=", val)).Then(clientv3.OpDelete(EnvKey(env))).Commit()
-	cancel()
-	if err != nil {
+	if err := n.delMine(env); err != nil {
 		n.log.Warn("delete placement (retried)", slog.String("env", env), slog.Any("err", err))
 		n.mu.Lock()
 		n.lost[env] = true
 		n.mu.Unlock()
 	}
 	n.publishSoon()
+}
+
+// delMine deletes env's placement if it still holds the value this node
+// put (an env migrated away has the target's), and forgets that value.
+func (n *Node) delMine(env string) error {
+	n.mu.Lock()
+	val := n.closing[env]
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
+	defer cancel()
+	_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(EnvKey(env)), "=", val)).Then(clientv3.OpDelete(EnvKey(env))).Commit()
+	if err == nil {
+		n.mu.Lock()
+		delete(n.closing, env)
+		n.mu.Unlock()
+	}
+	return err
 }
 
 // StateMade records that this node holds the state's artifacts, under its
@@ -528,6 +548,33 @@ func (n *Node) Close() {
 		n.wg.Wait()
 		n.cli.Close()
 	})
+}
+
+// SetDraining marks the node as draining (or not) and publishes it at
+// once: routers stop placing new envs on it.
+func (n *Node) SetDraining(on bool) error {
+	n.mu.Lock()
+	n.draining = on
+	n.mu.Unlock()
+	return n.publish()
+}
+
+// Peers reads the live nodes' records from etcd, this one included.
+func (n *Node) Peers(ctx context.Context) ([]NodeInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.o.Timeout)
+	defer cancel()
+	r, err := n.cli.Get(ctx, nodesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("%w: read nodes: %v", ErrUnavailable, err)
+	}
+	var out []NodeInfo
+	for _, kv := range r.Kvs {
+		var info NodeInfo
+		if json.Unmarshal(kv.Value, &info) == nil {
+			out = append(out, info)
+		}
+	}
+	return out, nil
 }
 
 // ID is the node's id.

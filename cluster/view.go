@@ -216,8 +216,8 @@ func (v *View) Node(id string) (NodeInfo, bool) {
 	return n, ok
 }
 
-// Place orders the live nodes that offer task ("" for any) by load,
-// least loaded first, counting the pending resets the caller has sent to
+// Place orders the live nodes that offer task ("" for any) and are not
+// draining by load, least loaded first, counting the pending resets the caller has sent to
 // each and the envs placed there since the node last published its load.
 // Full nodes come last.
 func (v *View) Place(task string, pending map[string]int) []NodeInfo {
@@ -228,7 +228,7 @@ func (v *View) Place(task string, pending map[string]int) []NodeInfo {
 	}
 	var cs []cand
 	for id, n := range v.nodes {
-		if task != "" && !n.HasTask(task) {
+		if task != "" && !n.HasTask(task) || n.Draining {
 			continue
 		}
 		n.Envs += pending[id] + len(v.unpublished[id])
@@ -289,6 +289,33 @@ func (v *View) EnvNode(ctx context.Context, env string) (string, error) {
 	if ok {
 		return node, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
+	defer cancel()
+	r, err := v.cli.Get(ctx, EnvKey(env))
+	if err != nil {
+		return "", fmt.Errorf("%w: read placement of %s: %v", ErrUnavailable, env, err)
+	}
+	if len(r.Kvs) == 0 {
+		return "", nil
+	}
+	var p Placement
+	if err := json.Unmarshal(r.Kvs[0].Value, &p); err != nil {
+		return "", fmt.Errorf("placement of %s: %w", env, err)
+	}
+	return p.Node, nil
+}
+
+// Moved records that env lives on node now (a migration the router
+// made, before the watch brings the placement the target wrote).
+func (v *View) Moved(env, node string) {
+	v.mu.Lock()
+	v.envs[env] = node
+	v.mu.Unlock()
+}
+
+// FreshEnvNode reads env's placement from etcd, not from the view (a
+// node that answered it has no such env: the env may have migrated).
+func (v *View) FreshEnvNode(ctx context.Context, env string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
 	defer cancel()
 	r, err := v.cli.Get(ctx, EnvKey(env))

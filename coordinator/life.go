@@ -124,6 +124,11 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		task, seed, base = parent.task, parent.seed, parent.base
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
+	} else if l, ok := c.importedLabels(res.State); ok {
+		// A state shipped from another node, where its env was handed
+		// out: its children inherit as they would there
+		// (docs/cluster.md, "Branch children on other nodes").
+		task, base, seed = fromLabels(l)
 	}
 	out := &BranchResult{State: res.State, Children: res.Children, Errors: res.Errors, Took: res.Took, Task: task}
 	failed := 0
@@ -341,4 +346,16 @@ func (c *Coordinator) onStates(ctx context.Context, ids []string, f func(...stri
 		}
 	}
 	return f(ids...)
+}
+
+// importedLabels are the labels of the env that made state sid when the
+// state was shipped here from another node where that env was handed out
+// (Engine.ImportedLabels).
+func (c *Coordinator) importedLabels(sid string) (map[string]string, bool) {
+	st, err := c.e.State(sid)
+	if err != nil {
+		return nil, false
+	}
+	l, ok := c.e.ImportedLabels(st.Env)
+	return l, ok && l[labelServed] == "1"
 }

@@ -1,6 +1,9 @@
 package cr
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // Snapshotter is a copy-on-write filesystem backend. Names are relative,
 // slash-separated paths such as "images/busybox" or "sandboxes/a1b2"; each
@@ -89,4 +92,19 @@ type QuotaUsage struct {
 	// snapshots of a volume it grows by what the second one holds that
 	// the first does not: the engine's size of a file snapshot.
 	Charged int64
+}
+
+// Streamer is a Snapshotter whose read-only snapshots can be written out
+// as a byte stream and made again from it in another pool (another host):
+// whole, or as the difference from a parent snapshot both pools hold
+// (btrfs send/receive; docs/cluster.md, "State transfer"). The zfs backend
+// does not implement it yet.
+type Streamer interface {
+	// Send writes read-only snapshot name to w, as the difference from
+	// read-only snapshot parent when parent is not "" (the receiving pool
+	// must hold parent, received from this pool or sent to it).
+	Send(ctx context.Context, name, parent string, w io.Writer) error
+	// Receive makes read-only snapshot name from a stream Send wrote of a
+	// snapshot of the same base name. On failure nothing of name is left.
+	Receive(ctx context.Context, name string, r io.Reader) error
 }

@@ -15,11 +15,15 @@
 // proxied whole to one node: placed like a reset, or on the node of the
 // session they attach to.
 //
-// In this version branch children stay on their source's node, and
-// release/pin/unpin naming states of several nodes are sent to each (all
-// or nothing per node, not across nodes).
+// Branch children are placed by load over the nodes (branch.go): the
+// state is shipped once to each other node that takes children. Migrate
+// moves an env between nodes (migrate.go); the env's requests wait in
+// the router meanwhile, in order. Release,
+// pin and unpin naming states of several nodes are sent to each (all or
+// nothing per node, not across nodes).
 //
-// Lock order: Router.mu, then nodeConn.mu; cluster.View's lock is a leaf.
+// Lock order: Router.mu (connections, pending counts, migrations), then
+// nodeConn.mu; cluster.View's lock is a leaf.
 package router
 
 import (
@@ -49,7 +53,10 @@ type Options struct {
 	DialTimeout time.Duration
 	// Timeout bounds each etcd call (default 5 s).
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// ShipTimeout bounds one state's shipment between nodes for a
+	// branch (default 10 min).
+	ShipTimeout time.Duration
+	Logger      *slog.Logger
 }
 
 // Router forwards protocol v1 to the cluster's nodes.
@@ -57,10 +64,14 @@ type Router struct {
 	o    Options
 	log  *slog.Logger
 	view *cluster.View
+	ship *cluster.ShipClient
 
 	mu      sync.Mutex
 	conns   map[string]*nodeConn
-	pending map[string]int // resets sent to each node, not yet answered
+	pending map[string]int   // resets sent to each node, not yet answered
+	moves   map[string]*move // envs being migrated (migrate.go)
+	order   map[string]*envOrder
+	failing map[string]chan struct{} // envs being restored from a replica
 }
 
 // nodeConn is the router's connection to one node, dialed when first
@@ -83,7 +94,8 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}}
+	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{}, failing: map[string]chan struct{}{},
+		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
 		return nil, err
@@ -276,13 +288,15 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 			return fail(err)
 		}
 		if p.EnvID != "" {
-			return r.toEnv(ctx, p.EnvID, method, params)
+			return r.held(p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, p, params) })
 		}
-		node, err := r.stateNode(ctx, p.StateID)
-		if err != nil {
+		return r.branch(ctx, p, params)
+	case protocol.MethodMigrate:
+		var p protocol.MigrateParams
+		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.forward(node, method, params)
+		return r.held(p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, p) })
 	case protocol.MethodEnvs:
 		var p protocol.EnvsParams
 		if err := decode(&p); err != nil {
@@ -300,7 +314,30 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.stepBatch(ctx, msgid, p.Items, notify)
+		// A batch naming an env being migrated waits for it as a whole.
+		var waits []func(context.Context) error
+		var sents []func()
+		for _, it := range p.Items {
+			if w, sent := r.moving(it.EnvID); w != nil {
+				waits, sents = append(waits, w), append(sents, sent)
+			}
+		}
+		if len(waits) == 0 {
+			return r.stepBatch(ctx, msgid, p.Items, notify)
+		}
+		return func(ctx context.Context) (any, error) {
+			defer func() {
+				for _, s := range sents {
+					s()
+				}
+			}()
+			for _, w := range waits {
+				if err := w(ctx); err != nil {
+					return nil, err
+				}
+			}
+			return r.stepBatch(ctx, msgid, p.Items, notify)(ctx)
+		}
 	}
 	return fail(protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q", method))
 }
@@ -317,12 +354,56 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 	return node, nil
 }
 
+// toEnv sends a request for env to its node (after env's migration
+// when one is under way), resending it to the env's new node when the
+// old one answers that it has no such env because the env moved; the
+// env's order holds across the move (order.go).
 func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.RawMessage) answer {
-	node, err := r.envNode(ctx, env)
-	if err != nil {
-		return fail(err)
-	}
-	return r.forward(node, method, params)
+	return r.held(env, func(ctx context.Context) answer {
+		node, err := r.envNode(ctx, env)
+		if err != nil {
+			return fail(err)
+		}
+		wait, resolve, sentNow, mustWait := r.sequence(env, node)
+		var s *sent
+		failover := false
+		if !mustWait {
+			if s, err = r.send(node, method, params, nil); err != nil {
+				if _, live := r.view.Node(node); live {
+					resolve()
+					return fail(err)
+				}
+				// Its node is gone: the env may have a replica.
+				failover, s = true, nil
+			}
+		}
+		return func(ctx context.Context) (any, error) {
+			defer resolve()
+			if failover {
+				now, ferr := r.failover(ctx, env, node)
+				if ferr != nil {
+					return nil, ferr
+				}
+				node = now
+			}
+			if s == nil {
+				if err := wait(ctx); err != nil {
+					return nil, err
+				}
+				s, err = r.send(node, method, params, nil)
+				sentNow()
+				if err != nil {
+					return nil, err
+				}
+			}
+			raw, err := s.wait(ctx)
+			raw, err = r.redirect(ctx, env, node, method, params, raw, err, wait)
+			if err != nil {
+				return nil, err
+			}
+			return raw, nil
+		}
+	})
 }
 
 // stateNode is a live node holding the state's artifacts.

@@ -98,6 +98,7 @@ func init() {
 		protocol.MethodRelease:    method(nil, (*request).releaseStates),
 		protocol.MethodPin:        method(nil, (*request).pinStates),
 		protocol.MethodUnpin:      method(nil, (*request).unpinStates),
+		protocol.MethodMigrate:    method(nil, (*request).migrate),
 	}
 }
 
@@ -264,6 +265,12 @@ func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, 
 	}
 	r.server().keys.forget(p.EnvID)
 	return protocol.PromoteResult{EnvID: origin, StateID: sid}, nil
+}
+
+// migrate is a cluster router's (docs/cluster.md, "Live migration"): a
+// single server has no other node to move an env to.
+func (r *request) migrate(ctx context.Context, p *protocol.MigrateParams) (any, error) {
+	return nil, protocol.Errorf(protocol.CodeBadRequest, "migrate moves an env between the nodes of a cluster: send it to an arbor router (docs/cluster.md)")
 }
 
 func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, error) {

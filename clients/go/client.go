@@ -40,6 +40,7 @@ type (
 	BranchResult     = protocol.BranchResult
 	RollbackResult   = protocol.RollbackResult
 	PromoteResult    = protocol.PromoteResult
+	MigrateResult    = protocol.MigrateResult
 	Evaluation       = protocol.Evaluation
 	EnvInfo          = protocol.EnvInfo
 	StateInfo        = protocol.StateInfo
@@ -387,6 +388,13 @@ func (c *Client) Rollback(ctx context.Context, envID, stateID string) (*Info, er
 func (c *Client) Promote(ctx context.Context, envID string) (*PromoteResult, error) {
 	var r PromoteResult
 	return &r, c.Call(ctx, protocol.MethodPromote, protocol.EnvParams{EnvID: envID}, &r)
+}
+
+// Migrate moves an open env to another node of a cluster (node "": the
+// router picks the least loaded); only an arbor router serves it.
+func (c *Client) Migrate(ctx context.Context, envID, node string) (*MigrateResult, error) {
+	var r MigrateResult
+	return &r, c.Call(ctx, protocol.MethodMigrate, protocol.MigrateParams{EnvID: envID, Node: node}, &r)
 }
 
 // Discard throws a branch away.

@@ -21,6 +21,8 @@ type clusterFlags struct {
 	nodeID    string
 	advertise string
 	ttl       time.Duration
+	drain     time.Duration
+	replicas  int
 }
 
 func (c *clusterFlags) add(f *pflag.FlagSet) {
@@ -28,6 +30,8 @@ func (c *clusterFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&c.nodeID, "node-id", envOr("ARBOR_NODE_ID", ""), "this node's id in the cluster, stable across restarts (default: the host name)")
 	f.StringVar(&c.advertise, "advertise", envOr("ARBOR_ADVERTISE", ""), "host:port where routers reach this node (default: the --listen address)")
 	f.DurationVar(&c.ttl, "cluster-ttl", 10*time.Second, "lease of the node's registration: a node that stops renewing it is gone from the cluster this long after")
+	f.IntVar(&c.replicas, "replicas", 1, "copies of each env's last committed state in the cluster: 2 ships it to a second node as it goes, where a router restores the env if this node dies (docs/cluster.md, \"Replicas\")")
+	f.DurationVar(&c.drain, "drain-timeout", 0, "on SIGINT/SIGTERM, first migrate the node's envs to other nodes for up to this long (0: no drain; the envs close as on a single server)")
 }
 
 // splitURLs splits a comma-separated list of URLs.
@@ -68,5 +72,5 @@ func (c *clusterFlags) connect(ctx context.Context, listen net.Addr, log *slog.L
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return nil, fmt.Errorf("--advertise: %q is not an address routers can reach; give --advertise HOST:PORT", adv)
 	}
-	return cluster.Connect(ctx, cluster.NodeOptions{Endpoints: splitURLs(c.etcd), ID: id, Advertise: adv, TTL: c.ttl, Logger: log})
+	return cluster.Connect(ctx, cluster.NodeOptions{Endpoints: splitURLs(c.etcd), ID: id, Advertise: adv, Transfer: adv, TTL: c.ttl, Logger: log})
 }

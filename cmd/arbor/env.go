@@ -159,7 +159,15 @@ func newEnvCmd(_ *globalOptions) *cobra.Command {
 			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.States(ctx, args[0]) })
 		},
 	}
-	cmd.AddCommand(reset, step, br, rb, ev, cl, ls, states)
+	var toNode string
+	mig := &cobra.Command{
+		Use: "migrate ENV [--node NODE]", Short: "Move an env to another node of a cluster (through arbor router)", Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Migrate(ctx, args[0], toNode) })
+		},
+	}
+	mig.Flags().StringVar(&toNode, "node", "", "the node to move it to (default: the least loaded other one)")
+	cmd.AddCommand(reset, step, br, rb, ev, cl, ls, states, mig)
 	return cmd
 }
 

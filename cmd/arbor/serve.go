@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -245,6 +246,17 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			}
 		}()
 	}
+	var tr *cluster.Transfer
+	if node != nil {
+		// Other nodes ship states here, and this node ships its own, on
+		// the same listener behind the same token (docs/cluster.md,
+		// "State transfer").
+		tr = cluster.NewTransfer(cluster.TransferOptions{Coordinator: co, Node: node, Token: o.token, Logger: log})
+		if routes == nil {
+			routes = map[string]http.Handler{}
+		}
+		routes[cluster.TransferPrefix] = tr.Handler()
+	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
 		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
 	if err != nil {
@@ -256,7 +268,34 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "arbor: serving protocol v1 on ws://%s/v1/ws (metrics on http://%s/metrics); Ctrl-C stops\n", ln.Addr(), ln.Addr())
-	err = s.Serve(ctx, ln, o.grace)
+	if tr != nil && o.cluster.replicas > 1 {
+		rctx, stopRep := context.WithCancel(context.Background())
+		defer stopRep()
+		go tr.Replicate(rctx, time.Second)
+	}
+	serveCtx := ctx
+	if tr != nil && o.cluster.drain > 0 {
+		// SIGTERM (a spot preemption's notice): move the envs away while
+		// still serving, then stop (docs/cluster.md, "Drain").
+		var cancel context.CancelFunc
+		serveCtx, cancel = context.WithCancel(context.Background())
+		defer cancel()
+		served := make(chan struct{})
+		defer close(served)
+		go func() {
+			select {
+			case <-served:
+				return
+			case <-ctx.Done():
+			}
+			dctx, dcancel := context.WithTimeout(context.Background(), o.cluster.drain)
+			ds, derr := tr.Drain(dctx)
+			dcancel()
+			log.Info("drained before stopping", slog.Int("moved", len(ds.Moved)), slog.Int("not_moved", len(ds.Failed)), slog.Any("err", derr))
+			cancel()
+		}()
+	}
+	err = s.Serve(serveCtx, ln, o.grace)
 	if node != nil {
 		// The envs are closed with the engine: they do not come back.
 		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -36,35 +36,11 @@ func (m *Manifest) CommitState(s State, ready ...string) error {
 		if s.Parent != "" && tx.Bucket(bucketStates).Get([]byte(s.Parent)) == nil {
 			return fmt.Errorf("parent state %s: %w", s.Parent, ErrNotFound)
 		}
-		for _, id := range ready {
-			a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
-			if err != nil {
-				return err
-			}
-			if !a.Ready {
-				a.Ready = true
-				if err := put(tx, bucketArtifacts, a); err != nil {
-					return err
-				}
-			}
+		if err := markReady(tx, ready); err != nil {
+			return err
 		}
-		for _, ref := range []struct {
-			id   string
-			kind ArtifactKind
-		}{{s.FS, ArtifactFS}, {s.Proc, ArtifactProc}} {
-			if ref.id == "" {
-				continue
-			}
-			a, err := get[Artifact](tx, bucketArtifacts, string(ref.kind)+" artifact", ref.id)
-			if err != nil {
-				return err
-			}
-			if !a.Ready {
-				return fmt.Errorf("%s artifact %s not ready: %w", ref.kind, ref.id, ErrNotFound)
-			}
-			if a.Kind != ref.kind {
-				return fmt.Errorf("%s artifact %s is of kind %s: %w", ref.kind, ref.id, a.Kind, ErrInvalid)
-			}
+		if err := checkRefs(tx, s); err != nil {
+			return err
 		}
 		if err := put(tx, bucketStates, s); err != nil {
 			return err

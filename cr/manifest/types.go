@@ -94,6 +94,9 @@ type Env struct {
 	// Lost says why a restart could not restore the env (MarkLost); a lost
 	// env is closed but keeps its states until it is released.
 	Lost string `json:"lost,omitempty"`
+	// Imported marks the record of an env of another node, made when one
+	// of its states was imported (ImportState).
+	Imported bool `json:"imported,omitempty"`
 }
 
 // KindUsage is the count and summed size of ready artifacts of one kind.

@@ -146,6 +146,15 @@ func (p *RollbackParams) check(c *checker) {
 	c.required("state_id", p.StateID)
 }
 
+// MigrateParams are the params of migrate: the env, and the node to
+// move it to ("": the least loaded other one).
+type MigrateParams struct {
+	EnvID string `msgpack:"env_id"`
+	Node  string `msgpack:"node,omitempty"`
+}
+
+func (p *MigrateParams) check(c *checker) { c.required("env_id", p.EnvID) }
+
 // StateIDsParams name states: the params of release, pin and unpin.
 type StateIDsParams struct {
 	StateIDs []string `msgpack:"state_ids"`
@@ -208,6 +217,7 @@ func (p *RollbackParams) Validate() error  { return validate(p) }
 func (p *EnvsParams) Validate() error      { return validate(p) }
 func (p *StepBatchParams) Validate() error { return validate(p) }
 func (p *StateIDsParams) Validate() error  { return validate(p) }
+func (p *MigrateParams) Validate() error   { return validate(p) }
 
 func validate(p Params) error {
 	c := newChecker()

@@ -27,12 +27,15 @@ const (
 	MethodRelease    = "release"
 	MethodPin        = "pin"
 	MethodUnpin      = "unpin"
+	// MethodMigrate moves an open env to another node of a cluster
+	// (docs/cluster.md, "Live migration"); only a router serves it.
+	MethodMigrate = "migrate"
 )
 
 // Methods lists every method of protocol v1.
 var Methods = []string{MethodHello, MethodReset, MethodStep, MethodBranch, MethodCheckpoint, MethodRollback,
 	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch,
-	MethodRelease, MethodPin, MethodUnpin}
+	MethodRelease, MethodPin, MethodUnpin, MethodMigrate}
 
 // Server notifications.
 const (
@@ -195,6 +198,23 @@ type CheckpointResult struct {
 // RollbackResult is what rollback returns.
 type RollbackResult struct {
 	Info Info `msgpack:"info" json:"info"`
+}
+
+// MigrateResult is what migrate returns: the env lives on Node now, at
+// StateID (its last committed state on From), under the same id.
+type MigrateResult struct {
+	EnvID   string `msgpack:"env_id" json:"env_id"`
+	Node    string `msgpack:"node" json:"node"`
+	From    string `msgpack:"from" json:"from"`
+	StateID string `msgpack:"state_id" json:"state_id"`
+	// PauseS is how long the env answered nothing (from its source's
+	// last operation to its restore on Node), TookS the whole migration
+	// with the pre-copy.
+	PauseS float64 `msgpack:"pause_s" json:"pause_s"`
+	TookS  float64 `msgpack:"took_s" json:"took_s"`
+	// Bytes shipped: before the pause (PreBytes) and during it.
+	PreBytes int64 `msgpack:"pre_bytes" json:"pre_bytes"`
+	Bytes    int64 `msgpack:"bytes" json:"bytes"`
 }
 
 // PromoteResult is what promote returns: the origin env now holds the

@@ -1,0 +1,272 @@
+package router_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/cluster/etcdtest"
+	"github.com/arbor-env/arbor/server/protocol"
+)
+
+// TestDrain drains a node under load: every env of node a moves to node
+// b, each with its files and its background counter; steps sent to one
+// of them during the drain all answer, in order, the late ones on b (the
+// router sends on a request that a answers unknown_env for an env that
+// left); a draining node takes no new env.
+func TestDrain(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	base := map[string]int{}
+	var onA []string
+	for i := range 4 {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := r.EnvID
+		sh(t, c, env, fmt.Sprintf("mkdir -p /work && echo %d > /work/id", i))
+		sh(t, c, env, counterStart)
+		if base[env], err = strconv.Atoi(out(sh(t, c, env, counterRead))); err != nil {
+			t.Fatal(err)
+		}
+		if placement(t, cli, env) == a.id {
+			onA = append(onA, env)
+		}
+	}
+	if len(onA) == 0 {
+		t.Fatal("no env on node a")
+	}
+	load := onA[0]
+	type stepRes struct {
+		sr   arbor.StepResult
+		err  error
+		done chan struct{}
+	}
+	var steps []*stepRes
+	drained := make(chan struct{})
+	var ds cluster.DrainStats
+	var derr error
+	go func() {
+		ds, derr = cluster.NewShipClient("", time.Minute).Drain(ctx, a.addr, time.Minute)
+		close(drained)
+	}()
+	slots := make(chan struct{}, 4)
+	for after := 0; after < 3; {
+		select {
+		case <-drained:
+			after++
+		default:
+		}
+		slots <- struct{}{}
+		p, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: load, Action: arbor.Bash(counterRead, 0)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr := &stepRes{done: make(chan struct{})}
+		go func() {
+			defer func() { <-slots }()
+			sr.err = p.Wait(ctx, &sr.sr)
+			close(sr.done)
+		}()
+		steps = append(steps, sr)
+		time.Sleep(40 * time.Millisecond)
+	}
+	<-drained
+	if derr != nil {
+		t.Fatalf("drain: %v (%+v)", derr, ds)
+	}
+	t.Logf("drained node a: %d envs moved in %v, the longest pause %v; %d steps sent meanwhile", len(ds.Moved), ds.Took, ds.Pause, len(steps))
+	if len(ds.Moved) != len(onA) {
+		t.Errorf("moved %v, want the %d envs of node a", ds.Moved, len(onA))
+	}
+	for i, s := range steps {
+		<-s.done
+		if s.err != nil {
+			t.Fatalf("step %d during the drain: %v", i, s.err)
+		}
+		if got := strings.TrimSpace(string(s.sr.Obs.Stdout)); got != strconv.Itoa(base[load]+1+i) {
+			t.Errorf("step %d during the drain: counter %s, want %d", i, got, base[load]+1+i)
+		}
+	}
+	base[load] += len(steps)
+	for env, n := range base {
+		if p := placement(t, cli, env); p != b.id {
+			t.Errorf("env %s placed on %q after the drain", env, p)
+		}
+		if got := out(sh(t, c, env, counterRead)); got != strconv.Itoa(n+1) {
+			t.Errorf("env %s after the drain: counter %s, want %d", env, got, n+1)
+		}
+	}
+	if n := len(a.eng.Envs()); n != 0 {
+		t.Errorf("node a still has %d envs", n)
+	}
+	// A draining node takes nothing new.
+	if rn, err := cli.Get(ctx, cluster.NodeKey(a.id)); err != nil || len(rn.Kvs) == 0 || !strings.Contains(string(rn.Kvs[0].Value), `"draining":true`) {
+		t.Errorf("node a's record does not say draining: %v", err)
+	}
+	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := placement(t, cli, r.EnvID); p != b.id {
+		t.Errorf("a reset after the drain went to %q", p)
+	}
+}
+
+// TestDrainDuringBranch drains a node while a branch(8) of one of its
+// envs runs through the router: the branch answers its eight children,
+// each exact, and once the drain is done the parent and every child are
+// on the other node, none left on the drained one.
+func TestDrainDuringBranch(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var env string
+	for env == "" || placement(t, cli, env) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = r.EnvID
+	}
+	sh(t, c, env, "mkdir -p /work && cd /work && export K=v && echo data > /work/file")
+	sh(t, c, env, counterStart)
+	base, err := strconv.Atoi(out(sh(t, c, env, counterRead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := c.Send(protocol.MethodBranch, protocol.BranchParams{EnvID: env, N: 8}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, derr := cluster.NewShipClient("", time.Minute).Drain(ctx, a.addr, 2*time.Minute)
+	var res protocol.BranchResult
+	if err := br.Wait(ctx, &res); err != nil {
+		t.Fatalf("branch(8) during the drain: %v", err)
+	}
+	if derr != nil {
+		t.Fatalf("drain during a branch(8): %v (%+v)", derr, ds)
+	}
+	t.Logf("drain: %d envs moved in %v (longest pause %v); branch(8) in %.3f s", len(ds.Moved), ds.Took, ds.Pause, res.TookS)
+	if len(res.EnvIDs) != 8 || len(res.Errors) != 0 {
+		t.Fatalf("branch(8) during the drain: %v %v", res.EnvIDs, res.Errors)
+	}
+	for i, kid := range append([]string{env}, res.EnvIDs...) {
+		if p := placement(t, cli, kid); p != b.id {
+			t.Errorf("env %d (%s) on %q after the drain", i, kid, p)
+		}
+		if got := string(sh(t, c, kid, `echo "cwd=$(pwd) K=$K"; cat /work/file`).Obs.Stdout); got != "cwd=/work K=v\ndata\n" {
+			t.Errorf("env %d after the drain: %q", i, got)
+		}
+		if got := out(sh(t, c, kid, counterRead)); got != strconv.Itoa(base+1) {
+			t.Errorf("env %d after the drain: counter %s, want %d", i, got, base+1)
+		}
+	}
+	if n := len(a.eng.Envs()); n != 0 {
+		t.Errorf("node a still has %d envs after the drain", n)
+	}
+}
+
+// TestReplicas kills a node (its lease left to end) with an env
+// replicated to the other node (as --replicas 2 does) and one made after
+// replication stopped: a step on the first is answered from the
+// replica's node at the last replicated state (its files and its
+// process's counter as they were then), and the env lives there from
+// then on; the second answers node_unavailable.
+func TestReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var env string
+	for env == "" || placement(t, cli, env) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = r.EnvID
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go a.tr.Replicate(rctx, 200*time.Millisecond)
+	sh(t, c, env, "mkdir -p /work && echo data > /work/file")
+	sh(t, c, env, counterStart)
+	base, err := strconv.Atoi(out(sh(t, c, env, counterRead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := sh(t, c, env, "echo more >> /work/file").Info.StateID
+	var rp cluster.Replica
+	for end := time.Now().Add(20 * time.Second); rp.State != last; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no replica of state %s after 20 s (replica %+v)", last, rp)
+		}
+		g, err := cli.Get(ctx, cluster.ReplicaKey(env))
+		if err == nil && len(g.Kvs) > 0 {
+			json.Unmarshal(g.Kvs[0].Value, &rp)
+		}
+	}
+	t.Logf("env %s of node a replicated on node %s at %s", env, rp.Node, rp.State)
+	if rp.Node != b.id {
+		t.Fatalf("replica on %q, want node b", rp.Node)
+	}
+	// Another env of a, made once a replicates no more: it has no replica.
+	stop()
+	var orphan string
+	for orphan == "" || placement(t, cli, orphan) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orphan = r.EnvID
+	}
+	a.kill()
+	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("node a's key still there")
+		}
+	}
+	start := time.Now()
+	got := string(sh(t, c, env, "cat /work/file; "+counterRead).Obs.Stdout)
+	t.Logf("the env of the dead node answered from its replica after %v", time.Since(start))
+	if got != "data\nmore\n"+strconv.Itoa(base+1)+"\n" {
+		t.Errorf("the env restored from its replica: %q, want its files and counter at %s", got, last)
+	}
+	if p := placement(t, cli, env); p != b.id {
+		t.Errorf("placement after the failover: %q", p)
+	}
+	start = time.Now()
+	_, err = c.Step(ctx, orphan, arbor.Bash("true", 0))
+	nodeUnavailable(t, "step on an env of the dead node without a replica", err, start, 2*time.Second)
+}
