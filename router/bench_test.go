@@ -169,3 +169,98 @@ for i in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127
 )
 
 func mibs(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
+
+// BenchmarkBranchAcrossNodes: branch(16) of a busybox env (a file, a
+// background counter) on node a, directly on a (all sixteen children
+// there) and through the router over three nodes on 127.0.0.2-4 (the
+// children spread by load, the state shipped once to each other node),
+// in alternating rounds so that both see the same machine. Each round
+// first runs a turn on the parent, so every branch is of a new state and
+// the router's ships it (incrementally: the turn's files and its whole
+// process image). Reported: the p50 of a branch's round trip and of it
+// per child, per path.
+func BenchmarkBranchAcrossNodes(b *testing.B) {
+	const n = 16
+	etcd := etcdtest.Start(b)
+	cli := etcdClient(b, etcd)
+	// Room for the parent and sixteen children on one node.
+	a := startNodeMax(b, etcd, "a", "127.0.0.2", 2*n+2)
+	startNodeMax(b, etcd, "b", "127.0.0.3", 2*n+2)
+	startNodeMax(b, etcd, "c", "127.0.0.4", 2*n+2)
+	_, addr := startRouter(b, etcd)
+	ctx := context.Background()
+	direct, err := arbor.Dial(ctx, a.addr, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer direct.Close()
+	routed, err := arbor.Dial(ctx, addr, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer routed.Close()
+	r, err := direct.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := r.EnvID
+	sh(b, direct, env, "mkdir -p /work && echo data > /work/file")
+	sh(b, direct, env, counterStart)
+	base, err := strconv.Atoi(out(sh(b, direct, env, counterRead)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// branch runs one branch(16) of the parent's next state through c and
+	// returns its round trip; it checks that the children are where they
+	// should be and that one on each node continues the parent's counter.
+	branch := func(c *arbor.Client, spread bool, took *[]time.Duration, server *[]float64) map[string]int {
+		b.Helper()
+		sh(b, direct, env, "date >> /work/log")
+		start := time.Now()
+		br, err := c.Branch(ctx, arbor.BranchParams{EnvID: env, N: n})
+		if err != nil {
+			b.Fatal(err)
+		}
+		*took = append(*took, time.Since(start))
+		*server = append(*server, br.TookS)
+		if len(br.EnvIDs) != n || len(br.Errors) != 0 {
+			b.Fatalf("branch(%d): children %v errors %v", n, br.EnvIDs, br.Errors)
+		}
+		on := map[string]int{}
+		for _, kid := range br.EnvIDs {
+			node := placement(b, cli, kid)
+			if on[node]++; on[node] == 1 {
+				if got := out(sh(b, routed, kid, counterRead)); got != strconv.Itoa(base+1) {
+					b.Fatalf("child %s on node %s: counter %s, want %d", kid, node, got, base+1)
+				}
+			}
+		}
+		if spread && len(on) != 3 || !spread && on[a.id] != n {
+			b.Fatalf("branch(%d) children on %v", n, on)
+		}
+		for _, kid := range br.EnvIDs {
+			if err := routed.CloseEnv(ctx, kid); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return on
+	}
+	var ds, rs []time.Duration
+	var dsrv, rsrv []float64
+	var on map[string]int
+	for range max(b.N, 5) {
+		branch(direct, false, &ds, &dsrv)
+		on = branch(routed, true, &rs, &rsrv)
+	}
+	d50, dmax := quantiles(ds)
+	r50, rmax := quantiles(rs)
+	sort.Float64s(dsrv)
+	sort.Float64s(rsrv)
+	b.ReportMetric(float64(d50.Milliseconds()), "direct-p50-ms")
+	b.ReportMetric(float64(r50.Milliseconds()), "router-p50-ms")
+	b.ReportMetric(float64(d50.Milliseconds())/n, "direct-ms/child")
+	b.ReportMetric(float64(r50.Milliseconds())/n, "router-ms/child")
+	b.Logf("branch(%d), %d each: on one node p50 %v (max %v, took_s p50 %.3f), %.1f ms per child; over three nodes through the router p50 %v (max %v, took_s p50 %.3f), %.1f ms per child; children %v",
+		n, len(ds), d50.Round(time.Millisecond), dmax.Round(time.Millisecond), dsrv[len(dsrv)/2], float64(d50.Milliseconds())/n,
+		r50.Round(time.Millisecond), rmax.Round(time.Millisecond), rsrv[len(rsrv)/2], float64(r50.Milliseconds())/n, on)
+}

@@ -89,9 +89,15 @@ func classify(_ context.Context, _ *branch.Env, cmd string) (branch.Turn, error)
 	return branch.Turn{Kind: branch.Full}, nil
 }
 
-// startNode starts a node; with tasks, its resets take them from a task
-// pool of its own (one warm env each).
+// startNode starts a node of maxEnvs envs; with tasks, its resets take
+// them from a task pool of its own (one warm env each).
 func startNode(t testing.TB, etcd, id, ip string, tasks ...envpool.Task) *node {
+	t.Helper()
+	return startNodeMax(t, etcd, id, ip, maxEnvs, tasks...)
+}
+
+// startNodeMax is startNode with room for max envs.
+func startNodeMax(t testing.TB, etcd, id, ip string, max int, tasks ...envpool.Task) *node {
 	t.Helper()
 	rig := branchtest.ForTest(t, branchtest.Options{})
 	var pool coordinator.Tasks
@@ -114,7 +120,7 @@ func startNode(t testing.TB, etcd, id, ip string, tasks ...envpool.Task) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	co, err := coordinator.New(coordinator.Options{Engine: rig.Engine, Classify: classify, MaxEnvs: maxEnvs,
+	co, err := coordinator.New(coordinator.Options{Engine: rig.Engine, Classify: classify, MaxEnvs: max,
 		Hooks: n.reg, Tasks: pool, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
