@@ -133,6 +133,9 @@ func TestServeKilledWithReplicas(t *testing.T) {
 	}
 
 	// b has no replicas: its env is lost with it, and says so.
+	if g, err := cli.Get(ctx, cluster.ReplicaKey(orphan)); err != nil || len(g.Kvs) != 0 {
+		t.Fatalf("replica record of b's env: %v %v, want none", g, err)
+	}
 	killed = time.Now()
 	b.Kill()
 	start = time.Now()
