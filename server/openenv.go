@@ -371,16 +371,26 @@ func (c *oeConn) closeEnv(ctx context.Context, id string) {
 // pings keeps the connection alive as v1's writer does: a ping every
 // PingInterval; the read loop drops a client silent for PongWait.
 func (c *oeConn) pings() {
-	t := time.NewTicker(c.s.o.PingInterval)
+	c.s.pingUntil(c.done, []*websocket.Conn{c.ws}, func() { c.shut(websocket.CloseInternalServerErr, "ping failed") })
+}
+
+// pingUntil pings every websocket in wss each PingInterval until done
+// closes; when a ping fails it calls failed once and stops (the OpenEnv
+// connection and its proxy; v1's writer pings in its own loop).
+func (s *Server) pingUntil(done <-chan struct{}, wss []*websocket.Conn, failed func()) {
+	t := time.NewTicker(s.o.PingInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-c.done:
+		case <-done:
 			return
 		case <-t.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.s.o.WriteWait)); err != nil {
-				c.shut(websocket.CloseInternalServerErr, "ping failed")
-				return
+			dl := time.Now().Add(s.o.WriteWait)
+			for _, ws := range wss {
+				if ws.WriteControl(websocket.PingMessage, nil, dl) != nil {
+					failed()
+					return
+				}
 			}
 		}
 	}

@@ -144,20 +144,7 @@ func (x *oeProxy) write(mt int, b []byte) bool {
 
 // pings keeps both ends alive as the server's own connections do.
 func (x *oeProxy) pings() {
-	t := time.NewTicker(x.s.o.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-x.done:
-			return
-		case <-t.C:
-			dl := time.Now().Add(x.s.o.WriteWait)
-			if x.client.WriteControl(websocket.PingMessage, nil, dl) != nil || x.node.WriteControl(websocket.PingMessage, nil, dl) != nil {
-				x.shut(websocket.CloseInternalServerErr, "ping failed")
-				return
-			}
-		}
-	}
+	x.s.pingUntil(x.done, []*websocket.Conn{x.client, x.node}, func() { x.shut(websocket.CloseInternalServerErr, "ping failed") })
 }
 
 // fromClient sends the client's messages to the node, refusing those
