@@ -31,16 +31,8 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	a := startNode(b, etcd, "a", "127.0.0.2")
 	_, addr := startRouter(b, etcd)
 	ctx := context.Background()
-	direct, err := arbor.Dial(ctx, a.addr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer direct.Close()
-	routed, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer routed.Close()
+	direct := dial(b, a.addr)
+	routed := dial(b, addr)
 	r, err := routed.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	if err != nil {
 		b.Fatal(err)
@@ -93,11 +85,7 @@ func BenchmarkMigrate(b *testing.B) {
 	startNode(b, etcd, "b", "127.0.0.3")
 	_, addr := startRouter(b, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(b, addr)
 	for _, size := range []string{"0MiB", "16MiB", "64MiB", "debian"} {
 		b.Run(size, func(b *testing.B) {
 			img, mib, read := "busybox", 0, counterRead
@@ -189,16 +177,8 @@ func BenchmarkBranchAcrossNodes(b *testing.B) {
 	startNodeMax(b, etcd, "c", "127.0.0.4", 2*n+2)
 	_, addr := startRouter(b, etcd)
 	ctx := context.Background()
-	direct, err := arbor.Dial(ctx, a.addr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer direct.Close()
-	routed, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer routed.Close()
+	direct := dial(b, a.addr)
+	routed := dial(b, addr)
 	r, err := direct.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	if err != nil {
 		b.Fatal(err)

@@ -27,11 +27,7 @@ func TestDrain(t *testing.T) {
 	b := startNode(t, etcd, "b", "127.0.0.3")
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 	base := map[string]int{}
 	var onA []string
 	for i := range 4 {
@@ -140,11 +136,7 @@ func TestDrainDuringBranch(t *testing.T) {
 	b := startNode(t, etcd, "b", "127.0.0.3")
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 	var env string
 	for env == "" || placement(t, cli, env) != a.id {
 		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
@@ -204,11 +196,7 @@ func TestReplicas(t *testing.T) {
 	b := startNode(t, etcd, "b", "127.0.0.3")
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 	var env string
 	for env == "" || placement(t, cli, env) != a.id {
 		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})

@@ -28,11 +28,7 @@ func TestMigrate(t *testing.T) {
 	nodes := map[string]*node{a.id: a, b.id: b}
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	if err != nil {
 		t.Fatal(err)

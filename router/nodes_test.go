@@ -86,14 +86,10 @@ func TestNodesGone(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	rt, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 
 	start := time.Now()
-	_, err = c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+	_, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	wantCode(t, "reset with no node", err, protocol.CodeNodeUnavailable, start, time.Second)
 	_, err = c.Step(ctx, "nope", arbor.Bash("true", 0))
 	wantCode(t, "step on an env nobody placed", err, protocol.CodeUnknownEnv, start, time.Second)

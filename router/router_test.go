@@ -183,6 +183,18 @@ func startRouter(t testing.TB, etcd string, tokens ...string) (*router.Router, s
 	return rt, strings.TrimPrefix(hs.URL, "http://")
 }
 
+// dial connects a client to addr (a node or the router), closed when tb
+// ends.
+func dial(tb testing.TB, addr string) *arbor.Client {
+	tb.Helper()
+	c, err := arbor.Dial(context.Background(), addr, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
 func etcdClient(t testing.TB, url string) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -261,13 +273,10 @@ func TestCluster(t *testing.T) {
 	b := startNode(t, etcd, "b", "127.0.0.3")
 	rt, addr := startRouter(t, etcd)
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 
 	var hello *arbor.HelloResult
+	var err error
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if hello, err = c.Hello(ctx, ""); err != nil {
 			t.Fatal(err)
@@ -482,11 +491,7 @@ print("ok")
 	t.Run("overhead", func(t *testing.T) {
 		// Not a benchmark (that is issue 17's later part): a figure in the
 		// log of what the router adds to a step.
-		direct, err := arbor.Dial(ctx, a.addr, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer direct.Close()
+		direct := dial(t, a.addr)
 		p50 := func(c *arbor.Client, a arbor.Action, n int) time.Duration {
 			var d []time.Duration
 			for i := 0; i < n; i++ {

@@ -57,16 +57,8 @@ func TestShipState(t *testing.T) {
 	a := startNode(t, etcd, "a", "127.0.0.2")
 	b := startNode(t, etcd, "b", "127.0.0.3")
 	ctx := context.Background()
-	ca, err := arbor.Dial(ctx, a.addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	cb, err := arbor.Dial(ctx, b.addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
+	ca := dial(t, a.addr)
+	cb := dial(t, b.addr)
 	r, err := ca.Reset(ctx, arbor.ResetParams{Image: "busybox"})
 	if err != nil {
 		t.Fatal(err)

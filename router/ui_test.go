@@ -47,11 +47,7 @@ func TestWebViewThroughRouter(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	c, err := arbor.Dial(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, addr)
 
 	// The event stream first, so that it sees the turn below.
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/ui/api/events", nil)
