@@ -186,7 +186,7 @@ func (s *uiSource) Tree(ctx context.Context, scope coordinator.TreeScope) (*coor
 // Health sums the live nodes' health; a node that does not answer is
 // left out of the sum.
 func (s *uiSource) Health(ctx context.Context) (coordinator.Health, error) {
-	var out coordinator.Health
+	out := coordinator.Health{Checkpoints: map[string]float64{}, Verified: map[string]float64{}}
 	var mu sync.Mutex
 	failed := s.each(ctx, func(ctx context.Context, n cluster.NodeInfo) error {
 		var h coordinator.Health
@@ -198,9 +198,6 @@ func (s *uiSource) Health(ctx context.Context) (coordinator.Health, error) {
 		mu.Unlock()
 		return nil
 	})
-	if out.Checkpoints == nil {
-		out.Add("", coordinator.Health{}) // makes the maps, as a node's
-	}
 	if nodes := s.r.view.Nodes(); len(nodes) > 0 && len(failed) == len(nodes) {
 		return out, fmt.Errorf("no node answered for health (%s)", strings.Join(failed, ", "))
 	}
