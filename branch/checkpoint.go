@@ -22,19 +22,29 @@ func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == F
 func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	job, sid, _, err := e.submitCheckpoint(ctx, env, kind, queue.High)
+	job, sid, _, err := e.submitCheckpoint(ctx, env, kind, queue.High, false)
 	if err != nil || job == nil {
 		return sid, err
 	}
-	if _, err := env.gate(ctx); err != nil {
+	if err := env.awaitCheckpoint(ctx); err != nil {
 		return "", err
+	}
+	return sid, nil
+}
+
+// awaitCheckpoint waits for the checkpoint just submitted and returns its
+// failure, which it takes (the next checkpoint is full all the same); the
+// caller holds env.mu.
+func (env *Env) awaitCheckpoint(ctx context.Context) error {
+	if _, err := env.gate(ctx); err != nil {
+		return err
 	}
 	if env.ckptErr != nil {
 		err := env.ckptErr
 		env.ckptErr = nil
-		return "", err
+		return err
 	}
-	return sid, nil
+	return nil
 }
 
 // CheckpointAsync queues a checkpoint of env at low priority and returns
@@ -47,13 +57,14 @@ func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, e
 func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	_, sid, kind, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low)
+	_, sid, kind, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low, false)
 	return sid, kind, err
 }
 
 // submitCheckpoint queues the job and returns the kind it queued; the
-// caller holds env.mu.
-func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority) (*queue.Job, string, Kind, error) {
+// caller holds env.mu. With held, the caller has frozen the sandbox and
+// keeps it frozen: the job neither freezes nor thaws it.
+func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority, held bool) (*queue.Job, string, Kind, error) {
 	if !validKind(kind) {
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
 	}
@@ -89,7 +100,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	// after a failed checkpoint, a branch of a changed env).
 	delta := prio == queue.Low && !forced && parent != ""
 	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
-		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind, delta)
+		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind, delta, held)
 	})
 	env.pending, env.pendingParent = job, parent
 	env.setHead(sid)
@@ -102,8 +113,8 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 // parent state. With allowDelta, the processes' part may be a shell delta
 // on the parent's process image instead of a dump, when the Inspector
 // found one (docs/engine.md, "Shell delta states"). It undoes everything
-// on failure.
-func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta bool) (err error) {
+// on failure. held says the caller froze the sandbox and thaws it.
+func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta, held bool) (err error) {
 	start := time.Now()
 	envID := env.ID
 	in := e.o.Inspector
@@ -166,11 +177,13 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	var dump criu.DumpStats
 	err = sb.Exclusive(func() error {
 		t := time.Now()
-		if err := sb.Freeze(); err != nil {
-			return fmt.Errorf("freeze: %w", err)
+		if !held {
+			if err := sb.Freeze(); err != nil {
+				return fmt.Errorf("freeze: %w", err)
+			}
+			defer sb.Thaw()
+			st.Timings["freeze"] = time.Since(t)
 		}
-		defer sb.Thaw()
-		st.Timings["freeze"] = time.Since(t)
 		if in != nil && (kind != Full || allowDelta) {
 			// A background process may have written or run since the
 			// turn was classified: the inspector re-checks, frozen (for

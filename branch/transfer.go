@@ -15,7 +15,9 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/cr/transfer"
+	"github.com/arbor-env/arbor/inspector"
 )
 
 // ImportHold is how long an imported state is kept beyond what the
@@ -462,12 +464,17 @@ func (e *Engine) ImportedLabels(id string) (map[string]string, bool) {
 	return rec.Labels, true
 }
 
-// Freeze stops env where its last committed state left it, for a
-// migration: it waits for env's pending checkpoint, freezes its sandbox
-// and returns that state (its head) and a thaw that resumes the env when
-// the migration fails. An env whose checkpoint failed is refused (its
-// head is behind what it did): the next operation reports the failure
-// and checkpoints it full.
+// Freeze stops env for a migration and returns the state it stands at
+// and a thaw that resumes the env when the migration fails. It waits for
+// env's pending checkpoint and freezes its sandbox; then, frozen, the
+// Inspector says whether anything changed since the last checkpoint (a
+// background process that wrote files or ran after the last turn's
+// checkpoint): if so a checkpoint of what changed is taken now, still
+// frozen, and becomes env's head, so that the env moves with what it did
+// (docs/cluster.md, "Live migration"); otherwise the head is returned.
+// Without an Inspector that checkpoint is always taken, full. An env
+// whose checkpoint failed is refused (its head is behind what it did):
+// the next operation reports the failure and checkpoints it full.
 func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func(), err error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
@@ -481,14 +488,39 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 		return "", nil, fmt.Errorf("%w: env %s has no committed state equal to it (its last checkpoint failed)", ErrCheckpoint, env.ID)
 	}
 	sb := env.sb
-	if err := sb.Freeze(); err != nil {
+	// As a checkpoint freezes: the server's connection into the shell
+	// closed first (a dump of a tree holding it fails); no other opens
+	// while env.mu and the env's ticket are held.
+	if err := sb.Exclusive(sb.Freeze); err != nil {
 		return "", nil, fmt.Errorf("freeze env %s: %w", env.ID, err)
 	}
-	return env.head, func() {
+	thaw = func() {
 		if err := sb.Thaw(); err != nil {
 			e.log.Warn("thaw env after a failed migration", slog.String("env", env.ID), slog.Any("err", err))
 		}
-	}, nil
+	}
+	kind, why := Full, []string{"no inspector"}
+	if in := e.o.Inspector; in != nil {
+		k, reasons, err := in.Settle(ctx, env.ID, inspector.None, e.target(sb, env.volume, env.headFS(), ""))
+		kind, why = Kind(k), reasons
+		if err != nil {
+			kind, why = Full, append(why, err.Error())
+		}
+	}
+	if kind == None {
+		return env.head, thaw, nil
+	}
+	if _, _, _, err := e.submitCheckpoint(ctx, env, kind, queue.High, true); err != nil {
+		thaw()
+		return "", nil, err
+	}
+	if err := env.awaitCheckpoint(ctx); err != nil {
+		thaw()
+		return "", nil, fmt.Errorf("checkpoint env %s for its migration: %w", env.ID, err)
+	}
+	e.log.Info("checkpointed a changed env for its migration", slog.String("env", env.ID), slog.String("state", env.head),
+		slog.String("kind", string(kind)), slog.Any("why", why))
+	return env.head, thaw, nil
 }
 
 // AdoptImported opens env id here at state head, imported from the node

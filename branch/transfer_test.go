@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr"
@@ -220,4 +223,126 @@ func mustState(t *testing.T, e *branch.Engine, sid string) (st struct{ FS, Proc 
 	}
 	st.FS, st.Proc = s.FS, s.Proc
 	return st
+}
+
+// TestFreezeTakesWhatRanSinceTheCheckpoint freezes an env for a
+// migration: with nothing run since its last checkpoint the head is the
+// state it stands at; after a background process changed its memory and
+// a file between turns (signalled from the host, no turn ran), the
+// freeze checkpoints that and the new state holds it.
+func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	r := newRigOptions(t, newBtrfs(t, dir), dir, func(o *branch.Options) { o.Inspector = newInspector(t) })
+	ctx := context.Background()
+	env, _, err := r.e.NewEnv(ctx, testImage(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeze := func() string {
+		t.Helper()
+		sid, thaw, err := r.e.Freeze(ctx, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		thaw()
+		return sid
+	}
+	s0, err := r.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := freeze(); got != s0 {
+		t.Errorf("freeze of an env unchanged since its checkpoint %s: state %s", s0, got)
+	}
+	// A background process whose memory counts SIGUSR1s, each written to
+	// /tmp/bg; it sleeps in wait, quiet between signals.
+	run(t, r.e, env, `(n=0; trap 'n=$((n+1)); echo $n > /tmp/bg' USR1; while :; do sleep 1000 & wait $!; done) >/dev/null 2>&1 & echo $! > /tmp/pid`)
+	s1, err := r.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := strconv.Atoi(strings.TrimSpace(run(t, r.e, env, "cat /tmp/pid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1b, err := r.e.Checkpoint(ctx, env, branch.None) // the cat changed nothing
+	if err != nil || s1b != s1 {
+		t.Fatalf("checkpoint none after cat: %s %v, want %s", s1b, err, s1)
+	}
+	host := hostPID(t, env.Sandbox().FreezerCgroup(), inner)
+	if err := unix.Kill(host, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	bg := filepath.Join(env.Sandbox().Root(), "tmp", "bg")
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(bg); err == nil && strings.TrimSpace(string(b)) == "1" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the background process did not count the host's signal")
+		}
+	}
+	s2 := freeze()
+	if s2 == s1 {
+		t.Fatalf("freeze after a background change between turns returned the old head %s", s1)
+	}
+	if env.Head() != s2 {
+		t.Errorf("env head %s after the freeze's checkpoint %s", env.Head(), s2)
+	}
+	st, err := r.e.State(s2)
+	if err != nil || st.Parent != s1 || st.Kind != branch.Full {
+		t.Errorf("state of the freeze %+v %v: want a full state on %s", st, err, s1)
+	}
+	count := `kill -USR1 $(cat /tmp/pid); for i in $(seq 100); do [ "$(cat /tmp/bg)" != "$1" ] && break; sleep 0.05; done; cat /tmp/bg`
+	for _, tt := range []struct {
+		sid, before, after string
+	}{{s1, "none", "1"}, {s2, "1", "2"}} {
+		res, err := r.e.Branch(ctx, branch.Source{State: tt.sid}, 1)
+		if err != nil || res.Errors[0] != nil {
+			t.Fatalf("branch %s: %v %v", tt.sid, err, res.Errors)
+		}
+		c := res.Children[0]
+		if got := strings.TrimSpace(run(t, r.e, c, "cat /tmp/bg 2>/dev/null || echo none")); got != tt.before {
+			t.Errorf("state %s: /tmp/bg %q, want %q", tt.sid, got, tt.before)
+		}
+		if got := strings.TrimSpace(run(t, r.e, c, "set -- "+tt.before+"; "+count)); got != tt.after {
+			t.Errorf("state %s: the counter after a signal %q, want %q (its memory)", tt.sid, got, tt.after)
+		}
+		r.e.CloseEnv(ctx, c)
+	}
+	// The env runs on after the thaw, with what it did.
+	if got := strings.TrimSpace(run(t, r.e, env, "set -- 1; "+count)); got != "2" {
+		t.Errorf("the env after the freeze: counter %q, want 2", got)
+	}
+}
+
+// hostPID is the host pid of the process of cgroup whose pid in its own
+// namespace is inner.
+func hostPID(t *testing.T, cgroup string, inner int) int {
+	t.Helper()
+	found := 0
+	filepath.WalkDir(cgroup, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.Name() != "cgroup.procs" || found != 0 {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for _, f := range strings.Fields(string(b)) {
+			st, err := os.ReadFile(filepath.Join("/proc", f, "status"))
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(st), "\n") {
+				if ns, ok := strings.CutPrefix(l, "NSpid:"); ok {
+					if ids := strings.Fields(ns); len(ids) > 0 && ids[len(ids)-1] == strconv.Itoa(inner) {
+						found, _ = strconv.Atoi(f)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if found == 0 {
+		t.Fatalf("no process of %s has pid %d in its namespace", cgroup, inner)
+	}
+	return found
 }
