@@ -72,7 +72,22 @@ type AdoptRequest struct {
 	State  string            `json:"state"`
 	Image  string            `json:"image"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// StepKeys are the env's step keys on the source (StepKeys' encoding),
+	// so that a retry of a keyed step answers there what it answered here.
+	StepKeys []byte `json:"step_keys,omitempty"`
 }
+
+// StepKeys carry the step keys of an env (the server's record of keyed
+// steps, docs/protocol.md "Idempotent steps") across its migration; the
+// node's server.Server is one.
+type StepKeys interface {
+	ExportStepKeys(env string) ([]byte, error)
+	ImportStepKeys(env string, keys []byte) error
+}
+
+// adoptBodyBytes bounds an adopt request: its step keys' results are at
+// most server.MigratedKeyBytes.
+const adoptBodyBytes = 16 << 20
 
 // TransferOptions configure a Transfer.
 type TransferOptions struct {
@@ -89,6 +104,10 @@ type TransferOptions struct {
 	Token string
 	// Timeout bounds one shipment, on both sides (default 10 min).
 	Timeout time.Duration
+	// StepKeys is the node's server, whose step keys migrations carry
+	// (nil: they are not carried; UseStepKeys sets it once the server
+	// is made).
+	StepKeys StepKeys
 	// DialTimeout bounds the connection to a receiver (default 5 s).
 	DialTimeout time.Duration
 	Logger      *slog.Logger
@@ -108,6 +127,10 @@ type Transfer struct {
 // Imported counts the states this node imported, and the streams it
 // read of states it held already.
 func (t *Transfer) Imported() (imported, held int64) { return t.imported.Load(), t.held.Load() }
+
+// UseStepKeys makes migrations carry the step keys of k (the node's
+// server, made after its Transfer); call it before the node serves.
+func (t *Transfer) UseStepKeys(k StepKeys) { t.o.StepKeys = k }
 
 // NewTransfer makes a node's Transfer.
 func NewTransfer(o TransferOptions) *Transfer {
@@ -378,7 +401,7 @@ func (t *Transfer) serveMigrate(f func(context.Context, string, string) (Migrate
 
 func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 	var req AdoptRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Env == "" || req.State == "" {
+	if err := json.NewDecoder(io.LimitReader(r.Body, adoptBodyBytes)).Decode(&req); err != nil || req.Env == "" || req.State == "" {
 		writeJSON(w, http.StatusBadRequest, transferError{fmt.Sprintf("bad adopt request (want env and state): %v", err)})
 		return
 	}
@@ -388,7 +411,17 @@ func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), t.o.Timeout)
 	defer cancel()
+	// The keys first: the env's first request here may be a retry.
+	if k := t.o.StepKeys; k != nil && len(req.StepKeys) > 0 {
+		if err := k.ImportStepKeys(req.Env, req.StepKeys); err != nil {
+			writeJSON(w, http.StatusBadRequest, transferError{err.Error()})
+			return
+		}
+	}
 	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
+		if k := t.o.StepKeys; k != nil && len(req.StepKeys) > 0 {
+			k.ImportStepKeys(req.Env, nil)
+		}
 		writeJSON(w, errCode(err), transferError{err.Error()})
 		return
 	}
@@ -489,9 +522,13 @@ func (t *Transfer) Migrate(ctx context.Context, envID, addr string) (MigrateStat
 		return st, err
 	}
 	err = t.shipLineage(ctx, head, addr, &st)
+	var keys []byte
+	if k := t.o.StepKeys; err == nil && k != nil {
+		keys, err = k.ExportStepKeys(envID)
+	}
 	if err == nil {
 		var ok struct{}
-		err = t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: envID, State: head, Image: env.Image, Labels: env.Labels()}), &ok)
+		err = t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: envID, State: head, Image: env.Image, Labels: env.Labels(), StepKeys: keys}), &ok)
 	}
 	if err != nil {
 		thaw()
@@ -500,6 +537,9 @@ func (t *Transfer) Migrate(ctx context.Context, envID, addr string) (MigrateStat
 	st.Pause = time.Since(paused)
 	if err := co.CloseEnv(context.Background(), envID); err != nil {
 		t.log.Warn("close a migrated env", slog.String("env", envID), slog.Any("err", err))
+	}
+	if k := t.o.StepKeys; k != nil {
+		k.ImportStepKeys(envID, nil) // they went with it
 	}
 	st.Took = time.Since(start)
 	t.log.Info("migrated env", slog.String("env", envID), slog.String("to", addr), slog.String("state", head),

@@ -18,7 +18,8 @@ import (
 // TestMigrate moves an env mid-episode from one real node to the other
 // through the router, with steps pipelined behind the migrate: they wait
 // and run on the new node, in order; the env keeps its id, its state
-// ids, its files and shell, and its background process's memory; the
+// ids, its files and shell, its background process's memory and its
+// step keys (a keyed step retried there is answered, not run again); the
 // placement in etcd names the new node and the old one has no env left.
 func TestMigrate(t *testing.T) {
 	etcd := etcdtest.Start(t)
@@ -47,6 +48,13 @@ func TestMigrate(t *testing.T) {
 	}
 	for i := range 3 {
 		sh(t, c, env, fmt.Sprintf("echo before%d >> /work/log", i))
+	}
+	// A keyed step here, retried after the move: the target answers its
+	// recorded result, it does not run again.
+	keyed := arbor.Bash("echo once >> /work/keyed; cat /work/keyed", 0)
+	k1, err := c.StepKeyed(ctx, env, "before-the-move", keyed)
+	if err != nil {
+		t.Fatal(err)
 	}
 	before, err := c.States(ctx, env)
 	if err != nil {
@@ -153,6 +161,13 @@ func TestMigrate(t *testing.T) {
 	if got := string(sh(t, c, env, shellState+"; cat /work/log").Obs.Stdout); got != "cwd=/work K=v\nfun\ndata\nbefore0\nbefore1\nbefore2\n"+log.String() {
 		t.Errorf("after the migration: %q", got)
 	}
+	k2, err := c.StepKeyed(ctx, env, "before-the-move", keyed)
+	if err != nil || !k2.Info.Replayed || string(k2.Obs.Stdout) != string(k1.Obs.Stdout) || k2.Info.StateID != k1.Info.StateID {
+		t.Errorf("keyed step retried after the move: %+v %v, want the replay of %+v", k2, err, k1)
+	}
+	if got := out(sh(t, c, env, "cat /work/keyed")); got != "once" {
+		t.Errorf("the keyed step's file after its retry on the target: %q", got)
+	}
 	after, err := c.States(ctx, env)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +179,7 @@ func TestMigrate(t *testing.T) {
 	}
 	// The states of before the migration are the target's now: a
 	// rollback to one restores it there.
-	if _, err := c.Rollback(ctx, env, before.States[len(before.States)-2].StateID); err != nil {
+	if _, err := c.Rollback(ctx, env, before.States[len(before.States)-3].StateID); err != nil {
 		t.Fatalf("rollback on the target to a state of before the migration: %v", err)
 	}
 	if got := out(sh(t, c, env, "cat /work/log")); got != "before0\nbefore1" {

@@ -130,6 +130,7 @@ func startNodeMax(t testing.TB, etcd, id, ip string, max int, tasks ...envpool.T
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.tr.UseStepKeys(s)
 	hs := &http.Server{Handler: s.Handler()}
 	go hs.Serve(n.ln)
 	if err := n.reg.Register(ctx, cluster.CoordinatorLocal(co)); err != nil {

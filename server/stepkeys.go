@@ -4,8 +4,11 @@ import (
 	"container/list"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -72,10 +75,62 @@ func (k *stepKeys) lookup(env, key string, a protocol.Action) (*protocol.StepRes
 
 // record keeps res as the result of env's step with key.
 func (k *stepKeys) record(env, key string, a protocol.Action, res *protocol.StepResult) {
-	size := int64(len(res.Obs.Stdout)+len(res.Obs.Stderr)+len(key)) + 512
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	e := &keyed{env: env, key: key, action: actionSum(a), res: res, stateID: res.Info.StateID, turn: res.Info.Turn, size: size}
+	k.add(&keyed{env: env, key: key, action: actionSum(a), res: res, stateID: res.Info.StateID, turn: res.Info.Turn})
+}
+
+// keyRecord is one step key of an env as it travels with the env to
+// another node (docs/cluster.md, "Live migration"): without its result
+// when that was dropped, so that a retry there is refused, not run.
+type keyRecord struct {
+	Key     string               `msgpack:"key"`
+	Action  []byte               `msgpack:"action"`
+	Result  *protocol.StepResult `msgpack:"result,omitempty"`
+	StateID string               `msgpack:"state_id"`
+	Turn    int                  `msgpack:"turn"`
+}
+
+// export returns env's keys, oldest first, with the results of the
+// newest that fit in maxBytes.
+func (k *stepKeys) export(env string, maxBytes int64) []keyRecord {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.envs[env]
+	out := make([]keyRecord, len(l))
+	for i := len(l) - 1; i >= 0; i-- {
+		e := l[i]
+		out[i] = keyRecord{Key: e.key, Action: e.action[:], StateID: e.stateID, Turn: e.turn}
+		if e.res != nil && e.size <= maxBytes {
+			out[i].Result, maxBytes = e.res, maxBytes-e.size
+		}
+	}
+	return out
+}
+
+// replace makes recs env's keys (export's records, oldest first).
+func (k *stepKeys) replace(env string, recs []keyRecord) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, e := range append([]*keyed(nil), k.envs[env]...) {
+		k.drop(e)
+	}
+	for _, r := range recs {
+		e := &keyed{env: env, key: r.Key, res: r.Result, stateID: r.StateID, turn: r.Turn}
+		if copy(e.action[:], r.Action) != sha256.Size || r.Key == "" {
+			return fmt.Errorf("step key %q of env %s: malformed record", r.Key, env)
+		}
+		k.add(e)
+	}
+	return nil
+}
+
+// add records e; k.mu is held.
+func (k *stepKeys) add(e *keyed) {
+	if e.res != nil {
+		e.size = int64(len(e.res.Obs.Stdout)+len(e.res.Obs.Stderr)+len(e.key)) + 512
+	}
+	env := e.env
 	list := k.envs[env]
 	if len(list) >= k.perEnv {
 		k.drop(list[0])
@@ -83,8 +138,10 @@ func (k *stepKeys) record(env, key string, a protocol.Action, res *protocol.Step
 	}
 	k.envs[env] = append(list, e)
 	e.inAll = k.all.PushBack(e)
-	e.inBodies = k.bodies.PushBack(e)
-	k.bytes += size
+	if e.res != nil {
+		e.inBodies = k.bodies.PushBack(e)
+		k.bytes += e.size
+	}
 	for k.all.Len() > k.maxKeys {
 		k.drop(k.all.Front().Value.(*keyed))
 	}
@@ -156,4 +213,28 @@ func actionSum(a protocol.Action) [sha256.Size]byte {
 	var out [sha256.Size]byte
 	h.Sum(out[:0])
 	return out
+}
+
+// MigratedKeyBytes bounds the recorded results that travel with an env
+// to another node: past it the oldest go without (a retry of one there
+// is refused, as here once its result was dropped).
+const MigratedKeyBytes = 8 << 20
+
+// ExportStepKeys returns env's step keys, encoded, for its migration to
+// another node (cluster.StepKeys); call it under the env's ticket.
+func (s *Server) ExportStepKeys(env string) ([]byte, error) {
+	return msgpack.Marshal(s.keys.export(env, MigratedKeyBytes))
+}
+
+// ImportStepKeys makes keys (ExportStepKeys' encoding; nil: none) env's
+// step keys here, as its migration from another node brought them: a
+// retry of a keyed step that ran there answers its result here.
+func (s *Server) ImportStepKeys(env string, keys []byte) error {
+	var recs []keyRecord
+	if len(keys) > 0 {
+		if err := msgpack.Unmarshal(keys, &recs); err != nil {
+			return fmt.Errorf("step keys of env %s: %w", env, err)
+		}
+	}
+	return s.keys.replace(env, recs)
 }

@@ -72,3 +72,59 @@ func TestStepKeysBounds(t *testing.T) {
 		t.Fatal("forgotten env's key still answered")
 	}
 }
+
+// TestStepKeysTravel: an env's keys exported on one server and imported
+// on another answer there as here, through the wire encoding; results
+// past the byte bound travel without their bodies (a retry is refused,
+// not run), as do results already dropped; a malformed record is
+// refused; importing none forgets the env's keys.
+func TestStepKeysTravel(t *testing.T) {
+	a := protocol.Action{Tool: protocol.ToolBash, Cmd: "ls"}
+	from := &Server{keys: newStepKeys(4, 100, 1<<20)}
+	from.keys.record("e1", "k1", a, keyedResult("s1", "one\xff"))
+	from.keys.record("e1", "k2", a, keyedResult("s2", strings.Repeat("z", 4000)))
+	from.keys.record("e2", "k1", a, keyedResult("s9", "other env"))
+	b, err := from.ExportStepKeys("e1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := &Server{keys: newStepKeys(4, 100, 1<<20)}
+	if err := to.ImportStepKeys("e1", b); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ key, out string }{{"k1", "one\xff"}, {"k2", strings.Repeat("z", 4000)}} {
+		res, err := to.keys.lookup("e1", tt.key, a)
+		if err != nil || res == nil || !res.Info.Replayed || string(res.Obs.Stdout) != tt.out {
+			t.Errorf("%s after the move: %+v %v", tt.key, res, err)
+		}
+	}
+	if res, err := to.keys.lookup("e2", "k1", a); res != nil || err != nil {
+		t.Errorf("another env's key travelled: %+v %v", res, err)
+	}
+	if _, err := to.keys.lookup("e1", "k1", protocol.Action{Tool: protocol.ToolBash, Cmd: "pwd"}); err == nil || !strings.Contains(err.Error(), "another action") {
+		t.Errorf("same key, other action after the move: %v", err)
+	}
+	// Over the bound: the newest result goes, the older one without its body.
+	recs := from.keys.export("e1", 4600)
+	if len(recs) != 2 || recs[0].Result != nil || recs[1].Result == nil {
+		t.Fatalf("export under 4600 bytes: %+v", recs)
+	}
+	if err := to.keys.replace("e1", recs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := to.keys.lookup("e1", "k1", a); err == nil || !strings.Contains(err.Error(), "no longer kept") || !strings.Contains(err.Error(), "s1") {
+		t.Errorf("a key that travelled without its result: %v", err)
+	}
+	if err := to.keys.replace("e1", []keyRecord{{Key: "k", Action: []byte("short")}}); err == nil {
+		t.Error("a malformed record was taken")
+	}
+	if err := to.ImportStepKeys("e1", []byte{0xc1}); err == nil {
+		t.Error("a malformed encoding was taken")
+	}
+	if err := to.ImportStepKeys("e1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := to.keys.lookup("e1", "k2", a); res != nil || err != nil {
+		t.Errorf("keys kept after importing none: %+v %v", res, err)
+	}
+}

@@ -262,6 +262,9 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	if tr != nil {
+		tr.UseStepKeys(s)
+	}
 	if node != nil {
 		if err := node.Register(ctx, cluster.CoordinatorLocal(co)); err != nil {
 			return err
