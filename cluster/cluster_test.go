@@ -28,6 +28,8 @@ func (l *fakeLocal) Capacity() cluster.NodeInfo {
 
 func (l *fakeLocal) HasEnv(id string) bool { return id == "lost" }
 
+func (l *fakeLocal) CloseEnv(context.Context, string) error { return nil }
+
 func (l *fakeLocal) HasState(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()

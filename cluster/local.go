@@ -1,6 +1,10 @@
 package cluster
 
-import "github.com/arbor-env/arbor/coordinator"
+import (
+	"context"
+
+	"github.com/arbor-env/arbor/coordinator"
+)
 
 // CoordinatorLocal is the Local of a node serving with co: its capacity
 // and tasks, and the states its engine still holds.
@@ -27,4 +31,13 @@ func (l coLocal) HasEnv(id string) bool {
 		}
 	}
 	return false
+}
+
+// CloseEnv closes env under its ticket: the operations queued before
+// finish first.
+func (l coLocal) CloseEnv(ctx context.Context, id string) error {
+	wait, release := l.co.Ticket(id)
+	wait()
+	defer release()
+	return l.co.CloseEnv(ctx, id)
 }

@@ -75,6 +75,9 @@ type Local interface {
 	// or lost in a crash restart (it answers env_lost until the env is
 	// closed), so that its placement is kept.
 	HasEnv(id string) bool
+	// CloseEnv closes an env of this node that the cluster answers for
+	// elsewhere now (Node.fence).
+	CloseEnv(ctx context.Context, id string) error
 }
 
 // Node publishes one Arbor node in etcd. It is the coordinator's Hooks
@@ -194,6 +197,7 @@ func (n *Node) renew() {
 			if err := n.publish(); err != nil {
 				n.log.Warn("publish node", slog.Any("err", err))
 			}
+			n.fence()
 			return
 		}
 		select {
@@ -201,6 +205,47 @@ func (n *Node) renew() {
 			return
 		case <-time.After(wait):
 		}
+	}
+}
+
+// fence closes the envs open here whose placement names another node:
+// while this node's lease had ended (cut off, its process alive), a
+// router restored them from their replicas there (docs/cluster.md,
+// "Replicas"), and the cluster answers for them from that node. Their
+// copies here would run on unseen, holding room, and answer a client
+// that reached this node directly.
+func (n *Node) fence() {
+	n.mu.Lock()
+	local := n.local
+	var ids []string
+	for id := range n.envs {
+		ids = append(ids, id)
+	}
+	n.mu.Unlock()
+	if local == nil {
+		return
+	}
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
+		r, err := n.cli.Get(ctx, EnvKey(id))
+		cancel()
+		if err != nil || len(r.Kvs) == 0 {
+			continue
+		}
+		var p Placement
+		if json.Unmarshal(r.Kvs[0].Value, &p) != nil || p.Node == "" || p.Node == n.o.ID {
+			continue
+		}
+		n.log.Warn("an env of this node was restored on another node while its lease had ended: closing its copy here",
+			slog.String("env", id), slog.String("node", p.Node))
+		n.mu.Lock()
+		delete(n.lost, id) // never put this node's placement back
+		n.mu.Unlock()
+		ctx, cancel = context.WithTimeout(n.ctx, n.o.Timeout)
+		if err := local.CloseEnv(ctx, id); err != nil {
+			n.log.Warn("close an env restored elsewhere", slog.String("env", id), slog.Any("err", err))
+		}
+		cancel()
 	}
 }
 

@@ -3,12 +3,16 @@ package router_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/cluster/etcdtest"
@@ -257,4 +261,75 @@ func TestReplicas(t *testing.T) {
 	start = time.Now()
 	_, err = c.Step(ctx, orphan, arbor.Bash("true", 0))
 	nodeUnavailable(t, "step on an env of the dead node without a replica", err, start, 2*time.Second)
+}
+
+// TestComebackAfterFailover: an env of node a, replicated on node b, is
+// restored on b while a's lease has ended (as the router's failover does
+// for a node cut off, its process alive); when a gets a lease again it
+// finds the env's placement naming b and closes its own copy, and the
+// env answers from b through the router with its files.
+func TestComebackAfterFailover(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	b := startNode(t, etcd, "b", "127.0.0.3")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c := dial(t, addr)
+	var env string
+	for env == "" || placement(t, cli, env) != a.id {
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = r.EnvID
+	}
+	rctx, stop := context.WithCancel(ctx)
+	go a.tr.Replicate(rctx, 200*time.Millisecond)
+	last := sh(t, c, env, "mkdir -p /work && echo data > /work/file").Info.StateID
+	var rp cluster.Replica
+	for end := time.Now().Add(20 * time.Second); rp.State != last; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no replica of state %s after 20 s (replica %+v)", last, rp)
+		}
+		if g, err := cli.Get(ctx, cluster.ReplicaKey(env)); err == nil && len(g.Kvs) > 0 {
+			json.Unmarshal(g.Kvs[0].Value, &rp)
+		}
+	}
+	stop()
+	if rp.Node != b.id {
+		t.Fatalf("replica on %q, want node b", rp.Node)
+	}
+	// The failover's restore on b, then a's lease ends under it.
+	if err := cluster.NewShipClient("", time.Minute).Adopt(ctx, b.addr, env, rp.State); err != nil {
+		t.Fatal(err)
+	}
+	if p := placement(t, cli, env); p != b.id {
+		t.Fatalf("placement after the restore on b: %q", p)
+	}
+	g, err := cli.Get(ctx, cluster.NodeKey(a.id))
+	if err != nil || len(g.Kvs) == 0 || g.Kvs[0].Lease == 0 {
+		t.Fatalf("node a's key: %v %v", g, err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(g.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := a.eng.Env(env)
+		if errors.Is(err, branch.ErrUnknownEnv) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("node a still has env %s 15 s after its lease ended and came back: %v", env, err)
+		}
+	}
+	if keysOf(t, cli, cluster.NodeKey(a.id), "") == 0 {
+		t.Error("node a did not register again")
+	}
+	if p := placement(t, cli, env); p != b.id {
+		t.Errorf("placement after a came back: %q, want b", p)
+	}
+	if got := out(sh(t, c, env, "cat /work/file")); got != "data" {
+		t.Errorf("the env from b: %q", got)
+	}
 }

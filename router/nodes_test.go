@@ -26,6 +26,8 @@ func (stubLocal) Capacity() cluster.NodeInfo {
 func (stubLocal) HasState(string) bool { return true }
 func (stubLocal) HasEnv(string) bool   { return true }
 
+func (stubLocal) CloseEnv(context.Context, string) error { return nil }
+
 // hung is a node that takes requests and never answers them (a host
 // that stopped without closing its connections).
 type hung struct{}
