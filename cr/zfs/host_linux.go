@@ -262,11 +262,16 @@ func (h *Host) Close() {
 // inUse lists the imported pools that are not FAULTED or UNAVAIL:
 // zfs-fuse imports every pool of its cache when it starts, also those
 // whose files are gone (one made before CreatePool kept its pools out of
-// the cache), and those use nothing.
+// the cache), and those use nothing. When zpool cannot tell (a daemon
+// too busy to answer), it answers that one is: stopping a daemon another
+// process still uses breaks that process, leaving an idle one running
+// costs nothing.
 func inUse() []string {
-	out, err := exec.Command("zpool", "list", "-H", "-o", "name,health").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "zpool", "list", "-H", "-o", "name,health").Output()
 	if err != nil {
-		return nil
+		return []string{fmt.Sprintf("(unknown: zpool list: %v)", err)}
 	}
 	var pools []string
 	for l := range strings.Lines(string(out)) {
