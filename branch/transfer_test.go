@@ -269,7 +269,10 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 	if err != nil || s1b != s1 {
 		t.Fatalf("checkpoint none after cat: %s %v, want %s", s1b, err, s1)
 	}
-	host := hostPID(t, env.Sandbox().FreezerCgroup(), inner)
+	host, err := env.Sandbox().HostPID(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := unix.Kill(host, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
@@ -314,35 +317,4 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 	if got := strings.TrimSpace(run(t, r.e, env, "set -- 1; "+count)); got != "2" {
 		t.Errorf("the env after the freeze: counter %q, want 2", got)
 	}
-}
-
-// hostPID is the host pid of the process of cgroup whose pid in its own
-// namespace is inner.
-func hostPID(t *testing.T, cgroup string, inner int) int {
-	t.Helper()
-	found := 0
-	filepath.WalkDir(cgroup, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.Name() != "cgroup.procs" || found != 0 {
-			return nil
-		}
-		b, _ := os.ReadFile(p)
-		for _, f := range strings.Fields(string(b)) {
-			st, err := os.ReadFile(filepath.Join("/proc", f, "status"))
-			if err != nil {
-				continue
-			}
-			for _, l := range strings.Split(string(st), "\n") {
-				if ns, ok := strings.CutPrefix(l, "NSpid:"); ok {
-					if ids := strings.Fields(ns); len(ids) > 0 && ids[len(ids)-1] == strconv.Itoa(inner) {
-						found, _ = strconv.Atoi(f)
-					}
-				}
-			}
-		}
-		return nil
-	})
-	if found == 0 {
-		t.Fatalf("no process of %s has pid %d in its namespace", cgroup, inner)
-	}
-	return found
 }

@@ -948,6 +948,21 @@ func (s *Sandbox) killPass(keepShell bool) (int, error) {
 	return n, nil
 }
 
+// HostPID returns the host pid of the sandbox's process whose pid inside
+// the sandbox is pid (to signal it from the host).
+func (s *Sandbox) HostPID(pid int) (int, error) {
+	pids, err := s.cg.procs()
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range pids {
+		if ns, _ := nsPID(p); ns == pid {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("sandbox %s has no process %d", s.cfg.ID, pid)
+}
+
 // nsPID returns the innermost pid of host pid p (0 when unknown) and
 // whether p is a zombie (dead, waiting to be reaped: killing it again
 // achieves nothing).
