@@ -62,8 +62,9 @@ func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 }
 
 // submitCheckpoint queues the job and returns the kind it queued; the
-// caller holds env.mu. With held, the caller has frozen the sandbox and
-// keeps it frozen: the job neither freezes nor thaws it.
+// caller holds env.mu. With held, the caller has frozen the sandbox,
+// keeps it frozen and settled kind with the Inspector while frozen: the
+// job neither freezes, settles nor thaws.
 func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority, held bool) (*queue.Job, string, Kind, error) {
 	if !validKind(kind) {
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
@@ -113,7 +114,8 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 // parent state. With allowDelta, the processes' part may be a shell delta
 // on the parent's process image instead of a dump, when the Inspector
 // found one (docs/engine.md, "Shell delta states"). It undoes everything
-// on failure. held says the caller froze the sandbox and thaws it.
+// on failure. held says the caller froze the sandbox (and thaws it) and
+// settled kind while frozen: nothing ran since, so it is not settled again.
 func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta, held bool) (err error) {
 	start := time.Now()
 	envID := env.ID
@@ -184,7 +186,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			defer sb.Thaw()
 			st.Timings["freeze"] = time.Since(t)
 		}
-		if in != nil && (kind != Full || allowDelta) {
+		if in != nil && !held && (kind != Full || allowDelta) {
 			// A background process may have written or run since the
 			// turn was classified: the inspector re-checks, frozen (for
 			// a full checkpoint only the processes a shell delta would
