@@ -215,37 +215,35 @@ func (n *Node) renew() {
 // copies here would run on unseen, holding room, and answer a client
 // that reached this node directly.
 func (n *Node) fence() {
+	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
+	defer cancel()
+	r, err := n.cli.Get(ctx, envsPrefix, clientv3.WithPrefix())
+	if err != nil {
+		n.log.Warn("list placements to fence envs restored elsewhere", slog.Any("err", err))
+		return
+	}
+	moved := map[string]string{} // env -> the node that answers for it
 	n.mu.Lock()
 	local := n.local
-	var ids []string
-	for id := range n.envs {
-		ids = append(ids, id)
+	for _, e := range r.Kvs {
+		var p Placement
+		id := idOf(string(e.Key), envsPrefix)
+		if n.envs[id] == "" || json.Unmarshal(e.Value, &p) != nil || p.Node == "" || p.Node == n.o.ID {
+			continue
+		}
+		moved[id] = p.Node
+		delete(n.lost, id) // never put this node's placement back
 	}
 	n.mu.Unlock()
 	if local == nil {
 		return
 	}
-	for _, id := range ids {
-		ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
-		r, err := n.cli.Get(ctx, EnvKey(id))
-		cancel()
-		if err != nil || len(r.Kvs) == 0 {
-			continue
-		}
-		var p Placement
-		if json.Unmarshal(r.Kvs[0].Value, &p) != nil || p.Node == "" || p.Node == n.o.ID {
-			continue
-		}
+	for id, node := range moved {
 		n.log.Warn("an env of this node was restored on another node while its lease had ended: closing its copy here",
-			slog.String("env", id), slog.String("node", p.Node))
-		n.mu.Lock()
-		delete(n.lost, id) // never put this node's placement back
-		n.mu.Unlock()
-		ctx, cancel = context.WithTimeout(n.ctx, n.o.Timeout)
+			slog.String("env", id), slog.String("node", node))
 		if err := local.CloseEnv(ctx, id); err != nil {
 			n.log.Warn("close an env restored elsewhere", slog.String("env", id), slog.Any("err", err))
 		}
-		cancel()
 	}
 }
 
