@@ -60,7 +60,8 @@ type report struct {
 	passed  int
 	failed  int
 	skips   []skip
-	pkgFail int // packages that failed
+	pkgFail int      // packages that failed
+	recap   []string // one line per failed test or package, printed again at the end
 }
 
 func newReport(w io.Writer) *report {
@@ -103,6 +104,7 @@ func (r *report) add(e event) {
 		case "fail":
 			r.failed++
 			fmt.Fprintf(r.w, "--- FAIL %s %s (%.2fs)\n", e.Package, e.Test, e.Elapsed)
+			r.recap = append(r.recap, recapLine(e.Package, e.Test, r.out[k]))
 			for _, l := range r.out[k] {
 				fmt.Fprint(r.w, "    ", strings.TrimLeft(l, " "))
 			}
@@ -125,6 +127,9 @@ func (r *report) endPackage(e event) {
 	case "fail":
 		r.pkgFail++
 		fmt.Fprintf(r.w, "FAIL %s %.1fs\n", e.Package, e.Elapsed)
+		if !r.testFailedIn(e.Package) {
+			r.recap = append(r.recap, recapLine(e.Package, "", r.out[k]))
+		}
 		for _, l := range r.out[k] {
 			if !summary.MatchString(l) {
 				fmt.Fprint(r.w, "    ", l)
@@ -143,6 +148,7 @@ func (r *report) endPackage(e event) {
 		for _, rk := range running {
 			_, test, _ := strings.Cut(rk, "\x00")
 			fmt.Fprintf(r.w, "--- NO RESULT %s %s (still running when the package failed)\n", e.Package, test)
+			r.recap = append(r.recap, recapLine(e.Package, test+" (no result)", r.out[rk]))
 			for _, l := range r.out[rk] {
 				fmt.Fprint(r.w, "    ", l)
 			}
@@ -150,6 +156,34 @@ func (r *report) endPackage(e event) {
 		}
 	}
 	delete(r.out, k)
+}
+
+// where is the first line of a test's output that says where it failed
+// (t.Errorf and t.Fatalf lines start with file.go:line:, a panic names
+// itself).
+var where = regexp.MustCompile(`^\s*(\S+\.go:\d+:|panic:)`)
+
+// recapLine is a failed test's line in the closing recap: its name and
+// the first line of its output that says where and why, so that a log's
+// tail names what failed even when the test's full output scrolled away.
+func recapLine(pkg, test string, lines []string) string {
+	name := strings.TrimSpace(pkg + " " + test)
+	for _, l := range lines {
+		if where.MatchString(l) {
+			return name + ": " + strings.TrimSpace(l)
+		}
+	}
+	return name
+}
+
+// testFailedIn says whether the recap already names a failed test of pkg.
+func (r *report) testFailedIn(pkg string) bool {
+	for _, l := range r.recap {
+		if strings.HasPrefix(l, pkg+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 // skipOf makes the skip record of a test from its output: the reason is
@@ -186,6 +220,9 @@ func (r *report) finish() (unexpected int) {
 		}
 		unexpected++
 		fmt.Fprintf(r.w, "SKIP (unexpected) %s %s: %s\n", s.pkg, s.test, s.reason)
+	}
+	for _, l := range r.recap {
+		fmt.Fprintf(r.w, "FAILED %s\n", l)
 	}
 	fmt.Fprintf(r.w, "tests: %d passed, %d failed, %d skipped (%d allowed, %d unexpected)\n",
 		r.passed, r.failed, len(r.skips), len(r.skips)-unexpected, unexpected)

@@ -50,12 +50,19 @@ func TestRun(t *testing.T) {
 			`{"Action":"output","Package":"p","Test":"TestD","Output":"    d_test.go:5: got 1, want 2\n"}`,
 			`{"Action":"fail","Package":"p","Test":"TestD","Elapsed":0.5}`,
 			pkgFail), exit1(t), 1,
-			[]string{"--- FAIL p TestD (0.50s)", "d_test.go:5: got 1, want 2", "FAIL p 0.1s"}},
+			[]string{"--- FAIL p TestD (0.50s)", "d_test.go:5: got 1, want 2", "FAIL p 0.1s",
+				"FAILED p TestD: d_test.go:5: got 1, want 2\ntests: 0 passed, 1 failed"}},
 		{"package failure outside tests prints its output", stream(
 			`{"Action":"output","Package":"p","Output":"server tests: set up the engine: no pool\n"}`,
 			`{"Action":"output","Package":"p","Output":"FAIL\tp\t0.1s\n"}`,
 			pkgFail), nil, 1,
-			[]string{"FAIL p 0.1s", "set up the engine: no pool"}},
+			[]string{"FAIL p 0.1s", "set up the engine: no pool", "FAILED p\ntests:"}},
+		{"a test cut off by the timeout is named", stream(
+			`{"Action":"output","Package":"p","Test":"TestE","Output":"panic: test timed out after 10m0s\n"}`,
+			`{"Action":"output","Package":"p","Test":"TestE","Output":"goroutine 1 [running]:\n"}`,
+			pkgFail), exit1(t), 1,
+			[]string{"--- NO RESULT p TestE", "goroutine 1 [running]:",
+				"FAILED p TestE (no result): panic: test timed out after 10m0s\ntests:"}},
 		{"build failure", stream(
 			`{"ImportPath":"p","Action":"build-output","Output":"p/x.go:1:1: syntax error\n"}`,
 			`{"ImportPath":"p","Action":"build-fail"}`,
