@@ -37,6 +37,14 @@ func SetStatfs(e *Engine, f func(name, path string) (used, total, free int64, er
 	e.nudgeGC()
 }
 
+// SetStatfsMax bounds e's statfs calls by d instead of statfsMax; tests
+// only.
+func SetStatfsMax(e *Engine, d time.Duration) {
+	e.pr.mu.Lock()
+	e.pr.statfsMax = d
+	e.pr.mu.Unlock()
+}
+
 // ArtifactBytes is the size the manifest records for artifact id; tests
 // only.
 func ArtifactBytes(e *Engine, id string) (int64, error) {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/cr"
@@ -31,6 +32,14 @@ const (
 // pressureSettle is how long the GC waits after an eviction pass (and
 // its settle) before the next pass measures again.
 const pressureSettle = 250 * time.Millisecond
+
+// statfsMax bounds how long measure waits for one file system's statfs.
+// A FUSE file system whose daemon hangs (zfs-fuse under load) blocks
+// statfs in the kernel until the daemon answers; the GC, Admit and Usage
+// must not hang with it. Past the bound the file system keeps its last
+// numbers and the call goes on in the background, once per file system
+// however many measures want it (docs/engine.md, "Disk pressure").
+const statfsMax = 10 * time.Second
 
 // settleMax bounds how long an eviction pass waits for the pool to free
 // what it deleted (settle) before the GC goes on.
@@ -81,6 +90,10 @@ type pressure struct {
 	stats PressureStats
 	// statfs measures a path (unix.Statfs; tests replace it).
 	statfs func(name, path string) (used, total, free int64, err error)
+	// statfsMax bounds each statfs (the const; tests shorten it), and
+	// flight keeps one statfs per file system in flight.
+	statfsMax time.Duration
+	flight    singleflight.Group
 	// holds is the kind of artifact each watched file system holds
 	// ("": both, when the pool and an image store share one).
 	holds map[string]manifest.ArtifactKind
@@ -107,6 +120,7 @@ func realStatfs(_, path string) (used, total, free int64, err error) {
 // directories when they are on file systems of their own.
 func (e *Engine) initPressure() {
 	e.pr.statfs = realStatfs
+	e.pr.statfsMax = statfsMax
 	type fs struct{ name, path string }
 	all := []fs{{DiskPool, e.o.Snap.Path("")}, {DiskCold, e.cacheDir("cold")}, {DiskHot, e.cacheDir("hot")}}
 	seen := map[uint64]string{}
@@ -135,18 +149,40 @@ func (e *Engine) cacheDir(which string) string { return filepath.Join(e.o.StateD
 
 // measure reads every watched file system and moves its eviction state:
 // over from the high mark until back under the low mark. A file system
-// that cannot be read keeps its last numbers.
+// that cannot be read, or does not answer within statfsMax, keeps its
+// last numbers.
 func (e *Engine) measure() []DiskUsage {
 	e.pr.mu.Lock()
+	disks, statfs, bound := append([]DiskUsage(nil), e.pr.disks...), e.pr.statfs, e.pr.statfsMax
+	e.pr.mu.Unlock()
+	type reading struct {
+		used, total, free int64
+		err               error
+	}
+	got := make([]reading, len(disks))
+	for i, d := range disks {
+		ch := e.pr.flight.DoChan(d.Name, func() (any, error) {
+			used, total, free, err := statfs(d.Name, d.Path)
+			return reading{used, total, free, err}, nil
+		})
+		t := time.NewTimer(bound)
+		select {
+		case r := <-ch:
+			got[i] = r.Val.(reading)
+		case <-t.C:
+			got[i].err = fmt.Errorf("statfs gave no answer in %s (the file system hangs)", bound)
+		}
+		t.Stop()
+	}
+	e.pr.mu.Lock()
 	defer e.pr.mu.Unlock()
-	for i := range e.pr.disks {
+	for i, r := range got {
 		d := &e.pr.disks[i]
-		used, total, free, err := e.pr.statfs(d.Name, d.Path)
-		if err != nil {
-			e.log.Warn("measure disk", "fs", d.Name, "path", d.Path, "err", err)
+		if r.err != nil {
+			e.log.Warn("measure disk", "fs", d.Name, "path", d.Path, "err", r.err)
 			continue
 		}
-		d.Used, d.Total, d.Free = used, total, free
+		d.Used, d.Total, d.Free = r.used, r.total, r.free
 		switch f := d.Fraction(); {
 		case f >= e.o.HighWater:
 			d.Over = true

@@ -3,6 +3,7 @@ package branch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +97,73 @@ func TestDiskPressure(t *testing.T) {
 	}
 	e.CloseEnv(ctx, env)
 	exists(t, e, "the open lineage at the end", as...)
+}
+
+// TestStatfsHangs: a watched file system whose statfs does not answer
+// (a hung FUSE daemon) does not hang the engine: Usage and Admit return
+// with its last numbers while the call is stuck, however many ask only
+// one call is in flight, and once it answers the next measure reads the
+// new numbers.
+func TestStatfsHangs(t *testing.T) {
+	r := retainRig(t, time.Hour, nil)
+	e := r.e
+	const total = 1 << 30
+	var calls atomic.Int64 // calls that hung
+	release := make(chan struct{})
+	var hang atomic.Bool
+	branch.SetStatfsMax(e, 100*time.Millisecond)
+	branch.SetStatfs(e, func(name, _ string) (int64, int64, int64, error) {
+		if name == branch.DiskPool {
+			if hang.Load() {
+				calls.Add(1)
+				<-release
+				return total / 10 * 3, total, total / 10 * 7, nil
+			}
+		}
+		return total / 10, total, total / 10 * 9, nil
+	})
+	pool := func() branch.DiskUsage {
+		t.Helper()
+		u, err := e.Usage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range u.Disk {
+			if d.Name == branch.DiskPool {
+				return d
+			}
+		}
+		t.Fatalf("usage has no %s: %+v", branch.DiskPool, u.Disk)
+		return branch.DiskUsage{}
+	}
+	if d := pool(); d.Used != total/10 {
+		t.Fatalf("pool used %d before the hang, want %d", d.Used, total/10)
+	}
+	hang.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		for range 3 {
+			if d := pool(); d.Used != total/10 {
+				done <- fmt.Errorf("pool used %d while statfs hangs, want the last reading %d", d.Used, total/10)
+				return
+			}
+		}
+		done <- e.Admit(context.Background())
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("while statfs hangs: %v", err)
+		}
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatal("Usage and Admit still waiting on a hung statfs after a minute")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d statfs calls of the pool in flight at once, want 1", n)
+	}
+	close(release) // the stuck call answers, and so does every call after it
+	branchtest.WaitFor(t, "the pool's new numbers", func() bool { return pool().Used == total/10*3 })
 }
 
 // TestStateBytes: a file snapshot's size is what the turn wrote that it
