@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -141,14 +140,7 @@ func TestDrainDuringBranch(t *testing.T) {
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
 	c := dial(t, addr)
-	var env string
-	for env == "" || placement(t, cli, env) != a.id {
-		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		env = r.EnvID
-	}
+	env := resetOn(t, c, cli, a)
 	sh(t, c, env, "mkdir -p /work && cd /work && export K=v && echo data > /work/file")
 	sh(t, c, env, counterStart)
 	base, err := strconv.Atoi(out(sh(t, c, env, counterRead)))
@@ -201,14 +193,7 @@ func TestReplicas(t *testing.T) {
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
 	c := dial(t, addr)
-	var env string
-	for env == "" || placement(t, cli, env) != a.id {
-		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		env = r.EnvID
-	}
+	env := resetOn(t, c, cli, a)
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go a.tr.Replicate(rctx, 200*time.Millisecond)
@@ -219,30 +204,14 @@ func TestReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := sh(t, c, env, "echo more >> /work/file").Info.StateID
-	var rp cluster.Replica
-	for end := time.Now().Add(20 * time.Second); rp.State != last; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("no replica of state %s after 20 s (replica %+v)", last, rp)
-		}
-		g, err := cli.Get(ctx, cluster.ReplicaKey(env))
-		if err == nil && len(g.Kvs) > 0 {
-			json.Unmarshal(g.Kvs[0].Value, &rp)
-		}
-	}
+	rp := replicaOf(t, cli, env, last)
 	t.Logf("env %s of node a replicated on node %s at %s", env, rp.Node, rp.State)
 	if rp.Node != b.id {
 		t.Fatalf("replica on %q, want node b", rp.Node)
 	}
 	// Another env of a, made once a replicates no more: it has no replica.
 	stop()
-	var orphan string
-	for orphan == "" || placement(t, cli, orphan) != a.id {
-		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		orphan = r.EnvID
-	}
+	orphan := resetOn(t, c, cli, a)
 	a.kill()
 	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -276,26 +245,11 @@ func TestComebackAfterFailover(t *testing.T) {
 	_, addr := startRouter(t, etcd)
 	ctx := context.Background()
 	c := dial(t, addr)
-	var env string
-	for env == "" || placement(t, cli, env) != a.id {
-		r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		env = r.EnvID
-	}
+	env := resetOn(t, c, cli, a)
 	rctx, stop := context.WithCancel(ctx)
 	go a.tr.Replicate(rctx, 200*time.Millisecond)
 	last := sh(t, c, env, "mkdir -p /work && echo data > /work/file").Info.StateID
-	var rp cluster.Replica
-	for end := time.Now().Add(20 * time.Second); rp.State != last; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("no replica of state %s after 20 s (replica %+v)", last, rp)
-		}
-		if g, err := cli.Get(ctx, cluster.ReplicaKey(env)); err == nil && len(g.Kvs) > 0 {
-			json.Unmarshal(g.Kvs[0].Value, &rp)
-		}
-	}
+	rp := replicaOf(t, cli, env, last)
 	stop()
 	if rp.Node != b.id {
 		t.Fatalf("replica on %q, want node b", rp.Node)

@@ -224,6 +224,38 @@ func placement(t testing.TB, cli *clientv3.Client, env string) string {
 }
 
 // keysOf counts the keys under prefix whose name ends in suffix.
+// resetOn resets busybox envs through c until one is placed on node n
+// (the router places by load), and returns that env's id; the others
+// stay open.
+func resetOn(t testing.TB, c *arbor.Client, cli *clientv3.Client, n *node) string {
+	t.Helper()
+	for {
+		r, err := c.Reset(context.Background(), arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if placement(t, cli, r.EnvID) == n.id {
+			return r.EnvID
+		}
+	}
+}
+
+// replicaOf waits up to 20 s for env's replica record to name state,
+// and returns it.
+func replicaOf(t testing.TB, cli *clientv3.Client, env, state string) cluster.Replica {
+	t.Helper()
+	var rp cluster.Replica
+	for end := time.Now().Add(20 * time.Second); rp.State != state; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no replica of state %s after 20 s (replica %+v)", state, rp)
+		}
+		if g, err := cli.Get(context.Background(), cluster.ReplicaKey(env)); err == nil && len(g.Kvs) > 0 {
+			json.Unmarshal(g.Kvs[0].Value, &rp)
+		}
+	}
+	return rp
+}
+
 func keysOf(t *testing.T, cli *clientv3.Client, prefix, suffix string) int {
 	t.Helper()
 	r, err := cli.Get(context.Background(), prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
