@@ -412,15 +412,19 @@ func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), t.o.Timeout)
 	defer cancel()
 	// The keys first: the env's first request here may be a retry.
-	if k := t.o.StepKeys; k != nil && len(req.StepKeys) > 0 {
-		if err := k.ImportStepKeys(req.Env, req.StepKeys); err != nil {
+	keys := t.o.StepKeys
+	if len(req.StepKeys) == 0 {
+		keys = nil // nothing to carry, nothing to take back
+	}
+	if keys != nil {
+		if err := keys.ImportStepKeys(req.Env, req.StepKeys); err != nil {
 			writeJSON(w, http.StatusBadRequest, transferError{err.Error()})
 			return
 		}
 	}
 	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
-		if k := t.o.StepKeys; k != nil && len(req.StepKeys) > 0 {
-			k.ImportStepKeys(req.Env, nil)
+		if keys != nil {
+			keys.ImportStepKeys(req.Env, nil)
 		}
 		writeJSON(w, errCode(err), transferError{err.Error()})
 		return
