@@ -569,18 +569,20 @@ func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
 		byNode[node] = append(byNode[node], id)
 	}
 	ss := make([]*sent, 0, len(order))
+	var first error
 	for _, node := range order {
 		q := p
 		q.StateIDs = byNode[node]
 		s, err := r.send(node, protocol.MethodPrepare, q, nil)
 		if err != nil {
-			return fail(err)
+			first = err // the requests sent before are still waited for
+			break
 		}
 		ss = append(ss, s)
 	}
 	return func(ctx context.Context) (any, error) {
 		out := protocol.PrepareResult{Prepared: map[string]int{}, Ready: map[string]int{}}
-		var first, over error
+		var over error
 		ok := 0
 		for _, s := range ss {
 			raw, err := s.wait(ctx)
