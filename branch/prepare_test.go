@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 func usage(t *testing.T, e *branch.Engine) branch.Usage {
@@ -158,6 +159,10 @@ func TestPreparePastState(t *testing.T) {
 	if u.Warm != 0 || u.Prepare.Expired != 1 {
 		t.Fatalf("after the TTL: warm %d, prepare %+v; want no copies, 1 expired", u.Warm, u.Prepare)
 	}
+	// Its sandbox is gone with it: no env is open, no root is left.
+	if vols := sandboxVolumes(t, r); len(vols) != 0 {
+		t.Errorf("after the TTL, with no env open, sandbox roots are left: %v", vols)
+	}
 	if err := e.GC(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -167,5 +172,90 @@ func TestPreparePastState(t *testing.T) {
 	// A collected state can no longer be prepared.
 	if _, err := e.Prepare(ctx, []string{head}, 1, false); !errors.Is(err, branch.ErrUnknownState) {
 		t.Fatalf("prepare of a collected state: %v, want ErrUnknownState", err)
+	}
+}
+
+func sandboxVolumes(t *testing.T, r *rig) []string {
+	t.Helper()
+	vols, err := r.snap.List(context.Background(), launch.VolumePrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, v := range vols {
+		if strings.HasPrefix(v.Name, launch.VolumePrefix) {
+			out = append(out, v.Name)
+		}
+	}
+	return out
+}
+
+// TestPrepareHeadWithWarmCopies prepares copies of an env's head that
+// also has a warm copy (Options.WarmCopies): a branch takes the prepared
+// ones first and replaces none of them; a branch that then takes the
+// head's own copy has it replaced, as without prepare. Without wait, the
+// copies become ready in the background. Close destroys what is left.
+func TestPrepareHeadWithWarmCopies(t *testing.T) {
+	r := retainRig(t, 0, func(o *branch.Options) { o.WarmCopies = 1 })
+	e := r.e
+	ctx := context.Background()
+	_, sids := numbered(t, e, 1)
+	head := sids[1]
+	waitWarm(t, e, 1)
+	res, err := e.Prepare(ctx, []string{head}, 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Prepared[head] != 2 {
+		t.Fatalf("prepare(head, 2): %+v, want 2 prepared", res)
+	}
+	u := waitUsage(t, e, "prepared copies ready", func(u branch.Usage) bool { return u.Prepare.Ready == 2 })
+	if u.Warm != 3 || u.Prepare.Queued != 0 {
+		t.Fatalf("warm %d, prepare %+v; want 3 copies (1 warm, 2 prepared)", u.Warm, u.Prepare)
+	}
+	branchN := func(n int) (before, after branch.Usage) {
+		t.Helper()
+		before = usage(t, e)
+		res, err := e.Branch(ctx, branch.Source{State: head}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after = usage(t, e)
+		for i, c := range res.Children {
+			if res.Errors[i] != nil {
+				t.Fatalf("child %d: %v", i, res.Errors[i])
+			}
+			if got := strings.TrimSpace(run(t, e, c, "cat /f")); got != "1" {
+				t.Errorf("child %d: /f = %q, want 1", i, got)
+			}
+		}
+		if n := after.Queue.High.Completed - before.Queue.High.Completed; n != 0 {
+			t.Errorf("branch(%d) with %d copies ran %d restores, want 0", len(res.Children), before.Warm, n)
+		}
+		return before, after
+	}
+	before, after := branchN(2)
+	if n := after.Prepare.Taken - before.Prepare.Taken; n != 2 {
+		t.Errorf("branch(2) took %d prepared copies, want 2 (prepared ones first)", n)
+	}
+	if lowJobs(after) != lowJobs(before) {
+		t.Errorf("branch(2) of prepared copies queued background work (%d -> %d jobs), want none", lowJobs(before), lowJobs(after))
+	}
+	before, after = branchN(1)
+	if n := after.Prepare.Taken - before.Prepare.Taken; n != 0 {
+		t.Errorf("branch(1) took %d prepared copies, want 0 (none left)", n)
+	}
+	if d := lowJobs(after) - lowJobs(before); d != 1 {
+		t.Errorf("branch(1) of the head's warm copy queued %d background jobs, want 1 (its replacement)", d)
+	}
+	waitWarm(t, e, 1)
+	if _, err := e.Prepare(ctx, []string{head}, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if vols := sandboxVolumes(t, r); len(vols) != 0 {
+		t.Errorf("after Close, sandbox roots are left: %v", vols)
 	}
 }
