@@ -60,8 +60,9 @@ type PrepareResult struct {
 }
 
 // PrepareStats count prepared copies (Usage.Prepare): Queued and Ready
-// now; Taken by branches, Expired (destroyed unused once their TTL
-// passed) and Refused (over the budget) since Open.
+// now; since Open, Taken by branches, Expired (destroyed unused because
+// their TTL passed, ready or restored after it; counted once destroyed)
+// and Refused (over the budget).
 type PrepareStats struct {
 	Queued, Ready           int
 	Taken, Expired, Refused int64
@@ -252,11 +253,15 @@ func (e *Engine) expirePrepared(ctx context.Context, now time.Time) time.Time {
 			e.warm[sid] = keep
 		}
 	}
-	e.prepStats.Expired += int64(len(gone))
 	e.mu.Unlock()
 	for _, w := range gone {
 		w.destroy(ctx, e)
 	}
+	// Counted once destroyed: a reader that sees them expired sees them
+	// gone.
+	e.mu.Lock()
+	e.prepStats.Expired += int64(len(gone))
+	e.mu.Unlock()
 	if len(expired) > 0 {
 		e.log.Debug("prepared copies expired", slog.Int("states", len(expired)), slog.Int("copies", len(gone)))
 	}

@@ -155,9 +155,9 @@ func TestPreparePastState(t *testing.T) {
 	// The TTL passes: the head's unused copy is destroyed, then GC takes
 	// the state it kept.
 	branch.AdvanceClock(e, 2*time.Hour)
-	u := waitUsage(t, e, "prepared copy expired", func(u branch.Usage) bool { return u.Prepare.Ready == 0 })
-	if u.Warm != 0 || u.Prepare.Expired != 1 {
-		t.Fatalf("after the TTL: warm %d, prepare %+v; want no copies, 1 expired", u.Warm, u.Prepare)
+	u := waitUsage(t, e, "prepared copy expired", func(u branch.Usage) bool { return u.Prepare.Expired == 1 })
+	if u.Warm != 0 || u.Prepare.Ready != 0 {
+		t.Fatalf("after the TTL: warm %d, prepare %+v; want no copies", u.Warm, u.Prepare)
 	}
 	// Its sandbox is gone with it: no env is open, no root is left.
 	if vols := sandboxVolumes(t, r); len(vols) != 0 {
@@ -257,5 +257,31 @@ func TestPrepareHeadWithWarmCopies(t *testing.T) {
 	}
 	if vols := sandboxVolumes(t, r); len(vols) != 0 {
 		t.Errorf("after Close, sandbox roots are left: %v", vols)
+	}
+}
+
+// TestPrepareExpiresInFlight lets the TTL of a state's prepared copies
+// pass while their restores are still queued or running (one worker,
+// four copies): every copy, ready at the expiry or restored after it, is
+// destroyed and counted expired, and none is kept.
+func TestPrepareExpiresInFlight(t *testing.T) {
+	r := retainRig(t, 0, func(o *branch.Options) {
+		o.PrepareTTL = time.Hour
+		o.Workers = 1 // the restores run one after another
+	})
+	e := r.e
+	ctx := context.Background()
+	_, sids := numbered(t, e, 1)
+	if _, err := e.Prepare(ctx, []string{sids[0]}, 4, false); err != nil {
+		t.Fatal(err)
+	}
+	branch.AdvanceClock(e, 2*time.Hour)
+	u := waitUsage(t, e, "4 copies expired", func(u branch.Usage) bool { return u.Prepare.Expired == 4 })
+	if u.Warm != 0 || u.Prepare.Queued != 0 || u.Prepare.Ready != 0 {
+		t.Errorf("after the TTL: warm %d, prepare %+v; want no copies", u.Warm, u.Prepare)
+	}
+	// Only the env's own root is left.
+	if vols := sandboxVolumes(t, r); len(vols) != 1 {
+		t.Errorf("sandbox roots left: %v, want only the env's", vols)
 	}
 }

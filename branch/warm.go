@@ -90,9 +90,15 @@ func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 			if keep {
 				e.warm[sid] = append(e.warm[sid], w)
 			}
+			expired := p != nil && !keep && !e.closed
 			e.mu.Unlock()
 			if !keep {
 				w.destroy(ctx, e)
+			}
+			if expired {
+				e.mu.Lock()
+				e.prepStats.Expired++
+				e.mu.Unlock()
 			}
 			return nil
 		})
