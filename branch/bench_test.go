@@ -131,6 +131,59 @@ func BenchmarkBranch(b *testing.B) {
 	}
 }
 
+// BenchmarkBranchPrepared branches n children from a past state (not
+// the env's head) cold, and from the same state after Prepare(n, wait):
+// the children are then thawed prepared copies (docs/engine.md,
+// "Prepared copies"). The prepare itself is outside the timer: it is the
+// background work a trainer's hint buys ahead of the branch.
+func BenchmarkBranchPrepared(b *testing.B) {
+	dir := b.TempDir()
+	r := newRig(b, newBtrfs(b, dir), dir, 0)
+	env, _ := benchEnv(b, r)
+	ctx := context.Background()
+	past, err := r.e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		b.Fatal(err)
+	}
+	run(b, r.e, env, "echo later > /work/turn")
+	if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"cold", "prepared"} {
+		for _, n := range []int{1, 8, 32} {
+			b.Run(fmt.Sprintf("%s/n=%d", mode, n), func(b *testing.B) {
+				var lat latencies
+				for i := 0; i < b.N; i++ {
+					var taken int64
+					if mode == "prepared" {
+						b.StopTimer()
+						res, err := r.e.Prepare(ctx, []string{past}, n, true)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if res.Ready[past] != n {
+							b.Fatalf("prepare(%d, wait): %+v", n, res)
+						}
+						u, _ := r.e.Usage()
+						taken = u.Prepare.Taken
+						b.StartTimer()
+					}
+					lat = append(lat, branchOnce(b, r.e, past, n))
+					if mode == "prepared" {
+						if u, _ := r.e.Usage(); u.Prepare.Taken-taken != int64(n) {
+							b.Fatalf("branch(%d) took %d prepared copies, want %d", n, u.Prepare.Taken-taken, n)
+						}
+					}
+				}
+				lat.report(b, "")
+				s := append(latencies(nil), lat...)
+				sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+				b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000/float64(n), "per-child-p50-ms")
+			})
+		}
+	}
+}
+
 // branchOnce branches state sid into n children, closes them outside the
 // timer and returns how long the branch took.
 func branchOnce(b *testing.B, e *branch.Engine, sid string, n int) time.Duration {

@@ -63,6 +63,13 @@ type Options struct {
 	// WarmCopies is how many pre-restored, frozen copies of every open
 	// environment's newest state to keep, so that branch only thaws them.
 	WarmCopies int
+	// PrepareTTL is how long the copies Prepare made of a state are kept
+	// after the last Prepare of that state, unless a branch takes them
+	// first (default DefaultPrepareTTL); PrepareCopies bounds the
+	// prepared copies of all states together, queued or ready (default
+	// DefaultPrepareCopies). docs/engine.md, "Prepared copies".
+	PrepareTTL    time.Duration
+	PrepareCopies int
 	// LazyBytes: process images of at least this many bytes are restored
 	// lazily over userfaultfd, their memory copied in after the tree
 	// runs (docs/engine.md, "Lazy restore"); 0 or less restores every
@@ -138,6 +145,10 @@ type Engine struct {
 	refs   map[string]int         // states held by branches in flight (hold)
 	closed bool
 	bg     sync.WaitGroup
+	// prep is the prepared copies by state id (prepare.go), prepStats
+	// their totals (PrepareStats), both under mu.
+	prep      map[string]*prepEntry
+	prepStats PrepareStats
 }
 
 // Open starts an engine on o.StateDir, recovering what a crash left: half
@@ -178,8 +189,14 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.PressureWait <= 0 {
 		o.PressureWait = DefaultPressureWait
 	}
-	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, lost: map[string]LostEnv{},
-		refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
+	if o.PrepareTTL <= 0 {
+		o.PrepareTTL = DefaultPrepareTTL
+	}
+	if o.PrepareCopies <= 0 {
+		o.PrepareCopies = DefaultPrepareCopies
+	}
+	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, prep: map[string]*prepEntry{},
+		lost: map[string]LostEnv{}, refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
 	e.lazyBytes.Store(o.LazyBytes)
 	e.cache, err = imgcache.Open(imgcache.Options{
 		HotDir: filepath.Join(o.StateDir, "images", "hot"), ColdDir: filepath.Join(o.StateDir, "images", "cold"),
@@ -332,6 +349,10 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	warm := e.warm
 	e.warm = map[string][]*warmCopy{}
+	for _, p := range e.prep {
+		p.wake()
+	}
+	e.prep = map[string]*prepEntry{}
 	e.mu.Unlock()
 	e.stopGC()
 	var errs []error

@@ -41,6 +41,10 @@ var (
 	// ErrUnsupported: the engine's backend cannot do this (a zfs pool
 	// cannot stream its snapshots to another node yet).
 	ErrUnsupported = errors.New("not supported by this backend")
+	// ErrOverBudget: none of the prepared copies a Prepare asked for fit
+	// in the budget (Options.PrepareCopies); retry once copies were taken
+	// or expired.
+	ErrOverBudget = errors.New("over the budget of prepared copies")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

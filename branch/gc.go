@@ -147,6 +147,9 @@ func (e *Engine) gcLoop(ctx context.Context) {
 			t.Stop()
 		case <-t.C:
 		}
+		// Prepared copies past their TTL go first: their states may be
+		// garbage this very pass.
+		prepNext := e.expirePrepared(ctx, e.now())
 		_, more, next, err := e.gcPass(ctx, nil)
 		var pressured bool
 		if err == nil {
@@ -163,6 +166,9 @@ func (e *Engine) gcLoop(ctx context.Context) {
 			wait = 0
 		case !next.IsZero():
 			wait = min(wait, max(next.Sub(e.now()), 0)+10*time.Millisecond)
+		}
+		if !prepNext.IsZero() {
+			wait = min(wait, max(prepNext.Sub(e.now()), 0)+10*time.Millisecond)
 		}
 		if pressured {
 			wait = min(wait, pressureSettle)
@@ -281,6 +287,9 @@ func (e *Engine) gcDecide(ctx context.Context, evict *eviction) (g manifest.Garb
 	for sid := range e.refs {
 		p.Keep = append(p.Keep, sid)
 	}
+	// A prepared state is kept until its TTL passes, while its copies
+	// are still being restored too.
+	p.Keep = append(p.Keep, e.prepKeep()...)
 	e.mu.Unlock()
 	if g, err = e.man.Collect(p); err != nil {
 		return manifest.Garbage{}, p, nil, false, err
@@ -344,9 +353,12 @@ type Usage struct {
 	Images   imgcache.Stats
 	Queue    queue.Stats
 	Envs     int
-	Warm     int
-	Coord    CoordStats
-	GC       GCStats
+	// Warm counts the frozen copies ready to thaw, the prepared ones
+	// among them; Prepare counts those (prepare.go).
+	Warm    int
+	Prepare PrepareStats
+	Coord   CoordStats
+	GC      GCStats
 	// Disk is every watched file system, measured now, and Pressure what
 	// disk pressure did (docs/engine.md, "Disk pressure").
 	Disk     []DiskUsage
@@ -364,6 +376,7 @@ func (e *Engine) Usage() (Usage, error) {
 	for _, ws := range e.warm {
 		w += len(ws)
 	}
+	prep := e.prepareStats()
 	e.mu.Unlock()
 	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
 		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load(),
@@ -377,7 +390,7 @@ func (e *Engine) Usage() (Usage, error) {
 	e.pr.mu.Lock()
 	ps := e.pr.stats
 	e.pr.mu.Unlock()
-	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Coord: c, GC: gs,
+	return Usage{Manifest: mu, Images: e.cache.Stats(), Queue: e.q.Stats(), Envs: n, Warm: w, Prepare: prep, Coord: c, GC: gs,
 		Disk: disk, Pressure: ps}, nil
 }
 

@@ -15,6 +15,9 @@ type warmCopy struct {
 	id    string
 	state string
 	r     restored
+	// prepared: made by Prepare (prepare.go), kept until its state's
+	// TTL and never refilled; otherwise a head's copy (Options.WarmCopies).
+	prepared bool
 }
 
 func (w *warmCopy) destroy(ctx context.Context, e *Engine) {
@@ -31,14 +34,20 @@ func (e *Engine) afterCheckpoint(parent, sid string) {
 		return
 	}
 	e.dropWarm(context.Background(), parent)
-	e.fillWarm(sid, e.o.WarmCopies)
+	e.fillWarm(sid, e.o.WarmCopies, nil)
 }
 
-// fillWarm queues low-priority restores of n frozen copies of sid.
-func (e *Engine) fillWarm(sid string, n int) {
+// fillWarm queues low-priority restores of n frozen copies of sid: a
+// head's (p nil), kept while sid is some env's head, or prepared ones of
+// entry p, kept while p is sid's entry (its TTL has not passed), each
+// counted out of p.queued when its restore ends.
+func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 	for i := 0; i < n; i++ {
 		e.mu.Lock()
 		if e.closed {
+			if p != nil {
+				p.done(n - i)
+			}
 			e.mu.Unlock()
 			return
 		}
@@ -50,24 +59,46 @@ func (e *Engine) fillWarm(sid string, n int) {
 			e.gcMu.RLock()
 			r, err := e.restore(ctx, sid, id+"-0")
 			e.gcMu.RUnlock()
+			if err == nil {
+				if err = r.sb.Freeze(); err != nil {
+					(&warmCopy{r: r}).destroy(ctx, e)
+				}
+			}
 			if err != nil {
 				e.log.Warn("warm copy", slog.String("state", sid), slog.Any("err", err))
+				if p != nil {
+					e.mu.Lock()
+					p.done(1)
+					e.mu.Unlock()
+				}
 				return err
 			}
-			if err := r.sb.Freeze(); err != nil {
-				(&warmCopy{r: r}).destroy(ctx, e)
-				return err
-			}
-			w := &warmCopy{id: id, state: sid, r: r}
+			w := &warmCopy{id: id, state: sid, r: r, prepared: p != nil}
 			e.mu.Lock()
-			// Keep it only while the state is still some env's newest.
-			keep := !e.closed && e.isHead(sid)
+			// A head's copy is kept only while the state is still some
+			// env's newest, a prepared one while its entry lives.
+			var keep bool
+			if p == nil {
+				keep = !e.closed && e.isHead(sid)
+			} else {
+				keep = !e.closed && e.prep[sid] == p
+				if keep {
+					p.ready++
+				}
+				p.done(1)
+			}
 			if keep {
 				e.warm[sid] = append(e.warm[sid], w)
 			}
+			expired := p != nil && !keep && !e.closed
 			e.mu.Unlock()
 			if !keep {
 				w.destroy(ctx, e)
+			}
+			if expired {
+				e.mu.Lock()
+				e.prepStats.Expired++
+				e.mu.Unlock()
 			}
 			return nil
 		})
@@ -84,10 +115,22 @@ func (e *Engine) isHead(sid string) bool {
 	return false
 }
 
-// takeWarm removes up to n warm copies of sid and queues replacements.
+// takeWarm removes up to n warm copies of sid, prepared ones first, and
+// queues replacements of the head's copies it took (a prepared copy is
+// not replaced: Prepare asked for so many, once).
 func (e *Engine) takeWarm(sid string, n int) []*warmCopy {
 	e.mu.Lock()
-	ws := e.warm[sid]
+	var ws []*warmCopy
+	for _, w := range e.warm[sid] {
+		if w.prepared {
+			ws = append(ws, w)
+		}
+	}
+	for _, w := range e.warm[sid] {
+		if !w.prepared {
+			ws = append(ws, w)
+		}
+	}
 	k := min(n, len(ws))
 	out := ws[:k:k]
 	if k == len(ws) {
@@ -97,21 +140,49 @@ func (e *Engine) takeWarm(sid string, n int) []*warmCopy {
 	} else {
 		e.warm[sid] = ws[k:]
 	}
+	refill := 0
+	for _, w := range out {
+		if !w.prepared {
+			refill++
+			continue
+		}
+		e.prepStats.Taken++
+		if p := e.prep[sid]; p != nil {
+			p.ready--
+			if p.copies() == 0 {
+				// All taken: nothing is left for the entry to keep (nor
+				// to hold its state from GC for).
+				delete(e.prep, sid)
+			}
+		}
+	}
 	e.mu.Unlock()
-	if k > 0 {
-		e.fillWarm(sid, k)
+	if refill > 0 {
+		e.fillWarm(sid, refill, nil)
 	}
 	return out
 }
 
-// dropWarm destroys the warm copies of sid.
+// dropWarm destroys the head's warm copies of sid (its prepared ones stay
+// until their TTL).
 func (e *Engine) dropWarm(ctx context.Context, sid string) {
 	if sid == "" {
 		return
 	}
 	e.mu.Lock()
-	ws := e.warm[sid]
-	delete(e.warm, sid)
+	var ws, keep []*warmCopy
+	for _, w := range e.warm[sid] {
+		if w.prepared {
+			keep = append(keep, w)
+		} else {
+			ws = append(ws, w)
+		}
+	}
+	if len(keep) == 0 {
+		delete(e.warm, sid)
+	} else {
+		e.warm[sid] = keep
+	}
 	e.mu.Unlock()
 	for _, w := range ws {
 		w.destroy(ctx, e)

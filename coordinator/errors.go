@@ -63,6 +63,8 @@ func ProtoError(err error) *protocol.Error {
 		code = protocol.CodeTooManyEnvs
 	case errors.Is(err, branch.ErrNoSpace):
 		code = protocol.CodeNoSpace
+	case errors.Is(err, branch.ErrOverBudget):
+		code = protocol.CodeOverBudget
 	case errors.Is(err, ErrBadRequest), errors.Is(err, branch.ErrBadRequest), errors.Is(err, ErrNoVerifier),
 		errors.Is(err, envpool.ErrBadRequest), errors.Is(err, envpool.ErrNoVerifier), errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName):
 		// An image that does not exist is the client's mistake, not ours.

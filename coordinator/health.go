@@ -35,6 +35,8 @@ type Health struct {
 	ImageMisses    uint64 `json:"image_misses"`
 	// WarmCopies: arbor_warm_copies.
 	WarmCopies int `json:"warm_copies"`
+	// PreparedCopies: arbor_prepared_copies (ready or being restored).
+	PreparedCopies int `json:"prepared_copies"`
 	// Verified counts verification-mode checks by result, ok, miss or
 	// error (arbor_verify_total).
 	Verified   map[string]float64 `json:"verified"`
@@ -63,7 +65,7 @@ func (c *Coordinator) Health() (Health, error) {
 		QueueLow: u.Queue.Low.Queued, QueueHigh: u.Queue.High.Queued, QueueRunning: u.Queue.Running, QueueWorkers: u.Queue.Workers,
 		ImageHotBytes: u.Images.HotBytes, ImageColdBytes: u.Images.ColdBytes, ImageHot: u.Images.HotCount, ImageCold: u.Images.ColdCount,
 		ImageCapacity: u.Images.Capacity, ImageHits: u.Images.Hits, ImageMisses: u.Images.Misses,
-		WarmCopies: u.Warm, States: u.Manifest.States, Revived: u.Coord.Revived}
+		WarmCopies: u.Warm, PreparedCopies: u.Prepare.Ready + u.Prepare.Queued, States: u.Manifest.States, Revived: u.Coord.Revived}
 	for _, k := range []branch.Kind{branch.None, branch.FS, branch.Proc, branch.Full} {
 		h.Checkpoints[string(k)] = counterValue(c.m.checkpoints, string(k))
 	}
@@ -118,6 +120,7 @@ func (h *Health) Add(node string, o Health) {
 	h.ImageHits += o.ImageHits
 	h.ImageMisses += o.ImageMisses
 	h.WarmCopies += o.WarmCopies
+	h.PreparedCopies += o.PreparedCopies
 	h.States += o.States
 	h.ActiveEnvs += o.ActiveEnvs
 	h.Revived += o.Revived

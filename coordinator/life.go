@@ -333,6 +333,26 @@ func (c *Coordinator) Unpin(ctx context.Context, ids []string) error {
 	return c.onStates(ctx, ids, c.e.Unpin)
 }
 
+// Prepare restores n frozen copies of each state ahead of branches from
+// it, in the background (branch.Engine.Prepare; docs/engine.md, "Prepared
+// copies"); with wait it returns once they are ready. A state id a step
+// returned may be named at once: its checkpoint is waited for first, as
+// for branch.
+func (c *Coordinator) Prepare(ctx context.Context, ids []string, n int, wait bool) (branch.PrepareResult, error) {
+	if len(ids) == 0 {
+		return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)
+	}
+	for _, id := range ids {
+		if id == "" {
+			return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: empty id", ErrInvalidParams)
+		}
+		if err := c.settle(ctx, id); err != nil {
+			return branch.PrepareResult{}, err
+		}
+	}
+	return c.e.Prepare(ctx, ids, n, wait)
+}
+
 func (c *Coordinator) onStates(ctx context.Context, ids []string, f func(...string) error) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)

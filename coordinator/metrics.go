@@ -148,6 +148,8 @@ func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch
 		nil, func(u branch.Usage) float64 { return float64(u.Queue.Running) })
 	gauge("arbor_warm_copies", "Pre-restored frozen copies kept for branching.",
 		nil, func(u branch.Usage) float64 { return float64(u.Warm) })
+	gauge("arbor_prepared_copies", "Frozen copies prepare made of states ahead of branches from them, ready or still being restored (bounded by the engine's budget).",
+		nil, func(u branch.Usage) float64 { return float64(u.Prepare.Ready + u.Prepare.Queued) })
 	reg.MustRegister(c)
 }
 

@@ -27,6 +27,7 @@ func fakeUsage() branch.Usage {
 	u.Coord = branch.CoordStats{CheckpointTime: 83 * time.Second, Exposed: 89 * time.Second, Revived: 97, ShellDeltas: 109}
 	u.Images.HotBytes, u.Images.ColdBytes = 101, 103
 	u.Warm = 107
+	u.Prepare.Ready, u.Prepare.Queued = 131, 137
 	u.Queue.Low.Queued, u.Queue.High.Queued, u.Queue.Running = 109, 113, 127
 	return u
 }

@@ -19,8 +19,8 @@
 // state is shipped once to each other node that takes children. Migrate
 // moves an env between nodes (migrate.go); the env's requests wait in
 // the router meanwhile, in order. Release,
-// pin and unpin naming states of several nodes are sent to each (all or
-// nothing per node, not across nodes).
+// pin, unpin and prepare naming states of several nodes are sent to each
+// (all or nothing per node, not across nodes).
 //
 // Lock order: Router.mu (connections, pending counts, migrations), then
 // nodeConn.mu; cluster.View's lock is a leaf.
@@ -309,6 +309,12 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 			return fail(err)
 		}
 		return r.states(ctx, method, p.StateIDs)
+	case protocol.MethodPrepare:
+		var p protocol.PrepareParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		return r.prepare(ctx, p)
 	case protocol.MethodStepBatch:
 		var p protocol.StepBatchParams
 		if err := decode(&p); err != nil {
@@ -541,6 +547,87 @@ func (r *Router) states(ctx context.Context, method string, ids []string) answer
 			return nil, first
 		}
 		return protocol.Empty{}, nil
+	}
+}
+
+// prepare sends each node the prepare of the states it holds and merges
+// their answers. A node's over_budget refuses its states' copies (in
+// refused) while other nodes prepared theirs; when every node answers
+// over_budget, so does the router, and any other failure of a node fails
+// the call (what the other nodes prepared stays: it expires).
+func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
+	byNode := map[string][]string{}
+	var order []string
+	for _, id := range p.StateIDs {
+		node, err := r.stateNode(ctx, id)
+		if err != nil {
+			return fail(err)
+		}
+		if _, ok := byNode[node]; !ok {
+			order = append(order, node)
+		}
+		byNode[node] = append(byNode[node], id)
+	}
+	ss := make([]*sent, 0, len(order))
+	var first error
+	for _, node := range order {
+		q := p
+		q.StateIDs = byNode[node]
+		s, err := r.send(node, protocol.MethodPrepare, q, nil)
+		if err != nil {
+			first = err // the requests sent before are still waited for
+			break
+		}
+		ss = append(ss, s)
+	}
+	return func(ctx context.Context) (any, error) {
+		out := protocol.PrepareResult{Prepared: map[string]int{}, Ready: map[string]int{}}
+		var over error
+		ok := 0
+		for _, s := range ss {
+			raw, err := s.wait(ctx)
+			var res protocol.PrepareResult
+			if err == nil {
+				if err = msgpack.Unmarshal(raw, &res); err != nil {
+					err = protocol.Errorf(protocol.CodeInternal, "node %s: decode prepare: %v", s.node, err)
+				}
+			}
+			var pe *protocol.Error
+			switch {
+			case err == nil:
+				ok++
+			case errors.As(err, &pe) && pe.Code == protocol.CodeOverBudget:
+				over = err
+				res.Refused = map[string]int{}
+				for _, id := range byNode[s.node] {
+					res.Refused[id] = p.N
+				}
+			case first == nil:
+				first = err
+				continue
+			default:
+				continue
+			}
+			for id, n := range res.Prepared {
+				out.Prepared[id] = n
+			}
+			for id, n := range res.Ready {
+				out.Ready[id] = n
+			}
+			for id, n := range res.Refused {
+				if out.Refused == nil {
+					out.Refused = map[string]int{}
+				}
+				out.Refused[id] = n
+			}
+		}
+		switch {
+		case first != nil:
+			return nil, first
+		case ok == 0 && over != nil:
+			return nil, over
+		}
+		return out, nil
 	}
 }
 

@@ -472,6 +472,32 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("prepare", func(t *testing.T) {
+		// A state of each node (the resets': the branch above shipped
+		// eb's later state to a as well): each node prepares its own (its
+		// engine counts the copy) and the router merges the answers.
+		sa, sb := resets[ea].Info.StateID, resets[eb].Info.StateID
+		if _, err := c.Prepare(ctx, []string{sa, "snope"}, 1, false); !errors.Is(err, arbor.ErrUnknownState) {
+			t.Errorf("prepare of an unknown state: %v, want unknown_state", err)
+		}
+		res, err := c.Prepare(ctx, []string{sa, sb}, 1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Prepared[sa] != 1 || res.Ready[sa] != 1 || res.Prepared[sb] != 1 || res.Ready[sb] != 1 || len(res.Refused) != 0 {
+			t.Fatalf("prepare of a state of each node through the router: %+v", res)
+		}
+		for _, n := range []*node{a, b} {
+			u, err := n.eng.Usage()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u.Prepare.Ready != 1 {
+				t.Errorf("node %s holds %d prepared copies, want 1 (its own state's)", n.id, u.Prepare.Ready)
+			}
+		}
+	})
+
 	t.Run("python client", func(t *testing.T) {
 		py := ""
 		for _, p := range []string{"/usr/bin/python3", "python3"} {

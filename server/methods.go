@@ -99,6 +99,7 @@ func init() {
 		protocol.MethodPin:        method(nil, (*request).pinStates),
 		protocol.MethodUnpin:      method(nil, (*request).unpinStates),
 		protocol.MethodMigrate:    method(nil, (*request).migrate),
+		protocol.MethodPrepare:    method(nil, (*request).prepare),
 	}
 }
 
@@ -355,6 +356,18 @@ func (r *request) pinStates(ctx context.Context, p *protocol.PinParams) (any, er
 
 func (r *request) unpinStates(ctx context.Context, p *protocol.UnpinParams) (any, error) {
 	return protocol.Empty{}, r.server().c.Unpin(ctx, p.StateIDs)
+}
+
+// prepare restores frozen copies of states ahead of branches from them
+// (docs/protocol.md, "prepare"); it names no env, so it takes no ticket.
+// Its params bound n (protocol.MaxPrepareN); the engine's budget bounds
+// the copies of all states.
+func (r *request) prepare(ctx context.Context, p *protocol.PrepareParams) (any, error) {
+	res, err := r.server().c.Prepare(ctx, p.StateIDs, p.N, p.Wait)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.PrepareResult{Prepared: res.Prepared, Ready: res.Ready, Refused: res.Refused}, nil
 }
 
 // recovered is the protocol's form of a coordinator.Recovered.

@@ -51,6 +51,7 @@ type (
 	StepBatchResult  = protocol.StepBatchResult
 	CheckpointResult = protocol.CheckpointResult
 	Recovered        = protocol.Recovered
+	PrepareResult    = protocol.PrepareResult
 )
 
 // Sentinels for errors.Is.
@@ -69,6 +70,9 @@ var (
 	// ErrNodeUnavailable: a cluster router could not reach the node of
 	// the env or state (retryable, infra).
 	ErrNodeUnavailable = protocol.ErrNodeUnavailable
+	// ErrOverBudget: none of the copies a prepare asked for fit in the
+	// server's budget of prepared copies (retryable).
+	ErrOverBudget = protocol.ErrOverBudget
 	// ErrClosed: the connection is closed.
 	ErrClosed = errors.New("arbor: connection closed")
 )
@@ -442,6 +446,16 @@ func (c *Client) Pin(ctx context.Context, stateIDs ...string) error {
 // Unpin undoes Pin.
 func (c *Client) Unpin(ctx context.Context, stateIDs ...string) error {
 	return c.Call(ctx, protocol.MethodUnpin, protocol.StateIDsParams{StateIDs: stateIDs}, nil)
+}
+
+// Prepare asks the server to restore n frozen copies of each state ahead
+// of branches from it (a prefetch hint: a branch from a prepared state
+// only thaws them). With wait it answers once they are ready. What did
+// not fit in the server's budget is in Refused; when nothing fit, the
+// error is ErrOverBudget.
+func (c *Client) Prepare(ctx context.Context, stateIDs []string, n int, wait bool) (*PrepareResult, error) {
+	var r PrepareResult
+	return &r, c.Call(ctx, protocol.MethodPrepare, protocol.PrepareParams{StateIDs: stateIDs, N: n, Wait: wait}, &r)
 }
 
 // StepBatch steps many envs in one request. onItem (may be nil) gets each

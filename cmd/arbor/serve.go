@@ -39,6 +39,8 @@ type serveOptions struct {
 	warm        int
 	idleTTL     time.Duration
 	retain      time.Duration
+	prepareTTL  time.Duration
+	prepareMax  int
 	lazy        string
 	highWater   float64
 	lowWater    float64
@@ -78,6 +80,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
+	f.DurationVar(&o.prepareTTL, "prepare-ttl", branch.DefaultPrepareTTL, "keep the frozen copies prepare made of a state this long after its last prepare, unless a branch takes them")
+	f.IntVar(&o.prepareMax, "prepare-copies", branch.DefaultPrepareCopies, "budget of frozen copies prepare may keep, all states together (queued or ready)")
 	f.Float64Var(&o.highWater, "high-water", branch.DefaultHighWater, "share of the pool (and image stores) in use above which GC evicts closed lineages' retained states and, if still above, reset and branch answer no_space (above 1: off)")
 	f.Float64Var(&o.lowWater, "low-water", branch.DefaultLowWater, "share in use eviction brings a file system back under")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
@@ -178,7 +182,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("--lazy-restore: %w", err)
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in

@@ -239,6 +239,13 @@ func (c *checker) decode(d *msgpack.Decoder, v reflect.Value, name string) error
 			v.SetInt(n)
 		}
 		return nil
+	case reflect.Bool:
+		if code != msgpcode.True && code != msgpcode.False {
+			return wrong("bool")
+		}
+		b, err := d.DecodeBool()
+		v.SetBool(b)
+		return err
 	case reflect.Float64:
 		if !isInt(code) && !isFloat(code) {
 			return wrong("number")

@@ -51,13 +51,17 @@ const (
 	// that holds the env or state (gone from the registry, refusing
 	// connections, its connection dropped mid-request). Retryable, infra.
 	CodeNodeUnavailable = "node_unavailable"
+	// CodeOverBudget: none of the copies a prepare asked for fit in the
+	// server's budget of prepared copies (retryable: they expire or are
+	// taken by branches).
+	CodeOverBudget = "over_budget"
 )
 
 // Errorf makes an Error of code; retryable and infra follow from the code.
 func Errorf(code, format string, args ...any) *Error {
 	e := &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 	switch code {
-	case CodeTooManyReqs, CodeTooManyEnvs:
+	case CodeTooManyReqs, CodeTooManyEnvs, CodeOverBudget:
 		e.Retryable = true
 	case CodeShuttingDown, CodeTimeout, CodeSandboxFailed, CodeRestoreFailed, CodeCheckpointFail, CodeNoSpace, CodeNodeUnavailable:
 		e.Retryable, e.Infra = true, true
@@ -89,6 +93,7 @@ var (
 	ErrNoSpace         = &Error{Code: CodeNoSpace}
 	ErrInternal        = &Error{Code: CodeInternal}
 	ErrNodeUnavailable = &Error{Code: CodeNodeUnavailable}
+	ErrOverBudget      = &Error{Code: CodeOverBudget}
 )
 
 // IsInfra reports whether err is an infrastructure failure reported by the

@@ -117,6 +117,25 @@ func (p *BranchParams) check(c *checker) {
 	}
 }
 
+// MaxPrepareN bounds prepare's n: the copies asked for per state.
+const MaxPrepareN = 64
+
+// PrepareParams are the params of prepare: states to restore n frozen
+// copies of each ahead of branches from them; with wait the answer comes
+// once they are ready.
+type PrepareParams struct {
+	StateIDs []string `msgpack:"state_ids"`
+	N        int      `msgpack:"n"`
+	Wait     bool     `msgpack:"wait,omitempty"`
+}
+
+func (p *PrepareParams) check(c *checker) {
+	(&StateIDsParams{StateIDs: p.StateIDs}).check(c)
+	if !c.isBad("n") && (p.N < 1 || p.N > MaxPrepareN) {
+		c.fail("n", "want 1 to %d, got %d", MaxPrepareN, p.N)
+	}
+}
+
 // EnvParams name one env: the params of checkpoint, promote, discard,
 // evaluate, close and states.
 type EnvParams struct {
@@ -218,6 +237,7 @@ func (p *EnvsParams) Validate() error      { return validate(p) }
 func (p *StepBatchParams) Validate() error { return validate(p) }
 func (p *StateIDsParams) Validate() error  { return validate(p) }
 func (p *MigrateParams) Validate() error   { return validate(p) }
+func (p *PrepareParams) Validate() error   { return validate(p) }
 
 func validate(p Params) error {
 	c := newChecker()

@@ -146,6 +146,17 @@ func TestDecodeParams(t *testing.T) {
 		{name: "release not an array", in: m{"state_ids": "s1"}, into: &ReleaseParams{}, wantErr: "state_ids: want array, got string"},
 		{name: "release id int", in: m{"state_ids": []any{7}}, into: &ReleaseParams{}, wantErr: "state_ids[0]: want string, got integer"},
 
+		// prepare
+		{name: "prepare", in: m{"state_ids": []any{"s1", "s2"}, "n": 8, "wait": true}, into: &PrepareParams{},
+			want: &PrepareParams{StateIDs: []string{"s1", "s2"}, N: 8, Wait: true}},
+		{name: "prepare no wait", in: m{"state_ids": []any{"s1"}, "n": 1}, into: &PrepareParams{}, want: &PrepareParams{StateIDs: []string{"s1"}, N: 1}},
+		{name: "prepare wait nil", in: m{"state_ids": []any{"s1"}, "n": 1, "wait": nil}, into: &PrepareParams{}, want: &PrepareParams{StateIDs: []string{"s1"}, N: 1}},
+		{name: "prepare empty", in: m{"state_ids": []any{}, "n": 1}, into: &PrepareParams{}, wantErr: "state_ids: want at least one state id"},
+		{name: "prepare n missing", in: m{"state_ids": []any{"s1"}}, into: &PrepareParams{}, wantErr: "n: want 1 to 64, got 0"},
+		{name: "prepare n over", in: m{"state_ids": []any{"s1"}, "n": 65}, into: &PrepareParams{}, wantErr: "n: want 1 to 64, got 65"},
+		{name: "prepare n string", in: m{"state_ids": []any{"s1"}, "n": "2"}, into: &PrepareParams{}, wantErr: "n: want integer, got string"},
+		{name: "prepare wait int", in: m{"state_ids": []any{"s1"}, "n": 1, "wait": 1}, into: &PrepareParams{}, wantErr: "wait: want bool, got integer"},
+
 		// envs
 		{name: "envs", in: m{"filter": "x"}, into: &EnvsParams{}, want: &EnvsParams{}},
 		{name: "envs no params", in: nil, into: &EnvsParams{}, want: &EnvsParams{}},

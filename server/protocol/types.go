@@ -30,12 +30,16 @@ const (
 	// MethodMigrate moves an open env to another node of a cluster
 	// (docs/cluster.md, "Live migration"); only a router serves it.
 	MethodMigrate = "migrate"
+	// MethodPrepare is a prefetch hint: restore frozen copies of states
+	// ahead of branches from them (docs/protocol.md, "prepare"); a v1
+	// addition.
+	MethodPrepare = "prepare"
 )
 
 // Methods lists every method of protocol v1.
 var Methods = []string{MethodHello, MethodReset, MethodStep, MethodBranch, MethodCheckpoint, MethodRollback,
 	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch,
-	MethodRelease, MethodPin, MethodUnpin, MethodMigrate}
+	MethodRelease, MethodPin, MethodUnpin, MethodMigrate, MethodPrepare}
 
 // Server notifications.
 const (
@@ -188,6 +192,16 @@ type BranchResult struct {
 	// an image's env) and the turn of the episode they continue.
 	Task string `msgpack:"task,omitempty" json:"task,omitempty"`
 	Turn int    `msgpack:"turn" json:"turn"`
+}
+
+// PrepareResult is what prepare returns, by state id: Prepared counts the
+// prepared copies of each named state, queued or ready, Ready those
+// ready to thaw; Refused, when present, the copies asked for that did not
+// fit in the server's budget.
+type PrepareResult struct {
+	Prepared map[string]int `msgpack:"prepared" json:"prepared"`
+	Ready    map[string]int `msgpack:"ready" json:"ready"`
+	Refused  map[string]int `msgpack:"refused,omitempty" json:"refused,omitempty"`
 }
 
 // CheckpointResult is what checkpoint returns.

@@ -19,7 +19,7 @@ Outcome = Union[StepTuple, ArborError]
 # lost its answer to a dropped connection is sent again after the
 # reconnect. A step is one only with a request key (step_keys servers).
 IDEMPOTENT = frozenset(["hello", "envs", "states", "evaluate", "checkpoint", "rollback", "close",
-                        "release", "pin", "unpin"])
+                        "release", "pin", "unpin", "prepare"])
 
 _DEFAULT = object()
 
@@ -272,6 +272,22 @@ class AsyncClient:
         carry the task and turn the server reports for that state."""
         res = await self.call("branch", {"state_id": state_id, "n": int(n)}, timeout=timeout)
         return _children(self, res, AsyncEnv, None, allow_partial)
+
+    async def prepare(self, state_ids: Sequence[str], n: int, wait: bool = False,
+                      timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """Asks the server to restore n frozen copies of each state ahead of
+        branches from it (a prefetch hint: branch_state from a prepared
+        state only thaws them). With wait, answers once they are ready.
+        Returns {"prepared": {state: n}, "ready": {state: n}} and, when some
+        did not fit in the server's budget, "refused"; when none fit, raises
+        ArborError with code "over_budget" (retryable)."""
+        res = _map(await self.call("prepare", {"state_ids": list(state_ids), "n": int(n), "wait": bool(wait)},
+                                   timeout=timeout), "prepare")
+        out = {"prepared": _field(res, "prepared", dict, "prepare"), "ready": _field(res, "ready", dict, "prepare")}
+        refused = _field(res, "refused", dict, "prepare", required=False)
+        if refused:
+            out["refused"] = refused
+        return out
 
     def _batch_wire(self, items: Sequence[Tuple[Any, Action]]) -> Tuple[List[dict], List[Optional["AsyncEnv"]]]:
         wire, envs = [], []

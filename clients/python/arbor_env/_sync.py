@@ -128,6 +128,11 @@ class Client:
                      timeout: Any = _DEFAULT) -> List[Optional["Env"]]:
         return self._wrap_children(self._a.branch_state(state_id, n, allow_partial, timeout=timeout))
 
+    def prepare(self, state_ids: Sequence[str], n: int, wait: bool = False,
+                timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """See AsyncClient.prepare."""
+        return self._run(self._a.prepare(state_ids, n, wait, timeout=timeout))
+
     def _wrap(self, a: Optional[AsyncEnv]) -> Optional["Env"]:
         if a is None:
             return None

@@ -410,6 +410,29 @@ class RobustnessTest(unittest.TestCase):
             self.assertEqual(info["turn"], listed["turn"] + 1)
             env.close()
 
+    def test_prepare_past_state(self):
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            env, _, _ = c.make(image="busybox")
+            _, _, _, _, past = env.step("echo 1 > /tmp/f")
+            env.step("echo 2 > /tmp/f")
+            sid = past["state_id"]
+            res = c.prepare([sid], 2, wait=True)
+            self.assertEqual(res["prepared"], {sid: 2})
+            self.assertEqual(res["ready"], {sid: 2})
+            self.assertNotIn("refused", res)
+            kids = c.branch_state(sid, 2)
+            for k in kids:
+                obs, _, _, _, _ = k.step("cat /tmp/f")
+                self.assertEqual(obs["stdout"].strip(), "1")
+                k.close()
+            with self.assertRaises(arbor.ArborError) as cm:
+                c.prepare([sid], 0)
+            self.assertEqual(cm.exception.code, "invalid_params")
+            with self.assertRaises(arbor.ArborError) as cm:
+                c.prepare(["s-nosuch"], 1)
+            self.assertEqual(cm.exception.code, "unknown_state")
+            env.close()
+
     def test_batch_split_and_in_flight_cap(self):
         self.assertEqual(MAX_BATCH, 3)
 

@@ -391,7 +391,7 @@
       card('queue depth', (h.queue_low + h.queue_high) + '', `low ${h.queue_low} · high ${h.queue_high} · running ${h.queue_running}/${h.queue_workers}`),
       card('image cache hot', bytes(h.image_hot_bytes), `${h.image_hot} images of ${bytes(h.image_capacity)} · ${h.image_hits} hits`),
       card('image cache cold', bytes(h.image_cold_bytes), `${h.image_cold} images · ${h.image_misses} loads back`),
-      card('warm copies', h.warm_copies + ''),
+      card('warm copies', h.warm_copies + '', `${h.prepared_copies || 0} prepared`),
       card('verification misses', misses + '', `${(h.verified && h.verified.ok) || 0} ok · ${verrors} could not run`, misses + verrors > 0),
       card('states', h.states + '', `${h.active_envs} envs open`),
     ];
