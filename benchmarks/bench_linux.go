@@ -23,6 +23,10 @@ const (
 	ModeReplay = "replay"
 	// ModeArborZFS is Arbor on the zfs backend (Options.ZFS).
 	ModeArborZFS = "arbor-zfs"
+	// ModeArborPrepared is branch(n) of the same past state as ModeArbor
+	// after a prepare of n copies of it (untimed, waited for): what a
+	// trainer that announces its next expansions gets.
+	ModeArborPrepared = "arbor-prepared"
 )
 
 // Run plays every trace in every mode, measures branching and tree
@@ -149,6 +153,9 @@ func (r *rig) branchSection(ctx context.Context, ha *serverHandle, traces []Trac
 	}
 	defer ha.c.CloseEnv(ctx, small.envID)
 	rep.Branch[ModeArbor] = small.ms
+	if len(small.prepared) > 0 {
+		rep.Branch[ModeArborPrepared] = small.prepared
+	}
 	o.Progress("branch(n) measured")
 	if rep.BranchMem, err = r.memBench(ctx, ha, small.sid, o); err != nil {
 		return fmt.Errorf("branch by memory: %w", err)
@@ -323,14 +330,51 @@ func (r *rig) branchBench(ctx context.Context, h *serverHandle, traces []Trace, 
 		}
 	}
 	out.phases = meter.perChild()
+	if out.prepared, err = preparedBranches(ctx, h, sid, o); err != nil {
+		return out, err
+	}
 	ok = true
+	return out, nil
+}
+
+// preparedBranches times branch(n) of sid right after a prepare of n
+// copies of it (untimed, waited for); a branch that did not take all n
+// prepared copies fails the run, since its time would not be what it
+// claims.
+func preparedBranches(ctx context.Context, h *serverHandle, sid string, o Options) (map[int][]float64, error) {
+	out := map[int][]float64{}
+	for _, n := range o.BranchN {
+		for i := 0; i < o.BranchReps; i++ {
+			if _, err := h.c.Prepare(ctx, []string{sid}, n, true); err != nil {
+				return out, fmt.Errorf("prepare %d copies: %w", n, err)
+			}
+			before, err := h.e.Usage()
+			if err != nil {
+				return out, err
+			}
+			took, ids, err := timedBranch(ctx, h, sid, n)
+			closeAll(ctx, h, ids)
+			if err != nil {
+				return out, fmt.Errorf("prepared %w", err)
+			}
+			after, err := h.e.Usage()
+			if err != nil {
+				return out, err
+			}
+			if got := after.Prepare.Taken - before.Prepare.Taken; got != int64(n) {
+				return out, fmt.Errorf("prepared branch(%d) took %d prepared copies, want %d", n, got, n)
+			}
+			out[n] = append(out[n], took)
+		}
+	}
 	return out, nil
 }
 
 // branchRun is what branchBench measured.
 type branchRun struct {
 	ms         map[int][]float64
-	sid, envID string // the past state branched, and its env (open)
+	prepared   map[int][]float64 // the same after a prepare of n copies
+	sid, envID string            // the past state branched, and its env (open)
 	// phases: restore phase -> ms per child of branch(phasesN)
 	phases  map[string]float64
 	phasesN int

@@ -117,6 +117,8 @@ var modeTitle = map[string]string{
 	ModeReplay:   "replay",
 	ModeArborZFS: "Arbor on ZFS",
 	"runc":       "runc",
+
+	ModeArborPrepared: "Arbor, prepared",
 }
 
 func (rep *Report) summarize() {
@@ -266,6 +268,18 @@ func (rep *Report) goals() {
 			rr := rep.branchP50("runc", 32)
 			rep.Goals = append(rep.Goals, Goal{Name: "branch(32) p50, runc / Arbor", Target: ">= 3x",
 				Value: fmt.Sprintf("%.1fx (%.0f ms vs %.0f ms)", ratio(rr, p), rr, p), Met: ratio(rr, p) >= 3})
+		}
+	}
+	// The same after a prepare of the 32 copies (untimed): the prefetch
+	// the issue names as a mechanism, reported beside the cold numbers.
+	if a := rep.Branch[ModeArborPrepared][32]; len(a) > 0 {
+		p := rep.branchP50(ModeArborPrepared, 32)
+		rep.Goals = append(rep.Goals, Goal{Name: "branch(32) of a past state after prepare, per child amortized", Target: "<= 10 ms (stretch 5)",
+			Value: fmt.Sprintf("%.2f ms (%.1f ms in all)", p/32, p), Met: p/32 <= 10})
+		if rn := rep.Branch["runc"][32]; len(rn) > 0 {
+			rr := rep.branchP50("runc", 32)
+			rep.Goals = append(rep.Goals, Goal{Name: "branch(32) p50, runc / Arbor after prepare", Target: ">= 3x",
+				Value: fmt.Sprintf("%.0fx (%.0f ms vs %.1f ms)", ratio(rr, p), rr, p), Met: ratio(rr, p) >= 3})
 		}
 	}
 	if bm := rep.BranchMem; bm != nil {
@@ -433,8 +447,11 @@ func (rep *Report) Markdown() string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", modeTitle[s.Mode], s.MismatchBy["files"], s.MismatchBy["shell"], s.MismatchBy["procs"])
 	}
 	b.WriteString("\n## branch(n) latency (ms, p50 of ")
-	fmt.Fprintf(&b, "%d runs; cold restores)\n\n| n |", len(rep.Branch[ModeArbor][1]))
+	fmt.Fprintf(&b, "%d runs; Arbor: cold restores; prepared: after a prepare of n copies, untimed)\n\n| n |", len(rep.Branch[ModeArbor][1]))
 	modes := []string{ModeArbor}
+	if _, ok := rep.Branch[ModeArborPrepared]; ok {
+		modes = append(modes, ModeArborPrepared)
+	}
 	if _, ok := rep.Branch["runc"]; ok {
 		modes = append(modes, "runc")
 	}

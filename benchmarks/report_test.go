@@ -61,8 +61,9 @@ func TestReportWrite(t *testing.T) {
 			{Trace: "t", Mode: ModeFull, Turns: full, Recovery: full},
 			{Trace: "t", Mode: ModeFSOnly, Turns: fsonly, Recovery: fsonly},
 		},
-		Branch: map[string]map[int][]float64{ModeArbor: {1: {100}, 8: {400}}, "runc": {1: {700}, 8: {3000}}},
-		Tree:   []TreeResult{{Factor: 4, BranchS: 2, ReplayS: 9}},
+		Branch: map[string]map[int][]float64{ModeArbor: {1: {100}, 8: {400}, 32: {1600}}, "runc": {1: {700}, 8: {3000}, 32: {2400}},
+			ModeArborPrepared: {1: {5}, 8: {30}, 32: {160}}},
+		Tree: []TreeResult{{Factor: 4, BranchS: 2, ReplayS: 9}},
 	}
 	rep.summarize()
 	a := rep.mode(ModeArbor)
@@ -79,6 +80,21 @@ func TestReportWrite(t *testing.T) {
 		if strings.Contains(g.Name, "tree") && !g.Met {
 			t.Errorf("tree goal not met at 4.5x: %+v", g)
 		}
+	}
+	// branch(32): cold 50 ms per child and 1.5x runc, not met; prepared
+	// 5 ms per child and 15x runc, met.
+	want := map[string]bool{"branch(32) of a past state, per child amortized": false, "branch(32) p50, runc / Arbor": false,
+		"branch(32) of a past state after prepare, per child amortized": true, "branch(32) p50, runc / Arbor after prepare": true}
+	for _, g := range rep.Goals {
+		if met, ok := want[g.Name]; ok {
+			if g.Met != met {
+				t.Errorf("goal %q met=%v, want %v: %+v", g.Name, g.Met, met, g)
+			}
+			delete(want, g.Name)
+		}
+	}
+	for name := range want {
+		t.Errorf("no goal %q", name)
 	}
 	dir := t.TempDir()
 	if err := rep.Write(dir); err != nil {

@@ -11,7 +11,7 @@ import (
 // plots without a plotting dependency.
 
 var palette = map[string]string{
-	ModeArbor: "#1b7837", ModeFull: "#c51b7d", ModeFSOnly: "#2166ac", ModeReplay: "#8c510a", "runc": "#e08214", ModeArborZFS: "#762a83",
+	ModeArbor: "#1b7837", ModeFull: "#c51b7d", ModeFSOnly: "#2166ac", ModeReplay: "#8c510a", "runc": "#e08214", ModeArborZFS: "#762a83", ModeArborPrepared: "#7fbc41",
 }
 
 var kindColor = map[string]string{"none": "#bababa", "fs": "#4393c3", "proc": "#f4a582", "full": "#b2182b"}
@@ -192,7 +192,7 @@ func (rep *Report) branchSVG() string {
 	for _, n := range rep.BranchN {
 		c.xticks = append(c.xticks, float64(n))
 	}
-	for _, m := range []string{ModeArbor, "runc", ModeArborZFS} {
+	for _, m := range []string{ModeArbor, ModeArborPrepared, "runc", ModeArborZFS} {
 		if _, ok := rep.Branch[m]; !ok {
 			continue
 		}
