@@ -1,7 +1,10 @@
 package branch
 
 import (
+	"context"
 	"time"
+
+	"github.com/arbor-env/arbor/cr/queue"
 
 	"github.com/arbor-env/arbor/cr/manifest"
 )
@@ -50,4 +53,18 @@ func SetStatfsMax(e *Engine, d time.Duration) {
 func ArtifactBytes(e *Engine, id string) (int64, error) {
 	a, err := e.man.GetArtifact(id)
 	return a.Bytes, err
+}
+
+// HoldQueue occupies a worker of e's queue with a high-priority job until
+// release is called (with Options.Workers 1, nothing else runs
+// meanwhile); tests only.
+func HoldQueue(e *Engine) (release func()) {
+	started, done := make(chan struct{}), make(chan struct{})
+	e.q.Submit(queue.High, "test: hold the queue", func(context.Context) error {
+		close(started)
+		<-done
+		return nil
+	})
+	<-started
+	return func() { close(done) }
 }

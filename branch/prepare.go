@@ -167,6 +167,12 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 	if wait {
 		err = e.waitPrepared(ctx, ids)
 	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed && err == nil {
+		return PrepareResult{}, ErrClosed // woken by Close: nothing is prepared
+	}
 	res := PrepareResult{Prepared: map[string]int{}, Ready: map[string]int{}}
 	if len(refused) > 0 {
 		res.Refused = refused
@@ -254,8 +260,10 @@ func (e *Engine) expirePrepared(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	e.mu.Unlock()
+	// Not cut short by Close (it ends ctx): they left e.warm above, so
+	// Close would not destroy them itself.
 	for _, w := range gone {
-		w.destroy(ctx, e)
+		w.destroy(context.WithoutCancel(ctx), e)
 	}
 	// Counted once destroyed: a reader that sees them expired sees them
 	// gone.

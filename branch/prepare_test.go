@@ -285,3 +285,37 @@ func TestPrepareExpiresInFlight(t *testing.T) {
 		t.Errorf("sandbox roots left: %v, want only the env's", vols)
 	}
 }
+
+// TestPrepareExpiredBeforeItsTurn: prepared copies whose TTL passes while
+// their restores still wait in the queue (its one worker held) are not
+// restored at all once their turn comes, and count as expired; a prepare
+// of the same state after the TTL is within the budget again.
+func TestPrepareExpiredBeforeItsTurn(t *testing.T) {
+	r := retainRig(t, 0, func(o *branch.Options) {
+		o.PrepareTTL = time.Hour
+		o.PrepareCopies = 4
+		o.Workers = 1
+	})
+	e := r.e
+	ctx := context.Background()
+	_, sids := numbered(t, e, 1)
+	release := branch.HoldQueue(e)
+	before := usage(t, e)
+	if _, err := e.Prepare(ctx, []string{sids[0]}, 4, false); err != nil {
+		release()
+		t.Fatal(err)
+	}
+	branch.AdvanceClock(e, 2*time.Hour)
+	release()
+	u := waitUsage(t, e, "4 copies expired", func(u branch.Usage) bool { return u.Prepare.Expired == 4 })
+	if n := u.Coord.Restores - before.Coord.Restores; n != 0 {
+		t.Errorf("%d restores of copies that expired before their turn, want 0", n)
+	}
+	if u.Warm != 0 || u.Prepare.Queued != 0 || u.Prepare.Ready != 0 {
+		t.Errorf("after the TTL: warm %d, prepare %+v; want no copies", u.Warm, u.Prepare)
+	}
+	res, err := e.Prepare(ctx, []string{sids[0]}, 4, true)
+	if err != nil || res.Ready[sids[0]] != 4 {
+		t.Fatalf("prepare after the expiry: %+v %v, want 4 ready", res, err)
+	}
+}

@@ -55,6 +55,9 @@ func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 		e.mu.Unlock()
 		e.q.Submit(queue.Low, "warm "+sid, func(ctx context.Context) error {
 			defer e.bg.Done()
+			if p != nil && e.prepStale(sid, p) {
+				return nil // expired before its turn came: not restored at all
+			}
 			id := launch.NewID()
 			e.gcMu.RLock()
 			r, err := e.restore(ctx, sid, id+"-0")
@@ -103,6 +106,26 @@ func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 			return nil
 		})
 	}
+}
+
+// prepStale reports whether a prepared copy's restore, about to start,
+// is no longer wanted: the engine closed, or entry p's TTL passed (it may
+// still be sid's entry until the GC expires it) or p is no longer sid's
+// entry. Then it counts the copy out of p.queued, and as expired unless
+// the engine closed. Without this a prepare repeated after its TTL while
+// the low-priority queue was backed up would queue past the budget, and
+// every orphan would be restored only to be destroyed.
+func (e *Engine) prepStale(sid string, p *prepEntry) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.closed && e.prep[sid] == p && e.now().Before(p.expires) {
+		return false
+	}
+	p.done(1)
+	if !e.closed {
+		e.prepStats.Expired++
+	}
+	return true
 }
 
 // isHead reports whether sid is the head of an open env; e.mu is held.

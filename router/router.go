@@ -598,9 +598,11 @@ func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
 				ok++
 			case errors.As(err, &pe) && pe.Code == protocol.CodeOverBudget:
 				over = err
-				res.Refused = map[string]int{}
+				// The node's answer carries no counts: all its states
+				// read as refused, none prepared.
+				res = protocol.PrepareResult{Prepared: map[string]int{}, Ready: map[string]int{}, Refused: map[string]int{}}
 				for _, id := range byNode[s.node] {
-					res.Refused[id] = p.N
+					res.Prepared[id], res.Ready[id], res.Refused[id] = 0, 0, p.N
 				}
 			case first == nil:
 				first = err
