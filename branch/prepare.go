@@ -95,6 +95,12 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 			ids = append(ids, sid)
 		}
 	}
+	// Under disk pressure copies would only be dropped again (relieve):
+	// refused at once, not waited for as Admit does, since this is a hint.
+	if full := e.underPressure(); full != "" {
+		return PrepareResult{}, fmt.Errorf("%w: %s, under disk pressure (over %.0f%% until back under %.0f%%): nothing prepared",
+			ErrNoSpace, full, 100*e.o.HighWater, 100*e.o.LowWater)
+	}
 	// Looked up and registered under the GC lock, so that no pass falls
 	// between the look-up and the entry that keeps the state.
 	e.gcMu.RLock()
@@ -212,6 +218,17 @@ func (e *Engine) waitPrepared(ctx context.Context, ids []string) error {
 		}
 	}
 	return nil
+}
+
+// dropPrepared destroys every prepared copy now, whatever its TTL (disk
+// pressure: relieve); they count as expired.
+func (e *Engine) dropPrepared(ctx context.Context) {
+	e.mu.Lock()
+	n := len(e.prep)
+	e.mu.Unlock()
+	if n > 0 {
+		e.expirePrepared(ctx, e.now().Add(100*365*24*time.Hour))
+	}
 }
 
 // prepKeep is the states that prepared copies keep from GC (queued ones

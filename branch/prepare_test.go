@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,5 +318,55 @@ func TestPrepareExpiredBeforeItsTurn(t *testing.T) {
 	res, err := e.Prepare(ctx, []string{sids[0]}, 4, true)
 	if err != nil || res.Ready[sids[0]] != 4 {
 		t.Fatalf("prepare after the expiry: %+v %v, want 4 ready", res, err)
+	}
+}
+
+// TestPrepareUnderDiskPressure: once a watched file system is over its
+// high mark the GC drops every prepared copy (they are for speed only,
+// and hold their states and clones) before it evicts anything, and
+// prepare answers ErrNoSpace until the pool is back under its low mark.
+func TestPrepareUnderDiskPressure(t *testing.T) {
+	r := retainRig(t, time.Hour, func(o *branch.Options) {
+		o.GCInterval = 50 * time.Millisecond
+		o.PrepareTTL = time.Hour // no copy expires by itself here
+	})
+	e := r.e
+	ctx := context.Background()
+	_, sids := numbered(t, e, 2)
+	res, err := e.Prepare(ctx, []string{sids[0]}, 2, true)
+	if err != nil || res.Ready[sids[0]] != 2 {
+		t.Fatalf("prepare: %+v %v, want 2 ready", res, err)
+	}
+	var full atomic.Bool
+	const total = 1 << 30
+	branch.SetStatfs(e, func(name, _ string) (int64, int64, int64, error) {
+		used := int64(total / 2)
+		if name == branch.DiskPool && full.Load() {
+			used = total / 100 * 95
+		}
+		return used, total, total - used, nil
+	})
+	full.Store(true)
+	u := waitUsage(t, e, "the prepared copies dropped under pressure", func(u branch.Usage) bool {
+		return u.Prepare.Ready == 0 && u.Prepare.Expired == 2
+	})
+	if u.Warm != 0 {
+		t.Errorf("warm copies under pressure: %d, want 0", u.Warm)
+	}
+	exists(t, e, "the open env's states under pressure", sids...)
+	if _, err := e.Prepare(ctx, []string{sids[0]}, 1, false); !errors.Is(err, branch.ErrNoSpace) {
+		t.Errorf("prepare under pressure: %v, want ErrNoSpace", err)
+	}
+	full.Store(false)
+	waitUsage(t, e, "the pool back under its low mark", func(u branch.Usage) bool {
+		for _, d := range u.Disk {
+			if d.Over {
+				return false
+			}
+		}
+		return true
+	})
+	if res, err := e.Prepare(ctx, []string{sids[0]}, 1, true); err != nil || res.Ready[sids[0]] != 1 {
+		t.Errorf("prepare after the pressure: %+v %v, want 1 ready", res, err)
 	}
 }

@@ -208,6 +208,9 @@ func (e *Engine) relieve(ctx context.Context) (bool, error) {
 	if len(over) == 0 {
 		return false, nil
 	}
+	// Prepared copies are for speed only, and they hold their states and
+	// writable clones: they go before any state is evicted.
+	e.dropPrepared(ctx)
 	excess := func(d DiskUsage) int64 { return d.Used - int64(e.o.LowWater*float64(d.Total)) }
 	if hot, ok := over[DiskHot]; ok {
 		if _, coldOver := over[DiskCold]; !coldOver {
@@ -272,6 +275,21 @@ func (e *Engine) settle(ctx context.Context) {
 // states whose artifacts of each kind sum to bytes[kind].
 type eviction struct {
 	bytes map[manifest.ArtifactKind]int64
+}
+
+// underPressure names the watched file systems under pressure as last
+// measured (DiskUsage.Over: from the high mark until back under the low
+// one; no statfs here, the GC measures every pass), "" when none is.
+func (e *Engine) underPressure() string {
+	e.pr.mu.Lock()
+	defer e.pr.mu.Unlock()
+	var full []string
+	for _, d := range e.pr.disks {
+		if d.Over {
+			full = append(full, fmt.Sprintf("%s %.0f%% used", d.Name, 100*d.Fraction()))
+		}
+	}
+	return strings.Join(full, ", ")
 }
 
 // Admit lets a new env (reset, branch) start unless a watched file system
