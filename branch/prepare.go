@@ -262,19 +262,7 @@ func (e *Engine) expirePrepared(ctx context.Context, now time.Time) time.Time {
 	for _, sid := range expired {
 		e.prep[sid].wake()
 		delete(e.prep, sid)
-		var keep []*warmCopy
-		for _, w := range e.warm[sid] {
-			if w.prepared {
-				gone = append(gone, w)
-			} else {
-				keep = append(keep, w)
-			}
-		}
-		if len(keep) == 0 {
-			delete(e.warm, sid)
-		} else {
-			e.warm[sid] = keep
-		}
+		gone = append(gone, e.removeWarm(sid, true)...)
 	}
 	e.mu.Unlock()
 	// Not cut short by Close (it ends ctx): they left e.warm above, so

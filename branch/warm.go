@@ -193,12 +193,23 @@ func (e *Engine) dropWarm(ctx context.Context, sid string) {
 		return
 	}
 	e.mu.Lock()
-	var ws, keep []*warmCopy
+	ws := e.removeWarm(sid, false)
+	e.mu.Unlock()
+	for _, w := range ws {
+		w.destroy(ctx, e)
+	}
+}
+
+// removeWarm takes sid's warm copies that are prepared ones (prepared)
+// or a head's (!prepared) out of e.warm, leaving the others, and returns
+// them; e.mu is held.
+func (e *Engine) removeWarm(sid string, prepared bool) []*warmCopy {
+	var out, keep []*warmCopy
 	for _, w := range e.warm[sid] {
-		if w.prepared {
-			keep = append(keep, w)
+		if w.prepared == prepared {
+			out = append(out, w)
 		} else {
-			ws = append(ws, w)
+			keep = append(keep, w)
 		}
 	}
 	if len(keep) == 0 {
@@ -206,10 +217,7 @@ func (e *Engine) dropWarm(ctx context.Context, sid string) {
 	} else {
 		e.warm[sid] = keep
 	}
-	e.mu.Unlock()
-	for _, w := range ws {
-		w.destroy(ctx, e)
-	}
+	return out
 }
 
 // adoptWarm thaws a warm copy and makes it an environment at state st.

@@ -511,21 +511,31 @@ func (r *Router) envs() answer {
 	}
 }
 
-// states sends release, pin or unpin to the nodes holding the states,
-// each node its own; an id no live node holds fails the call before any
-// is sent.
-func (r *Router) states(ctx context.Context, method string, ids []string) answer {
+// statesByNode groups state ids by the node holding each, nodes in the
+// order their first state was named; an id no live node holds fails.
+func (r *Router) statesByNode(ctx context.Context, ids []string) (map[string][]string, []string, error) {
 	byNode := map[string][]string{}
 	var order []string
 	for _, id := range ids {
 		node, err := r.stateNode(ctx, id)
 		if err != nil {
-			return fail(err)
+			return nil, nil, err
 		}
 		if _, ok := byNode[node]; !ok {
 			order = append(order, node)
 		}
 		byNode[node] = append(byNode[node], id)
+	}
+	return byNode, order, nil
+}
+
+// states sends release, pin or unpin to the nodes holding the states,
+// each node its own; an id no live node holds fails the call before any
+// is sent.
+func (r *Router) states(ctx context.Context, method string, ids []string) answer {
+	byNode, order, err := r.statesByNode(ctx, ids)
+	if err != nil {
+		return fail(err)
 	}
 	var ss []*sent
 	var first error
@@ -556,17 +566,9 @@ func (r *Router) states(ctx context.Context, method string, ids []string) answer
 // over_budget, so does the router, and any other failure of a node fails
 // the call (what the other nodes prepared stays: it expires).
 func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
-	byNode := map[string][]string{}
-	var order []string
-	for _, id := range p.StateIDs {
-		node, err := r.stateNode(ctx, id)
-		if err != nil {
-			return fail(err)
-		}
-		if _, ok := byNode[node]; !ok {
-			order = append(order, node)
-		}
-		byNode[node] = append(byNode[node], id)
+	byNode, order, err := r.statesByNode(ctx, p.StateIDs)
+	if err != nil {
+		return fail(err)
 	}
 	ss := make([]*sent, 0, len(order))
 	var first error
