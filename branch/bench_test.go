@@ -153,6 +153,7 @@ func BenchmarkBranchPrepared(b *testing.B) {
 		for _, n := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/n=%d", mode, n), func(b *testing.B) {
 				var lat latencies
+				u0, _ := r.e.Usage()
 				for i := 0; i < b.N; i++ {
 					var taken int64
 					if mode == "prepared" {
@@ -179,6 +180,15 @@ func BenchmarkBranchPrepared(b *testing.B) {
 				s := append(latencies(nil), lat...)
 				sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 				b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000/float64(n), "per-child-p50-ms")
+				// Where a cold child's restore goes, each restore's own
+				// time (two run at once on two cores).
+				if u1, _ := r.e.Usage(); mode == "cold" && u1.Coord.Restores > u0.Coord.Restores {
+					k := float64(u1.Coord.Restores - u0.Coord.Restores)
+					for _, ph := range []string{branch.PhaseClone, branch.PhaseCRIU, branch.PhaseAdopt} {
+						d := u1.Coord.RestorePhases[ph] - u0.Coord.RestorePhases[ph]
+						b.ReportMetric(float64(d.Microseconds())/1000/k, ph+"-ms/child")
+					}
+				}
 			})
 		}
 	}

@@ -47,7 +47,13 @@ func (e *Engine) handedOut(r restored) {
 // restore brings state sid back as a new sandbox named name: a writable
 // clone of the state's filesystem snapshot as root, and its process image
 // restored by CRIU into it. Nothing is left behind on failure.
-func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err error) {
+func (e *Engine) restore(ctx context.Context, sid, name string) (restored, error) {
+	return e.restoreFrom(ctx, sid, name, nil)
+}
+
+// restoreFrom is restore with the new root taken from ahead when it was
+// cloned there (a branch's children; nil: none).
+func (e *Engine) restoreFrom(ctx context.Context, sid, name string, ahead *aheadClones) (r restored, err error) {
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w: state %s: %w", ErrRestore, sid, err)
@@ -99,8 +105,14 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (r restored, err
 		}()
 	}
 	vol := launch.VolumePrefix + name
-	if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
-		return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
+	made, err := ahead.take(ctx, vol)
+	if err != nil {
+		return r, err
+	}
+	if !made {
+		if err := e.o.Snap.Clone(ctx, fsA.Location, vol); err != nil {
+			return r, fmt.Errorf("clone %s: %w", fsA.Location, err)
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -334,6 +346,27 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 		prio = queue.Low
 	}
 	warm := e.takeWarm(sid, n)
+	ids := make([]string, n)
+	for i := len(warm); i < n; i++ {
+		ids[i] = launch.NewID()
+	}
+	// Two or more cold children: their roots are cloned ahead.
+	var ahead *aheadClones
+	if n-len(warm) > 1 {
+		fsA, err := e.man.GetArtifact(st.FS)
+		if err != nil {
+			return nil, fmt.Errorf("%w: state %s: filesystem artifact: %w", ErrRestore, sid, err)
+		}
+		vols := make([]string, 0, n-len(warm))
+		for _, id := range ids[len(warm):] {
+			vols = append(vols, launch.VolumePrefix+childName(id))
+		}
+		if ahead = e.cloneAhead(ctx, fsA.Location, vols); ahead != nil {
+			// Not waited for: a caller whose ctx ended is answered at
+			// once (a clone in flight may take a while).
+			defer func() { go ahead.finish() }()
+		}
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
 		i := i
@@ -345,10 +378,10 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 			}()
 			continue
 		}
-		id := launch.NewID()
+		id := ids[i]
 		h := &handoff{}
 		job := e.q.Submit(prio, "branch "+sid+" -> "+id, func(qctx context.Context) error {
-			return e.newChild(qctx, ctx, h, id, st, origin)
+			return e.newChild(qctx, ctx, h, id, st, origin, ahead)
 		})
 		wg.Add(1)
 		go func() {
@@ -431,13 +464,13 @@ func (h *handoff) deliver(adopt func() (*Env, error), discard func()) error {
 // newChild restores st as a new environment called id and hands it over
 // through h. ctx is the Branch caller's: a job that starts after it ended
 // restores nothing. The restore itself runs under the queue's qctx.
-func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st manifest.State, origin string) error {
+func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st manifest.State, origin string, ahead *aheadClones) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	e.gcMu.RLock()
 	defer e.gcMu.RUnlock()
-	r, err := e.restore(qctx, st.ID, id+"-0")
+	r, err := e.restoreFrom(qctx, st.ID, childName(id), ahead)
 	if err != nil {
 		return err
 	}
@@ -446,6 +479,10 @@ func (e *Engine) newChild(qctx, ctx context.Context, h *handoff, id string, st m
 	defer e.handedOut(r)
 	return h.deliver(func() (*Env, error) { return e.adopt(qctx, id, r, st, origin) }, func() { e.discard(r) })
 }
+
+// childName is the sandbox (and root volume) name of a new env's first
+// sandbox.
+func childName(id string) string { return id + "-0" }
 
 // discard destroys a restored sandbox nobody adopted.
 func (e *Engine) discard(r restored) {
