@@ -138,7 +138,7 @@ func BenchmarkBranch(b *testing.B) {
 // background work a trainer's hint buys ahead of the branch.
 func BenchmarkBranchPrepared(b *testing.B) {
 	dir := b.TempDir()
-	r := newRig(b, newBtrfs(b, dir), dir, 0)
+	r := newRigOptions(b, newBtrfs(b, dir), dir, func(o *branch.Options) { o.Inspector = newInspector(b) })
 	env, _ := benchEnv(b, r)
 	ctx := context.Background()
 	past, err := r.e.Checkpoint(ctx, env, branch.Full)

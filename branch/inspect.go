@@ -77,21 +77,52 @@ func (env *Env) setHeadFS(loc string) {
 // image is the shell state of the restored process image when a shell
 // delta was run on it (restored.imageShell), nil otherwise.
 func (e *Engine) track(ctx context.Context, env *Env, image *inspector.ShellState) {
-	in := e.o.Inspector
-	if in == nil {
-		return
-	}
-	id, err := env.sb.CgroupID()
-	if err == nil {
-		err = in.Track(env.ID, id)
-	}
-	if err == nil {
-		err = in.Baseline(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), ""), image)
-	}
-	if err != nil {
+	if err := e.trackSandbox(ctx, env.ID, env.sb, env.volume, env.headFS(), image); err != nil {
 		// Without a baseline the inspector classifies conservatively
 		// (full), so this costs checkpoints, not correctness.
 		e.log.Warn("inspector baseline", slog.String("env", env.ID), slog.Any("err", err))
+	}
+}
+
+// trackSandbox is track for sandbox sb of the env called id (that env
+// need not exist yet: a warm copy is tracked under the id it will have).
+// Without an inspector it does nothing.
+func (e *Engine) trackSandbox(ctx context.Context, id string, sb *sandbox.Sandbox, volume, fsLoc string, image *inspector.ShellState) error {
+	in := e.o.Inspector
+	if in == nil {
+		return nil
+	}
+	cg, err := sb.CgroupID()
+	if err == nil {
+		err = in.Track(id, cg)
+	}
+	if err == nil {
+		err = in.Baseline(ctx, id, e.target(sb, volume, fsLoc, ""), image)
+	}
+	return err
+}
+
+// trackWarm takes a warm copy's baseline before it is frozen, under the
+// env id it will have, so that a branch taking it only thaws it (the
+// baseline's shell round trip and process sample are background work,
+// docs/engine.md, "Warm copies"). It reports whether the copy is tracked;
+// when not, its adoption tracks it as any restore.
+func (e *Engine) trackWarm(ctx context.Context, id string, r restored) bool {
+	if e.o.Inspector == nil {
+		return false
+	}
+	if err := e.trackSandbox(ctx, id, r.sb, r.volume, r.fsLoc, r.imageShell); err != nil {
+		e.log.Warn("warm copy's inspector baseline", slog.String("env", id), slog.Any("err", err))
+		e.o.Inspector.Untrack(id)
+		return false
+	}
+	return true
+}
+
+// untrack stops the inspector's bookkeeping of id.
+func (e *Engine) untrack(id string) {
+	if in := e.o.Inspector; in != nil {
+		in.Untrack(id)
 	}
 }
 

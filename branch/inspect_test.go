@@ -131,7 +131,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 
 // newInspector is the eBPF inspector, or the fallback where eBPF is
 // unavailable (as branchtest's rig does), closed with the test.
-func newInspector(t *testing.T) *watch.Inspector {
+func newInspector(t testing.TB) *watch.Inspector {
 	t.Helper()
 	in, err := watch.New(watch.Options{Logger: quiet()})
 	if errors.Is(err, watch.ErrUnavailable) {

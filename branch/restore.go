@@ -28,6 +28,9 @@ type restored struct {
 	imageShell *inspector.ShellState
 	// lazy is the daemon of a lazy restore (the sandbox holds it).
 	lazy *criu.LazyPages
+	// tracked: the Inspector tracks it already, under the id of the env
+	// it becomes, its baseline taken (a warm copy, frozen since).
+	tracked bool
 }
 
 // handedOut lowers a lazy restore's daemon to the background once its
@@ -505,10 +508,15 @@ func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.S
 		err = e.register(env)
 	}
 	if err != nil {
+		if r.tracked {
+			e.untrack(id)
+		}
 		e.discard(r)
 		return nil, err
 	}
-	e.track(ctx, env, r.imageShell)
+	if !r.tracked {
+		e.track(ctx, env, r.imageShell)
+	}
 	return env, nil
 }
 

@@ -21,6 +21,9 @@ type warmCopy struct {
 }
 
 func (w *warmCopy) destroy(ctx context.Context, e *Engine) {
+	if w.r.tracked {
+		e.untrack(w.id)
+	}
 	if err := w.r.sb.Destroy(ctx); err != nil {
 		e.log.Warn("destroy warm copy", slog.String("state", w.state), slog.Any("err", err))
 	}
@@ -63,8 +66,9 @@ func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 			r, err := e.restore(ctx, sid, id+"-0")
 			e.gcMu.RUnlock()
 			if err == nil {
+				r.tracked = e.trackWarm(ctx, id, r)
 				if err = r.sb.Freeze(); err != nil {
-					(&warmCopy{r: r}).destroy(ctx, e)
+					(&warmCopy{id: id, r: r}).destroy(ctx, e)
 				}
 			}
 			if err != nil {
