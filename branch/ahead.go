@@ -36,6 +36,7 @@ const (
 	aheadMaking                    // the goroutine clones it now
 	aheadMade                      // made, nobody's yet
 	aheadTaken                     // a restore's or the cleanup's (or failed)
+	aheadGone                      // the branch returned: a restore now is of a child nobody waits for
 )
 
 // cloneAhead starts cloning src as each of vols, in order, until ctx ends
@@ -110,6 +111,11 @@ func (a *aheadClones) take(ctx context.Context, vol string) (bool, error) {
 		r.mu.Lock()
 	}
 	defer r.mu.Unlock()
+	if r.state == aheadGone {
+		// finish ran: every child the caller waited for was handed
+		// over or given up, so this one would only be destroyed.
+		return false, errAbandoned
+	}
 	made := r.state == aheadMade
 	r.state = aheadTaken
 	return made, nil
@@ -118,13 +124,15 @@ func (a *aheadClones) take(ctx context.Context, vol string) (bool, error) {
 // finish ends the goroutine (no root not started yet is made) and
 // destroys the roots it made that no restore took: children that failed
 // before their clone, or whose jobs never ran because the caller gave up.
-// It waits for a clone in flight only, and the engine's Close for it.
+// A restore that asks for its root after that is of a child nobody waits
+// for any more: take answers errAbandoned. finish waits for a clone in
+// flight only, and the engine's Close for finish.
 func (a *aheadClones) finish() {
 	defer a.e.bg.Done()
 	for _, r := range a.roots {
 		r.mu.Lock()
 		if r.state == aheadPending {
-			r.state = aheadTaken
+			r.state = aheadGone
 		}
 		r.mu.Unlock()
 	}
@@ -132,7 +140,7 @@ func (a *aheadClones) finish() {
 	for vol, r := range a.roots {
 		r.mu.Lock()
 		made := r.state == aheadMade
-		r.state = aheadTaken
+		r.state = aheadGone
 		r.mu.Unlock()
 		if made {
 			if err := a.e.o.Snap.Destroy(context.Background(), vol); err != nil {

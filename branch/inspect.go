@@ -111,6 +111,12 @@ func (e *Engine) trackWarm(ctx context.Context, id string, r restored) bool {
 	if e.o.Inspector == nil {
 		return false
 	}
+	// The Inspector without eBPF compares a process's CPU time exactly,
+	// which the freeze and thaw move: its copies take their baseline
+	// once thawed, as before.
+	if p, ok := e.o.Inspector.(interface{ UsesBPF() bool }); ok && !p.UsesBPF() {
+		return false
+	}
 	if err := e.trackSandbox(ctx, id, r.sb, r.volume, r.fsLoc, r.imageShell); err != nil {
 		e.log.Warn("warm copy's inspector baseline", slog.String("env", id), slog.Any("err", err))
 		e.o.Inspector.Untrack(id)

@@ -353,13 +353,12 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	for i := len(warm); i < n; i++ {
 		ids[i] = launch.NewID()
 	}
-	// Two or more cold children: their roots are cloned ahead.
+	// Two or more cold children of a branch somebody waits for: their
+	// roots are cloned ahead (a background branch's would queue on
+	// btrfs's locks beside the roots of branches waited for). Without
+	// the state's file artifact each restore reports that itself.
 	var ahead *aheadClones
-	if n-len(warm) > 1 {
-		fsA, err := e.man.GetArtifact(st.FS)
-		if err != nil {
-			return nil, fmt.Errorf("%w: state %s: filesystem artifact: %w", ErrRestore, sid, err)
-		}
+	if fsA, err := e.man.GetArtifact(st.FS); err == nil && n-len(warm) > 1 && prio == queue.High {
 		vols := make([]string, 0, n-len(warm))
 		for _, id := range ids[len(warm):] {
 			vols = append(vols, launch.VolumePrefix+childName(id))

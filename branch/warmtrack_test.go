@@ -65,7 +65,7 @@ func TestPreparedCopiesTrackedAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, e, env, "mkdir -p /work && echo past > /work/f && cd /work && X=past")
+	run(t, e, env, "mkdir -p /work && echo past > /work/f && cd /work && X=past; sleep 1000 >/dev/null 2>&1 &")
 	past, err := e.Checkpoint(ctx, env, branch.Full)
 	if err != nil {
 		t.Fatal(err)
