@@ -154,10 +154,9 @@ func TestCancelledBranch(t *testing.T) {
 				})
 			}, release
 		}},
-		// Both jobs running: with two children, the clone of the
-		// first's root made ahead (its restore waits for it) and the
-		// second's restore cloning its own (the goroutine making roots
-		// ahead has not reached it) are held.
+		// Both jobs running, their roots' clones held: each made by
+		// the job itself or by the goroutine cloning roots ahead (a
+		// job whose root that goroutine makes waits for it).
 		{"restoring", func(t *testing.T, n int) (func(), func()) {
 			entered, open := g.arm()
 			t.Cleanup(open)
