@@ -36,6 +36,7 @@ func Held(e *Engine, sid string) bool {
 func SetStatfs(e *Engine, f func(name, path string) (used, total, free int64, err error)) {
 	e.pr.mu.Lock()
 	e.pr.statfs = f
+	e.pr.statfsGen++
 	e.pr.mu.Unlock()
 	e.nudgeGC()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -90,6 +91,9 @@ type pressure struct {
 	stats PressureStats
 	// statfs measures a path (unix.Statfs; tests replace it).
 	statfs func(name, path string) (used, total, free int64, err error)
+	// statfsGen counts replacements of statfs: a measure that began
+	// with an earlier one neither joins nor records its readings.
+	statfsGen int
 	// statfsMax bounds each statfs (the const; tests shorten it), and
 	// flight keeps one statfs per file system in flight.
 	statfsMax time.Duration
@@ -153,7 +157,7 @@ func (e *Engine) cacheDir(which string) string { return filepath.Join(e.o.StateD
 // last numbers.
 func (e *Engine) measure() []DiskUsage {
 	e.pr.mu.Lock()
-	disks, statfs, bound := append([]DiskUsage(nil), e.pr.disks...), e.pr.statfs, e.pr.statfsMax
+	disks, statfs, bound, gen := append([]DiskUsage(nil), e.pr.disks...), e.pr.statfs, e.pr.statfsMax, e.pr.statfsGen
 	e.pr.mu.Unlock()
 	type reading struct {
 		used, total, free int64
@@ -161,7 +165,7 @@ func (e *Engine) measure() []DiskUsage {
 	}
 	got := make([]reading, len(disks))
 	for i, d := range disks {
-		ch := e.pr.flight.DoChan(d.Name, func() (any, error) {
+		ch := e.pr.flight.DoChan(d.Name+"/"+strconv.Itoa(gen), func() (any, error) {
 			used, total, free, err := statfs(d.Name, d.Path)
 			return reading{used, total, free, err}, nil
 		})
@@ -176,6 +180,9 @@ func (e *Engine) measure() []DiskUsage {
 	}
 	e.pr.mu.Lock()
 	defer e.pr.mu.Unlock()
+	if e.pr.statfsGen != gen {
+		return append([]DiskUsage(nil), e.pr.disks...)
+	}
 	for i, r := range got {
 		d := &e.pr.disks[i]
 		if r.err != nil {
