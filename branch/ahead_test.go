@@ -81,15 +81,7 @@ func TestBranchRootsClonedAhead(t *testing.T) {
 	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
 		t.Fatal(err)
 	}
-	// One branch first, so that what a first restore starts for good
-	// (CRIU kept started for the next one) is in the baseline.
-	warmup, err := e.Branch(ctx, branch.Source{State: sid}, 1)
-	if err != nil || warmup.Errors[0] != nil {
-		t.Fatalf("branch: %v %v", err, warmup.Errors)
-	}
-	if err := e.CloseEnv(ctx, warmup.Children[0]); err != nil {
-		t.Fatal(err)
-	}
+	warmUpRestores(t, e, sid)
 	waitIdle(t, e)
 	before := holdings(t, e, c)
 	const n = 6
