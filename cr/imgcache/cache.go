@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
@@ -383,7 +384,46 @@ func (c *Cache) Commit(id string) (int64, error) {
 // may hold the same image at once; they must only read it. release may be
 // called more than once. ctx bounds the wait for a load (its own or one
 // another caller started).
+//
+// An image that is a delta of another (cr/imgdelta: a parent link to
+// ../<base>) is read by CRIU through its base, so Acquire pins the base
+// too, and the base's own, each in HotDir beside it, and release lets go
+// of them all.
 func (c *Cache) Acquire(ctx context.Context, id string) (path string, release func(), err error) {
+	path, release, err = c.acquire(ctx, id)
+	if err != nil {
+		return "", nil, err
+	}
+	for at, depth := path, 0; ; depth++ {
+		base, err := imgdelta.Base(at)
+		if err == nil && base != "" && depth >= maxChain {
+			err = fmt.Errorf("a chain of more than %d delta images", maxChain)
+		}
+		if err != nil {
+			release()
+			return "", nil, fmt.Errorf("acquire image %s: %w", id, err)
+		}
+		if base == "" {
+			return path, release, nil
+		}
+		bp, brel, err := c.acquire(ctx, base)
+		if err != nil {
+			release()
+			return "", nil, fmt.Errorf("acquire image %s: its base: %w", id, err)
+		}
+		prev := release
+		release = func() { brel(); prev() }
+		at = bp
+	}
+}
+
+// maxChain bounds the delta images Acquire follows from one image (a
+// guard against a damaged store's loop; the engine makes far shorter
+// chains, docs/engine.md "Delta images").
+const maxChain = 64
+
+// acquire pins image id alone in HotDir (Acquire).
+func (c *Cache) acquire(ctx context.Context, id string) (path string, release func(), err error) {
 	if err := checkID(id); err != nil {
 		return "", nil, err
 	}

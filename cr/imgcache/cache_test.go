@@ -695,3 +695,74 @@ func TestShrink(t *testing.T) {
 		checkImage(t, p, id, 1000)
 	}
 }
+
+// putDelta is put with a parent link to ../base, as cr/imgdelta leaves a
+// delta image.
+func putDelta(t testing.TB, c *Cache, id, base string, size int) {
+	t.Helper()
+	dir, err := c.NewDir(id)
+	if err != nil {
+		t.Fatalf("NewDir %s: %v", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), content(id, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../"+base, filepath.Join(dir, "parent")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(id); err != nil {
+		t.Fatalf("Commit %s: %v", id, err)
+	}
+}
+
+// TestDeltaChain: acquiring a delta image brings its whole chain of bases
+// into HotDir beside it and pins them all, so CRIU can follow the parent
+// links; the release lets go of every one. A base that is gone fails the
+// acquire, which pins nothing.
+func TestDeltaChain(t *testing.T) {
+	ctx := context.Background()
+	d := newDirs(t)
+	c := open(t, d, 1000, false)
+	put(t, c, "a", 100)
+	putDelta(t, c, "b", "a", 50)
+	putDelta(t, c, "c", "b", 50)
+	if got := c.Shrink(0); got != 0 {
+		t.Fatalf("Shrink(0) left %d hot bytes", got)
+	}
+	p, rel := acquire(t, c, "c")
+	if p != filepath.Join(d.hot, "c") {
+		t.Fatalf("Acquire(c) = %s", p)
+	}
+	hot, _ := where(t, d)
+	if !eq(hot, []string{"a", "b", "c"}) {
+		t.Fatalf("hot after Acquire(c): %v, want the chain a, b, c", hot)
+	}
+	checkImage(t, filepath.Join(p, "parent", "parent"), "a", 100)
+	for _, id := range []string{"a", "b", "c"} {
+		if err := c.Remove(ctx, id); !errors.Is(err, ErrBusy) {
+			t.Fatalf("Remove(%s) while c is acquired: %v, want ErrBusy", id, err)
+		}
+	}
+	if got := c.Shrink(0); got != 200 {
+		t.Fatalf("Shrink(0) with c acquired left %d hot bytes, want the chain's 200", got)
+	}
+	rel()
+	rel()
+	if got := c.Shrink(0); got != 0 {
+		t.Fatalf("Shrink(0) after the release left %d hot bytes", got)
+	}
+	if err := c.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Acquire(ctx, "c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Acquire(c) without a: %v, want ErrNotFound", err)
+	}
+	if got := c.Shrink(0); got != 0 {
+		t.Fatalf("a failed Acquire left %d hot bytes pinned", got)
+	}
+	for _, id := range []string{"b", "c"} {
+		if err := c.Remove(ctx, id); err != nil {
+			t.Fatalf("Remove(%s) after the failed acquire: %v", id, err)
+		}
+	}
+}

@@ -47,6 +47,34 @@ func (m *Manifest) SetArtifactBytes(id string, n int64) error {
 	return nil
 }
 
+// SetArtifactDelta records that process artifact id, once written, became
+// a delta image of base (Artifact.Base) holding n bytes of its whole
+// bytes; it works on intents only, before CommitState names them.
+func (m *Manifest) SetArtifactDelta(id, base string, n, whole int64) error {
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+		if err != nil {
+			return err
+		}
+		if a.Ready {
+			return fmt.Errorf("artifact is ready: %w", ErrInUse)
+		}
+		b, err := get[Artifact](tx, bucketArtifacts, "artifact", base)
+		if err != nil {
+			return fmt.Errorf("base: %w", err)
+		}
+		if !b.Ready || b.Kind != ArtifactProc || a.Kind != ArtifactProc {
+			return fmt.Errorf("base %s (%s, ready %v) of %s artifact: want a ready process artifact of a process artifact", base, b.Kind, b.Ready, a.Kind)
+		}
+		a.Bytes, a.Base, a.Whole = n, base, whole
+		return put(tx, bucketArtifacts, a)
+	})
+	if err != nil {
+		return fmt.Errorf("set artifact delta %s: %w", id, err)
+	}
+	return nil
+}
+
 // AbortArtifact removes an intent whose checkpoint failed; the caller
 // deletes its files first. An artifact already committed is refused with
 // ErrInUse: those leave through Garbage and Forget.

@@ -187,6 +187,7 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 		for _, s := range dead {
 			gone[s.ID] = true
 		}
+		arts := byID(as)
 		used := map[string]bool{}
 		for id, s := range g.states {
 			if !gone[id] {
@@ -194,6 +195,7 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 				used[s.Proc] = true
 			}
 		}
+		withBases(used, arts)
 		out.States = dead
 		for _, a := range as {
 			if !a.Ready || used[a.ID] {
@@ -213,6 +215,30 @@ func (m *Manifest) Collect(p Policy) (Garbage, error) {
 	return out, nil
 }
 
+// byID indexes artifacts by id.
+func byID(as []Artifact) map[string]Artifact {
+	m := make(map[string]Artifact, len(as))
+	for _, a := range as {
+		m[a.ID] = a
+	}
+	return m
+}
+
+// withBases adds to uses (artifact id -> what uses it) the bases of the
+// artifacts in it, and theirs, each used by what uses its delta: the one
+// rule that keeps a delta image's chain (Artifact.Base) as long as the
+// delta.
+func withBases[V any](uses map[string]V, arts map[string]Artifact) {
+	for id, by := range uses {
+		for b := arts[id].Base; b != ""; b = arts[b].Base {
+			if _, ok := uses[b]; ok {
+				break
+			}
+			uses[b] = by
+		}
+	}
+}
+
 // byteBound is how many states of dead (in order) Collect lists under
 // the bounds of max (Policy.MaxBytes): the shortest prefix whose
 // artifacts no live state uses reach every bound, or all of dead.
@@ -225,10 +251,8 @@ func (g graph) byteBound(max map[ArtifactKind]int64, live map[string]bool, dead 
 		s := g.states[id]
 		liveUses[s.FS], liveUses[s.Proc] = true, true
 	}
-	arts := make(map[string]Artifact, len(as))
-	for _, a := range as {
-		arts[a.ID] = a
-	}
+	arts := byID(as)
+	withBases(liveUses, arts)
 	sum := map[ArtifactKind]int64{}
 	counted := map[string]bool{}
 	reached := func() bool {
@@ -297,6 +321,10 @@ func (m *Manifest) ForgetWith(p Policy, stateIDs, artifactIDs []string) error {
 				return err
 			}
 		}
+		as, err := all[Artifact](tx, bucketArtifacts)
+		if err != nil {
+			return err
+		}
 		refs := map[string]string{}
 		for id, s := range g.states {
 			if !gone[id] {
@@ -304,6 +332,7 @@ func (m *Manifest) ForgetWith(p Policy, stateIDs, artifactIDs []string) error {
 				refs[s.Proc] = id
 			}
 		}
+		withBases(refs, byID(as))
 		for _, id := range artifactIDs {
 			v := tx.Bucket(bucketArtifacts).Get([]byte(id))
 			if v == nil {

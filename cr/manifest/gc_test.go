@@ -1,7 +1,10 @@
 package manifest
 
 import (
+	"time"
+
 	"errors"
+	bolt "go.etcd.io/bbolt"
 	"reflect"
 	"testing"
 )
@@ -220,5 +223,81 @@ func TestForgetRefusesLive(t *testing.T) {
 				t.Errorf("refused Forget changed usage: %+v -> %+v", before, after)
 			}
 		})
+	}
+}
+
+// TestDeltaBaseKept: a delta image's base (Artifact.Base) is in use while
+// the delta is, even when no state of its own needs it any more (here the
+// delta's state has no parent, as an imported one), along the whole
+// chain; once the delta goes, the chain goes with it. SetArtifactDelta
+// takes only an intent with a ready process artifact as its base.
+func TestDeltaBaseKept(t *testing.T) {
+	m := openTest(t, Options{})
+	putEnv(t, m, "e0")
+	putEnv(t, m, "e1")
+	checkpoint(t, m, "e0", "r", "", 0, KindFull)
+	checkpoint(t, m, "e0", "q", "r", 1, KindProc)
+	// proc-q a delta of proc-r, made by hand as the engine does.
+	if err := m.BeginArtifact(Artifact{ID: "proc-d", Kind: ArtifactProc, Location: "img/d"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetArtifactDelta("proc-d", "fs-r", 10, 1000); err == nil {
+		t.Fatal("SetArtifactDelta with a filesystem artifact as base: no error")
+	}
+	if err := m.SetArtifactDelta("proc-d", "proc-q", 10, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CommitState(State{ID: "d", Env: "e1", Kind: KindFull, FS: "fs-r", Proc: "proc-d", Created: t0.Add(5 * time.Second)}, "proc-d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetArtifactDelta("proc-d", "proc-q", 10, 1000); !errors.Is(err, ErrInUse) {
+		t.Fatalf("SetArtifactDelta of a ready artifact: %v, want ErrInUse", err)
+	}
+	// proc-q itself a delta of proc-r: set on the record directly.
+	setBase(t, m, "proc-q", "proc-r")
+	if err := m.ReleaseEnv("e0"); err != nil {
+		t.Fatal(err)
+	}
+	states, arts, err := m.Garbage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(states); !reflect.DeepEqual(got, []string{"q", "r"}) {
+		t.Fatalf("garbage states %v, want q and r", got)
+	}
+	// fs-r is d's, proc-q d's base, proc-r proc-q's base: none may go.
+	if got := artifactIDs(arts); len(got) != 0 {
+		t.Fatalf("garbage artifacts %v, want none (d uses them all)", got)
+	}
+	if err := m.Forget(nil, []string{"proc-r"}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Forget of the chain's root: %v, want ErrInUse", err)
+	}
+	if err := m.Forget([]string{"q", "r"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ReleaseEnv("e1"); err != nil {
+		t.Fatal(err)
+	}
+	_, arts, err = m.Garbage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := artifactIDs(arts); !reflect.DeepEqual(got, []string{"fs-r", "proc-d", "proc-q", "proc-r"}) {
+		t.Fatalf("garbage artifacts after d's release %v, want the whole chain and fs-r", got)
+	}
+}
+
+func setBase(t *testing.T, m *Manifest, id, base string) {
+	t.Helper()
+	err := m.db.Update(func(tx *bolt.Tx) error {
+		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+		if err != nil {
+			return err
+		}
+		a.Base = base
+		return put(tx, bucketArtifacts, a)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

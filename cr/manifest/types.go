@@ -36,7 +36,14 @@ type Artifact struct {
 	Kind     ArtifactKind `json:"kind"`
 	Location string       `json:"location"` // snapshot name or image dir id
 	Bytes    int64        `json:"bytes"`
-	Created  time.Time    `json:"created"`
+	// Base is the process artifact a delta image reads its unchanged
+	// pages from (cr/imgdelta; "" for a whole image): while an artifact
+	// is in use, so is its base, and the base's own, and so on. Whole is
+	// the image's size as CRIU dumped it, before it became a delta (0:
+	// Bytes).
+	Base    string    `json:"base,omitempty"`
+	Whole   int64     `json:"whole,omitempty"`
+	Created time.Time `json:"created"`
 	// Ready is false while the artifact is being written (an intent record).
 	Ready bool `json:"ready"`
 }
