@@ -120,8 +120,9 @@ func newRig(ctx context.Context, o Options, backend string) (r *rig, err error) 
 	if backend == "zfs" {
 		return r, nil
 	}
+	// The baseline is CRIU's whole dump of every turn: no delta images.
 	r.base, err = branch.Open(ctx, branch.Options{StateDir: filepath.Join(dir, "engine-base"), Snap: r.snap, CRIU: r.criu,
-		Launcher: r.launch, Logger: r.log})
+		Launcher: r.launch, DeltaChain: -1, Logger: r.log})
 	if err != nil {
 		return r, fmt.Errorf("open baseline engine: %w", err)
 	}

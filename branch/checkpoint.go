@@ -278,11 +278,25 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		}
 	}
 	if procArt != nil {
+		// Thawed: the delta is made while the sandbox runs on.
+		t := time.Now()
+		base, ds, err := e.deltaImage(ctx, dir, dump.Bytes, ps.Proc)
+		if err != nil {
+			return err
+		}
+		if base != "" {
+			st.Timings["delta"] = time.Since(t)
+		}
 		n, err := e.cache.Commit(procArt.Location)
 		if err != nil {
 			return fmt.Errorf("keep process image: %w", err)
 		}
-		if err := e.man.SetArtifactBytes(procArt.ID, n); err != nil {
+		if base != "" {
+			err = e.man.SetArtifactDelta(procArt.ID, base, n, n+ds.Before-ds.After)
+		} else {
+			err = e.man.SetArtifactBytes(procArt.ID, n)
+		}
+		if err != nil {
 			return err
 		}
 		st.Timings["frozen_by_criu"] = dump.FrozenTime

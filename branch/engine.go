@@ -75,6 +75,13 @@ type Options struct {
 	// runs (docs/engine.md, "Lazy restore"); 0 or less restores every
 	// image eagerly. DefaultLazyBytes is the server's default.
 	LazyBytes int64
+	// DeltaChain is how many delta images may stand on one whole process
+	// image: a checkpoint's image is stored as a delta of its parent
+	// state's (the pages that did not change left to it, cr/imgdelta)
+	// while that one's chain is shorter, else whole (default
+	// DefaultDeltaChain; negative: every image whole). docs/engine.md,
+	// "Delta images".
+	DeltaChain int
 	// Inspector, when set, classifies turns (Classify) and keeps its
 	// baselines in step with every checkpoint and restore; without it
 	// every turn is a full checkpoint. *watch.Inspector (package
@@ -194,6 +201,9 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	if o.PrepareCopies <= 0 {
 		o.PrepareCopies = DefaultPrepareCopies
+	}
+	if o.DeltaChain == 0 {
+		o.DeltaChain = DefaultDeltaChain
 	}
 	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, prep: map[string]*prepEntry{},
 		lost: map[string]LostEnv{}, refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
@@ -566,6 +576,7 @@ type coordStats struct {
 	verified, misses                      atomic.Int64
 	revived                               atomic.Int64
 	shellDeltas                           atomic.Int64
+	deltaImages, deltaSaved               atomic.Int64
 	lazyRestores, lazyFailed              atomic.Int64
 	phases                                phaseStats
 }
@@ -589,6 +600,10 @@ type CoordStats struct {
 	// instead of a dump of the processes (docs/engine.md, "Shell delta
 	// states").
 	ShellDeltas int64
+	// DeltaImages counts the process images stored as deltas of their
+	// parent state's, DeltaSaved the bytes of pages they left to their
+	// bases (docs/engine.md, "Delta images").
+	DeltaImages, DeltaSaved int64
 	// LazyRestores counts the restores made lazily (Options.LazyBytes),
 	// LazyFailed those whose daemon failed after the restore had
 	// returned, their sandbox killed (docs/engine.md, "Lazy restore").

@@ -69,3 +69,6 @@ func HoldQueue(e *Engine) (release func()) {
 	<-started
 	return func() { close(done) }
 }
+
+// Artifact is the manifest record of artifact id; tests only.
+func Artifact(e *Engine, id string) (manifest.Artifact, error) { return e.man.GetArtifact(id) }

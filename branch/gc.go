@@ -381,6 +381,7 @@ func (e *Engine) Usage() (Usage, error) {
 	c := CoordStats{Checkpoints: e.stats.checkpoints.Load(), CheckpointTime: time.Duration(e.stats.checkpointNanos.Load()),
 		Exposed: time.Duration(e.stats.exposed.Load()), Verified: e.stats.verified.Load(), Misses: e.stats.misses.Load(),
 		Revived: e.stats.revived.Load(), ShellDeltas: e.stats.shellDeltas.Load(),
+		DeltaImages: e.stats.deltaImages.Load(), DeltaSaved: e.stats.deltaSaved.Load(),
 		LazyRestores: e.stats.lazyRestores.Load(), LazyFailed: e.stats.lazyFailed.Load()}
 	c.Restores, c.RestorePhases = e.stats.phases.snapshot()
 	e.gcStats.mu.Lock()

@@ -209,7 +209,7 @@ type lazyStart struct {
 // at least Options.LazyBytes (docs/engine.md, "Lazy restore").
 func (e *Engine) lazy(img manifest.Artifact) bool {
 	n := e.lazyBytes.Load()
-	return n > 0 && img.Bytes >= n
+	return n > 0 && wholeBytes(img) >= n
 }
 
 // SetLazyBytes replaces Options.LazyBytes for the restores that start

@@ -182,7 +182,8 @@ func (e *Engine) Export(ctx context.Context, sid string, have []string, w io.Wri
 	}
 	for _, p := range parts {
 		a := p.a
-		a.Ready = false
+		// A delta image travels flattened (sendImage): whole there.
+		a.Ready, a.Base, a.Whole = false, "", 0
 		hdr.Parts = append(hdr.Parts, transfer.Part{Artifact: a, Base: p.base.ID})
 	}
 	tw, err := transfer.NewWriter(w, hdr)
@@ -223,6 +224,11 @@ func (e *Engine) sendImage(ctx context.Context, id string, w io.Writer) error {
 		return err
 	}
 	defer release()
+	dir, done, err := flatImage(dir, id)
+	if err != nil {
+		return err
+	}
+	defer done()
 	tw := tar.NewWriter(w)
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == dir {
@@ -389,6 +395,7 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 		if a.Location != want || strings.ContainsAny(a.ID, "/.") {
 			return stats, fmt.Errorf("artifact %s at %q: want %q", a.ID, a.Location, want)
 		}
+		a.Base, a.Whole = "", 0 // images arrive whole (sendImage flattens)
 		if err := e.man.BeginArtifact(a); err != nil {
 			return stats, err
 		}

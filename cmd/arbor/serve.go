@@ -41,6 +41,7 @@ type serveOptions struct {
 	retain      time.Duration
 	prepareTTL  time.Duration
 	prepareMax  int
+	deltaChain  int
 	lazy        string
 	highWater   float64
 	lowWater    float64
@@ -89,6 +90,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.maxBatch, "max-batch", 1024, "most items of one step_batch")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
+	f.IntVar(&o.deltaChain, "delta-chain", branch.DefaultDeltaChain, "store a checkpoint's process image as a delta of its parent state's (only the pages that changed) while that one's chain of deltas is shorter than this (docs/engine.md, Delta images); negative: every image whole")
 	f.StringVar(&o.lazy, "lazy-restore", fmt.Sprintf("%dM", branch.DefaultLazyBytes>>20), "restore process images of at least this size lazily, their memory copied in after the tree runs (docs/engine.md, Lazy restore); 0: every restore eager")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
 	f.DurationVar(&o.grace, "grace", 30*time.Second, "how long shutdown waits for running requests")
@@ -182,7 +184,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("--lazy-restore: %w", err)
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in

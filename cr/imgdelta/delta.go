@@ -31,6 +31,10 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
+// ErrDamaged is Make's error when it failed after it began to rename its
+// files into place: the image is neither whole nor a delta any more.
+var ErrDamaged = errors.New("image damaged")
+
 // ParentLink is the name of CRIU's link from an image directory to the
 // one it is a delta of.
 const ParentLink = "parent"
@@ -113,7 +117,7 @@ func Make(dir, baseDir, baseID string) (Stats, error) {
 		s := staged[0]
 		if err := os.Rename(s.tmp, s.path); err != nil {
 			// Half renamed: no longer the whole image, nor a delta.
-			return st, fmt.Errorf("delta image %s: %w (the image is damaged)", dir, err)
+			return st, fmt.Errorf("delta image %s: %w: %w", dir, ErrDamaged, err)
 		}
 		staged = staged[1:]
 	}
@@ -402,6 +406,10 @@ func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
 					return fmt.Errorf("base: %w", err)
 				}
 				if ok && bytes.Equal(page, old) {
+					// Never lazy: CRIU's lazy-pages daemon does not
+					// serve pages from a parent (a restore with such
+					// entries hangs), so a lazy restore of a delta
+					// copies these in eagerly.
 					add(va, flagParent, -1)
 					continue
 				}
