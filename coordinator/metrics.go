@@ -127,6 +127,10 @@ func registerEngineMetrics(reg prometheus.Registerer, engineUsage func() (branch
 		func(u branch.Usage) float64 { return u.Coord.Exposed.Seconds() })
 	counter("arbor_shell_deltas_total", "Checkpoints committed with a shell delta on the last process image instead of a CRIU dump.",
 		func(u branch.Usage) float64 { return float64(u.Coord.ShellDeltas) })
+	counter("arbor_delta_images_total", "Process images stored as deltas of their parent state's image (docs/engine.md, Delta images).",
+		func(u branch.Usage) float64 { return float64(u.Coord.DeltaImages) })
+	counter("arbor_delta_saved_bytes_total", "Bytes of pages delta images left to their bases instead of writing them again.",
+		func(u branch.Usage) float64 { return float64(u.Coord.DeltaSaved) })
 	counter("arbor_envs_revived_total", "Envs whose sandbox died (init killed, OOM) and that were restored at their last committed state.",
 		func(u branch.Usage) float64 { return float64(u.Coord.Revived) })
 	gauge("arbor_image_hot_bytes", "Process images on tmpfs.",
