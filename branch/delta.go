@@ -3,10 +3,7 @@ package branch
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 
 	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/arbor-env/arbor/cr/manifest"
@@ -67,24 +64,3 @@ func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID
 // wholeBytes is a process image's size as CRIU dumped it, before it
 // became a delta: what a restore of it brings back.
 func wholeBytes(a manifest.Artifact) int64 { return max(a.Bytes, a.Whole) }
-
-// flatImage returns a directory holding process image dir whole: dir
-// itself when it is whole, else a flattened copy beside it (a .tmp- name
-// the image cache removes after a crash), which done removes.
-func flatImage(dir, id string) (flat string, done func(), err error) {
-	base, err := imgdelta.Base(dir)
-	if err != nil || base == "" {
-		return dir, func() {}, err
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".tmp-flat-"+id+"-")
-	if err == nil {
-		err = os.Remove(tmp) // Flatten makes it
-	}
-	if err == nil {
-		err = imgdelta.Flatten(dir, tmp)
-	}
-	if err != nil {
-		return "", nil, fmt.Errorf("flatten delta image %s: %w", id, err)
-	}
-	return tmp, func() { os.RemoveAll(tmp) }, nil
-}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/cr/transfer"
@@ -224,9 +225,10 @@ func (e *Engine) sendImage(ctx context.Context, id string, w io.Writer) error {
 		return err
 	}
 	defer release()
-	dir, done, err := flatImage(dir, id)
+	// A delta travels whole: the receiver holds none of its chain.
+	dir, done, err := imgdelta.FlatCopy(dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("flatten delta image %s: %w", id, err)
 	}
 	defer done()
 	tw := tar.NewWriter(w)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
@@ -262,6 +263,20 @@ func (c *Checkpointer) RestoreLazily(ctx context.Context, r RestoreRequest, daem
 }
 
 func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *LazyPages) (pid int, err error) {
+	if r.UserNS {
+		// The root task reads its images as the user namespace's root,
+		// which cannot follow a delta image's parent link through the
+		// image store's 0700 directory (allowSearch): it restores from
+		// a whole copy beside it. A lazy daemon reads the delta itself;
+		// the copy's pages from the parent are not lazy, as in the
+		// delta (docs/engine.md, "Delta images").
+		flat, done, err := imgdelta.FlatCopy(r.Dir)
+		if err != nil {
+			return 0, fmt.Errorf("flatten delta image: %w", err)
+		}
+		defer done()
+		r.Dir = flat
+	}
 	dir, err := os.Open(r.Dir)
 	if err != nil {
 		return 0, fmt.Errorf("open image dir: %w", err)

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
@@ -257,6 +258,18 @@ func (g *ghostImages) write(src, dst string, rename map[uint32]string, reorder b
 		return "", err
 	}
 	for _, e := range ents {
+		if e.Name() == imgdelta.ParentLink && e.Type()&os.ModeSymlink != 0 {
+			// A delta image's link to its base, relative: the view
+			// sits beside src, so the same target leads there.
+			t, err := os.Readlink(filepath.Join(src, e.Name()))
+			if err == nil {
+				err = os.Symlink(t, filepath.Join(dst, e.Name()))
+			}
+			if err != nil {
+				return "", err
+			}
+			continue
+		}
 		if e.Name() == "files.img" || e.Name() == "remap-fpath.img" || !e.Type().IsRegular() {
 			continue
 		}

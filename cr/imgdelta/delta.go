@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -352,6 +353,66 @@ func (r *reader) page(vaddr uint64, buf []byte) (bool, uint32, error) {
 	return false, 0, nil
 }
 
+// VMA status bits of CRIU's mm image (criu/include/image.h).
+const (
+	vmaRegular     = 1 << 0
+	vmaVsyscall    = 1 << 2
+	vmaVDSO        = 1 << 3
+	vmaFilePrivate = 1 << 6
+	vmaFileShared  = 1 << 7
+	vmaAnonShared  = 1 << 8
+	vmaAnonPrivate = 1 << 9
+	vmaSysVIPC     = 1 << 10
+	vmaSocket      = 1 << 11
+	vmaVVAR        = 1 << 12
+	vmaAIORing     = 1 << 13
+	vmaMemfd       = 1 << 14
+)
+
+// span is an address range [start, end).
+type span struct{ start, end uint64 }
+
+// privateVMAs lists the areas of process pid whose pages may be left to a
+// parent: regular private memory, anonymous or of a file. The vDSO, vvar
+// and every special or shared area keep their pages in the image, as
+// CRIU's restore treats them apart.
+func privateVMAs(dir string, pid int) ([]span, error) {
+	path := filepath.Join(dir, fmt.Sprintf("mm-%d.img", pid))
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, false).Decode(&mm.MmEntry{})
+	if err != nil {
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	if len(img.Entries) != 1 {
+		return nil, fmt.Errorf("decode %s: %d entries", path, len(img.Entries))
+	}
+	m, ok := img.Entries[0].Message.(*mm.MmEntry)
+	if !ok {
+		return nil, fmt.Errorf("decode %s: entry of type %T", path, img.Entries[0].Message)
+	}
+	const special = vmaVsyscall | vmaVDSO | vmaFileShared | vmaAnonShared | vmaSysVIPC | vmaSocket | vmaVVAR | vmaAIORing | vmaMemfd
+	var out []span
+	for _, v := range m.GetVmas() {
+		st := v.GetStatus()
+		if st&vmaRegular == 0 || st&(vmaAnonPrivate|vmaFilePrivate) == 0 || st&special != 0 {
+			continue
+		}
+		out = append(out, span{v.GetStart(), v.GetEnd()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
+	return out, nil
+}
+
+// within reports whether the page at va lies in one of spans (sorted).
+func within(spans []span, va uint64) bool {
+	i := sort.Search(len(spans), func(i int) bool { return spans[i].end > va })
+	return i < len(spans) && spans[i].start <= va
+}
+
 // makeOne stages the rewrite of process pid of dir against the base.
 func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
 	pmPath := filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid))
@@ -375,6 +436,10 @@ func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
 		return nil, nil // a process the base does not hold stays whole
 	}
 	defer base.close()
+	private, err := privateVMAs(dir, pid)
+	if err != nil {
+		return nil, err
+	}
 	var out pagemapFile
 	out.pagesID = pm.pagesID
 	add := func(vaddr uint64, fl uint32, off int64) {
@@ -401,9 +466,12 @@ func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
 					return fmt.Errorf("read page %#x: %w", va, err)
 				}
 				st.Pages++
-				ok, _, err := base.page(va, old)
-				if err != nil {
-					return fmt.Errorf("base: %w", err)
+				ok := false
+				if within(private, va) {
+					var err error
+					if ok, _, err = base.page(va, old); err != nil {
+						return fmt.Errorf("base: %w", err)
+					}
 				}
 				if ok && bytes.Equal(page, old) {
 					// Never lazy: CRIU's lazy-pages daemon does not
@@ -447,6 +515,28 @@ func Flatten(dir, out string) error {
 		return fmt.Errorf("flatten image %s: %w", dir, err)
 	}
 	return nil
+}
+
+// FlatCopy returns a directory holding the image in dir whole: dir
+// itself when it is whole, else a flattened copy beside it under a .tmp-
+// name (the image cache removes such leftovers after a crash), which done
+// removes.
+func FlatCopy(dir string) (flat string, done func(), err error) {
+	base, err := Base(dir)
+	if err != nil || base == "" {
+		return dir, func() {}, err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".tmp-flat-"+filepath.Base(dir)+"-")
+	if err == nil {
+		err = os.Remove(tmp) // Flatten makes it
+	}
+	if err == nil {
+		err = Flatten(dir, tmp)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	return tmp, func() { os.RemoveAll(tmp) }, nil
 }
 
 func flatten(dir, out string) error {
@@ -502,11 +592,17 @@ func flattenOne(r *reader, out string, pid int) error {
 				pm.entries = append(pm.entries, e)
 				continue
 			}
-			// Each page read through the chain keeps the flags of the
-			// entry holding it (lazy or not), present here.
+			// A page of the image's own keeps its flags; one of the
+			// parent's becomes present and not lazy, as it was in
+			// the delta (so a lazy restore whose daemon reads the
+			// delta agrees with a restore of the flattened copy).
+			fl := e.flags
+			if e.flags&flagParent != 0 {
+				fl = flagPresent
+			}
 			for i := int64(0); i < e.nr; i++ {
 				va := e.vaddr + uint64(i*pageSize)
-				ok, fl, err := r.page(va, page)
+				ok, _, err := r.page(va, page)
 				if err != nil {
 					return err
 				}
