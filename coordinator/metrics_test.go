@@ -24,7 +24,7 @@ func fakeUsage() branch.Usage {
 	u.Disk = []branch.DiskUsage{{Name: branch.DiskPool, Used: 43, Free: 47, Total: 90}, {Name: branch.DiskCold, Used: 53, Free: 59, Total: 112, Over: true},
 		{Name: branch.DiskHot, Used: 61, Free: 67, Total: 128}}
 	u.Pressure = branch.PressureStats{Refused: 71, Evicted: 73, Shrunk: 79}
-	u.Coord = branch.CoordStats{CheckpointTime: 83 * time.Second, Exposed: 89 * time.Second, Revived: 97, ShellDeltas: 109}
+	u.Coord = branch.CoordStats{CheckpointTime: 83 * time.Second, Exposed: 89 * time.Second, Revived: 97, ShellDeltas: 109, DeltaImages: 113, DeltaSaved: 127}
 	u.Images.HotBytes, u.Images.ColdBytes = 101, 103
 	u.Warm = 107
 	u.Prepare.Ready, u.Prepare.Queued = 131, 137
