@@ -63,8 +63,9 @@ func TestReportWrite(t *testing.T) {
 		},
 		Branch: map[string]map[int][]float64{ModeArbor: {1: {100}, 8: {400}, 32: {1600}}, "runc": {1: {700}, 8: {3000}, 32: {2400}},
 			ModeArborPrepared: {1: {5}, 8: {30}, 32: {160}}},
-		Tree: []TreeResult{{Factor: 4, BranchS: 2, ReplayS: 9}},
+		Tree: []TreeResult{{Factor: 4, BranchS: 2, ReplayS: 9}, {Factor: 5, BranchS: 4, ReplayS: 9}},
 	}
+	rep.Runs[0].ProcBytes, rep.Runs[1].ProcBytes = 10<<20, 50<<20
 	rep.summarize()
 	a := rep.mode(ModeArbor)
 	if a.Classes["none"] != 8 || a.Classes["proc"] != 2 || a.Correct != 1 {
@@ -77,13 +78,15 @@ func TestReportWrite(t *testing.T) {
 		if strings.Contains(g.Name, "p95") && g.Met {
 			t.Errorf("p95 goal met with 150 ms vs 200 ms: %+v", g)
 		}
-		if strings.Contains(g.Name, "tree") && !g.Met {
+		if strings.Contains(g.Name, "tree rollouts at branching factor 4") && !g.Met {
 			t.Errorf("tree goal not met at 4.5x: %+v", g)
 		}
 	}
 	// branch(32): cold 50 ms per child and 1.5x runc, not met; prepared
 	// 5 ms per child and 15x runc, met.
+	// CRIU bytes 5x below full, met; tree at b=5 2.25x, not met.
 	want := map[string]bool{"branch(32) of a past state, per child amortized": false, "branch(32) p50, runc / Arbor": false,
+		"CRIU image bytes written, full every turn / Arbor": true, "tree rollouts at branching factor 5, replay / branch": false,
 		"branch(32) of a past state after prepare, per child amortized": true, "branch(32) p50, runc / Arbor after prepare": true}
 	for _, g := range rep.Goals {
 		if met, ok := want[g.Name]; ok {
@@ -108,6 +111,27 @@ func TestReportWrite(t *testing.T) {
 		if strings.HasSuffix(f, ".svg") && (!strings.HasPrefix(string(b), "<svg") || strings.Contains(string(b), "NaN")) {
 			t.Errorf("%s is not a clean SVG", f)
 		}
+	}
+	// Rerender reads results.json back and writes the same report.
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "results.md")); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Rerender(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Goals) != len(rep.Goals) {
+		t.Errorf("rerendered %d goals, want %d", len(again.Goals), len(rep.Goals))
+	}
+	if md2, err := os.ReadFile(filepath.Join(dir, "results.md")); err != nil || string(md2) != string(md) {
+		t.Errorf("rerendered results.md differs (%v)", err)
+	}
+	if _, err := Rerender(t.TempDir()); err == nil {
+		t.Error("Rerender of a folder without results.json: no error")
 	}
 }
 

@@ -18,6 +18,7 @@ func newBenchCmd(g *globalOptions) *cobra.Command {
 	var o benchmarks.Options
 	var quick bool
 	var lazy string
+	var rerender bool
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Compare Arbor with full-every-turn, files-only, replay and runc on agent traces",
@@ -32,6 +33,15 @@ rollouts with branch vs replay. With --zfs, Arbor also runs on the zfs backend
 to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if rerender {
+				rep, err := benchmarks.Rerender(o.OutDir)
+				if err != nil {
+					return fmt.Errorf("--rerender: %w", err)
+				}
+				printGoals(rep)
+				fmt.Printf("\nre-rendered %s\n", o.OutDir)
+				return nil
+			}
 			if quick {
 				o.BranchN = []int{1, 4, 8}
 				o.BranchReps = 1
@@ -67,13 +77,7 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 				fmt.Print(rep.Headline())
 				fmt.Println()
 			}
-			for _, gl := range rep.Goals {
-				met := "met"
-				if !gl.Met {
-					met = "NOT met"
-				}
-				fmt.Printf("goal %-55s %-10s %s (%s)\n", gl.Name, gl.Target, gl.Value, met)
-			}
+			printGoals(rep)
 			fmt.Printf("\nresults in %s (%.0f s)\n", out, rep.DurationS)
 			return nil
 		},
@@ -98,6 +102,18 @@ to --out. Needs root, CRIU 4.x and btrfs-progs (make deps).`,
 	f.StringVar(&o.Classifier, "classifier", "inspector", "Arbor's turn classification: inspector or full")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the temporary state directory goes (default: the system temp dir)")
 	f.BoolVar(&o.KeepWorkDir, "keep", false, "keep the temporary state directory")
+	f.BoolVar(&rerender, "rerender", false, "run nothing: write results.md, the plots and the goals table again from --out's results.json (a run already made, the report of this build)")
 	f.BoolVar(&quick, "quick", false, "a smaller run (branch 1,4,8 once; tree b=1,4; replay every 4th turn)")
 	return cmd
+}
+
+// printGoals prints a report's goals table, one line each.
+func printGoals(rep *benchmarks.Report) {
+	for _, gl := range rep.Goals {
+		met := "met"
+		if !gl.Met {
+			met = "NOT met"
+		}
+		fmt.Printf("goal %-55s %-10s %s (%s)\n", gl.Name, gl.Target, gl.Value, met)
+	}
 }
