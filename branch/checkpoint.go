@@ -280,7 +280,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	if procArt != nil {
 		// Thawed: the delta is made while the sandbox runs on.
 		t := time.Now()
-		base, ds, err := e.deltaImage(ctx, dir, dump.Bytes, ps.Proc)
+		base, ds, err := e.deltaImage(ctx, dir, dump.Bytes, ps.Proc, sb.UserNS().Enabled)
 		if err != nil {
 			return err
 		}

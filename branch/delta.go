@@ -19,13 +19,14 @@ const DefaultDeltaChain = 8
 // base's chain is already Options.DeltaChain long, or the image is one a
 // restore brings back lazily (Options.LazyBytes): CRIU's lazy-pages daemon
 // does not serve pages from a parent image, so a delta would lose the lazy
-// restore most of its memory. It returns the base's
+// restore most of its memory; nor of a tree in its own user namespace,
+// whose every restore would have to read a flattened copy (cr/criu). It returns the base's
 // artifact id and what the delta kept ("" and no error: the image stays
 // whole). An error that left dir whole is logged and the image stays
 // whole; only a damaged dir fails the checkpoint.
-func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID string) (string, imgdelta.Stats, error) {
+func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID string, userNS bool) (string, imgdelta.Stats, error) {
 	var st imgdelta.Stats
-	if e.o.DeltaChain < 0 || baseID == "" || e.lazy(manifest.Artifact{Bytes: whole}) {
+	if e.o.DeltaChain < 0 || baseID == "" || userNS || e.lazy(manifest.Artifact{Bytes: whole}) {
 		return "", st, nil
 	}
 	base, err := e.man.GetArtifact(baseID)
@@ -34,13 +35,13 @@ func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID
 	}
 	depth := 0
 	for a := base; a.Base != ""; depth++ {
+		if depth+1 >= e.o.DeltaChain {
+			return "", st, nil // the chain is full: this image is whole
+		}
 		if a, err = e.man.GetArtifact(a.Base); err != nil {
 			e.log.Warn("delta image: base chain", slog.String("base", baseID), slog.Any("err", err))
 			return "", st, nil
 		}
-	}
-	if depth+1 > e.o.DeltaChain {
-		return "", st, nil
 	}
 	bdir, release, err := e.cache.Acquire(ctx, base.Location)
 	if err != nil {
@@ -55,6 +56,9 @@ func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID
 	if err != nil {
 		e.log.Warn("delta image: kept whole", slog.String("base", baseID), slog.Any("err", err))
 		return "", st, nil
+	}
+	if st.Kept == st.Pages {
+		return "", st, nil // nothing left to the base: whole
 	}
 	e.stats.deltaImages.Add(1)
 	e.stats.deltaSaved.Add(st.Before - st.After)

@@ -16,6 +16,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/imgcache"
+	"github.com/arbor-env/arbor/cr/imgdelta"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/sandbox"
@@ -79,7 +80,8 @@ type Options struct {
 	// image: a checkpoint's image is stored as a delta of its parent
 	// state's (the pages that did not change left to it, cr/imgdelta)
 	// while that one's chain is shorter, else whole (default
-	// DefaultDeltaChain; negative: every image whole). docs/engine.md,
+	// DefaultDeltaChain, at most imgdelta.MaxChain; negative: every image
+	// whole). docs/engine.md,
 	// "Delta images".
 	DeltaChain int
 	// Inspector, when set, classifies turns (Classify) and keeps its
@@ -205,6 +207,9 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.DeltaChain == 0 {
 		o.DeltaChain = DefaultDeltaChain
 	}
+	if o.DeltaChain > imgdelta.MaxChain {
+		return nil, fmt.Errorf("delta chain %d: at most %d", o.DeltaChain, imgdelta.MaxChain)
+	}
 	e = &Engine{o: o, log: o.Logger, envs: map[string]*Env{}, warm: map[string][]*warmCopy{}, prep: map[string]*prepEntry{},
 		lost: map[string]LostEnv{}, refs: map[string]int{}, gcNudge: make(chan struct{}, 1)}
 	e.lazyBytes.Store(o.LazyBytes)
@@ -268,6 +273,9 @@ func (e *Engine) recover(ctx context.Context) ([]manifest.Env, error) {
 	}
 	for _, a := range rep.HalfWritten {
 		e.deleteArtifact(ctx, a)
+	}
+	for _, a := range rep.Missing {
+		e.deleteArtifact(ctx, a) // a delta whose base is gone is still on disk
 	}
 	if n := len(rep.HalfWritten) + len(rep.Missing) + len(rep.RemovedStates); n > 0 {
 		e.log.Warn("recovered from an unclean stop", slog.Int("half_written", len(rep.HalfWritten)),

@@ -396,8 +396,8 @@ func (c *Cache) Acquire(ctx context.Context, id string) (path string, release fu
 	}
 	for at, depth := path, 0; ; depth++ {
 		base, err := imgdelta.Base(at)
-		if err == nil && base != "" && depth >= maxChain {
-			err = fmt.Errorf("a chain of more than %d delta images", maxChain)
+		if err == nil && base != "" && depth >= imgdelta.MaxChain {
+			err = fmt.Errorf("a chain of more than %d delta images", imgdelta.MaxChain)
 		}
 		if err != nil {
 			release()
@@ -416,11 +416,6 @@ func (c *Cache) Acquire(ctx context.Context, id string) (path string, release fu
 		at = bp
 	}
 }
-
-// maxChain bounds the delta images Acquire follows from one image (a
-// guard against a damaged store's loop; the engine makes far shorter
-// chains, docs/engine.md "Delta images").
-const maxChain = 64
 
 // acquire pins image id alone in HotDir (Acquire).
 func (c *Cache) acquire(ctx context.Context, id string) (path string, release func(), err error) {

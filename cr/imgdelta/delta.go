@@ -36,6 +36,11 @@ import (
 // files into place: the image is neither whole nor a delta any more.
 var ErrDamaged = errors.New("image damaged")
 
+// MaxChain bounds the delta images a chain may hold on one whole image:
+// the image cache follows no longer one (a guard against a damaged
+// store's loop), the engine makes none longer.
+const MaxChain = 64
+
 // ParentLink is the name of CRIU's link from an image directory to the
 // one it is a delta of.
 const ParentLink = "parent"
@@ -55,10 +60,14 @@ var pagemapName = regexp.MustCompile(`^pagemap-([0-9]+)\.img$`)
 
 // Stats says what Make did.
 type Stats struct {
-	// Pages is how many pages the whole dump held; Kept how many of them
-	// stay in the delta (the rest are left to the base).
+	// Pages is how many pages of the processes the base holds were
+	// compared; Kept how many of them stay in the delta (the rest are
+	// left to the base).
 	Pages, Kept int64
-	// Before and After are the bytes of the pages files before and after.
+	// Before and After are the bytes of the rewritten pages files before
+	// and after (a process the base does not hold is in neither). When
+	// Kept is Pages, nothing was left to the base and the image stays
+	// whole, with no parent link.
 	Before, After int64
 }
 
@@ -110,6 +119,9 @@ func Make(dir, baseDir, baseID string) (Stats, error) {
 		if err != nil {
 			return st, fmt.Errorf("delta image %s, process %d: %w", dir, pid, err)
 		}
+	}
+	if st.Kept == st.Pages {
+		return st, nil // nothing to leave to the base: dir stays whole
 	}
 	if err := os.Symlink(filepath.Join("..", baseID), filepath.Join(dir, ParentLink)); err != nil {
 		return st, fmt.Errorf("delta image %s: %w", dir, err)
@@ -425,15 +437,15 @@ func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
 		return nil, err
 	}
 	defer src.Close()
-	if fi, err := src.Stat(); err == nil {
-		st.Before += fi.Size()
-	}
 	base, err := openReader(baseDir, pid)
 	if err != nil {
 		return nil, fmt.Errorf("base: %w", err)
 	}
 	if base == nil {
 		return nil, nil // a process the base does not hold stays whole
+	}
+	if fi, err := src.Stat(); err == nil {
+		st.Before += fi.Size()
 	}
 	defer base.close()
 	private, err := privateVMAs(dir, pid)

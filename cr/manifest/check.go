@@ -10,7 +10,8 @@ import (
 // Check verifies the manifest's invariants in one read transaction and
 // returns every violation found, joined (nil: consistent): each record
 // decodes; each state names an env that exists, has its index entry, and
-// references ready artifacts of the right kind; each index entry names a
+// references ready artifacts of the right kind; each delta image's chain
+// of bases holds ready process images, without a loop; each index entry names a
 // state of that env; an open env's head exists; no parent chain loops.
 // A state's parent may be missing (GC deletes ancestors no one needs).
 // The soak tests run it after their load (docs/engine.md, "Disk pressure").
@@ -29,6 +30,25 @@ func (m *Manifest) Check() error {
 		arts := make(map[string]Artifact, len(as))
 		for _, a := range as {
 			arts[a.ID] = a
+		}
+		// A ready delta image's chain: ready process artifacts, no loop.
+		for _, a := range as {
+			if !a.Ready || a.Base == "" {
+				continue
+			}
+			seen := map[string]bool{a.ID: true}
+			for b := a.Base; b != ""; b = arts[b].Base {
+				ba, ok := arts[b]
+				if !ok || !ba.Ready || ba.Kind != ArtifactProc {
+					bad("artifact %s: base %s missing, not ready or not a process image", a.ID, b)
+					break
+				}
+				if seen[b] {
+					bad("artifact %s: base cycle at %s", a.ID, b)
+					break
+				}
+				seen[b] = true
+			}
 		}
 		envs := make(map[string]Env, len(g.envs))
 		for _, e := range g.envs {

@@ -7,11 +7,30 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// brokenChains adds to missing every ready delta image (Artifact.Base)
+// whose chain has a link missing, without a record, or not ready: it
+// cannot be restored any more than its base.
+func brokenChains(as []Artifact, missing map[string]bool) {
+	arts := byID(as)
+	for _, a := range as {
+		if !a.Ready || missing[a.ID] {
+			continue
+		}
+		for b, n := a.Base, 0; b != ""; b, n = arts[b].Base, n+1 {
+			if base, ok := arts[b]; !ok || !base.Ready || missing[b] || n > len(as) {
+				missing[a.ID] = true
+				break
+			}
+		}
+	}
+}
+
 // Recover restores the manifest's invariants after a crash; run it at
 // start-up before anything begins a checkpoint, since every intent it sees
 // is taken for half-written. It removes intents (reported HalfWritten: the
 // caller deletes what exists of them), ready artifacts for which
-// Options.Exists is false (reported Missing), the states that reference a
+// Options.Exists is false and the delta images whose chain has such a
+// link (reported Missing; the caller deletes what exists of them), the states that reference a
 // missing artifact (RemovedStates), and moves env heads off removed states
 // to their nearest surviving ancestor (or to no head). Nothing else is
 // touched. Running it twice in a row reports nothing the second time.
@@ -30,6 +49,7 @@ func (m *Manifest) Recover() (RecoverReport, error) {
 				missing[a.ID] = true
 			}
 		}
+		brokenChains(as, missing)
 	}
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		rep = RecoverReport{}

@@ -78,6 +78,19 @@ func TestRecover(t *testing.T) {
 			wantHeads:   map[string]string{"e1": "d", "e2": "x", "e3": ""},
 		},
 		{
+			// proc-x a delta of proc-b, itself one of proc-r: with
+			// proc-r gone neither can be restored.
+			name: "a missing base takes its deltas along",
+			act: func(t *testing.T, m *Manifest) {
+				setBase(t, m, "proc-x", "proc-b")
+				setBase(t, m, "proc-b", "proc-r")
+			},
+			gone:        map[string]bool{"proc-r": true},
+			wantMissing: []string{"proc-b", "proc-r", "proc-x"},
+			wantRemoved: []string{"a", "b", "c", "d", "r", "x"},
+			wantHeads:   map[string]string{"e1": "", "e2": ""},
+		},
+		{
 			name: "intent and missing together",
 			act: func(t *testing.T, m *Manifest) {
 				if err := m.BeginArtifact(Artifact{ID: "fs-e", Kind: ArtifactFS}); err != nil {
