@@ -34,9 +34,12 @@ type BranchMem struct {
 	// variant -> the mean per child.
 	MemN   int                    `json:"memory_n"`
 	Memory map[string]ChildMemory `json:"memory"`
-	// ImageBytes: variant -> the source state's own bytes (process image
-	// and file snapshot).
-	ImageBytes map[string]int64 `json:"image_bytes"`
+	// ImageBytes: variant -> the size of the source state's process
+	// image as CRIU dumped it (what a restore brings back); ImageStored:
+	// as stored (less when it is a delta image, docs/engine.md "Delta
+	// images").
+	ImageBytes  map[string]int64 `json:"image_bytes"`
+	ImageStored map[string]int64 `json:"image_stored,omitempty"`
 	// Phases: variant -> restore phase (branch.Phase*) -> ms per child
 	// of the restores of branch(MemN) (each restore's own time: the
 	// queue runs one per core at once).

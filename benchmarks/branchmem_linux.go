@@ -7,7 +7,6 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/internal/memhold"
 )
 
@@ -38,7 +37,7 @@ func pastState(ctx context.Context, h *serverHandle, envID string) (string, erro
 // all three at n = MemN.
 func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, o Options) (*BranchMem, error) {
 	bm := &BranchMem{BigMB: o.BigMB, MS: map[string]map[int][]float64{},
-		Memory: map[string]ChildMemory{}, ImageBytes: map[string]int64{}, PhaseNames: branch.RestorePhaseNames()}
+		Memory: map[string]ChildMemory{}, ImageBytes: map[string]int64{}, ImageStored: map[string]int64{}, PhaseNames: branch.RestorePhaseNames()}
 	if err := r.image(ctx, "debian"); err != nil {
 		return nil, err
 	}
@@ -55,13 +54,13 @@ func (r *rig) memBench(ctx context.Context, h *serverHandle, small string, o Opt
 	if err != nil {
 		return nil, err
 	}
-	for v, sid := range map[string]string{BranchSmall: small, BranchBigEager: big} {
-		if st, err := h.e.State(sid); err == nil {
-			own, _ := h.e.StateBytes([]manifest.State{st})
-			bm.ImageBytes[v] = own[0]
+	for v, sid := range map[string]string{BranchSmall: small, BranchBigEager: big, BranchBigLazy: big} {
+		stored, whole, err := h.e.ImageBytes(sid)
+		if err != nil {
+			return nil, fmt.Errorf("process image of %s: %w", sid, err)
 		}
+		bm.ImageBytes[v], bm.ImageStored[v] = whole, stored
 	}
-	bm.ImageBytes[BranchBigLazy] = bm.ImageBytes[BranchBigEager]
 	lazy := o.LazyBytes
 	if lazy <= 0 {
 		lazy = branch.DefaultLazyBytes

@@ -540,8 +540,8 @@ func (rep *Report) branchMem() string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n## branch(n) by memory (ms, p50, past states)\n\nsmall: the service trace's state (process image %s, restored eagerly); big: a debian sandbox whose Python process holds %d MiB of touched memory (state %s), restored eagerly and lazily (docs/engine.md, Lazy restore) on the same engine, the three taking turns rep by rep (so the small column is timed again here, beside the table above). Big fan-outs stop at %d (each child ends up holding its own copy).\n\n",
-		mib(bm.ImageBytes[BranchSmall]), bm.BigMB, mib(bm.ImageBytes[BranchBigEager]), bigMaxN)
+	fmt.Fprintf(&b, "\n## branch(n) by memory (ms, p50, past states)\n\nsmall: the service trace's state (process image %s%s, restored eagerly); big: a debian sandbox whose Python process holds %d MiB of touched memory (process image %s%s), restored eagerly and lazily (docs/engine.md, Lazy restore) on the same engine, the three taking turns rep by rep (so the small column is timed again here, beside the table above). Big fan-outs stop at %d (each child ends up holding its own copy).\n\n",
+		mib(bm.ImageBytes[BranchSmall]), bm.storedNote(BranchSmall), bm.BigMB, mib(bm.ImageBytes[BranchBigEager]), bm.storedNote(BranchBigEager), bigMaxN)
 	b.WriteString("| n | small | big, eager | big, lazy | big lazy / small | per child: small / eager / lazy |\n|---|---|---|---|---|---|\n")
 	for _, n := range rep.BranchN {
 		p := func(v string) float64 { return Percentiles(bm.MS[v][n]).P50 }
@@ -632,3 +632,12 @@ it). Then every turn's state is restored (branch(1) of its state id; a
 fresh sandbox on the snapshot for files only; a full replay for replay)
 and compared part by part.
 `
+
+// storedNote says how much of variant v's process image is stored when it
+// is a delta image ("" when it is whole).
+func (bm *BranchMem) storedNote(v string) string {
+	if st, ok := bm.ImageStored[v]; ok && st > 0 && st < bm.ImageBytes[v] {
+		return fmt.Sprintf(", %s of it stored: a delta image", mib(st))
+	}
+	return ""
+}

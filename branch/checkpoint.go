@@ -404,6 +404,21 @@ func (e *Engine) snapshotBytes(ctx context.Context, env *Env, volume string) int
 	return max(u.Charged-base, 0)
 }
 
+// ImageBytes returns the size of state sid's process image as stored (a
+// delta image's own bytes, docs/engine.md "Delta images") and as CRIU
+// dumped it (what a restore brings back).
+func (e *Engine) ImageBytes(sid string) (stored, whole int64, err error) {
+	st, err := e.man.GetState(sid)
+	if err != nil {
+		return 0, 0, err
+	}
+	a, err := e.man.GetArtifact(st.Proc)
+	if err != nil {
+		return 0, 0, err
+	}
+	return a.Bytes, wholeBytes(a), nil
+}
+
 // StateBytes is what a state takes on its own: the sizes of the artifacts
 // it made (a new file snapshot for kinds fs and full, a new process image
 // for proc and full), and what its lineage, the state and all its
