@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
@@ -354,11 +355,14 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 		ids[i] = launch.NewID()
 	}
 	// Two or more cold children of a branch somebody waits for: their
-	// roots are cloned ahead (a background branch's would queue on
-	// btrfs's locks beside the roots of branches waited for). Without
+	// roots are cloned ahead, where the backend allows it (a background
+	// branch's would queue on btrfs's locks beside the roots of branches
+	// waited for). Without
 	// the state's file artifact each restore reports that itself.
 	var ahead *aheadClones
-	if fsA, err := e.man.GetArtifact(st.FS); err == nil && n-len(warm) > 1 && prio == queue.High {
+	ac, canAhead := e.o.Snap.(cr.AheadCloner)
+	canAhead = canAhead && ac.CloneAhead()
+	if fsA, err := e.man.GetArtifact(st.FS); err == nil && canAhead && n-len(warm) > 1 && prio == queue.High {
 		vols := make([]string, 0, n-len(warm))
 		for _, id := range ids[len(warm):] {
 			vols = append(vols, launch.VolumePrefix+childName(id))

@@ -94,6 +94,17 @@ type QuotaUsage struct {
 	Charged int64
 }
 
+// AheadCloner is a Snapshotter whose clones may run beside its other
+// operations (btrfs): the engine clones a branch's roots ahead of their
+// restores only on one (docs/engine.md, "Roots cloned ahead"). zfs-fuse,
+// the ZFS this kernel runs, once deadlocked on a clone made ahead beside
+// two restores' quota changes (a make bench whose zfs clone never
+// returned), so the zfs backend is not one.
+type AheadCloner interface {
+	Snapshotter
+	CloneAhead() bool
+}
+
 // Streamer is a Snapshotter whose read-only snapshots can be written out
 // as a byte stream and made again from it in another pool (another host):
 // whole, or as the difference from a parent snapshot both pools hold

@@ -18,7 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var _ cr.Snapshotter = (*Snapshotter)(nil)
+var (
+	_ cr.Snapshotter = (*Snapshotter)(nil)
+	_ cr.AheadCloner = (*Snapshotter)(nil)
+)
 
 // tmpDir holds short-lived read-only snapshots taken by Changes.
 const tmpDir = ".arbor-tmp"
@@ -237,6 +240,10 @@ func (s *Snapshotter) Snapshot(ctx context.Context, src, dst string) error {
 	}
 	return nil
 }
+
+// CloneAhead reports that clones may run beside the pool's other
+// operations (cr.AheadCloner).
+func (s *Snapshotter) CloneAhead() bool { return true }
 
 // Clone makes a writable snapshot of src called dst.
 func (s *Snapshotter) Clone(ctx context.Context, src, dst string) error {

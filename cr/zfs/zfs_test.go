@@ -27,3 +27,13 @@ func TestOpenUnavailable(t *testing.T) {
 		t.Fatalf("want ErrUnavailable without zfs in PATH, got %v", err)
 	}
 }
+
+// TestNotAheadCloner: the engine does not clone a branch's roots ahead on
+// zfs (cr.AheadCloner: zfs-fuse deadlocked on a clone beside two quota
+// changes).
+func TestNotAheadCloner(t *testing.T) {
+	var s cr.Snapshotter = &zfs.Snapshotter{}
+	if _, ok := s.(cr.AheadCloner); ok {
+		t.Fatal("the zfs backend is a cr.AheadCloner")
+	}
+}
