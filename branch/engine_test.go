@@ -41,14 +41,7 @@ func quiet() *slog.Logger { return branchtest.Logger() }
 
 func requireCR(tb testing.TB) *criu.Checkpointer {
 	tb.Helper()
-	sandboxtest.RequireRoot(tb)
-	c, err := criu.New("", quiet())
-	if errors.Is(err, cr.ErrUnavailable) {
-		tb.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
+	c := sandboxtest.CRIU(tb, quiet())
 	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
 		tb.Skip("btrfs-progs not installed: run make deps")
 	}
@@ -57,12 +50,7 @@ func requireCR(tb testing.TB) *criu.Checkpointer {
 
 func newBtrfs(tb testing.TB, dir string) cr.Snapshotter {
 	tb.Helper()
-	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: dir, PoolSize: 4 << 30, Logger: quiet()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { snap.Unmount(context.Background()) })
-	return snap
+	return sandboxtest.Btrfs(tb, dir, 4<<30, quiet())
 }
 
 func newRig(tb testing.TB, snap cr.Snapshotter, dir string, warm int) *rig {

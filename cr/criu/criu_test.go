@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/sandbox"
@@ -23,23 +22,7 @@ import (
 
 func setup(t *testing.T) (*criu.Checkpointer, *btrfs.Snapshotter) {
 	t.Helper()
-	sandboxtest.RequireRoot(t)
-	c, err := criu.New("", slog.Default())
-	if errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		t.Skip("btrfs-progs not installed: run make deps")
-	}
-	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 2 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snap.Unmount(context.Background()) })
-	return c, snap
+	return sandboxtest.CRIU(t, slog.Default()), sandboxtest.Btrfs(t, t.TempDir(), 2<<30, nil)
 }
 
 func TestDumpRestore(t *testing.T) {

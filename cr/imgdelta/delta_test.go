@@ -3,7 +3,6 @@ package imgdelta_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/cr/imgdelta"
@@ -30,23 +28,9 @@ type rig struct {
 
 func newRig(t testing.TB) *rig {
 	t.Helper()
-	sandboxtest.RequireRoot(t)
-	c, err := criu.New("", slog.Default())
-	if errors.Is(err, cr.ErrUnavailable) {
-		t.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		t.Skip("btrfs-progs not installed: run make deps")
-	}
+	c := sandboxtest.CRIU(t, slog.Default())
+	snap := sandboxtest.Btrfs(t, t.TempDir(), 2<<30, nil)
 	ctx := context.Background()
-	snap, err := btrfs.Open(ctx, btrfs.Options{StateDir: t.TempDir(), PoolSize: 2 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { snap.Unmount(context.Background()) })
 	if err := snap.CreateVolume(ctx, "src"); err != nil {
 		t.Fatal(err)
 	}
