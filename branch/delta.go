@@ -57,7 +57,7 @@ func (e *Engine) deltaImage(ctx context.Context, dir string, whole int64, baseID
 		e.log.Warn("delta image: kept whole", slog.String("base", baseID), slog.Any("err", err))
 		return "", st, nil
 	}
-	if st.Kept == st.Pages {
+	if !st.Delta() {
 		return "", st, nil // nothing left to the base: whole
 	}
 	e.stats.deltaImages.Add(1)

@@ -30,6 +30,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // ErrDamaged is Make's error when it failed after it began to rename its
@@ -70,6 +71,10 @@ type Stats struct {
 	// whole, with no parent link.
 	Before, After int64
 }
+
+// Delta reports whether Make left pages to the base: the image became a
+// delta (else it stayed whole).
+func (st Stats) Delta() bool { return st.Kept < st.Pages }
 
 // Base returns the id of the image the image in dir is a delta of (the
 // last element of its parent link), or "" for a whole image.
@@ -120,7 +125,7 @@ func Make(dir, baseDir, baseID string) (Stats, error) {
 			return st, fmt.Errorf("delta image %s, process %d: %w", dir, pid, err)
 		}
 	}
-	if st.Kept == st.Pages {
+	if !st.Delta() {
 		return st, nil // nothing to leave to the base: dir stays whole
 	}
 	if err := os.Symlink(filepath.Join("..", baseID), filepath.Join(dir, ParentLink)); err != nil {
@@ -177,15 +182,24 @@ type pagemapFile struct {
 	entries []entry
 }
 
-func readPagemap(path string) (pagemapFile, error) {
+// decode reads the CRIU image file at path (crit).
+func decode(path string, entry proto.Message) (*crit.CriuImage, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return pagemapFile{}, err
+		return nil, err
 	}
 	defer f.Close()
-	img, err := crit.New(f, nil, "", false, false).Decode(&pagemap.PagemapEntry{})
+	img, err := crit.New(f, nil, "", false, false).Decode(entry)
 	if err != nil {
-		return pagemapFile{}, fmt.Errorf("decode %s: %w", path, err)
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	return img, nil
+}
+
+func readPagemap(path string) (pagemapFile, error) {
+	img, err := decode(path, &pagemap.PagemapEntry{})
+	if err != nil {
+		return pagemapFile{}, err
 	}
 	if img.Magic != "PAGEMAP" || len(img.Entries) == 0 {
 		return pagemapFile{}, fmt.Errorf("decode %s: not a pagemap (magic %q, %d entries)", path, img.Magic, len(img.Entries))
@@ -292,6 +306,8 @@ func writeFile(path string, fill func(*os.File) error) error {
 	return err
 }
 
+func pagemapFileName(pid int) string { return fmt.Sprintf("pagemap-%d.img", pid) }
+
 func pagesPath(dir string, id uint32) string {
 	return filepath.Join(dir, fmt.Sprintf("pages-%d.img", id))
 }
@@ -301,13 +317,12 @@ type reader struct {
 	pm     pagemapFile
 	pages  *os.File
 	parent *reader // nil: no parent, or it holds no such process
-	closed []*os.File
 }
 
 // openReader opens process pid of the image in dir with its chain; a
 // process dir does not hold gives (nil, nil).
 func openReader(dir string, pid int) (*reader, error) {
-	pm, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+	pm, err := readPagemap(filepath.Join(dir, pagemapFileName(pid)))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -390,14 +405,9 @@ type span struct{ start, end uint64 }
 // CRIU's restore treats them apart.
 func privateVMAs(dir string, pid int) ([]span, error) {
 	path := filepath.Join(dir, fmt.Sprintf("mm-%d.img", pid))
-	f, err := os.Open(path)
+	img, err := decode(path, &mm.MmEntry{})
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	img, err := crit.New(f, nil, "", false, false).Decode(&mm.MmEntry{})
-	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", path, err)
 	}
 	if len(img.Entries) != 1 {
 		return nil, fmt.Errorf("decode %s: %d entries", path, len(img.Entries))
@@ -427,7 +437,7 @@ func within(spans []span, va uint64) bool {
 
 // makeOne stages the rewrite of process pid of dir against the base.
 func makeOne(dir, baseDir string, pid int, st *Stats) ([]staging, error) {
-	pmPath := filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid))
+	pmPath := filepath.Join(dir, pagemapFileName(pid))
 	pm, err := readPagemap(pmPath)
 	if err != nil {
 		return nil, err
@@ -632,7 +642,7 @@ func flattenOne(r *reader, out string, pid int) error {
 	if err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(out, fmt.Sprintf("pagemap-%d.img", pid)), encodePagemap(pm))
+	return writeFile(filepath.Join(out, pagemapFileName(pid)), encodePagemap(pm))
 }
 
 func copyFile(from, to string) error {
