@@ -52,6 +52,18 @@ func content(id string, size int) []byte {
 // subdirectory, as CRIU leaves) and commits it.
 func put(t testing.TB, c *Cache, id string, size int) {
 	t.Helper()
+	putWith(t, c, id, size, func(dir string) error {
+		if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+			return err
+		}
+		return os.Symlink("../pages-1.img", filepath.Join(dir, "sub", "link"))
+	})
+}
+
+// putWith dumps a fake image of size bytes of pages, adds what more does,
+// and commits it.
+func putWith(t testing.TB, c *Cache, id string, size int, more func(dir string) error) {
+	t.Helper()
 	dir, err := c.NewDir(id)
 	if err != nil {
 		t.Fatalf("NewDir %s: %v", id, err)
@@ -59,10 +71,7 @@ func put(t testing.TB, c *Cache, id string, size int) {
 	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), content(id, size), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("../pages-1.img", filepath.Join(dir, "sub", "link")); err != nil {
+	if err := more(dir); err != nil {
 		t.Fatal(err)
 	}
 	n, err := c.Commit(id)
@@ -700,19 +709,7 @@ func TestShrink(t *testing.T) {
 // delta image.
 func putDelta(t testing.TB, c *Cache, id, base string, size int) {
 	t.Helper()
-	dir, err := c.NewDir(id)
-	if err != nil {
-		t.Fatalf("NewDir %s: %v", id, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), content(id, size), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("../"+base, filepath.Join(dir, "parent")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Commit(id); err != nil {
-		t.Fatalf("Commit %s: %v", id, err)
-	}
+	putWith(t, c, id, size, func(dir string) error { return os.Symlink("../"+base, filepath.Join(dir, "parent")) })
 }
 
 // TestDeltaChain: acquiring a delta image brings its whole chain of bases
