@@ -357,8 +357,8 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	// Two or more cold children of a branch somebody waits for: their
 	// roots are cloned ahead, where the backend allows it (a background
 	// branch's would queue on btrfs's locks beside the roots of branches
-	// waited for). Without
-	// the state's file artifact each restore reports that itself.
+	// waited for). Without the state's file artifact each restore reports
+	// that itself.
 	var ahead *aheadClones
 	ac, canAhead := e.o.Snap.(cr.AheadCloner)
 	canAhead = canAhead && ac.CloneAhead()

@@ -183,8 +183,7 @@ func (e *Engine) Export(ctx context.Context, sid string, have []string, w io.Wri
 	}
 	for _, p := range parts {
 		a := p.a
-		// A delta image travels flattened (sendImage): whole there.
-		a.Ready, a.Base, a.Whole = false, "", 0
+		a.Ready = false
 		hdr.Parts = append(hdr.Parts, transfer.Part{Artifact: a, Base: p.base.ID})
 	}
 	tw, err := transfer.NewWriter(w, hdr)
@@ -397,7 +396,9 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (stats TransferStats, 
 		if a.Location != want || strings.ContainsAny(a.ID, "/.") {
 			return stats, fmt.Errorf("artifact %s at %q: want %q", a.ID, a.Location, want)
 		}
-		a.Base, a.Whole = "", 0 // images arrive whole (sendImage flattens)
+		// Images arrive whole (sendImage flattens a delta), whatever the
+		// sender's record says of its own copy.
+		a.Base, a.Whole = "", 0
 		if err := e.man.BeginArtifact(a); err != nil {
 			return stats, err
 		}
