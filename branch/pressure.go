@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/manifest"
 )
 
@@ -264,9 +263,7 @@ func (e *Engine) settle(ctx context.Context) {
 	var err error
 	switch s := e.o.Snap.(type) {
 	case interface{ Settle(context.Context) error }:
-		if err = s.Settle(ctx); errors.Is(err, cr.ErrUnavailable) {
-			err = nil // committed: the cleaner's frees show at the next measures
-		}
+		err = s.Settle(ctx)
 	case interface{ Sync(context.Context) error }:
 		err = s.Sync(ctx)
 	}

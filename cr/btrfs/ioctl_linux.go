@@ -22,10 +22,11 @@ const (
 	iocQgroupCreate      = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
 	iocTreeSearch        = 0xd0009411 // _IOWR(0x94, 17, struct btrfs_ioctl_search_args)
 	iocSync              = 0x00009408 // _IO(0x94, 8)
-	iocSubvolSyncWait    = 0x40109441 // _IOW(0x94, 65, struct btrfs_ioctl_subvol_wait), Linux 6.13
-	subvolSyncCount      = 2          // BTRFS_SUBVOL_SYNC_COUNT: how many deleted subvolumes are queued
 	rootTreeObjectID     = 1          // BTRFS_ROOT_TREE_OBJECTID
 	rootItemKey          = 132        // BTRFS_ROOT_ITEM_KEY
+	orphanObjectID       = ^uint64(4) // BTRFS_ORPHAN_OBJECTID (-5ULL)
+	orphanItemKey        = 48         // BTRFS_ORPHAN_ITEM_KEY
+	searchHeaderSize     = 32         // struct btrfs_ioctl_search_header, before each item
 	quotaCtlEnableSimple = 4          // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (Linux 6.7)
 	qgroupLimitMaxRfer   = 1 << 0     // BTRFS_QGROUP_LIMIT_MAX_RFER
 	qgroupLimitClear     = ^uint64(0) // CLEAR_VALUE: a limit of this value removes it
@@ -34,13 +35,6 @@ const (
 	firstFreeObjectID    = 256        // inode number of every subvolume's root directory
 	superMagic           = 0x9123683e // BTRFS_SUPER_MAGIC
 )
-
-// subvolWait is struct btrfs_ioctl_subvol_wait.
-type subvolWait struct {
-	subvolID uint64
-	mode     uint32
-	count    uint32
-}
 
 type volArgs struct {
 	fd   int64

@@ -2,6 +2,7 @@ package btrfs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -353,20 +354,26 @@ func (s *Snapshotter) Sync(ctx context.Context) error {
 	return nil
 }
 
-// settlePoll is how often Settle commits and asks how many deleted
-// subvolumes the cleaner has left.
+// settlePoll is how often Settle commits and looks for deleted
+// subvolumes the cleaner has not dropped yet.
 const settlePoll = 25 * time.Millisecond
 
 // Settle waits until btrfs's cleaner has dropped every subvolume deleted
 // so far, so that statfs shows their room back: it commits and wakes the
-// cleaner (Sync) and counts the deleted subvolumes still queued
-// (BTRFS_IOC_SUBVOL_SYNC_WAIT in its COUNT mode, Linux 6.13, which does
-// not block: its waiting modes sleep in the kernel past any deadline),
-// again every settlePoll until none is, then commits once more, which
-// frees what the cleaner released. It returns ctx's error if ctx ends
-// first, and an error wrapping cr.ErrUnavailable, after the first commit,
-// on a kernel without the count. The engine calls it under disk pressure
-// after each eviction pass (docs/engine.md, "Disk pressure").
+// cleaner (Sync) and lists the deleted subvolumes whose root item is still
+// there (deadSubvols), again every settlePoll until none is, then commits
+// once more, which frees what the cleaner released. It returns ctx's error
+// if ctx ends first: a deleted subvolume is not dropped while a process
+// still holds a file in it. The engine calls it under disk pressure after
+// each eviction pass (docs/engine.md, "Disk pressure").
+//
+// The list is what `btrfs subvolume sync` waits for. The kernel's own
+// count of queued deleted subvolumes (BTRFS_IOC_SUBVOL_SYNC_WAIT's COUNT
+// mode) says 0 both while the cleaner is dropping one (it takes it off the
+// queue first) and before one is queued at all (a subvolume goes on the
+// queue when its last in-memory inode goes), so a Settle built on it
+// returned with the room still held; its waiting modes sleep in the
+// kernel past any deadline.
 func (s *Snapshotter) Settle(ctx context.Context) error {
 	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -377,20 +384,62 @@ func (s *Snapshotter) Settle(ctx context.Context) error {
 		if err := ioctl(fd, iocSync, nil); err != nil {
 			return fmt.Errorf("settle pool: %w", err)
 		}
-		a := subvolWait{mode: subvolSyncCount}
-		err := ioctl(fd, iocSubvolSyncWait, unsafe.Pointer(&a))
+		dead, err := deadSubvols(fd)
 		switch {
-		case errors.Is(err, unix.ENOTTY), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
-			return fmt.Errorf("settle pool: count deleted subvolumes: %w (%w)", cr.ErrUnavailable, err)
 		case err != nil:
-			return fmt.Errorf("settle pool: count deleted subvolumes: %w", err)
-		case a.count == 0:
+			return fmt.Errorf("settle pool: %w", err)
+		case len(dead) == 0:
 			return s.Sync(ctx)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("settle pool: %d deleted subvolumes not cleaned yet: %w", a.count, ctx.Err())
+			return fmt.Errorf("settle pool: %d deleted subvolumes not dropped yet (ids %v): %w", len(dead), dead, ctx.Err())
 		case <-time.After(settlePoll):
+		}
+	}
+}
+
+// deadSubvols lists the ids of deleted subvolumes the cleaner has not
+// dropped yet, searched from fd, any file in the pool: deleting a
+// subvolume leaves an orphan item for it in the root tree, which goes in
+// the transaction that drops the subvolume's root item; an orphan whose
+// root item is gone already is not listed.
+func deadSubvols(fd int) ([]uint64, error) {
+	var dead []uint64
+	for minOffset := uint64(0); ; {
+		a := searchArgs{key: searchKey{
+			treeID: rootTreeObjectID, minObjectID: orphanObjectID, maxObjectID: orphanObjectID,
+			minOffset: minOffset, maxOffset: ^uint64(0), maxTransID: ^uint64(0),
+			minType: orphanItemKey, maxType: orphanItemKey, nrItems: 4096,
+		}}
+		if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
+			return nil, fmt.Errorf("search the root tree for deleted subvolumes: %w", err)
+		}
+		if a.key.nrItems == 0 {
+			return dead, nil
+		}
+		buf := a.buf[:]
+		for range a.key.nrItems {
+			if len(buf) < searchHeaderSize {
+				return nil, fmt.Errorf("search the root tree for deleted subvolumes: short result")
+			}
+			id := binary.NativeEndian.Uint64(buf[16:24]) // the item key's offset
+			n := int(binary.NativeEndian.Uint32(buf[28:32]))
+			if len(buf) < searchHeaderSize+n {
+				return nil, fmt.Errorf("search the root tree for deleted subvolumes: short result")
+			}
+			buf = buf[searchHeaderSize+n:]
+			exists, err := subvolExists(fd, id)
+			if err != nil {
+				return nil, err
+			}
+			if exists {
+				dead = append(dead, id)
+			}
+			minOffset = id + 1
+		}
+		if minOffset == 0 { // the last possible id came back
+			return dead, nil
 		}
 	}
 }
