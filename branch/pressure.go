@@ -269,7 +269,7 @@ func (e *Engine) settle(ctx context.Context) {
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		e.log.Debug("settle pool: the cleaner is still freeing", "err", err)
+		e.log.Debug("settle pool: not all freed yet (the cleaner still at work, or a file held in a deleted volume)", "err", err)
 	case err != nil:
 		e.log.Warn("settle pool", "err", err)
 	}

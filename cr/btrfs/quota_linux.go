@@ -393,7 +393,11 @@ func (s *Snapshotter) Settle(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("settle pool: %d deleted subvolumes not dropped yet (ids %v): %w", len(dead), dead, ctx.Err())
+			ids := fmt.Sprint(dead[:min(len(dead), 10)])
+			if len(dead) > 10 {
+				ids = strings.TrimSuffix(ids, "]") + " ...]"
+			}
+			return fmt.Errorf("settle pool: %d deleted subvolumes not dropped yet (ids %s; a file still held in one keeps it): %w", len(dead), ids, ctx.Err())
 		case <-time.After(settlePoll):
 		}
 	}
