@@ -52,12 +52,9 @@ func (m *Manifest) SetArtifactBytes(id string, n int64) error {
 // bytes; it works on intents only, before CommitState names them.
 func (m *Manifest) SetArtifactDelta(id, base string, n, whole int64) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
-		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+		a, err := getIntent(tx, id)
 		if err != nil {
 			return err
-		}
-		if a.Ready {
-			return fmt.Errorf("artifact is ready: %w", ErrInUse)
 		}
 		b, err := get[Artifact](tx, bucketArtifacts, "artifact", base)
 		if err != nil {
@@ -75,17 +72,23 @@ func (m *Manifest) SetArtifactDelta(id, base string, n, whole int64) error {
 	return nil
 }
 
+// getIntent reads artifact id, refusing it with ErrInUse once it is
+// ready: what only an intent allows (its delta record, an abort).
+func getIntent(tx *bolt.Tx, id string) (Artifact, error) {
+	a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
+	if err == nil && a.Ready {
+		err = fmt.Errorf("artifact is ready: %w", ErrInUse)
+	}
+	return a, err
+}
+
 // AbortArtifact removes an intent whose checkpoint failed; the caller
 // deletes its files first. An artifact already committed is refused with
 // ErrInUse: those leave through Garbage and Forget.
 func (m *Manifest) AbortArtifact(id string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
-		a, err := get[Artifact](tx, bucketArtifacts, "artifact", id)
-		if err != nil {
+		if _, err := getIntent(tx, id); err != nil {
 			return err
-		}
-		if a.Ready {
-			return fmt.Errorf("artifact is ready: %w", ErrInUse)
 		}
 		return tx.Bucket(bucketArtifacts).Delete([]byte(id))
 	})
