@@ -40,6 +40,13 @@ func TestIoctlLayouts(t *testing.T) {
 	}
 }
 
+func must(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // waitDropped waits until the cleaner has dropped every deleted subvolume
 // (Settle).
 func waitDropped(tb testing.TB, s *Snapshotter) {
@@ -62,25 +69,19 @@ func waitDropped(tb testing.TB, s *Snapshotter) {
 func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 	s := newPool(t)
 	ctx := t.Context()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(s.CreateVolume(ctx, "img"))
-	must(s.Snapshot(ctx, "img", "snap"))
-	must(s.Clone(ctx, "snap", "sandboxes/a"))
-	must(s.SetQuota(ctx, "sandboxes/a", 64<<20))
+	must(t, s.CreateVolume(ctx, "img"))
+	must(t, s.Snapshot(ctx, "img", "snap"))
+	must(t, s.Clone(ctx, "snap", "sandboxes/a"))
+	must(t, s.SetQuota(ctx, "sandboxes/a", 64<<20))
 	info, err := getSubvolInfo(s.Path("sandboxes/a"))
-	must(err)
+	must(t, err)
 	dir, err := s.qgroupDir()
-	must(err)
+	must(t, err)
 	qg := qgroupPath(dir, info.treeid)
 	if n, err := readInt(filepath.Join(qg, "max_referenced")); err != nil || n != 64<<20 {
 		t.Fatalf("qgroup %s max_referenced = %d, %v; want %d", qg, n, err, 64<<20)
 	}
-	must(s.Destroy(ctx, "sandboxes/a"))
+	must(t, s.Destroy(ctx, "sandboxes/a"))
 	gone := func() bool {
 		_, err := os.Stat(qg)
 		return errors.Is(err, fs.ErrNotExist)
@@ -93,7 +94,7 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 		if err != nil || !gone() {
 			ref, rerr := readInt(filepath.Join(qg, "referenced"))
 			fd, oerr := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-			must(oerr)
+			must(t, oerr)
 			defer unix.Close(fd)
 			exists, eerr := subvolExists(fd, info.treeid)
 			t.Fatalf("qgroup %s still there after its volume was destroyed and dropped, 10 commits and a prune (removed %d, %v; referenced %d, %v; root item there %v, %v)",
@@ -102,7 +103,7 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 	}
 	// The other volumes keep theirs.
 	info, err = getSubvolInfo(s.Path("snap"))
-	must(err)
+	must(t, err)
 	if _, err := os.Stat(qgroupPath(dir, info.treeid)); err != nil {
 		t.Fatal(err)
 	}
@@ -115,29 +116,23 @@ func TestQuotaQgroupGoesWithVolume(t *testing.T) {
 func TestQuotaStaleQgroupsPruned(t *testing.T) {
 	s := newPool(t)
 	ctx := t.Context()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(s.CreateVolume(ctx, "img"))
-	must(s.Snapshot(ctx, "img", "image"))
-	must(s.Clone(ctx, "image", "sandbox"))
-	must(s.SetQuota(ctx, "sandbox", 64<<20))
-	must(s.Clone(ctx, "image", "live"))
-	must(s.SetQuota(ctx, "live", 64<<20))
-	must(os.WriteFile(filepath.Join(s.Path("sandbox"), "data"), make([]byte, 4<<20), 0o644))
-	must(s.Snapshot(ctx, "sandbox", "state"))
+	must(t, s.CreateVolume(ctx, "img"))
+	must(t, s.Snapshot(ctx, "img", "image"))
+	must(t, s.Clone(ctx, "image", "sandbox"))
+	must(t, s.SetQuota(ctx, "sandbox", 64<<20))
+	must(t, s.Clone(ctx, "image", "live"))
+	must(t, s.SetQuota(ctx, "live", 64<<20))
+	must(t, os.WriteFile(filepath.Join(s.Path("sandbox"), "data"), make([]byte, 4<<20), 0o644))
+	must(t, s.Snapshot(ctx, "sandbox", "state"))
 	dir, err := s.qgroupDir()
-	must(err)
+	must(t, err)
 	qgroupOf := func(name string) string {
 		info, err := getSubvolInfo(s.Path(name))
-		must(err)
+		must(t, err)
 		return qgroupPath(dir, info.treeid)
 	}
 	sandboxQG, liveQG, stateQG := qgroupOf("sandbox"), qgroupOf("live"), qgroupOf("state")
-	must(s.Destroy(ctx, "sandbox"))
+	must(t, s.Destroy(ctx, "sandbox"))
 	waitDropped(t, s)
 	if n, err := readInt(filepath.Join(sandboxQG, "referenced")); err != nil || n < 4<<20 {
 		t.Fatalf("qgroup of a destroyed sandbox whose data a snapshot holds: referenced %d, %v; want it kept and charged", n, err)
@@ -145,7 +140,7 @@ func TestQuotaStaleQgroupsPruned(t *testing.T) {
 	if n, err := s.pruneQgroups(ctx); err != nil || n != 0 {
 		t.Fatalf("prune while the state holds the data: removed %d, %v; want none", n, err)
 	}
-	must(s.Destroy(ctx, "state"))
+	must(t, s.Destroy(ctx, "state"))
 	waitDropped(t, s)
 	waitDropped(t, s)
 	if _, err := os.Stat(sandboxQG); err != nil {
@@ -343,28 +338,22 @@ func benchQuotaCost(b *testing.B, mode string, states int) {
 func TestSettleFreesRoom(t *testing.T) {
 	s := newPool(t)
 	ctx := context.Background()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	used := func() int64 {
 		var st unix.Statfs_t
-		must(unix.Statfs(s.root, &st))
+		must(t, unix.Statfs(s.root, &st))
 		return int64(st.Blocks-st.Bfree) * int64(st.Bsize)
 	}
-	must(s.CreateVolume(ctx, "v"))
+	must(t, s.CreateVolume(ctx, "v"))
 	for i := range 8 {
 		f := filepath.Join(s.Path("v"), "blob")
-		must(exec.Command("dd", "if=/dev/urandom", "of="+f, "bs=1M", "count=16", "conv=fsync").Run())
-		must(s.Snapshot(ctx, "v", fmt.Sprintf("states/s%d", i)))
+		must(t, exec.Command("dd", "if=/dev/urandom", "of="+f, "bs=1M", "count=16", "conv=fsync").Run())
+		must(t, s.Snapshot(ctx, "v", fmt.Sprintf("states/s%d", i)))
 	}
-	must(s.Destroy(ctx, "v"))
+	must(t, s.Destroy(ctx, "v"))
 	waitDropped(t, s)
 	before := used()
 	for i := range 8 {
-		must(s.Destroy(ctx, fmt.Sprintf("states/s%d", i)))
+		must(t, s.Destroy(ctx, fmt.Sprintf("states/s%d", i)))
 	}
 	if err := s.Settle(ctx); err != nil {
 		t.Fatal(err)
@@ -383,12 +372,6 @@ func TestSettleFreesRoom(t *testing.T) {
 func TestSettleWaitsForHeldSubvolumes(t *testing.T) {
 	s := newPool(t)
 	ctx := t.Context()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	const n = 130
 	var held []*os.File
 	defer func() {
@@ -399,18 +382,18 @@ func TestSettleWaitsForHeldSubvolumes(t *testing.T) {
 	var want []uint64
 	for i := range n {
 		name := fmt.Sprintf("v%d", i)
-		must(s.CreateVolume(ctx, name))
-		must(os.WriteFile(filepath.Join(s.Path(name), "f"), []byte("held"), 0o644))
+		must(t, s.CreateVolume(ctx, name))
+		must(t, os.WriteFile(filepath.Join(s.Path(name), "f"), []byte("held"), 0o644))
 		info, err := getSubvolInfo(s.Path(name))
-		must(err)
+		must(t, err)
 		want = append(want, info.treeid)
 		f, err := os.Open(filepath.Join(s.Path(name), "f"))
-		must(err)
+		must(t, err)
 		held = append(held, f)
-		must(s.Destroy(ctx, name))
+		must(t, s.Destroy(ctx, name))
 	}
 	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	must(err)
+	must(t, err)
 	defer unix.Close(fd)
 
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -424,7 +407,7 @@ func TestSettleWaitsForHeldSubvolumes(t *testing.T) {
 	}
 
 	for _, f := range held {
-		must(f.Close())
+		must(t, f.Close())
 	}
 	held = nil
 	waitDropped(t, s)
