@@ -27,27 +27,12 @@ func (m *Manifest) Check() error {
 		if err != nil {
 			return err
 		}
-		arts := make(map[string]Artifact, len(as))
+		arts := byID(as)
 		for _, a := range as {
-			arts[a.ID] = a
-		}
-		// A ready delta image's chain: ready process artifacts, no loop.
-		for _, a := range as {
-			if !a.Ready || a.Base == "" {
-				continue
-			}
-			seen := map[string]bool{a.ID: true}
-			for b := a.Base; b != ""; b = arts[b].Base {
-				ba, ok := arts[b]
-				if !ok || !ba.Ready || ba.Kind != ArtifactProc {
-					bad("artifact %s: base %s missing, not ready or not a process image", a.ID, b)
-					break
+			if a.Ready && a.Base != "" {
+				if f := chainFault(a, arts, nil); f != "" {
+					bad("artifact %s: %s", a.ID, f)
 				}
-				if seen[b] {
-					bad("artifact %s: base cycle at %s", a.ID, b)
-					break
-				}
-				seen[b] = true
 			}
 		}
 		envs := make(map[string]Env, len(g.envs))

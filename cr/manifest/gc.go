@@ -239,6 +239,29 @@ func withBases[V any](uses map[string]V, arts map[string]Artifact) {
 	}
 }
 
+// chainFault says what is wrong with the chain of bases of delta image a
+// (Artifact.Base), "" when nothing is: a link without a record, in
+// missing (may be nil), not ready or not a process image, or a loop. The
+// one rule for a sound chain, which Check reports and Recover drops.
+func chainFault(a Artifact, arts map[string]Artifact, missing map[string]bool) string {
+	seen := map[string]bool{a.ID: true}
+	for b := a.Base; b != ""; b = arts[b].Base {
+		ba, ok := arts[b]
+		switch {
+		case !ok || missing[b]:
+			return fmt.Sprintf("base %s missing", b)
+		case !ba.Ready:
+			return fmt.Sprintf("base %s not ready", b)
+		case ba.Kind != ArtifactProc:
+			return fmt.Sprintf("base %s is a %s artifact, not a process image", b, ba.Kind)
+		case seen[b]:
+			return fmt.Sprintf("base cycle at %s", b)
+		}
+		seen[b] = true
+	}
+	return ""
+}
+
 // byteBound is how many states of dead (in order) Collect lists under
 // the bounds of max (Policy.MaxBytes): the shortest prefix whose
 // artifacts no live state uses reach every bound, or all of dead.

@@ -8,19 +8,13 @@ import (
 )
 
 // brokenChains adds to missing every ready delta image (Artifact.Base)
-// whose chain has a link missing, without a record, or not ready: it
-// cannot be restored any more than its base.
+// whose chain is not sound (chainFault): it cannot be restored any more
+// than its base.
 func brokenChains(as []Artifact, missing map[string]bool) {
 	arts := byID(as)
 	for _, a := range as {
-		if !a.Ready || missing[a.ID] {
-			continue
-		}
-		for b, n := a.Base, 0; b != ""; b, n = arts[b].Base, n+1 {
-			if base, ok := arts[b]; !ok || !base.Ready || missing[b] || n > len(as) {
-				missing[a.ID] = true
-				break
-			}
+		if a.Ready && a.Base != "" && !missing[a.ID] && chainFault(a, arts, missing) != "" {
+			missing[a.ID] = true
 		}
 	}
 }

@@ -255,16 +255,36 @@ func TestEvictPolicy(t *testing.T) {
 }
 
 // TestCheck: Check passes on a consistent manifest and reports a state
-// whose artifact record is gone and an index entry without its state.
+// whose artifact record is gone, an index entry without its state, and
+// delta images whose chain of bases is broken (a base without a record,
+// a loop).
 func TestCheck(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
 	checkpoint(t, m, "e1", "a", "", 0, KindFull)
 	checkpoint(t, m, "e1", "b", "a", 1, KindFS)
+	checkpoint(t, m, "e1", "c", "b", 2, KindProc)
+	checkpoint(t, m, "e1", "d", "c", 3, KindProc)
+	setBase(t, m, "proc-d", "proc-c")
 	if err := m.Check(); err != nil {
 		t.Fatalf("consistent manifest: %v", err)
 	}
-	err := m.db.Update(func(tx *bolt.Tx) error {
+	setBase(t, m, "proc-d", "proc-gone")
+	setBase(t, m, "proc-a", "proc-c")
+	setBase(t, m, "proc-c", "proc-a")
+	err := m.Check()
+	for _, want := range []string{"artifact proc-d: base proc-gone missing", "artifact proc-a: base cycle at proc-a", "artifact proc-c: base cycle at proc-c"} {
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Check of broken delta chains: %v, want %q", err, want)
+		}
+	}
+	setBase(t, m, "proc-d", "")
+	setBase(t, m, "proc-a", "")
+	setBase(t, m, "proc-c", "")
+	if err := m.Check(); err != nil {
+		t.Fatalf("chains mended: %v", err)
+	}
+	err = m.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketArtifacts).Delete([]byte("fs-b")); err != nil {
 			return err
 		}
