@@ -105,6 +105,14 @@ func TestTreeAndFeed(t *testing.T) {
 	}
 	ta := bash(t, c, a, "echo c > /tmp/f")
 	tb := bash(t, c, b, "echo d > /tmp/f")
+	// The rig's engine retains nothing after a close (Retain 0), so the
+	// background GC may drop b's state, and then b's record, at any moment
+	// after the discard; the pin keeps them for the checks of a discarded
+	// state below (it failed 1 run in 15 without it).
+	if err := c.Pin(ctx, []string{tb.StateID}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Unpin(context.Background(), []string{tb.StateID}) })
 	if err := c.Discard(ctx, b); err != nil {
 		t.Fatal(err)
 	}
