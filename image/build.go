@@ -23,7 +23,7 @@ func (s *Store) Build(ctx context.Context, name string, progress io.Writer) erro
 	if progress == nil {
 		progress = io.Discard
 	}
-	var fill fillFunc
+	var fill func(ctx context.Context, root string, progress io.Writer) (string, error)
 	switch name {
 	case "busybox":
 		fill = s.fillBusybox
@@ -32,7 +32,10 @@ func (s *Store) Build(ctx context.Context, name string, progress io.Writer) erro
 	default:
 		return fmt.Errorf("build %s: %w (known: %s)", name, ErrUnknownRecipe, strings.Join(Recipes, ", "))
 	}
-	return s.create(ctx, name, fill, progress)
+	return s.create(ctx, name, "", func(ctx context.Context, root string, progress io.Writer) (metadata, error) {
+		src, err := fill(ctx, root, progress)
+		return metadata{Source: src}, err
+	}, progress)
 }
 
 // fillBusybox lays out a minimal root around the host's static busybox: one
@@ -47,8 +50,18 @@ func (s *Store) fillBusybox(ctx context.Context, root string, progress io.Writer
 		return "", fmt.Errorf("list busybox applets: %w", err)
 	}
 	applets := strings.Fields(string(out))
+	if progress == nil {
+		progress = io.Discard
+	}
 	fmt.Fprintf(progress, "busybox: %d applets from %s\n", len(applets), bb)
 	return "busybox-static " + bb, layoutBusybox(root, bb, applets)
+}
+
+// WriteBusyboxTree lays out the busybox image's tree in the directory
+// root, as Build("busybox") does: test images are built on it.
+func WriteBusyboxTree(ctx context.Context, root string) error {
+	_, err := (&Store{}).fillBusybox(ctx, root, nil)
+	return err
 }
 
 // checkStatic fails unless path is a statically linked executable, since a

@@ -19,3 +19,16 @@ var ErrUnknownRecipe = errors.New("no build recipe for image")
 // ErrMissingTool is wrapped when a host tool a build needs is absent; the
 // remedy is "make deps".
 var ErrMissingTool = errors.New("host tool missing (run make deps)")
+
+// ErrBadLayer is wrapped when an image layer is not a valid changeset: not
+// a tar stream, truncated, its content not matching its digest, or holding
+// what an image may not (device nodes).
+var ErrBadLayer = errors.New("bad image layer")
+
+// ErrNoShell is wrapped when an image has no /bin/sh: the persistent shell
+// of every sandbox needs one.
+var ErrNoShell = errors.New("image has no shell")
+
+// ErrPull is wrapped when an image cannot be fetched from its registry:
+// unknown host, refused credentials, no such repository or tag.
+var ErrPull = errors.New("pull image")

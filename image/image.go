@@ -52,6 +52,14 @@ type Info struct {
 	Snapshot string `json:"snapshot"`
 	// Path is where the image's files are visible on the host.
 	Path string `json:"path"`
+	// Digest is the manifest digest of an OCI image (pulled or imported
+	// from an archive); "" for images built or imported from a tree.
+	Digest string `json:"digest,omitempty"`
+	// Layers are an OCI image's layers, bottom first: snapshots of their
+	// own (LayerPrefix) that images with the same base share.
+	Layers []Layer `json:"layers,omitempty"`
+	// Config is what of an OCI image's config sandboxes use (nil: none).
+	Config *Config `json:"config,omitempty"`
 }
 
 // metadata is what an image's /.arbor-image.json holds.
@@ -61,6 +69,9 @@ type metadata struct {
 	Source  string    `json:"source"`
 	Size    int64     `json:"size"`
 	Shell   string    `json:"shell"`
+	Digest  string    `json:"digest,omitempty"`
+	Layers  []Layer   `json:"layers,omitempty"`
+	Config  *Config   `json:"config,omitempty"`
 }
 
 // Store builds, imports, lists and removes images in a snapshotter.
@@ -71,12 +82,16 @@ type Store struct {
 	CacheDir string
 	// Logger receives structured logs; slog.Default() when nil.
 	Logger *slog.Logger
+	// Registry is how Pull reaches registries (loopback over plain HTTP,
+	// the Docker config file's credentials, linux/GOARCH: by default).
+	Registry Registry
 }
 
 // SnapshotName returns the snapshot name of image name.
 func SnapshotName(name string) string { return Prefix + name }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+// Up to 127 characters: a pulled image's DigestName is 71.
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,126}$`)
 
 // ValidName reports an error wrapping ErrInvalidName unless name can name
 // an image.
@@ -150,7 +165,8 @@ func (s *Store) info(name string) Info {
 			s.logger().Warn("image metadata unreadable", slog.String("image", name), slog.Any("err", err))
 		}
 	}
-	in := Info{Name: name, Created: md.Created, Source: md.Source, Size: md.Size, Shell: md.Shell, Snapshot: snap, Path: root}
+	in := Info{Name: name, Created: md.Created, Source: md.Source, Size: md.Size, Shell: md.Shell, Snapshot: snap, Path: root,
+		Digest: md.Digest, Layers: md.Layers, Config: md.Config}
 	if in.Shell == "" {
 		in.Shell = detectShell(root)
 	}
@@ -173,13 +189,22 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 	if err := s.removeShifted(ctx, name); err != nil { // user namespace mode: shifted.go
 		return fmt.Errorf("remove image %s: shifted copies: %w", name, err)
 	}
+	if err := s.forgetRefs(name); err != nil {
+		return fmt.Errorf("remove image %s: %w", name, err)
+	}
+	if _, err := s.PruneLayers(ctx); err != nil {
+		return fmt.Errorf("remove image %s: %w", name, err)
+	}
 	return nil
 }
 
-// Import makes image name from a directory tree or a tarball (tar, tar.gz,
-// tar.xz, or tar.zst when zstd is installed), copying owners, modes,
-// links, device nodes and extended attributes.
-func (s *Store) Import(ctx context.Context, name, dirOrTarball string) error {
+// Import makes image name from a docker save archive or an OCI image
+// layout (a directory or a tar of one), whose layers are stored once as a
+// pull's are; or from a root file system: a directory tree or a tarball
+// (tar, tar.gz, tar.xz, or tar.zst when zstd is installed), copying
+// owners, modes, links, device nodes and extended attributes. Progress
+// of an archive goes to progress (nil: none).
+func (s *Store) Import(ctx context.Context, name, dirOrTarball string, progress io.Writer) error {
 	src, err := filepath.Abs(dirOrTarball)
 	if err != nil {
 		return fmt.Errorf("import %s: %w", dirOrTarball, err)
@@ -188,22 +213,38 @@ func (s *Store) Import(ctx context.Context, name, dirOrTarball string) error {
 	if err != nil {
 		return fmt.Errorf("import %s: %w", dirOrTarball, err)
 	}
-	fill := func(ctx context.Context, root string, _ io.Writer) (string, error) {
-		if st.IsDir() {
-			return src, copyTree(ctx, src, root)
-		}
-		return src, Unpack(ctx, src, root)
+	if err := ValidName(name); err != nil {
+		return err
 	}
-	return s.create(ctx, name, fill, io.Discard)
+	if _, err := s.Get(ctx, name); err == nil {
+		return fmt.Errorf("import image %s: %w", name, ErrExists)
+	}
+	if ok, err := s.importArchive(ctx, name, src, progress); ok || err != nil {
+		if err != nil {
+			return fmt.Errorf("import %s: %w", dirOrTarball, err)
+		}
+		return nil
+	}
+	fill := func(ctx context.Context, root string, _ io.Writer) (metadata, error) {
+		if st.IsDir() {
+			return metadata{Source: src}, copyTree(ctx, src, root)
+		}
+		return metadata{Source: src}, Unpack(ctx, src, root)
+	}
+	return s.create(ctx, name, "", fill, io.Discard)
 }
 
-// fillFunc populates an empty root directory and returns the image's Source.
-type fillFunc func(ctx context.Context, root string, progress io.Writer) (source string, err error)
+// fillFunc populates a root directory (empty, or a clone of create's
+// base) and returns what the image's metadata says of its making (Source,
+// and for OCI images Digest, Layers and Config).
+type fillFunc func(ctx context.Context, root string, progress io.Writer) (metadata, error)
 
-// create makes image name atomically: it fills a temporary volume, writes
-// the metadata, snapshots it read-only to images/<name> and destroys the
-// temporary volume; on failure nothing is left behind.
-func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress io.Writer) (err error) {
+// create makes image name atomically: it fills a temporary volume (a
+// clone of snapshot base, or empty when base is ""), writes the metadata,
+// snapshots it read-only to images/<name> and destroys the temporary
+// volume; on failure nothing is left behind. An image without a shell is
+// refused (ErrNoShell): no sandbox could start on it.
+func (s *Store) create(ctx context.Context, name, base string, fill fillFunc, progress io.Writer) (err error) {
 	if err := ValidName(name); err != nil {
 		return err
 	}
@@ -215,7 +256,12 @@ func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress
 	log := s.logger().With(slog.String("image", name))
 	start := time.Now()
 	tmp := buildPrefix + name + "-" + randSuffix()
-	if err := s.Snap.CreateVolume(ctx, tmp); err != nil {
+	if base == "" {
+		err = s.Snap.CreateVolume(ctx, tmp)
+	} else {
+		err = s.Snap.Clone(ctx, base, tmp)
+	}
+	if err != nil {
 		return fmt.Errorf("create build volume %s: %w", tmp, err)
 	}
 	defer func() {
@@ -226,12 +272,16 @@ func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress
 		}
 	}()
 	root := s.Snap.Path(tmp)
-	source, err := fill(ctx, root, progress)
+	md, err := fill(ctx, root, progress)
 	if err != nil {
 		return fmt.Errorf("fill image %s: %w", name, err)
 	}
 	if err := ensureSkeleton(root); err != nil {
 		return fmt.Errorf("fill image %s: %w", name, err)
+	}
+	shell, err := findShell(root)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", name, err)
 	}
 	// A stale metadata file from an imported image must not survive.
 	_ = os.Remove(filepath.Join(root, MetadataPath))
@@ -239,7 +289,7 @@ func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress
 	if err != nil {
 		return fmt.Errorf("measure image %s: %w", name, err)
 	}
-	md := metadata{Name: name, Created: time.Now().UTC().Truncate(time.Second), Source: source, Size: size, Shell: detectShell(root)}
+	md.Name, md.Created, md.Size, md.Shell = name, time.Now().UTC().Truncate(time.Second), size, shell
 	b, err := json.MarshalIndent(md, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode metadata: %w", err)
@@ -253,7 +303,7 @@ func (s *Store) create(ctx context.Context, name string, fill fillFunc, progress
 		}
 		return fmt.Errorf("snapshot image %s: %w", name, err)
 	}
-	log.Info("image created", slog.String("source", source), slog.Int64("size", size),
+	log.Info("image created", slog.String("source", md.Source), slog.Int64("size", size),
 		slog.Duration("took", time.Since(start)))
 	return nil
 }
@@ -305,11 +355,28 @@ func ensureSkeleton(root string) error {
 
 // detectShell returns /bin/bash when the tree at root has it, else /bin/sh.
 func detectShell(root string) string {
-	p, err := resolveIn(root, "/bin/bash")
-	if err == nil {
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return "/bin/bash"
-		}
+	if isExecutable(root, "/bin/bash") {
+		return "/bin/bash"
 	}
 	return "/bin/sh"
+}
+
+// findShell is detectShell for a new image, which must have a shell.
+func findShell(root string) (string, error) {
+	sh := detectShell(root)
+	if !isExecutable(root, sh) {
+		return "", fmt.Errorf("%w: no executable /bin/bash or /bin/sh (Arbor runs a persistent shell in every sandbox: docs/images.md)", ErrNoShell)
+	}
+	return sh, nil
+}
+
+// isExecutable reports whether in-image path p (symlinks resolved inside
+// root) is an executable regular file.
+func isExecutable(root, p string) bool {
+	hp, err := resolveIn(root, p)
+	if err != nil {
+		return false
+	}
+	st, err := os.Stat(hp)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
 }

@@ -235,7 +235,7 @@ func TestImport(t *testing.T) {
 			ctx := context.Background()
 			s, snap := newTestStore(t)
 			src := tt.src(t)
-			if err := s.Import(ctx, "imp", src); err != nil {
+			if err := s.Import(ctx, "imp", src, nil); err != nil {
 				t.Fatal(err)
 			}
 			assertNoBuildLeftovers(t, snap)
@@ -274,7 +274,7 @@ func TestImportFailureLeavesNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, snap := newTestStore(t)
-			err := s.Import(context.Background(), tt.image, tt.src)
+			err := s.Import(context.Background(), tt.image, tt.src, nil)
 			if err == nil {
 				t.Fatal("Import succeeded")
 			}

@@ -134,7 +134,7 @@ func TestIntegrationImportTarball(t *testing.T) {
 	if out, err := exec.Command("tar", "-czf", tarball, "-C", bb.Path, ".").CombinedOutput(); err != nil {
 		t.Fatalf("tar: %v: %s", err, out)
 	}
-	if err := s.Import(ctx, "bb2", tarball); err != nil {
+	if err := s.Import(ctx, "bb2", tarball, nil); err != nil {
 		t.Fatal(err)
 	}
 	in, err := s.Get(ctx, "bb2")

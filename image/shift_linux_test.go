@@ -142,7 +142,7 @@ func TestShifted(t *testing.T) {
 	const base, size = 1 << 30, 65536
 	s, snap := newTestStore(t)
 	ctx := context.Background()
-	if err := s.Import(ctx, "imp", makeTree(t)); err != nil {
+	if err := s.Import(ctx, "imp", makeTree(t), nil); err != nil {
 		t.Fatal(err)
 	}
 	in, err := s.Shifted(ctx, "imp", base, size)
@@ -178,7 +178,7 @@ func TestShifted(t *testing.T) {
 	if vols, _ := snap.List(ctx, ShiftedPrefix); len(vols) != 0 {
 		t.Errorf("Remove left shifted copies: %v", vols)
 	}
-	if err := s.Import(ctx, "imp", makeTree(t)); err != nil {
+	if err := s.Import(ctx, "imp", makeTree(t), nil); err != nil {
 		t.Fatal(err)
 	}
 	img, _ = s.Get(ctx, "imp")

@@ -21,6 +21,9 @@ WRAPPER=$PREFIX/bin/criu
 PKGS=(
 	# filesystem snapshot backends and images
 	btrfs-progs zfs-fuse e2fsprogs util-linux mount busybox-static debootstrap xz-utils zstd
+	# OCI images: a real registry for the image tests (the CNCF distribution
+	# registry), and skopeo, the peer the pull benchmark measures against
+	docker-registry skopeo
 	# sandboxes, and runc as a side-by-side peer (its CRIU network lock is iptables)
 	iproute2 iptables nftables runc procps
 	# the sandboxes' seccomp filter, compiled by the server (cgo)

@@ -78,7 +78,7 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 				return err
 			}
 			start := time.Now()
-			if err := s.Import(cmd.Context(), args[0], args[1]); err != nil {
+			if err := s.Import(cmd.Context(), args[0], args[1], cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			return reportMade(cmd, s, args[0], start)

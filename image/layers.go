@@ -1,0 +1,385 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	kgzip "github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/arbor-env/arbor/cr"
+)
+
+// LayerPrefix is where unpacked layers live: one read-only snapshot per
+// layer, named by its chain ID (docs/images.md, "Layer storage").
+const LayerPrefix = "layers/"
+
+// metaVolume is the writable volume beside the images that holds what
+// changes after an image is made: which image a tag names now (refs/)
+// and what each layer cost to unpack (layers/).
+const metaVolume = "image-meta"
+
+// Layer is one layer of an image as the store keeps it.
+type Layer struct {
+	// Chain is the layer's chain ID: the digest of its diff ID and every
+	// diff ID below it (image-spec config.md, "Layer ChainID"). It names
+	// the tree the layer makes with those below, so it is the key the
+	// snapshot is stored under: one diff ID on two different bases is
+	// two trees.
+	Chain string `json:"chain"`
+	// DiffID is the digest of the layer's uncompressed tar stream.
+	DiffID string `json:"diff_id"`
+	// Size is the layer's size as shipped (compressed), when known.
+	Size int64 `json:"size,omitempty"`
+	// Unpacked is the bytes of file content the layer wrote when it was
+	// unpacked (0 for a layer of only deletions and metadata).
+	Unpacked int64 `json:"unpacked"`
+}
+
+// LayerSnapshot is the snapshot name of the layer with chain ID chain.
+func LayerSnapshot(chain string) string { return LayerPrefix + digestHex(chain) }
+
+// digestHex is the hex part of "sha256:HEX".
+func digestHex(d string) string {
+	_, h, ok := strings.Cut(d, ":")
+	if !ok {
+		return d
+	}
+	return h
+}
+
+// chainID is the chain ID of a layer with diff ID diff above the layer
+// with chain ID parent ("" for the bottom layer).
+func chainID(parent, diff string) string {
+	if parent == "" {
+		return diff
+	}
+	sum := sha256.Sum256([]byte(parent + " " + diff))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// layerRecord is what layers/<chain>.json in the meta volume holds.
+type layerRecord struct {
+	Layer
+	Created time.Time `json:"created"`
+}
+
+// layerBuilds shares one unpack of a layer among concurrent pulls in
+// this process; another process loses the race at the atomic snapshot.
+var layerBuilds singleflight.Group
+
+// unpackLayers makes sure every layer of img is a snapshot, bottom first,
+// unpacking those the store lacks (each on a clone of the one below), and
+// returns them. compressed says the layers are best read as shipped
+// (registries); archives hand out their uncompressed streams.
+func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *progress) ([]Layer, error) {
+	ls, err := img.Layers()
+	if err != nil {
+		return nil, fmt.Errorf("list layers: %w", err)
+	}
+	if len(ls) > MaxLayers {
+		return nil, fmt.Errorf("%w: %d layers, more than %d", ErrBadLayer, len(ls), MaxLayers)
+	}
+	p.begin(len(ls), ls)
+	var out []Layer
+	parent := ""
+	for i, l := range ls {
+		diff, err := l.DiffID()
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: diff id: %w", i+1, err)
+		}
+		size, _ := l.Size()
+		lay := Layer{Chain: chainID(parent, diff.String()), DiffID: diff.String(), Size: size}
+		rec, err := s.layerRecord(lay.Chain)
+		if err == nil && s.hasSnapshot(ctx, LayerSnapshot(lay.Chain)) {
+			lay.Unpacked = rec.Unpacked
+			p.skip(i, size)
+			out = append(out, lay)
+			parent = lay.Chain
+			continue
+		}
+		parentChain := parent
+		v, err, _ := layerBuilds.Do(s.Snap.Path(LayerSnapshot(lay.Chain)), func() (any, error) {
+			return s.unpackLayer(ctx, l, lay, parentChain, compressed, p, i)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(ls), short(lay.DiffID), err)
+		}
+		lay.Unpacked = v.(int64)
+		out = append(out, lay)
+		parent = lay.Chain
+	}
+	p.end()
+	return out, nil
+}
+
+// MaxLayers bounds the layers of one image (Docker's own bound is 127).
+const MaxLayers = 127
+
+func short(d string) string {
+	h := digestHex(d)
+	if len(h) > 12 {
+		h = h[:12]
+	}
+	return h
+}
+
+// unpackLayer makes the snapshot of one layer: a clone of the layer below
+// (or an empty volume), the layer applied, its diff ID checked, then one
+// atomic snapshot. A failed try leaves nothing; a download that breaks off
+// is tried again (Registry.Attempts) from a fresh clone.
+func (s *Store) unpackLayer(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *progress, i int) (int64, error) {
+	attempts := s.Registry.Attempts
+	if attempts <= 0 {
+		attempts = 3
+	}
+	var err error
+	for try := 1; ; try++ {
+		var n int64
+		n, err = s.unpackLayerOnce(ctx, l, lay, parent, compressed, p, i)
+		if err == nil || errors.Is(err, cr.ErrExists) {
+			return n, s.writeLayerRecord(layerRecord{Layer: Layer{Chain: lay.Chain, DiffID: lay.DiffID, Size: lay.Size, Unpacked: n}, Created: time.Now().UTC()})
+		}
+		if try >= attempts || !retryable(ctx, err) {
+			return 0, err
+		}
+		s.logger().Warn("layer failed, trying again", slog.String("layer", short(lay.DiffID)), slog.Int("try", try), slog.Any("err", err))
+		p.retry(i)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Duration(try) * time.Second):
+		}
+	}
+}
+
+// retryable reports whether a layer may succeed when tried again: not
+// when the caller gave up, the disk is full, or the layer's content is
+// what is wrong.
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, ErrBadLayer) && !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT)
+}
+
+func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *progress, i int) (n int64, err error) {
+	tmp := buildPrefix + "layer-" + randSuffix()
+	if parent == "" {
+		err = s.Snap.CreateVolume(ctx, tmp)
+	} else {
+		err = s.Snap.Clone(ctx, LayerSnapshot(parent), tmp)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("make layer volume: %w", err)
+	}
+	defer func() {
+		if derr := s.destroyBuild(tmp); derr != nil {
+			s.logger().Warn("remove layer volume", slog.String("volume", tmp), slog.Any("err", derr))
+		}
+	}()
+	rc, err := openLayer(l, compressed)
+	if err != nil {
+		return 0, fmt.Errorf("fetch: %w", err)
+	}
+	defer rc.Close()
+	src := &countingReader{r: rc, p: p, i: i}
+	tarStream, err := decompress(src, compressed)
+	if err != nil {
+		return 0, err
+	}
+	h := sha256.New()
+	body := io.TeeReader(tarStream, h)
+	n, err = applyLayer(ctx, s.Snap.Path(tmp), body)
+	if err != nil {
+		return n, src.wrap(err)
+	}
+	// The tar's end-of-archive blocks (and any padding) belong to the
+	// stream the diff ID covers, and a registry's digest check happens
+	// at the end of its stream.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		return n, src.wrap(fmt.Errorf("read layer end: %w", err))
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != lay.DiffID {
+		return n, fmt.Errorf("%w: content has diff id %s, the image says %s", ErrBadLayer, got, lay.DiffID)
+	}
+	if err := s.Snap.Snapshot(ctx, tmp, LayerSnapshot(lay.Chain)); err != nil {
+		return n, fmt.Errorf("snapshot layer: %w", err)
+	}
+	return n, nil
+}
+
+// openLayer opens the layer's stream: as shipped for a registry (so its
+// digest is checked as it is read and the progress counts wire bytes),
+// uncompressed for an archive (which may store it so).
+func openLayer(l v1.Layer, compressed bool) (io.ReadCloser, error) {
+	if compressed {
+		return l.Compressed()
+	}
+	return l.Uncompressed()
+}
+
+// decompress undoes the compression of a shipped layer, found by its
+// first bytes (gzip, zstd or none), with klauspost's decoders (several
+// times faster than the standard library's gzip).
+func decompress(r io.Reader, compressed bool) (io.Reader, error) {
+	if !compressed {
+		return r, nil
+	}
+	br := bufio.NewReaderSize(r, 1<<20)
+	head, _ := br.Peek(4)
+	switch {
+	case bytes.HasPrefix(head, []byte{0x1f, 0x8b}):
+		zr, err := kgzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("%w: gzip: %v", ErrBadLayer, err)
+		}
+		return zr, nil
+	case bytes.HasPrefix(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("%w: zstd: %v", ErrBadLayer, err)
+		}
+		return zr.IOReadCloser(), nil
+	}
+	return br, nil
+}
+
+// countingReader counts a layer's bytes for the progress and remembers
+// the stream's own error, so that a failure to fetch is told apart from
+// a failure to apply.
+type countingReader struct {
+	r   io.Reader
+	p   *progress
+	i   int
+	err error
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.p.add(c.i, int64(n))
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.err = err
+	}
+	return n, err
+}
+
+// wrap words an apply error: a broken stream is a fetch error (tried
+// again), a digest the registry's bytes do not match a bad layer.
+func (c *countingReader) wrap(err error) error {
+	if c.err == nil {
+		return err
+	}
+	if strings.Contains(c.err.Error(), "error verifying") {
+		return fmt.Errorf("%w: %v", ErrBadLayer, c.err)
+	}
+	return fmt.Errorf("fetch: %w", c.err)
+}
+
+// hasSnapshot reports whether snapshot name exists.
+func (s *Store) hasSnapshot(ctx context.Context, name string) bool {
+	vols, err := s.Snap.List(ctx, name)
+	if err != nil {
+		return false
+	}
+	for _, v := range vols {
+		if v.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// meta returns the host path of the meta volume, making it on first use.
+func (s *Store) meta(ctx context.Context) (string, error) {
+	if !s.hasSnapshot(ctx, metaVolume) {
+		if err := s.Snap.CreateVolume(ctx, metaVolume); err != nil && !errors.Is(err, cr.ErrExists) {
+			return "", fmt.Errorf("make image meta volume: %w", err)
+		}
+	}
+	return s.Snap.Path(metaVolume), nil
+}
+
+func (s *Store) layerRecord(chain string) (layerRecord, error) {
+	var r layerRecord
+	b, err := os.ReadFile(filepath.Join(s.Snap.Path(metaVolume), "layers", digestHex(chain)+".json"))
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+func (s *Store) writeLayerRecord(r layerRecord) error {
+	dir, err := s.meta(context.Background())
+	if err != nil {
+		return err
+	}
+	return writeJSON(filepath.Join(dir, "layers", digestHex(r.Chain)+".json"), r)
+}
+
+// writeJSON writes v to p atomically (a temporary file renamed).
+func writeJSON(p string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	tmp := p + ".tmp-" + randSuffix()
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// PruneLayers destroys the layer snapshots no image uses and returns how
+// many. Images keep every layer of their chain, so a layer two images
+// share stays while either does.
+func (s *Store) PruneLayers(ctx context.Context) (int, error) {
+	imgs, err := s.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	used := map[string]bool{}
+	for _, in := range imgs {
+		for _, l := range in.Layers {
+			used[LayerSnapshot(l.Chain)] = true
+		}
+	}
+	vols, err := s.Snap.List(ctx, LayerPrefix)
+	if err != nil {
+		return 0, fmt.Errorf("list layers: %w", err)
+	}
+	// Newest chains are the tops: destroy them before what they were
+	// cloned from (zfs promotes clones otherwise).
+	n := 0
+	for i := len(vols) - 1; i >= 0; i-- {
+		v := vols[i]
+		if !strings.HasPrefix(v.Name, LayerPrefix) || used[v.Name] {
+			continue
+		}
+		if err := s.Snap.Destroy(ctx, v.Name); err != nil && !errors.Is(err, cr.ErrNotFound) {
+			return n, fmt.Errorf("remove layer %s: %w", v.Name, err)
+		}
+		_ = os.Remove(filepath.Join(s.Snap.Path(metaVolume), "layers", strings.TrimPrefix(v.Name, LayerPrefix)+".json"))
+		n++
+	}
+	return n, nil
+}
