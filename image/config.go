@@ -18,8 +18,8 @@ import (
 // not run (a sandbox runs Arbor's shell, not the image's program);
 // exposed ports, volumes and health checks are ignored.
 type Config struct {
-	Env        []string          `json:"env,omitempty"`
-	WorkingDir string            `json:"working_dir,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
 	// User is the config's user as written ("1000", "app:staff");
 	// UID, GID and Groups are what it resolved to in the image's
 	// /etc/passwd and /etc/group.
