@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/arbor-env/arbor/cr"
@@ -34,6 +36,43 @@ const DefaultCacheDir = "/var/cache/arbor/images"
 // snapshotting. It lies outside Prefix so an unfinished build is never
 // mistaken for an image, and it avoids dot names, which backends reserve.
 const buildPrefix = "image-builds/"
+
+// buildVolume names a new temporary build volume for what: under
+// buildPrefix, with this process's pid first, so that one left behind
+// by a process that died (a pull killed mid-layer) can be told from one
+// in use (cleanStaleBuilds).
+func buildVolume(what string) string {
+	return buildPrefix + strconv.Itoa(os.Getpid()) + "-" + what + "-" + randSuffix()
+}
+
+// cleanStaleBuilds destroys the build volumes of processes that are gone:
+// an interrupted pull or build starts clean. Errors are logged: they do
+// not stop the build that asked.
+func (s *Store) cleanStaleBuilds(ctx context.Context) {
+	vols, err := s.Snap.List(ctx, buildPrefix)
+	if err != nil {
+		return
+	}
+	for _, v := range vols {
+		rest, ok := strings.CutPrefix(v.Name, buildPrefix)
+		pidStr, _, ok2 := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || !ok2 || err != nil || pid <= 0 || processAlive(pid) {
+			continue
+		}
+		if err := s.destroyBuild(v.Name); err != nil {
+			s.logger().Warn("remove stale build volume", slog.String("volume", v.Name), slog.Any("err", err))
+			continue
+		}
+		s.logger().Info("removed stale build volume", slog.String("volume", v.Name), slog.Int("pid", pid))
+	}
+}
+
+// processAlive reports whether process pid exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
 
 // Info describes one image.
 type Info struct {
@@ -255,7 +294,8 @@ func (s *Store) create(ctx context.Context, name, base string, fill fillFunc, pr
 	}
 	log := s.logger().With(slog.String("image", name))
 	start := time.Now()
-	tmp := buildPrefix + name + "-" + randSuffix()
+	s.cleanStaleBuilds(ctx)
+	tmp := buildVolume(name)
 	if base == "" {
 		err = s.Snap.CreateVolume(ctx, tmp)
 	} else {

@@ -95,6 +95,7 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 	if len(ls) > MaxLayers {
 		return nil, fmt.Errorf("%w: %d layers, more than %d", ErrBadLayer, len(ls), MaxLayers)
 	}
+	s.cleanStaleBuilds(ctx)
 	p.begin(len(ls), ls)
 	var out []Layer
 	parent := ""
@@ -121,6 +122,7 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 			return nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(ls), short(lay.DiffID), err)
 		}
 		lay.Unpacked = v.(int64)
+		p.unpacked(i)
 		out = append(out, lay)
 		parent = lay.Chain
 	}
@@ -176,7 +178,7 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *progress, i int) (n int64, err error) {
-	tmp := buildPrefix + "layer-" + randSuffix()
+	tmp := buildVolume("layer")
 	if parent == "" {
 		err = s.Snap.CreateVolume(ctx, tmp)
 	} else {
@@ -382,4 +384,24 @@ func (s *Store) PruneLayers(ctx context.Context) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// Shared returns, by image name, the bytes of the image's layers that
+// another of imgs also uses (counted by each layer's unpacked size).
+func Shared(imgs []Info) map[string]int64 {
+	users := map[string]int{}
+	for _, in := range imgs {
+		for _, l := range in.Layers {
+			users[l.Chain]++
+		}
+	}
+	out := map[string]int64{}
+	for _, in := range imgs {
+		for _, l := range in.Layers {
+			if users[l.Chain] > 1 {
+				out[in.Name] += l.Unpacked
+			}
+		}
+	}
+	return out
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/image/registrytest"
 )
@@ -413,5 +414,101 @@ func TestImageUser(t *testing.T) {
 		if cf.UID != c.uid || cf.GID != c.gid || !slices.Equal(cf.Groups, c.groups) || (c.home != "" && !slices.Contains(cf.Env, c.home)) {
 			t.Errorf("user %q: %+v, want %d:%d %v %s", c.user, cf, c.uid, c.gid, c.groups, c.home)
 		}
+	}
+}
+
+// TestPullInterrupted: a pull cut off mid-layer (its context ended)
+// leaves no build volume and no image; one whose process died (its build
+// volume left behind) is cleaned by the next pull; the next pull reuses
+// the layers that were done and completes.
+func TestPullInterrupted(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	s, snap := btrfsStore(t, t.TempDir())
+	bb := busyboxLayer(t)
+	big := randomLayer(t, "big", 64<<20)
+	reg.Push(t, "slow:1", registrytest.Image(t, v1.Config{}, bb, big))
+	ref := reg.Ref("slow:1")
+
+	// A dead process's build volume: a pull killed mid-layer.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := fmt.Sprintf("image-builds/%d-layer-0000", dead.Process.Pid)
+	if err := snap.CreateVolume(context.Background(), stale); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &cancelAfter{cancel: cancel, after: "layers 1/2"}
+	if _, err := s.Pull(ctx, ref, w); !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted pull: %v, want context.Canceled", err)
+	}
+	assertNoBuilds(t, snap)
+	if imgs, _ := s.List(context.Background()); len(imgs) != 0 {
+		t.Fatalf("an interrupted pull left images %v", imgs)
+	}
+	var progress strings.Builder
+	in, err := s.Pull(context.Background(), ref, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(progress.String(), "layer 1/2 already stored") {
+		t.Errorf("the second pull did not reuse the first layer: %q", progress.String())
+	}
+	if got := chroot(t, in.Path, in.Shell, "wc -c < /big"); got != fmt.Sprint(64<<20) {
+		t.Errorf("/big: %q", got)
+	}
+	assertNoBuilds(t, snap)
+}
+
+// cancelAfter cancels once the progress says after.
+type cancelAfter struct {
+	cancel func()
+	after  string
+	seen   strings.Builder
+}
+
+func (c *cancelAfter) Write(p []byte) (int, error) {
+	c.seen.Write(p)
+	if strings.Contains(c.seen.String(), c.after) {
+		c.cancel()
+	}
+	return len(p), nil
+}
+
+// TestPullFullDisk: a layer larger than the pool fails with ENOSPC, leaves
+// nothing half-made, and the pool takes a small image afterwards.
+func TestPullFullDisk(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (btrfs pool)")
+	}
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 400 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snap.Unmount(context.Background()) })
+	s := &image.Store{Snap: snap, CacheDir: t.TempDir()}
+	ctx := context.Background()
+	bb := busyboxLayer(t)
+	// Zeros: a few hundred KB compressed, 600 MB on disk.
+	zeros := registrytest.Layer(t, registrytest.File{Name: "zeros", Body: strings.Repeat("\x00", 600<<20)})
+	reg.Push(t, "huge:1", registrytest.Image(t, v1.Config{}, bb, zeros))
+	_, err = s.Pull(ctx, reg.Ref("huge:1"), nil)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("pull onto a full pool: %v, want ENOSPC", err)
+	}
+	assertNoBuilds(t, snap)
+	if imgs, _ := s.List(ctx); len(imgs) != 0 {
+		t.Fatalf("images after a failed pull: %v", imgs)
+	}
+	// btrfs gives a destroyed volume's room back in the background.
+	if err := snap.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg.Push(t, "small:1", registrytest.Image(t, v1.Config{}, bb))
+	if _, err := s.Pull(ctx, reg.Ref("small:1"), nil); err != nil {
+		t.Fatalf("a small pull after the full disk: %v", err)
 	}
 }

@@ -80,6 +80,14 @@ func (p *progress) add(i int, n int64) {
 	}
 }
 
+// unpacked marks layer i as stored.
+func (p *progress) unpacked(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done[i] = true
+	p.line(fmt.Sprintf("layer %d/%d unpacked", i+1, p.layers), true)
+}
+
 // retry forgets what layer i had read: it starts again.
 func (p *progress) retry(i int) {
 	p.mu.Lock()

@@ -65,7 +65,7 @@ func (s *Store) Shifted(ctx context.Context, name string, base, size uint32) (In
 	}
 	log := s.logger().With(slog.String("image", name))
 	start := time.Now()
-	tmp := buildPrefix + name + "-userns-" + randSuffix()
+	tmp := buildVolume(name + "-userns")
 	if err := s.Snap.Clone(ctx, img.Snapshot, tmp); err != nil {
 		return Info{}, fmt.Errorf("clone image %s to shift it: %w", name, err)
 	}

@@ -4,30 +4,101 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/arbor-env/arbor/image"
 )
+
+// registryFlags are how image pull and serve reach OCI registries
+// (docs/images.md, "Pulling").
+type registryFlags struct {
+	insecure []string
+	auth     []string
+}
+
+func (r *registryFlags) add(f *pflag.FlagSet) {
+	f.StringSliceVar(&r.insecure, "insecure-registry", splitList(os.Getenv("ARBOR_INSECURE_REGISTRIES")),
+		"registry (host or host:port) that may be reached over plain HTTP; loopback registries always may (env ARBOR_INSECURE_REGISTRIES, comma-separated)")
+	f.StringSliceVar(&r.auth, "registry-auth", splitList(os.Getenv("ARBOR_REGISTRY_AUTH")),
+		"HOST=USER:PASSWORD credentials for a registry, before the Docker config file's (env ARBOR_REGISTRY_AUTH, comma-separated; the env keeps them out of ps)")
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// registry is the image.Registry the flags describe.
+func (r *registryFlags) registry() (image.Registry, error) {
+	reg := image.Registry{Insecure: r.insecure}
+	for _, a := range r.auth {
+		host, cred, ok := strings.Cut(a, "=")
+		user, pass, ok2 := strings.Cut(cred, ":")
+		if !ok || !ok2 || host == "" || user == "" {
+			return reg, fmt.Errorf("--registry-auth %q: want HOST=USER:PASSWORD", strings.SplitN(a, ":", 2)[0]+":...")
+		}
+		if reg.Auth == nil {
+			reg.Auth = map[string]authn.AuthConfig{}
+		}
+		reg.Auth[host] = authn.AuthConfig{Username: user, Password: pass}
+	}
+	return reg, nil
+}
 
 func init() { subcommands = append(subcommands, newImageCmd) }
 
 func newImageCmd(g *globalOptions) *cobra.Command {
 	var cacheDir string
+	var regFlags registryFlags
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Build, import, list and remove root filesystem images",
+		Short: "Pull, build, import, list and remove images (docs/images.md)",
 	}
 	cmd.PersistentFlags().StringVar(&cacheDir, "cache-dir", envOr("ARBOR_IMAGE_CACHE", image.DefaultCacheDir),
 		"build cache (cached rootfs tarballs, downloaded .debs), shared by every state dir")
+	regFlags.add(cmd.PersistentFlags())
 	open := func(cmd *cobra.Command) (*image.Store, error) {
+		reg, err := regFlags.registry()
+		if err != nil {
+			return nil, err
+		}
 		snap, err := openSnapshotter(cmd.Context(), g)
 		if err != nil {
 			return nil, err
 		}
-		return &image.Store{Snap: snap, CacheDir: cacheDir}, nil
+		return &image.Store{Snap: snap, CacheDir: cacheDir, Registry: reg}, nil
+	}
+
+	pull := &cobra.Command{
+		Use:   "pull REF",
+		Short: "Pull an image from an OCI registry (tag or @sha256: digest); its layers are stored once",
+		Example: `  arbor image pull 127.0.0.1:5000/swe/django-1234:latest
+  arbor image pull --insecure-registry registry.lan:5000 registry.lan:5000/envs/py@sha256:...`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			in, err := s.Pull(cmd.Context(), args[0], cmd.OutOrStdout())
+			if err != nil {
+				return err
+			}
+			return reportMade(cmd, s, in.Name, start)
+		},
 	}
 
 	var force, cacheOnly bool
@@ -67,7 +138,7 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 
 	imp := &cobra.Command{
 		Use:   "import NAME DIR|TARBALL",
-		Short: "Make an image from a directory tree or a tarball (tar, tar.gz, tar.xz, tar.zst)",
+		Short: "Make an image from a docker save archive, an OCI layout (directory or tar), a directory tree or a rootfs tarball (tar, tar.gz, tar.xz, tar.zst)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := open(cmd)
@@ -109,14 +180,23 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(infos)
 			}
+			shared := image.Shared(infos)
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tSHELL\tCREATED\tSOURCE")
+			fmt.Fprintln(tw, "NAME\tSIZE\tSHARED\tLAYERS\tDIGEST\tREFS\tCREATED\tSOURCE")
 			for _, in := range infos {
 				created := "-"
 				if !in.Created.IsZero() {
 					created = in.Created.Local().Format("2006-01-02 15:04")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", in.Name, humanSize(in.Size), in.Shell, created, in.Source)
+				digest, refs := "-", strings.Join(s.Refs(in.Name), ",")
+				if in.Digest != "" {
+					digest = in.Digest[:min(len(in.Digest), 19)]
+				}
+				if refs == "" {
+					refs = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.Name, humanSize(in.Size), humanSize(shared[in.Name]),
+					len(in.Layers), digest, refs, created, in.Source)
 			}
 			return tw.Flush()
 		},
@@ -124,25 +204,47 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	rm := &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove images",
+		Use:   "rm NAME|REF...",
+		Short: "Remove images (by local name or by the reference they were pulled as) and the layers no other image uses",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := open(cmd)
 			if err != nil {
 				return err
 			}
-			for _, name := range args {
-				if err := s.Remove(cmd.Context(), name); err != nil {
+			for _, ref := range args {
+				in, err := s.Resolve(cmd.Context(), ref, false, nil)
+				if err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), "removed", name)
+				if err := s.Remove(cmd.Context(), in.Name); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "removed", in.Name)
 			}
 			return nil
 		},
 	}
 
-	cmd.AddCommand(build, imp, ls, rm)
+	prune := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove the stored layers no image uses (left by failed pulls)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			n, err := s.PruneLayers(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %d layers\n", n)
+			return nil
+		},
+	}
+
+	cmd.AddCommand(pull, build, imp, ls, rm, prune)
 	return cmd
 }
 

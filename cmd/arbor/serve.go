@@ -58,8 +58,9 @@ type serveOptions struct {
 	llmUpstream string
 	extraCaps   bool
 	disk        string
-	userNS      userNSFlags  // userns.go
-	cluster     clusterFlags // cluster.go
+	userNS      userNSFlags   // userns.go
+	cluster     clusterFlags  // cluster.go
+	registry    registryFlags // image.go: reset and tasks pull registry references
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -78,6 +79,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.listen, "listen", envOr("ARBOR_LISTEN", "127.0.0.1:7878"), "address to listen on")
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
+	o.registry.add(f)
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
@@ -168,7 +170,11 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
 	}
 	defer c.Close()
-	images := &image.Store{Snap: snap, Logger: log}
+	registry, err := o.registry.registry()
+	if err != nil {
+		return err
+	}
+	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
 	// The engine takes the launcher's limits for restored sandboxes.
 	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
