@@ -33,9 +33,9 @@ const (
 // chroot would resolve it (openat2 with RESOLVE_IN_ROOT), so "..", an
 // absolute symlink or a symlink planted by an earlier entry never reach
 // outside root; the final component is never followed (a symlink in the
-// way is replaced, not written through); device nodes are refused
-// (ErrBadLayer): a sandbox gets its own /dev, and a node elsewhere would
-// be a door to a host device. Owners, modes (set-id bits included),
+// way is replaced, not written through); device nodes are left out under
+// /dev (a sandbox makes its own) and refused elsewhere (ErrBadLayer): a
+// node would be a door to a host device. Owners, modes (set-id bits included),
 // extended attributes (file capabilities) and times are kept.
 func applyLayer(ctx context.Context, root string, r io.Reader) (written int64, err error) {
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -105,7 +105,12 @@ func (a *applier) entry(ctx context.Context, hdr *tar.Header, body io.Reader) (i
 	}
 	switch hdr.Typeflag {
 	case tar.TypeChar, tar.TypeBlock:
-		return 0, fmt.Errorf("%w: device node %d:%d (a sandbox has its own /dev; images may not carry device nodes)", ErrBadLayer, hdr.Devmajor, hdr.Devminor)
+		if dir == "dev" || strings.HasPrefix(dir, "dev/") {
+			// Roots made by debootstrap (docker import) carry /dev's
+			// nodes; a sandbox makes its own /dev, so they are left out.
+			return 0, nil
+		}
+		return 0, fmt.Errorf("%w: device node %d:%d outside /dev (a sandbox makes its own /dev; a node elsewhere would open a host device)", ErrBadLayer, hdr.Devmajor, hdr.Devminor)
 	case tar.TypeXGlobalHeader:
 		return 0, nil
 	}

@@ -214,6 +214,7 @@ func TestApplyLayerHostile(t *testing.T) {
 		layer   []entry
 		wantErr error    // nil: applies, and stays inside
 		inside  []string // files that must exist inside root afterwards
+		absent  []string // and files that must not
 	}{
 		{name: "dot-dot path", layer: []entry{{name: "../../../outside-dotdot", body: "x"}}, inside: []string{"outside-dotdot"}},
 		{name: "absolute path", layer: []entry{{name: "/outside-abs", body: "x"}}, inside: []string{"outside-abs"}},
@@ -234,7 +235,9 @@ func TestApplyLayerHostile(t *testing.T) {
 			{name: "secret", body: "inside"},
 			{name: "hl", typ: tar.TypeLink, link: "../../../../secret"},
 		}, inside: []string{"hl"}},
-		{name: "char device", layer: []entry{{name: "dev/mem", typ: tar.TypeChar, mode: 0o666}}, wantErr: ErrBadLayer},
+		{name: "char device", layer: []entry{{name: "opt/mem", typ: tar.TypeChar, mode: 0o666}}, wantErr: ErrBadLayer},
+		{name: "char device under /dev is left out", layer: []entry{{name: "dev/", typ: tar.TypeDir}, {name: "dev/mem", typ: tar.TypeChar, mode: 0o666}, {name: "dev/ok", body: "x"}},
+			inside: []string{"dev/ok"}, absent: []string{"dev/mem"}},
 		{name: "block device", layer: []entry{{name: "sda", typ: tar.TypeBlock}}, wantErr: ErrBadLayer},
 		{name: "whiteout of the parent", layer: []entry{{name: "a/.wh..."}}, wantErr: ErrBadLayer},
 	}
@@ -257,6 +260,11 @@ func TestApplyLayerHostile(t *testing.T) {
 			for _, p := range tt.inside {
 				if _, err := os.Lstat(filepath.Join(root, p)); err != nil {
 					t.Errorf("%s not inside the root: %v", p, err)
+				}
+			}
+			for _, p := range tt.absent {
+				if _, err := os.Lstat(filepath.Join(root, p)); err == nil {
+					t.Errorf("%s made", p)
 				}
 			}
 			var outside []string

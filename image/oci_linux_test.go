@@ -256,7 +256,7 @@ func TestPullBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dev := registrytest.Layer(t, registrytest.File{Name: "dev/", Type: tar.TypeDir}, registrytest.File{Name: "dev/kmem", Type: tar.TypeChar})
+	dev := registrytest.Layer(t, registrytest.File{Name: "opt/", Type: tar.TypeDir}, registrytest.File{Name: "opt/kmem", Type: tar.TypeChar})
 	reg.Push(t, "bad/device:1", registrytest.Image(t, v1.Config{}, bb, dev))
 	reg.Push(t, "bad/noshell:1", registrytest.Image(t, v1.Config{}, registrytest.Layer(t, registrytest.File{Name: "hello", Body: "x"})))
 	reg.Push(t, "bad/nouser:1", registrytest.Image(t, v1.Config{User: "ghost"}, bb))
