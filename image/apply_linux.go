@@ -43,7 +43,8 @@ func applyLayer(ctx context.Context, root string, r io.Reader) (written int64, e
 		return 0, fmt.Errorf("open layer root %s: %w", root, err)
 	}
 	defer unix.Close(rootFD)
-	a := &applier{root: rootFD, mine: map[string]bool{}}
+	a := &applier{root: rootFD, mine: map[string]bool{}, buf: make([]byte, 1<<20), dirFD: -1}
+	defer a.forget()
 	tr := tar.NewReader(r)
 	for n := 0; ; n++ {
 		if n%64 == 0 {
@@ -78,6 +79,16 @@ func applyLayer(ctx context.Context, root string, r io.Reader) (written int64, e
 // applier is the state of one layer's application.
 type applier struct {
 	root int
+	buf  []byte
+	// dirRel and dirFD are the directory opened last: entries come
+	// grouped by directory, so most need no open of their own. It stays
+	// right: a change to any directory on its path (a removal, a
+	// replacement) is made in that directory's parent, opened (and so
+	// cached instead) for it. inUse counts the calls of in running, whose
+	// fds a nested in (a hard link's target) must leave open.
+	dirRel string
+	dirFD  int
+	inUse  int
 	// mine are the paths this layer made: a whiteout or an opaque marker
 	// removes only what lower layers made.
 	mine     map[string]bool
@@ -126,50 +137,70 @@ func (a *applier) entry(ctx context.Context, hdr *tar.Header, body io.Reader) (i
 	}
 	var written int64
 	err := a.in(dir, func(pfd int) error {
-		var st unix.Stat_t
-		switch err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
-		case err == nil:
-			if !(hdr.Typeflag == tar.TypeDir && st.Mode&unix.S_IFMT == unix.S_IFDIR) {
+		// Make first, look only when something is in the way: a layer
+		// mostly adds paths the layers below do not have.
+		n, err := a.make(ctx, pfd, base, rel, hdr, body)
+		if errors.Is(err, unix.EEXIST) {
+			var st unix.Stat_t
+			if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("stat: %w", err)
+			}
+			if hdr.Typeflag == tar.TypeDir && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				err = nil // an existing directory stays, with new attributes
+			} else {
 				if err := removeAt(pfd, base, st.Mode); err != nil {
 					return err
 				}
+				n, err = a.make(ctx, pfd, base, rel, hdr, body)
 			}
-		case !errors.Is(err, unix.ENOENT):
-			return fmt.Errorf("stat: %w", err)
 		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := unix.Mkdirat(pfd, base, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("mkdir: %w", err)
-			}
-			a.dirTimes = append(a.dirTimes, dirTime{rel, hdr.AccessTime, hdr.ModTime})
-		case tar.TypeReg, tar.TypeRegA:
-			n, err := writeFile(ctx, pfd, base, body)
-			written = n
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-				return fmt.Errorf("symlink: %w", err)
-			}
-		case tar.TypeLink:
-			if err := a.link(hdr.Linkname, pfd, base); err != nil {
-				return err
-			}
-			a.mine[rel] = true
-			return nil // a hard link shares its target's inode and attributes
-		case tar.TypeFifo:
-			if err := unix.Mknodat(pfd, base, unix.S_IFIFO|0o600, 0); err != nil {
-				return fmt.Errorf("mkfifo: %w", err)
-			}
-		default:
-			return fmt.Errorf("%w: tar entry type %q", ErrBadLayer, hdr.Typeflag)
+		written = n
+		if err != nil {
+			return err
 		}
 		a.mine[rel] = true
+		if hdr.Typeflag == tar.TypeLink {
+			return nil // a hard link shares its target's inode and attributes
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			a.dirTimes = append(a.dirTimes, dirTime{rel, hdr.AccessTime, hdr.ModTime})
+		}
 		return a.attrs(pfd, base, hdr, rel)
 	})
 	return written, err
+}
+
+// make creates base in dir as hdr says; an existing path is EEXIST.
+func (a *applier) make(ctx context.Context, pfd int, base, rel string, hdr *tar.Header, body io.Reader) (int64, error) {
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
+			return 0, mkErr("mkdir", err)
+		}
+	case tar.TypeReg, tar.TypeRegA:
+		return writeFile(ctx, pfd, base, body, a.buf)
+	case tar.TypeSymlink:
+		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
+			return 0, mkErr("symlink", err)
+		}
+	case tar.TypeLink:
+		return 0, a.link(hdr.Linkname, pfd, base)
+	case tar.TypeFifo:
+		if err := unix.Mknodat(pfd, base, unix.S_IFIFO|0o600, 0); err != nil {
+			return 0, mkErr("mkfifo", err)
+		}
+	default:
+		return 0, fmt.Errorf("%w: tar entry type %q", ErrBadLayer, hdr.Typeflag)
+	}
+	return 0, nil
+}
+
+// mkErr wraps a failed create, keeping EEXIST as it is for make's caller.
+func mkErr(what string, err error) error {
+	if errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // attrs sets the owner, mode, extended attributes and (but for
@@ -213,15 +244,18 @@ func setTimes(dir int, base string, atime, mtime time.Time) error {
 	return nil
 }
 
-// writeFile creates base in dir (which must not exist) with body.
-func writeFile(ctx context.Context, dir int, base string, body io.Reader) (int64, error) {
+// writeFile creates base in dir (which must not exist: EEXIST) with body,
+// copied through buf.
+func writeFile(ctx context.Context, dir int, base string, body io.Reader, buf []byte) (int64, error) {
 	fd, err := unix.Openat(dir, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("create: %w", err)
+		return 0, mkErr("create", err)
 	}
 	f := os.NewFile(uintptr(fd), base)
 	defer f.Close()
-	n, err := io.Copy(f, ctxReader{ctx, body})
+	// Through buf as a plain writer: os.File's ReadFrom would copy a tar
+	// entry in 32 KiB writes.
+	n, err := io.CopyBuffer(struct{ io.Writer }{f}, ctxReader{ctx, body}, buf)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: truncated file: %v", ErrBadLayer, err)
@@ -275,6 +309,11 @@ func splitRel(rel string) (dir, base string) {
 // in opens the in-root directory rel (resolved inside the root as a
 // chroot would, "" is the root) and calls f with it.
 func (a *applier) in(rel string, f func(dir int) error) error {
+	if a.dirFD >= 0 && a.dirRel == rel {
+		a.inUse++
+		defer func() { a.inUse-- }()
+		return f(a.dirFD)
+	}
 	dir := rel
 	if dir == "" {
 		dir = "."
@@ -286,9 +325,25 @@ func (a *applier) in(rel string, f func(dir int) error) error {
 	if err != nil {
 		return fmt.Errorf("open /%s: %w", rel, err)
 	}
-	defer unix.Close(fd)
+	if a.inUse > 0 {
+		defer unix.Close(fd)
+		return f(fd)
+	}
+	a.forget()
+	a.dirRel, a.dirFD = rel, fd
+	a.inUse++
+	defer func() { a.inUse-- }()
 	return f(fd)
 }
+
+// forget closes the directory in keeps open.
+func (a *applier) forget() {
+	if a.dirFD >= 0 {
+		unix.Close(a.dirFD)
+		a.dirFD = -1
+	}
+}
+
 
 // mkdirAll makes the in-root directory rel and its missing parents
 // (root-owned, 0755), as tar does for an entry whose directories the
