@@ -344,7 +344,6 @@ func (a *applier) forget() {
 	}
 }
 
-
 // mkdirAll makes the in-root directory rel and its missing parents
 // (root-owned, 0755), as tar does for an entry whose directories the
 // archive does not list.
