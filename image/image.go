@@ -99,6 +99,9 @@ type Info struct {
 	Layers []Layer `json:"layers,omitempty"`
 	// Config is what of an OCI image's config sandboxes use (nil: none).
 	Config *Config `json:"config,omitempty"`
+	// Recipe is the cache key of the recipe file the image was built from
+	// (BuildRecipe); "" for other images.
+	Recipe string `json:"recipe,omitempty"`
 }
 
 // metadata is what an image's /.arbor-image.json holds.
@@ -111,6 +114,7 @@ type metadata struct {
 	Digest  string    `json:"digest,omitempty"`
 	Layers  []Layer   `json:"layers,omitempty"`
 	Config  *Config   `json:"config,omitempty"`
+	Recipe  string    `json:"recipe,omitempty"`
 }
 
 // Store builds, imports, lists and removes images in a snapshotter.
@@ -205,7 +209,7 @@ func (s *Store) info(name string) Info {
 		}
 	}
 	in := Info{Name: name, Created: md.Created, Source: md.Source, Size: md.Size, Shell: md.Shell, Snapshot: snap, Path: root,
-		Digest: md.Digest, Layers: md.Layers, Config: md.Config}
+		Digest: md.Digest, Layers: md.Layers, Config: md.Config, Recipe: md.Recipe}
 	if in.Shell == "" {
 		in.Shell = detectShell(root)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -102,11 +104,35 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 	}
 
 	var force, cacheOnly bool
+	var recipesDir string
 	build := &cobra.Command{
-		Use:   "build NAME",
-		Short: "Build an image from a built-in recipe: busybox (seconds) or debian (cached after the first build)",
-		Args:  cobra.ExactArgs(1),
+		Use: "build NAME",
+		Short: "Build an image from a built-in recipe, busybox (seconds) or debian (cached after the first build), " +
+			"or from its recipe file DIR/NAME.yaml (--recipes DIR; built again only when it or its files or base changed)",
+		Example: `  arbor image build debian
+  arbor image build debian-build          # images/debian-build.yaml
+  arbor image build --recipes envs swe-py # envs/swe-py.yaml`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if name := args[0]; !slices.Contains(image.Recipes, name) && !cacheOnly {
+				p := filepath.Join(recipesDir, name+".yaml")
+				if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("build %s: %w (built-in: %s) and no recipe file %s (--recipes, ARBOR_RECIPES)",
+						name, image.ErrUnknownRecipe, strings.Join(image.Recipes, ", "), p)
+				}
+				s, err := open(cmd)
+				if err != nil {
+					return err
+				}
+				if err := removeIfForced(cmd, s, name, force); err != nil {
+					return err
+				}
+				start := time.Now()
+				if _, err := s.BuildRecipe(cmd.Context(), name, p, cmd.OutOrStdout()); err != nil {
+					return err
+				}
+				return reportMade(cmd, s, name, start)
+			}
 			if cacheOnly {
 				if args[0] != "debian" {
 					return fmt.Errorf("--cache-only: only the debian recipe has a build cache")
@@ -132,7 +158,9 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 			return reportMade(cmd, s, args[0], start)
 		},
 	}
-	build.Flags().BoolVar(&force, "force", false, "remove an existing image of that name first")
+	build.Flags().BoolVar(&force, "force", false, "remove an existing image of that name first (a recipe image is rebuilt even when up to date)")
+	build.Flags().StringVar(&recipesDir, "recipes", envOr("ARBOR_RECIPES", "images"),
+		"folder of recipe files: NAME.yaml builds image NAME (env ARBOR_RECIPES; docs/images.md, \"Recipes\")")
 	build.Flags().BoolVar(&cacheOnly, "cache-only", false,
 		"only fill the build cache (debian: the rootfs tarball) when it is missing; needs no state dir")
 
