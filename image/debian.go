@@ -65,6 +65,10 @@ func (s *Store) CacheDebian(ctx context.Context, progress io.Writer) (string, er
 		return "", fmt.Errorf("make debian root: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	// The tarball records its root's mode: a root file system's / is 0755.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("make debian root: %w", err)
+	}
 	if _, err := s.fillDebian(ctx, tmp, progress); err != nil {
 		return "", err
 	}
@@ -87,6 +91,11 @@ func (s *Store) fillDebian(ctx context.Context, root string, progress io.Writer)
 			return "", fmt.Errorf("unpack cached rootfs (delete %s to rebuild it): %w", cache, err)
 		}
 		fmt.Fprintf(progress, "debian: unpacked in %s\n", time.Since(start).Round(time.Millisecond))
+		// Caches made before CacheDebian set its root's mode recorded
+		// MkdirTemp's 0700, which shut a non-root image user out of /.
+		if err := os.Chmod(root, 0o755); err != nil {
+			return "", fmt.Errorf("chmod debian root: %w", err)
+		}
 		return source + " (cached)", nil
 	}
 	if _, err := exec.LookPath("debootstrap"); err != nil {

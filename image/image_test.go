@@ -24,7 +24,9 @@ func TestValidName(t *testing.T) {
 		{"slash", "a/b", false},
 		{"upper", "Busybox", false},
 		{"dotdot", "..", false},
-		{"too long", strings.Repeat("a", 64), false},
+		{"longest", strings.Repeat("a", 127), true},
+		{"digest name", "sha256-" + strings.Repeat("ab", 32), true},
+		{"too long", strings.Repeat("a", 128), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
