@@ -30,6 +30,9 @@ var (
 	// ErrBadRoot: the root file system has a shape the server refuses to
 	// prepare (a symlink where it writes).
 	ErrBadRoot = errors.New("root file system refused")
+	// ErrBadConfig: a Config field is refused before anything is made
+	// (the error names the field).
+	ErrBadConfig = errors.New("sandbox config refused")
 	// ErrUIDMap: a started or restored sandbox's init does not have the
 	// uid/gid maps its mode asks for; the sandbox is not handed out.
 	ErrUIDMap = errors.New("sandbox uid map does not match its mode")

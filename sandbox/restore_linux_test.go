@@ -52,6 +52,13 @@ func newCRRig(t *testing.T) *crRig {
 // start boots a busybox sandbox on a fresh volume.
 func (r *crRig) start(t *testing.T, iso sandbox.Isolation) (*sandbox.Sandbox, string) {
 	t.Helper()
+	return r.startCfg(t, sandbox.Config{Isolation: iso})
+}
+
+// startCfg is start with cfg's Isolation, Shell and UserNS (the volume is
+// shifted to the range).
+func (r *crRig) startCfg(t *testing.T, cfg sandbox.Config) (*sandbox.Sandbox, string) {
+	t.Helper()
 	ctx := context.Background()
 	r.n++
 	vol := fmt.Sprintf("src%d", r.n)
@@ -62,8 +69,11 @@ func (r *crRig) start(t *testing.T, iso sandbox.Isolation) (*sandbox.Sandbox, st
 	if out, err := exec.Command("cp", "-a", root+"/.", r.snap.Path(vol)).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
+	if u := cfg.UserNS.WithDefaults(); u.Enabled {
+		sandboxtest.ShiftRoot(t, r.snap.Path(vol), u.HostID, u.Size)
+	}
 	sb, err := sandbox.Start(ctx, sandbox.Config{ID: fmt.Sprintf("iso-%d-%s", os.Getpid(), vol), Root: r.snap.Path(vol),
-		InitBinary: sandboxtest.InitBinary(t), Isolation: iso})
+		InitBinary: sandboxtest.InitBinary(t), Isolation: cfg.Isolation, Shell: cfg.Shell, UserNS: cfg.UserNS})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +103,7 @@ func (r *crRig) dump(t *testing.T, sb *sandbox.Sandbox, vol string) (string, str
 		if err := sandbox.WriteIsolationRecord(imgs, rec); err != nil {
 			return err
 		}
-		_, err = r.c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup()})
+		_, err = r.c.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: imgs, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled})
 		return err
 	})
 	if err != nil {
@@ -105,6 +115,12 @@ func (r *crRig) dump(t *testing.T, sb *sandbox.Sandbox, vol string) (string, str
 // restore clones snapName and restores imgs into it with the record rec.
 func (r *crRig) restore(t *testing.T, snapName, imgs string, rec sandbox.IsolationRecord, policy sandbox.Isolation) (*sandbox.Sandbox, string, error) {
 	t.Helper()
+	return r.restoreCfg(t, snapName, imgs, rec, sandbox.Config{Isolation: policy})
+}
+
+// restoreCfg is restore with cfg's Isolation (the policy) and UserNS.
+func (r *crRig) restoreCfg(t *testing.T, snapName, imgs string, rec sandbox.IsolationRecord, cfg sandbox.Config) (*sandbox.Sandbox, string, error) {
+	t.Helper()
 	ctx := context.Background()
 	r.n++
 	vol := fmt.Sprintf("child%d", r.n)
@@ -112,8 +128,8 @@ func (r *crRig) restore(t *testing.T, snapName, imgs string, rec sandbox.Isolati
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("iso-%d-%s", os.Getpid(), vol)
-	child, err := sandbox.Restore(ctx, sandbox.Config{ID: id, Root: r.snap.Path(vol), Isolation: policy}, rec, func(join func(int) error) (int, error) {
-		return r.c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: r.snap.Path(vol), Join: join})
+	child, err := sandbox.Restore(ctx, sandbox.Config{ID: id, Root: r.snap.Path(vol), Isolation: cfg.Isolation, UserNS: cfg.UserNS}, rec, func(join func(int) error) (int, error) {
+		return r.c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: r.snap.Path(vol), Join: join, UserNS: cfg.UserNS.Enabled})
 	})
 	if err == nil {
 		t.Cleanup(func() { child.Destroy(context.Background()) })
@@ -271,4 +287,117 @@ func TestKillAllButInitAfterRestore(t *testing.T) {
 	if got := pid("echo $$"); got != shell {
 		t.Fatalf("the new shell has pid %d, the killed one had %d: the test did not make init reuse the pid", got, shell)
 	}
+}
+
+// TestRestoreKeepsShellConfig: a sandbox whose shell runs as an image's
+// non-root user, dumped and restored (by a Restore that is given no shell
+// config), has that user's shell with its environment and directory, a
+// terminal still exclusive, and init starts the shell that replaces it
+// the same way: the config lives in init's memory. One case keeps no
+// CAP_DAC_OVERRIDE, so init cannot open the user's terminal by path.
+//
+// CRIU reads every task's rlimits with prlimit, which for a task of
+// another uid needs CAP_SYS_RESOURCE over the task's user namespace. In
+// user namespace mode the server owns that namespace and so has it; with
+// host ids it needs the capability itself, which some hosts' root lacks
+// (this VM's, some CI containers): there the dump must fail cleanly,
+// leaving the sandbox running (docs/sandbox.md, "The shell's user,
+// environment and directory").
+func TestRestoreKeepsShellConfig(t *testing.T) {
+	r := newCRRig(t)
+	// What the shell reports of itself, and whether another open of its
+	// terminal succeeds (the terminal must be exclusive). The open is in
+	// a non-interactive sh: a subshell of the interactive ash waits for
+	// input after a redirection fails.
+	const state = userStateCmd + `; t=$(for f in /proc/$$/fd/*; do readlink "$f"; done | grep '^/dev/pts/' | sort -u); sh -c ': <>"$1"' sh "$t" 2>/dev/null && echo terminal open || echo terminal busy`
+	const want = userState + "terminal busy\n"
+	userNS := sandbox.UserNSConfig{Enabled: true}.WithDefaults()
+	noDAC := sandbox.Isolation{Caps: []string{"CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"}}
+	for _, tt := range []struct {
+		name string
+		cfg  sandbox.Config
+	}{
+		{"user namespace mode", sandbox.Config{UserNS: userNS}},
+		{"user namespace mode, no CAP_DAC_OVERRIDE", sandbox.Config{UserNS: userNS, Isolation: noDAC}},
+		{"host ids", sandbox.Config{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			cfg.Shell = imageUser
+			sb, vol := r.startCfg(t, cfg)
+			if res := run(t, sb, state, 10*time.Second); string(res.Stdout) != want {
+				t.Fatalf("before the dump: %q (stderr %q), want %q", res.Stdout, res.Stderr, want)
+			}
+			if !cfg.UserNS.Enabled && !serverHasCap(t, "CAP_SYS_RESOURCE") {
+				testDumpFailsCleanly(t, r, sb, state, want)
+				return
+			}
+			snapName, imgs := r.dump(t, sb, vol)
+			rec, err := sandbox.ReadIsolationRecord(imgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Shell.CapEff != 0 || rec.Shell.CapPrm != 0 || rec.Shell.CapInh != 0 {
+				t.Errorf("dumped shell holds capabilities: %v", rec.Shell)
+			}
+			child, _, err := r.restoreCfg(t, snapName, imgs, rec, sandbox.Config{Isolation: cfg.Isolation, UserNS: cfg.UserNS})
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if res := run(t, child, state, 10*time.Second); string(res.Stdout) != want {
+				t.Errorf("restored shell: %q (stderr %q), want %q", res.Stdout, res.Stderr, want)
+			}
+			if res := run(t, child, "cd /tmp; export FOO=changed; kill -9 $$", 10*time.Second); !res.ShellRestarted {
+				t.Fatalf("kill -9 $$: %+v, want the shell restarted", res)
+			}
+			if res := run(t, child, state, 10*time.Second); string(res.Stdout) != want {
+				t.Errorf("the restored init's new shell: %q (stderr %q), want %q", res.Stdout, res.Stderr, want)
+			}
+			if st := statusInside(t, child, "/proc/$$/status"); st.CapInh != 0 || st.CapPrm != 0 || st.CapEff != 0 || st.CapAmb != 0 {
+				t.Errorf("the restored init's new shell holds capabilities: %v", st)
+			}
+		})
+	}
+}
+
+// testDumpFailsCleanly: on a server without CAP_SYS_RESOURCE a dump of a
+// sandbox with a non-root shell in host ids fails, saying why, and the
+// sandbox runs on with the same shell.
+func testDumpFailsCleanly(t *testing.T, r *crRig, sb *sandbox.Sandbox, state, want string) {
+	t.Helper()
+	t.Log("the server lacks CAP_SYS_RESOURCE: a dump of a non-root task in host ids must fail")
+	pid := run(t, sb, "echo $$", 5*time.Second).Stdout
+	err := sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return err
+		}
+		defer sb.Thaw()
+		_, err := r.c.Dump(context.Background(), criu.DumpRequest{PID: sb.InitPID(), Dir: t.TempDir(), FreezeCgroup: sb.FreezerCgroup()})
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "rlimit") {
+		t.Fatalf("dump: %v, want it refused for want of CAP_SYS_RESOURCE (rlimit)", err)
+	}
+	t.Logf("dump refused: %v", err)
+	if res := run(t, sb, "echo $$; "+state, 10*time.Second); string(res.Stdout) != string(pid)+want || res.ShellRestarted {
+		t.Errorf("after the failed dump: %q (stderr %q), want the same shell: %q", res.Stdout, res.Stderr, string(pid)+want)
+	}
+}
+
+// serverHasCap reports whether this process holds capability name.
+func serverHasCap(t *testing.T, name string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sandbox.ParseTaskIsolation(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sandbox.ParseCaps([]string{name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.SubsetOf(st.CapEff)
 }

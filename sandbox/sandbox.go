@@ -90,6 +90,73 @@ type Config struct {
 	Logger *slog.Logger
 	// UserNS runs the sandbox in its own user namespace (userns.go).
 	UserNS UserNSConfig
+	// Shell is how the persistent shell starts (Start only: a restored
+	// sandbox keeps the config of the sandbox that was dumped).
+	Shell ShellConfig
+}
+
+// ShellConfig is how the persistent shell starts (an OCI image's config:
+// docs/images.md). The zero value is today's shell: root, /root, the
+// default environment. It applies to the agent's shell, and so to every
+// command of a step; Sandbox.Run (the verifier) runs as root with its own
+// environment whatever it says (docs/sandbox.md, "The shell's user,
+// environment and directory").
+type ShellConfig struct {
+	// Env are KEY=VALUE pairs added to the shell's default environment; a
+	// key given here replaces the default's (PATH, HOME, ...). HOME stays
+	// /root unless Env sets it, whatever UID is.
+	Env []string
+	// Dir is the in-sandbox absolute directory the shell starts in ("":
+	// /root, or / when missing). A Dir that does not exist when the
+	// sandbox starts is created (owned by UID:GID, mode 0755), as Docker
+	// does for WORKDIR; a shell that replaces a dead one starts in / when
+	// Dir is gone by then (init does not create it again: see the doc).
+	Dir string
+	// UID, GID and Groups are the credentials the shell (and so every
+	// command of a step) runs with; 0/0/none is root. A shell whose UID is
+	// not 0 holds no capabilities (as Docker's non-root USER). Setting
+	// them needs CAP_SETUID and CAP_SETGID in the sandbox's Isolation.
+	UID, GID uint32
+	Groups   []uint32
+}
+
+// wire is c as init gets it.
+func (c ShellConfig) wire() ctl.Shell {
+	return ctl.Shell{Env: c.Env, Dir: c.Dir, UID: c.UID, GID: c.GID, Groups: c.Groups}
+}
+
+// Validate reports what is wrong with c (ErrBadConfig, naming the field):
+// Dir must be absolute and clean, each Env entry KEY=VALUE with a
+// non-empty KEY and no NUL, and no id (uid_t)-1.
+func (c ShellConfig) Validate() error {
+	if err := c.wire().Validate(); err != nil {
+		return fmt.Errorf("%w: Shell.%w", ErrBadConfig, err)
+	}
+	return nil
+}
+
+// check is Validate plus what the sandbox it starts in asks of c: ids
+// inside the user namespace's range, and CAP_SETUID and CAP_SETGID kept
+// when the shell is not root's.
+func (c ShellConfig) check(u UserNSConfig, kept CapSet) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if u = u.WithDefaults(); u.Enabled {
+		ids := append([]uint32{c.UID, c.GID}, c.Groups...)
+		for _, id := range ids {
+			if id >= u.Size {
+				return fmt.Errorf("%w: Shell: id %d is outside the user namespace's %d ids", ErrBadConfig, id, u.Size)
+			}
+		}
+	}
+	if w := c.wire(); !w.Root() {
+		need, _ := ParseCaps([]string{"CAP_SETUID", "CAP_SETGID"})
+		if !need.SubsetOf(kept) {
+			return fmt.Errorf("%w: Shell: UID, GID and Groups need CAP_SETUID and CAP_SETGID, which the sandbox does not keep (Isolation.Caps)", ErrBadConfig)
+		}
+	}
+	return nil
 }
 
 // MaxOutputCeiling is the most of each of stdout and stderr a command's

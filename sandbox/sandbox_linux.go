@@ -123,6 +123,9 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.Shell.check(cfg.UserNS, kept); err != nil {
+		return nil, err
+	}
 	hardened := !cfg.Isolation.Unhardened
 	capsArg := "unhardened"
 	var prog *os.File
@@ -227,9 +230,19 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	s.seen = cg.counters()
-	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
+	// Init starts its first shell at this request, with this config
+	// (ctl.Request.Shell), and every later one with the same. A start
+	// waits up to 10 s for a shell that does not answer, per pty tried.
+	shell := cfg.Shell.wire()
+	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell, Shell: &shell}, 30*time.Second)
 	if err != nil {
 		return nil, err
+	}
+	if resp.Error != "" {
+		return nil, fmt.Errorf("start the shell: %s", resp.Error)
+	}
+	if resp.ShellError != "" {
+		return nil, fmt.Errorf("start the shell: %s", resp.ShellError)
 	}
 	s.shellPID = resp.ShellPID
 	rec, err := s.readIsolation()

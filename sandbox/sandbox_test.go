@@ -23,6 +23,18 @@ var testCount int
 // root is busybox (ash) unless ARBOR_TEST_IMAGE=debian asks for bash.
 func start(t *testing.T, lim sandbox.Limits) *sandbox.Sandbox {
 	t.Helper()
+	sb, err := startCfg(t, sandbox.Config{Limits: lim})
+	if err != nil {
+		t.Fatalf("start sandbox: %v", err)
+	}
+	return sb
+}
+
+// startCfg is start with more of the config: it fills in the ID, a fresh
+// root (edited by prepare, when given, before the start), the init binary
+// and the user namespace mode.
+func startCfg(t *testing.T, cfg sandbox.Config, prepare ...func(root string)) (*sandbox.Sandbox, error) {
+	t.Helper()
 	sandboxtest.RequireRoot(t)
 	var root string
 	if os.Getenv("ARBOR_TEST_IMAGE") == "debian" {
@@ -30,21 +42,25 @@ func start(t *testing.T, lim sandbox.Limits) *sandbox.Sandbox {
 	} else {
 		root = sandboxtest.BusyboxRoot(t, "")
 	}
+	for _, p := range prepare {
+		p(root)
+	}
 	if userNS.Enabled {
 		sandboxtest.ShiftRoot(t, root, userNS.HostID, userNS.Size)
 	}
 	testCount++
-	id := fmt.Sprintf("test-%d-%d", os.Getpid(), testCount)
-	sb, err := sandbox.Start(context.Background(), sandbox.Config{ID: id, Root: root, InitBinary: sandboxtest.InitBinary(t), Limits: lim, UserNS: userNS})
+	cfg.ID = fmt.Sprintf("test-%d-%d", os.Getpid(), testCount)
+	cfg.Root, cfg.InitBinary, cfg.UserNS = root, sandboxtest.InitBinary(t), userNS
+	sb, err := sandbox.Start(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("start sandbox: %v", err)
+		return nil, err
 	}
 	t.Cleanup(func() {
 		if err := sb.Destroy(context.Background()); err != nil {
 			t.Errorf("destroy: %v", err)
 		}
 	})
-	return sb
+	return sb, nil
 }
 
 func run(t *testing.T, sb *sandbox.Sandbox, cmd string, timeout time.Duration) *sandbox.Result {

@@ -52,6 +52,14 @@ type Request struct {
 	Env []string `json:"env,omitempty"`
 	// Dir is an OpRun child's working directory ("/" when empty).
 	Dir string `json:"dir,omitempty"`
+	// Shell is how the persistent shell starts, for OpShell only: the
+	// server sends it with its first request to a started init, before
+	// any command. Init starts its first shell at the first request it
+	// gets (with this config, or the default when the first request
+	// carries none) and uses the same config for every shell that
+	// replaces it. Once a shell has started, a different config is
+	// refused (Response.Error); an equal one, or none, changes nothing.
+	Shell *Shell `json:"shell,omitempty"`
 }
 
 // Response is the answer to one Request.

@@ -17,8 +17,6 @@ import (
 // sandbox's persistent shell is: verifiers are written for POSIX sh.
 const runShell = "/bin/sh"
 
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 // runEnv is the environment of an OpRun child: exactly the request's,
 // plus PATH and HOME when it lacks them. Nothing of init's or the
 // persistent shell's environment leaks in.

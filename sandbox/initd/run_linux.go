@@ -219,6 +219,10 @@ func pump(sh *shell, jobs <-chan job) {
 		case j := <-jobs:
 			var resp ctl.Response
 			o := &output{send: j.out}
+			if err := sh.begin(j.req); err != nil {
+				j.out <- piece{resp: ctl.Response{Error: err.Error()}}
+				continue
+			}
 			switch j.req.Op {
 			case ctl.OpExec:
 				resp = sh.exec(j.req, o)

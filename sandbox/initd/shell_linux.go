@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -53,9 +52,19 @@ type job struct {
 type shell struct {
 	path   string
 	isBash bool
-	pid    int
-	master int // pty master; -1 after hang-up until restart
-	ptsN   int
+	// cfg is how every shell starts (ctl.Request.Shell): fixed once
+	// started is set, and kept in init's memory, so a restored init
+	// starts its shells as the dumped one did. started: the first
+	// request came and a first shell was tried; up: one came up (from
+	// then on nothing makes cfg.Dir, see makeDir); dir: where the
+	// current shell started.
+	cfg     ctl.Shell
+	started bool
+	up      bool
+	dir     string
+	pid     int
+	master  int // pty master; -1 after hang-up until restart
+	ptsN    int
 
 	outR, outW int    // command stdout
 	errR, errW int    // command stderr
@@ -105,6 +114,8 @@ func pipeNB() (r, w int, err error) {
 	return p[0], p[1], nil
 }
 
+// newShell makes the pipes of a shell that is not started yet: the first
+// request starts it (begin), with the config that request carries.
 func newShell(path string) (*shell, error) {
 	s := &shell{path: path, isBash: bytes.HasSuffix([]byte(path), []byte("bash")), master: -1, stR: -1, cmdW: -1, cmdPeer: -1, want: expected{}}
 	var err error
@@ -116,7 +127,37 @@ func newShell(path string) (*shell, error) {
 	if err := unix.SetNonblock(s.wakeW, true); err != nil {
 		return nil, err
 	}
-	return s, s.start()
+	return s, nil
+}
+
+// begin is what init does with every request before its op: it takes
+// the shell config the request carries (OpShell from sandbox.Start, the
+// first request of a started init), and the first request starts the
+// first shell. So the shell never runs with a config other than the one
+// the server asked for: no default root shell comes first. A first start
+// that fails is reported as ShellError and retried like a restart. The
+// returned error refuses the request (a bad config, or one that differs
+// from the one the shell started with).
+func (s *shell) begin(req ctl.Request) error {
+	if req.Shell != nil {
+		if err := req.Shell.Validate(); err != nil {
+			return fmt.Errorf("shell config: %w", err)
+		}
+		if s.started && !req.Shell.Equal(s.cfg) {
+			return errors.New("shell config: the shell has started already; its config is fixed by the first request")
+		}
+		s.cfg = *req.Shell
+	}
+	if s.started {
+		return nil
+	}
+	s.started = true
+	if err := s.restart(); err != nil && s.exited == nil {
+		// No shell ever ran: mark it dead so that the idle loop and the
+		// next command try again (restart's back-off).
+		s.exited = new(syscall.WaitStatus)
+	}
+	return nil
 }
 
 // wake makes the pump's poll return.
@@ -127,8 +168,16 @@ func (s *shell) wake() { unix.Write(s.wakeW, []byte{0}) }
 // exclusive is thrown away for a new one (pty_linux.go), up to ptyTries
 // times.
 func (s *shell) start() error {
+	if !s.up && s.cfg.Dir != "" {
+		if err := makeDir(s.cfg.Dir, s.cfg.UID, s.cfg.GID); err != nil {
+			return err
+		}
+	}
 	for try := 1; ; try++ {
 		err := s.startOn()
+		if err == nil {
+			s.up = true
+		}
 		if !errors.Is(err, errPtyTaken) {
 			return err
 		}
@@ -193,15 +242,20 @@ func (s *shell) startOn() error {
 	}
 	unix.IoctlSetWinsize(slave, unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 200})
 	unix.SetNonblock(master, true)
+	if !s.cfg.Root() {
+		// The terminal belongs to the shell's user, as a login's does
+		// (programs such as screen and mesg check); it stays exclusive,
+		// so owning it opens it to nobody. Best effort: a sandbox
+		// without CAP_CHOWN leaves it root's, and the shell uses the
+		// descriptors it inherits either way.
+		unix.Fchown(slave, int(s.cfg.UID), int(s.cfg.GID))
+	}
 
 	args := []string{"sh", "-i"}
 	if s.isBash {
 		args = []string{"bash", "--norc", "--noprofile", "--noediting", "-i"}
 	}
-	env := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/root", "TERM=dumb", "LANG=C.UTF-8", "PS1=", "PS2=", "SHELL=" + s.path,
-	}
+	env := shellEnv(s.path, s.cfg.Env)
 	// The shell gets the pty as 0 and 2, /dev/null as 1 and the
 	// descriptors above; every other one below statusFD is closed. Its
 	// stdout is never the terminal: every command's is the outFD pipe,
@@ -222,27 +276,43 @@ func (s *shell) startOn() error {
 	defer unix.Close(null)
 	files[0], files[1], files[2] = uintptr(slave), uintptr(null), uintptr(slave)
 	files[cmdFD], files[outFD], files[errFD], files[statusFD] = uintptr(s.cmdPeer), uintptr(s.outW), uintptr(s.errW), uintptr(stShell)
-	pid, err := syscall.ForkExec(s.path, args, &syscall.ProcAttr{
-		Dir:   "/root",
-		Env:   env,
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
-	})
-	if errors.Is(err, unix.ENOENT) {
-		pid, err = syscall.ForkExec(s.path, args, &syscall.ProcAttr{
-			Dir: "/", Env: env,
-			Files: files,
-			Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
-		})
+	// The shell's credentials (Credential: setgroups, setgid and setuid
+	// in the child, after which the kernel clears a non-root uid's
+	// permitted, effective and ambient capabilities; forkShell clears
+	// the inheritable ones) and its directory: the config's, else /root.
+	// A shell that cannot enter it starts in /: /root when it is missing
+	// or not the user's to enter, the config's Dir when it is gone since
+	// the first shell came up (see docs/sandbox.md, "The shell's user,
+	// environment and directory"); the first shell in the config's Dir
+	// gets no such fallback, so a Dir the user cannot enter fails
+	// sandbox.Start.
+	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if !s.cfg.Root() {
+		sys.Credential = &syscall.Credential{Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: s.cfg.Groups}
+	}
+	dir, fallback := "/root", true
+	if s.cfg.Dir != "" {
+		dir, fallback = s.cfg.Dir, s.up
+	}
+	pid, err := forkShell(s.path, args, &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}, s.cfg.UID != 0)
+	if fallback && dir != "/" && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOTDIR)) {
+		dir = "/"
+		pid, err = forkShell(s.path, args, &syscall.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}, s.cfg.UID != 0)
 	}
 	if err != nil {
 		unix.Close(master)
-		return fmt.Errorf("start %s: %w", s.path, err)
+		return fmt.Errorf("start %s in %s as %d:%d: %w", s.path, dir, s.cfg.UID, s.cfg.GID, err)
 	}
 	setAgentOOMScore(pid)
-	s.pid, s.master, s.ptsN, s.exited = pid, master, n, nil
+	s.pid, s.master, s.ptsN, s.exited, s.dir = pid, master, n, nil, dir
 	clear(s.want)
 	setup := "set +o history 2>/dev/null; unset HISTFILE ENV PROMPT_COMMAND; PS1=; PS2="
+	if s.cfg.UID != 0 {
+		// setAgentOOMScore writes a file of the shell's user, which
+		// init cannot without CAP_DAC_OVERRIDE; the shell may raise its
+		// own score (from init's -1000, which it inherits) itself.
+		setup += "; echo " + agentOOMScore + " 2>/dev/null >/proc/self/oom_score_adj"
+	}
 	if !s.isBash {
 		// busybox ash, its terminal without echo, reads lines with
 		// fgets, and a signal while it waits (SIGCHLD when a background
@@ -328,9 +398,12 @@ func (s *shell) type_(line string) uint64 {
 // terminal's exclusive mode and SO_PASSCRED on init's end of the status
 // socket. The server's first request to a restored init is OpShell
 // (sandbox.Restore), which runs it; a started init has both from the
-// start. The exclusive mode is set through a transient open of the slave,
-// which fails with EBUSY when the terminal is exclusive already (init
-// lacks CAP_SYS_ADMIN).
+// start. The exclusive mode is set through a transient descriptor of the
+// slave, which fails with EBUSY when the terminal is exclusive already
+// (init lacks CAP_SYS_ADMIN). The descriptor comes from the master
+// (TIOCGPTPEER), not from /dev/pts/N: the slave of a non-root shell is
+// its user's, mode 0620, which init could not open by path without
+// CAP_DAC_OVERRIDE.
 func (s *shell) afterRestore() {
 	if s.stR >= 0 {
 		unix.SetsockoptInt(s.stR, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
@@ -338,16 +411,12 @@ func (s *shell) afterRestore() {
 	if s.master < 0 {
 		return
 	}
-	n, err := unix.IoctlGetInt(s.master, unix.TIOCGPTN)
-	if err != nil {
+	fd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(s.master), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC))
+	if errno != 0 {
 		return
 	}
-	fd, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return
-	}
-	unix.IoctlSetInt(fd, unix.TIOCEXCL, 0)
-	unix.Close(fd)
+	unix.IoctlSetInt(int(fd), unix.TIOCEXCL, 0)
+	unix.Close(int(fd))
 }
 
 // newStatusSocket makes a fresh status socket pair, keeps init's end in
@@ -737,7 +806,7 @@ func (s *shell) exec(req ctl.Request, o *output) ctl.Response {
 			resp.Error = fmt.Sprintf("restart shell: %v", err)
 		}
 		if resp.Cwd == "" {
-			resp.Cwd = "/root"
+			resp.Cwd = s.dir
 		}
 	}
 	return resp
