@@ -81,7 +81,8 @@ func ownDir(p string, uid, gid uint32) error {
 // wherever no_new_privs does not stop it (an unhardened sandbox). The
 // child gets the set of the thread that forks it, so it is cleared on this
 // thread (init's main thread, locked: see cmd/arbor-init) around the fork
-// and restored right after; init's other threads keep theirs. A dump
+// and restored right after (init's dumpable flag with them); init's other
+// threads keep theirs. A dump
 // whose freeze lands in those microseconds records init without the set
 // and fails its isolation check, which only refuses that dump.
 func forkShell(path string, args []string, attr *syscall.ProcAttr, noInheritable bool) (int, error) {
@@ -110,6 +111,13 @@ func forkShell(path string, args []string, attr *syscall.ProcAttr, noInheritable
 			unix.Kill(pid, unix.SIGKILL)
 		}
 		return 0, fmt.Errorf("restore inheritable capabilities: %w", rerr)
+	}
+	// Growing the set again made init non-dumpable (commit_creds does
+	// that when capabilities are added). In user namespace mode init must
+	// stay dumpable, or a restored one could never be checkpointed again
+	// (setNonDumpable says why); in host mode it is non-dumpable anyway.
+	if ownUserNS() {
+		unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
 	}
 	return pid, err
 }
