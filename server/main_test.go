@@ -14,6 +14,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -24,6 +25,7 @@ var (
 	skipReason string
 	engine     *branch.Engine
 	pool       *envpool.Pool
+	images     *image.Store
 )
 
 // testTask is a busybox task: a counter file the agent must raise.
@@ -39,7 +41,7 @@ func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
 	branchtest.Main(m, "server", branchtest.Options{Inspector: true}, &skipReason, func(rig *branchtest.Rig) (func(), error) {
-		engine = rig.Engine
+		engine, images = rig.Engine, rig.Images
 		var err error
 		pool, err = envpool.NewPool(context.Background(), engine, []envpool.Task{testTask}, envpool.PoolOptions{Warm: 1, Logger: quiet()})
 		if err != nil {

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
@@ -31,7 +33,9 @@ type Launcher struct {
 	Isolation sandbox.Isolation
 	Logger    *slog.Logger
 	// AutoBuild lets Launch build a missing image that has a built-in
-	// recipe (busybox, debian), writing progress to Progress.
+	// recipe (busybox, debian), and pull an image named by a registry
+	// reference the store lacks (image.Store.Resolve), writing progress
+	// to Progress.
 	AutoBuild bool
 	Progress  io.Writer
 	// UserNS starts sandboxes in user namespace mode, on copies of the
@@ -41,7 +45,10 @@ type Launcher struct {
 
 // Env is a running sandbox plus the volume that is its root.
 type Env struct {
-	ID      string
+	ID string
+	// Image is the local name of the image it was launched from: for a
+	// registry reference the digest-pinned name it resolved to
+	// (image.DigestName), so a lineage never follows a moving tag.
 	Image   string
 	Volume  string
 	Sandbox *sandbox.Sandbox
@@ -74,7 +81,7 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	if log == nil {
 		log = slog.Default()
 	}
-	img, err := l.Images.Get(ctx, imageName)
+	img, err := l.Images.Resolve(ctx, imageName, l.AutoBuild, l.Progress)
 	if errors.Is(err, image.ErrNotFound) && l.AutoBuild && slices.Contains(image.Recipes, imageName) {
 		// Ensure: concurrent first launches of an image share one build.
 		log.Info("building missing image", slog.String("image", imageName))
@@ -85,7 +92,18 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	if err != nil {
 		return nil, fmt.Errorf("launch %s: %w", imageName, err)
 	}
+	imageName = img.Name
 	u := l.UserNS.WithDefaults()
+	if shell := ShellConfig(img.Config); !u.Enabled && shell.UID|shell.GID != 0 && !canDumpOtherUsers() {
+		// CRIU reads each task's resource limits (prlimit), which for a
+		// task of another uid needs CAP_SYS_RESOURCE; this host's root
+		// lacks it, so a non-root image user's shell could never be
+		// checkpointed with host ids. In user namespace mode the server
+		// owns the sandbox's namespace and may (docs/images.md).
+		u = sandbox.UserNSConfig{Enabled: true, Size: l.UserNS.Size}.WithDefaults()
+		log.Info("non-root image user without CAP_SYS_RESOURCE: user namespace mode",
+			slog.String("image", imageName), slog.Uint64("uid", uint64(shell.UID)))
+	}
 	if u.Enabled {
 		if img, err = l.Images.Shifted(ctx, imageName, u.HostID, u.Size); err != nil {
 			return nil, fmt.Errorf("launch %s: %w", imageName, err)
@@ -113,11 +131,34 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Config{
 		ID: id, Root: l.Snap.Path(vol), InitBinary: l.InitBinary, Limits: l.Limits, Isolation: iso, Disk: disk, Logger: log, UserNS: u,
+		Shell: ShellConfig(img.Config),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox on %s: %w", imageName, err)
 	}
 	return &Env{ID: id, Image: imageName, Volume: vol, Sandbox: sb, snap: l.Snap}, nil
+}
+
+// ShellConfig is how the persistent shell starts on an image with config
+// c (nil: as root, in /root, with the default environment): the image's
+// env, working dir and user (docs/images.md, "The image config in a
+// sandbox").
+func ShellConfig(c *image.Config) sandbox.ShellConfig {
+	if c == nil {
+		return sandbox.ShellConfig{}
+	}
+	return sandbox.ShellConfig{Env: c.Env, Dir: c.WorkingDir, UID: c.UID, GID: c.GID, Groups: c.Groups}
+}
+
+// canDumpOtherUsers reports whether this process holds CAP_SYS_RESOURCE,
+// which CRIU needs to read the resource limits of a task of another uid.
+func canDumpOtherUsers() bool {
+	var hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_RESOURCE/32].Effective&(1<<(unix.CAP_SYS_RESOURCE%32)) != 0
 }
 
 // SetDiskQuota caps volume vol, the root of a sandbox about to start or be
