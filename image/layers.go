@@ -233,19 +233,102 @@ func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, pare
 	return n, nil
 }
 
-// readAhead reads r in a goroutine, a chunk ahead of the returned
-// reader's consumer, hashing what it reads. wait, once the reader is
-// closed (or read to its end), returns the digest of all r gave.
+// readAhead reads r in a goroutine, up to aheadChunks chunks of
+// aheadChunk bytes ahead of the returned reader's consumer, hashing what
+// it reads. (An io.Pipe would not do: its writer waits until the reader
+// took all it wrote, so the two would take turns instead of overlapping.)
+// wait, once the reader is closed (or read to its end), returns the
+// digest of all r gave.
 func readAhead(r io.Reader) (io.ReadCloser, func() string) {
-	pr, pw := io.Pipe()
+	a := &ahead{chunks: make(chan chunk, aheadChunks), free: make(chan []byte, aheadChunks+1), stop: make(chan struct{})}
 	done := make(chan string, 1)
 	go func() {
+		defer close(a.chunks)
 		h := sha256.New()
-		_, err := io.CopyBuffer(pw, io.TeeReader(r, h), make([]byte, 1<<20))
-		pw.CloseWithError(err)
-		done <- "sha256:" + hex.EncodeToString(h.Sum(nil))
+		defer func() { done <- "sha256:" + hex.EncodeToString(h.Sum(nil)) }()
+		for {
+			var b []byte
+			select {
+			case b = <-a.free:
+			default:
+				b = make([]byte, aheadChunk)
+			}
+			n, err := io.ReadFull(r, b)
+			if n > 0 {
+				h.Write(b[:n])
+				select {
+				case a.chunks <- chunk{b: b[:n]}:
+				case <-a.stop:
+					return
+				}
+			}
+			if err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) {
+					err = io.EOF
+				}
+				select {
+				case a.chunks <- chunk{err: err}:
+				case <-a.stop:
+				}
+				return
+			}
+		}
 	}()
-	return pr, func() string { return <-done }
+	return a, func() string { return <-done }
+}
+
+const (
+	aheadChunk  = 1 << 20
+	aheadChunks = 8
+)
+
+// ahead is readAhead's reader.
+type ahead struct {
+	chunks chan chunk
+	free   chan []byte // drained chunks, for the goroutine to fill again
+	stop   chan struct{}
+	cur    []byte
+	buf    []byte // cur's whole chunk
+	err    error
+	closed bool
+}
+
+type chunk struct {
+	b   []byte
+	err error
+}
+
+func (a *ahead) Read(p []byte) (int, error) {
+	for len(a.cur) == 0 {
+		if a.buf != nil {
+			select {
+			case a.free <- a.buf[:cap(a.buf)]:
+			default:
+			}
+			a.buf = nil
+		}
+		if a.err != nil {
+			return 0, a.err
+		}
+		c, ok := <-a.chunks
+		if !ok {
+			a.err = io.ErrClosedPipe
+			continue
+		}
+		a.cur, a.buf, a.err = c.b, c.b, c.err
+	}
+	n := copy(p, a.cur)
+	a.cur = a.cur[n:]
+	return n, nil
+}
+
+// Close stops the reading goroutine; its wait then returns.
+func (a *ahead) Close() error {
+	if !a.closed {
+		a.closed = true
+		close(a.stop)
+	}
+	return nil
 }
 
 // openLayer opens the layer's stream: as shipped for a registry (so its
