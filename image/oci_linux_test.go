@@ -484,7 +484,7 @@ func TestPullFullDisk(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (btrfs pool)")
 	}
-	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 400 << 20})
+	snap, err := btrfs.Open(context.Background(), btrfs.Options{StateDir: t.TempDir(), PoolSize: 160 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,8 +492,8 @@ func TestPullFullDisk(t *testing.T) {
 	s := &image.Store{Snap: snap, CacheDir: t.TempDir()}
 	ctx := context.Background()
 	bb := busyboxLayer(t)
-	// Zeros: a few hundred KB compressed, 600 MB on disk.
-	zeros := registrytest.Layer(t, registrytest.File{Name: "zeros", Body: strings.Repeat("\x00", 600<<20)})
+	// Zeros: a few hundred KB compressed, 240 MB on disk.
+	zeros := registrytest.Layer(t, registrytest.File{Name: "zeros", Body: strings.Repeat("\x00", 240<<20)})
 	reg.Push(t, "huge:1", registrytest.Image(t, v1.Config{}, bb, zeros))
 	_, err = s.Pull(ctx, reg.Ref("huge:1"), nil)
 	if !errors.Is(err, syscall.ENOSPC) {

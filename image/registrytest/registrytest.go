@@ -6,6 +6,7 @@ package registrytest
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -226,7 +227,10 @@ func Layer(t testing.TB, files ...File) v1.Layer {
 
 func bytesLayer(t testing.TB, b []byte) v1.Layer {
 	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	// Compressed once, fast: the tests that push large layers run under
+	// the race detector.
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithCompressedCaching, tarball.WithCompressionLevel(gzip.BestSpeed))
 	if err != nil {
 		t.Fatal(err)
 	}
