@@ -1,39 +1,19 @@
 package image_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/image/registrytest"
 )
-
-// syncBuffer collects build progress from the goroutines exec copies
-// output with.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func layerNames(t *testing.T, snap cr.Snapshotter) []string {
 	t.Helper()
@@ -80,7 +60,7 @@ func TestRecipeBusybox(t *testing.T) {
 	if err := os.Symlink("a", filepath.Join(dir, "tree/link")); err != nil {
 		t.Fatal(err)
 	}
-	var progress syncBuffer
+	var progress registrytest.SyncBuffer
 	start := time.Now()
 	in, err := s.BuildRecipe(ctx, "bb-recipe", p, &progress)
 	if err != nil {
@@ -319,7 +299,7 @@ packages: [hello, tree]
 files: [{src: greet.sh, dst: /usr/local/bin/greet, mode: "0755"}]
 run: ["hello --greeting=built > /built.txt", "greet > /greet.txt"]
 `, map[string]string{"greet.sh": "#!/bin/sh\nexec hello --greeting=\"$(tree --version | cut -d' ' -f1)\"\n"})
-	var progress syncBuffer
+	var progress registrytest.SyncBuffer
 	start = time.Now()
 	in, err := s.BuildRecipe(ctx, "deb-hello", p, &progress)
 	took := time.Since(start)

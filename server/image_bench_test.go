@@ -105,50 +105,44 @@ func BenchmarkPulledImage(b *testing.B) {
 		b.ReportMetric(float64(wire)/1e6/secs, "wire-MB/s")
 	})
 	b.Run("first-reset", func(b *testing.B) {
-		var resets []float64
-		for b.Loop() {
-			b.StopTimer()
+		timedResets(b, c, ref, func() {
 			drop()
 			if _, err := images.Pull(ctx, ref, nil); err != nil {
 				b.Fatal(err)
 			}
-			b.StartTimer()
-			start := time.Now()
-			r, err := c.Reset(ctx, arbor.ResetParams{Image: ref})
-			if err != nil {
-				b.Fatal(err)
-			}
-			resets = append(resets, time.Since(start).Seconds())
+		})
+	})
+	b.Run("reset-pulled", func(b *testing.B) { timedResets(b, c, ref, nil) })
+	b.Run("reset-debian", func(b *testing.B) {
+		if _, err := images.Ensure(ctx, "debian", nil); err != nil {
+			b.Fatal(err)
+		}
+		timedResets(b, c, "debian", nil)
+	})
+}
+
+// timedResets resets image im b.N times (before each, outside the timer,
+// calls before unless nil) and reports the p50.
+func timedResets(b *testing.B, c *arbor.Client, im string, before func()) {
+	ctx := context.Background()
+	var resets []float64
+	for b.Loop() {
+		if before != nil {
 			b.StopTimer()
-			c.CloseEnv(ctx, r.EnvID)
+			before()
 			b.StartTimer()
 		}
-		b.ReportMetric(p50(resets)*1e3, "p50-ms")
-	})
-	for _, name := range []string{"pulled", "debian"} {
-		b.Run("reset-"+name, func(b *testing.B) {
-			im := ref
-			if name == "debian" {
-				im = "debian"
-				if _, err := images.Ensure(ctx, "debian", nil); err != nil {
-					b.Fatal(err)
-				}
-			}
-			var resets []float64
-			for b.Loop() {
-				start := time.Now()
-				r, err := c.Reset(ctx, arbor.ResetParams{Image: im})
-				if err != nil {
-					b.Fatal(err)
-				}
-				resets = append(resets, time.Since(start).Seconds())
-				b.StopTimer()
-				c.CloseEnv(ctx, r.EnvID)
-				b.StartTimer()
-			}
-			b.ReportMetric(p50(resets)*1e3, "p50-ms")
-		})
+		start := time.Now()
+		r, err := c.Reset(ctx, arbor.ResetParams{Image: im})
+		if err != nil {
+			b.Fatal(err)
+		}
+		resets = append(resets, time.Since(start).Seconds())
+		b.StopTimer()
+		c.CloseEnv(ctx, r.EnvID)
+		b.StartTimer()
 	}
+	b.ReportMetric(p50(resets)*1e3, "p50-ms")
 }
 
 func p50(xs []float64) float64 {

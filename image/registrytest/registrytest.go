@@ -83,7 +83,7 @@ func Start(t testing.TB, o Options) *Registry {
 	}
 	var cmd *exec.Cmd
 	var done chan error
-	var logs syncBuffer
+	var logs SyncBuffer
 	for try := 0; ; try++ {
 		l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 		if err != nil {
@@ -325,22 +325,22 @@ func Image(t testing.TB, c v1.Config, layers ...v1.Layer) v1.Image {
 	return img
 }
 
-// syncBuffer is a bytes.Buffer the registry's output goroutines and the
-// test may use at once.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer that several goroutines may write (a
+// process's output copiers, a build's progress) while a test reads it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) Reset() { s.mu.Lock(); s.b.Reset(); s.mu.Unlock() }
+func (s *SyncBuffer) Reset() { s.mu.Lock(); s.b.Reset(); s.mu.Unlock() }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
