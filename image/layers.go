@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,13 +88,24 @@ var layerBuilds singleflight.Group
 // unpacking those the store lacks (each on a clone of the one below), and
 // returns them. compressed says the layers are best read as shipped
 // (registries); archives hand out their uncompressed streams.
-func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *progress) ([]Layer, error) {
+//
+// Until the caller calls release (also after an error), PruneLayers in
+// this process leaves those layers alone: the image that will use them
+// does not exist yet.
+func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *progress) (_ []Layer, release func(), err error) {
+	held := &[]string{}
+	release = func() { s.releaseLayers(*held) }
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	ls, err := img.Layers()
 	if err != nil {
-		return nil, fmt.Errorf("list layers: %w", err)
+		return nil, nil, fmt.Errorf("list layers: %w", err)
 	}
 	if len(ls) > MaxLayers {
-		return nil, fmt.Errorf("%w: %d layers, more than %d", ErrBadLayer, len(ls), MaxLayers)
+		return nil, nil, fmt.Errorf("%w: %d layers, more than %d", ErrBadLayer, len(ls), MaxLayers)
 	}
 	s.cleanStaleBuilds(ctx)
 	p.begin(len(ls), ls)
@@ -102,13 +114,15 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 	for i, l := range ls {
 		diff, err := l.DiffID()
 		if err != nil {
-			return nil, fmt.Errorf("layer %d: diff id: %w", i+1, err)
+			return nil, nil, fmt.Errorf("layer %d: diff id: %w", i+1, err)
 		}
 		size, _ := l.Size()
 		lay := Layer{Chain: chainID(parent, diff.String()), DiffID: diff.String(), Size: size}
-		rec, err := s.layerRecord(lay.Chain)
-		if err == nil && s.hasSnapshot(ctx, LayerSnapshot(lay.Chain)) {
-			lay.Unpacked = rec.Unpacked
+		s.holdLayer(lay.Chain, held)
+		if s.hasSnapshot(ctx, LayerSnapshot(lay.Chain)) {
+			if rec, err := s.layerRecord(lay.Chain); err == nil {
+				lay.Unpacked = rec.Unpacked
+			}
 			p.skip(i, size)
 			out = append(out, lay)
 			parent = lay.Chain
@@ -119,7 +133,7 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 			return s.unpackLayer(ctx, l, lay, parentChain, compressed, p, i)
 		})
 		if err != nil {
-			return nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(ls), short(lay.DiffID), err)
+			return nil, nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(ls), short(lay.DiffID), err)
 		}
 		lay.Unpacked = v.(int64)
 		p.unpacked(i)
@@ -127,7 +141,39 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 		parent = lay.Chain
 	}
 	p.end()
-	return out, nil
+	return out, release, nil
+}
+
+// layersInUse counts, by a layer snapshot's host path (one key per
+// backend and chain), the unpacks in this process that use the layer
+// before an image records it, for PruneLayers to leave alone.
+var layersInUse = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+func (s *Store) holdLayer(chain string, held *[]string) {
+	k := s.Snap.Path(LayerSnapshot(chain))
+	layersInUse.Lock()
+	layersInUse.n[k]++
+	layersInUse.Unlock()
+	*held = append(*held, k)
+}
+
+func (s *Store) releaseLayers(keys []string) {
+	layersInUse.Lock()
+	defer layersInUse.Unlock()
+	for _, k := range keys {
+		if layersInUse.n[k]--; layersInUse.n[k] <= 0 {
+			delete(layersInUse.n, k)
+		}
+	}
+}
+
+func layerInUse(key string) bool {
+	layersInUse.Lock()
+	defer layersInUse.Unlock()
+	return layersInUse.n[key] > 0
 }
 
 // MaxLayers bounds the layers of one image (Docker's own bound is 127).
@@ -459,8 +505,8 @@ func writeJSON(p string, v any) error {
 	return nil
 }
 
-// PruneLayers destroys the layer snapshots no image uses and returns how
-// many. Images keep every layer of their chain, so a layer two images
+// PruneLayers destroys the layer snapshots no image uses (and no unpack
+// in this process is about to) and returns how many. Images keep every layer of their chain, so a layer two images
 // share stays while either does.
 func (s *Store) PruneLayers(ctx context.Context) (int, error) {
 	imgs, err := s.List(ctx)
@@ -477,12 +523,9 @@ func (s *Store) PruneLayers(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list layers: %w", err)
 	}
-	// Newest chains are the tops: destroy them before what they were
-	// cloned from (zfs promotes clones otherwise).
 	n := 0
-	for i := len(vols) - 1; i >= 0; i-- {
-		v := vols[i]
-		if !strings.HasPrefix(v.Name, LayerPrefix) || used[v.Name] {
+	for _, v := range vols {
+		if !strings.HasPrefix(v.Name, LayerPrefix) || used[v.Name] || layerInUse(s.Snap.Path(v.Name)) {
 			continue
 		}
 		if err := s.Snap.Destroy(ctx, v.Name); err != nil && !errors.Is(err, cr.ErrNotFound) {

@@ -146,10 +146,11 @@ func (s *Store) fromImage(ctx context.Context, localName string, img v1.Image, c
 		return Info{}, fmt.Errorf("%w: image is for %s, not linux", ErrBadLayer, cf.OS)
 	}
 	p := newProgress(progress, s.logger(), source)
-	layers, err := s.unpackLayers(ctx, img, compressed, p)
+	layers, release, err := s.unpackLayers(ctx, img, compressed, p)
 	if err != nil {
 		return Info{}, err
 	}
+	defer release()
 	base := ""
 	if len(layers) > 0 {
 		base = LayerSnapshot(layers[len(layers)-1].Chain)
