@@ -56,7 +56,7 @@ test: deps build test-images ## run vet, the whole test suite (as root: real CRI
 	# the test binary itself: under -race the zfs suites take over 10 minutes.
 	# They share one zfs-fuse daemon, so they run one package at a time.
 	$(GOTEST) -count=1 -p 1 -timeout 10m ./cr/zfs/
-	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/ ./cmd/arbor/
+	$(GOTEST) -count=1 -p 1 -timeout 10m -run 'ZFS$$' ./branch/ ./cmd/arbor/ ./image/
 	# A representative subset of the server suite on the zfs backend's own
 	# pool (branchtest's rig with ARBOR_TEST_BACKEND=zfs): the episode
 	# (reset, steps, branch, rollback, promote, discard, evaluate), every

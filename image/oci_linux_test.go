@@ -27,6 +27,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/cr/zfs/zfstest"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/image/registrytest"
 )
@@ -511,4 +512,65 @@ func TestPullFullDisk(t *testing.T) {
 	if _, err := s.Pull(ctx, reg.Ref("small:1"), nil); err != nil {
 		t.Fatalf("a small pull after the full disk: %v", err)
 	}
+}
+
+// TestPullLayersZFS: on the zfs backend too, two images that share a base
+// store it once (each layer a clone of the one below), run, and are
+// removed with the layers they alone use (zfs destroys a snapshot with
+// clones by promoting them).
+func TestPullLayersZFS(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	snap := zfstest.NewRoot(t)
+	s := &image.Store{Snap: snap, CacheDir: t.TempDir()}
+	ctx := context.Background()
+	bb := busyboxLayer(t)
+	base := randomLayer(t, "opt/base.bin", 8<<20)
+	reg.Push(t, "z/a:1", registrytest.Image(t, v1.Config{}, bb, base, registrytest.Layer(t, registrytest.File{Name: "who", Body: "a"})))
+	reg.Push(t, "z/b:1", registrytest.Image(t, v1.Config{}, bb, base, registrytest.Layer(t, registrytest.File{Name: "who", Body: "b"})))
+	ina, err := s.Pull(ctx, reg.Ref("z/a:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress strings.Builder
+	inb, err := s.Pull(ctx, reg.Ref("z/b:1"), &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(progress.String(), "layer 2/3 already stored") {
+		t.Errorf("b's pull did not reuse the shared base: %q", progress.String())
+	}
+	layers := func() int {
+		v, err := snap.List(ctx, image.LayerPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(v)
+	}
+	if n := layers(); n != 4 {
+		t.Errorf("%d layer snapshots, want 4", n)
+	}
+	for _, c := range []struct {
+		in   image.Info
+		want string
+	}{{ina, "a"}, {inb, "b"}} {
+		if got := chroot(t, c.in.Path, c.in.Shell, "cat /who; echo; wc -c < /opt/base.bin"); got != c.want+"\n"+fmt.Sprint(8<<20) {
+			t.Errorf("%s: %q", c.in.Name, got)
+		}
+	}
+	if err := s.Remove(ctx, ina.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := layers(); n != 3 {
+		t.Errorf("%d layer snapshots after removing a, want 3", n)
+	}
+	if got := chroot(t, inb.Path, inb.Shell, "cat /who"); got != "b" {
+		t.Errorf("b after a's removal: %q", got)
+	}
+	if err := s.Remove(ctx, inb.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := layers(); n != 0 {
+		t.Errorf("%d layer snapshots after removing both", n)
+	}
+	assertNoBuilds(t, snap)
 }
