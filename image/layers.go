@@ -94,10 +94,10 @@ var layerBuilds singleflight.Group
 // does not exist yet.
 func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *progress) (_ []Layer, release func(), err error) {
 	held := &[]string{}
-	release = func() { s.releaseLayers(*held) }
+	free := func() { s.releaseLayers(*held) }
 	defer func() {
 		if err != nil {
-			release()
+			free()
 		}
 	}()
 	ls, err := img.Layers()
@@ -129,9 +129,18 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 			continue
 		}
 		parentChain := parent
-		v, err, _ := layerBuilds.Do(s.Snap.Path(LayerSnapshot(lay.Chain)), func() (any, error) {
-			return s.unpackLayer(ctx, l, lay, parentChain, compressed, p, i)
-		})
+		var v any
+		for {
+			var shared bool
+			v, err, shared = layerBuilds.Do(s.Snap.Path(LayerSnapshot(lay.Chain)), func() (any, error) {
+				return s.unpackLayer(ctx, l, lay, parentChain, compressed, p, i)
+			})
+			// A shared unpack runs under the first caller's ctx: when that
+			// ended it, a caller whose own ctx lives tries again (as Ensure).
+			if !shared || ctx.Err() != nil || !(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+				break
+			}
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("layer %d of %d (%s): %w", i+1, len(ls), short(lay.DiffID), err)
 		}
@@ -141,7 +150,7 @@ func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool,
 		parent = lay.Chain
 	}
 	p.end()
-	return out, release, nil
+	return out, free, nil
 }
 
 // layersInUse counts, by a layer snapshot's host path (one key per
