@@ -278,7 +278,7 @@ func pickImage(idx v1.ImageIndex, p v1.Platform) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	var any []v1.Descriptor
+	var unplatformed []v1.Descriptor
 	for _, d := range im.Manifests {
 		switch d.MediaType {
 		case types.OCIImageIndex, types.DockerManifestList:
@@ -294,12 +294,12 @@ func pickImage(idx v1.ImageIndex, p v1.Platform) (v1.Image, error) {
 				return idx.Image(d.Digest)
 			}
 			if d.Platform == nil {
-				any = append(any, d)
+				unplatformed = append(unplatformed, d)
 			}
 		}
 	}
-	if len(any) == 1 {
-		return idx.Image(any[0].Digest)
+	if len(unplatformed) == 1 {
+		return idx.Image(unplatformed[0].Digest)
 	}
 	return nil, fmt.Errorf("no image for %s among %d manifests", platformString(p), len(im.Manifests))
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -23,6 +24,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/arbor-env/arbor/cr"
@@ -573,4 +576,46 @@ func TestPullLayersZFS(t *testing.T) {
 		t.Errorf("%d layer snapshots after removing both", n)
 	}
 	assertNoBuilds(t, snap)
+}
+
+// TestPullPlatform: from a multi-platform index the linux image of this
+// machine's architecture is pulled; an index without one is a clear
+// error.
+func TestPullPlatform(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	s, _ := btrfsStore(t, t.TempDir())
+	ctx := context.Background()
+	bb := busyboxLayer(t)
+	mine := registrytest.Image(t, v1.Config{}, bb, registrytest.Layer(t, registrytest.File{Name: "arch", Body: runtime.GOARCH}))
+	other := registrytest.Image(t, v1.Config{}, bb, registrytest.Layer(t, registrytest.File{Name: "arch", Body: "riscv64"}))
+	otherArch := &v1.Platform{OS: "linux", Architecture: "riscv64"}
+	idx := mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: other, Descriptor: v1.Descriptor{Platform: otherArch}},
+		mutate.IndexAddendum{Add: mine, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}})
+	only := mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: other, Descriptor: v1.Descriptor{Platform: otherArch}})
+	for tag, ix := range map[string]v1.ImageIndex{"multi:1": idx, "foreign:1": only} {
+		ref, err := name.ParseReference(reg.Ref(tag))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := remote.WriteIndex(ref, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, err := s.Pull(ctx, reg.Ref("multi:1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := mine.Digest()
+	if in.Digest != want.String() {
+		t.Errorf("pulled %s, want the %s image %s", in.Digest, runtime.GOARCH, want)
+	}
+	if got := chroot(t, in.Path, in.Shell, "cat /arch"); got != runtime.GOARCH {
+		t.Errorf("/arch = %q", got)
+	}
+	_, err = s.Pull(ctx, reg.Ref("foreign:1"), nil)
+	if !errors.Is(err, image.ErrPull) || !strings.Contains(err.Error(), "linux/"+runtime.GOARCH) {
+		t.Errorf("an index without this platform: %v, want ErrPull naming linux/%s", err, runtime.GOARCH)
+	}
+	t.Logf("an index without linux/%s: %v", runtime.GOARCH, err)
 }
