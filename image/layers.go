@@ -92,7 +92,7 @@ var layerBuilds singleflight.Group
 // Until the caller calls release (also after an error), PruneLayers in
 // this process leaves those layers alone: the image that will use them
 // does not exist yet.
-func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *progress) (_ []Layer, release func(), err error) {
+func (s *Store) unpackLayers(ctx context.Context, img v1.Image, compressed bool, p *pullProgress) (_ []Layer, release func(), err error) {
 	held := &[]string{}
 	free := func() { s.releaseLayers(*held) }
 	defer func() {
@@ -200,7 +200,7 @@ func short(d string) string {
 // (or an empty volume), the layer applied, its diff ID checked, then one
 // atomic snapshot. A failed try leaves nothing; a download that breaks off
 // is tried again (Registry.Attempts) from a fresh clone.
-func (s *Store) unpackLayer(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *progress, i int) (int64, error) {
+func (s *Store) unpackLayer(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *pullProgress, i int) (int64, error) {
 	attempts := s.Registry.Attempts
 	if attempts <= 0 {
 		attempts = 3
@@ -232,7 +232,7 @@ func retryable(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, ErrBadLayer) && !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT)
 }
 
-func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *progress, i int) (n int64, err error) {
+func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *pullProgress, i int) (n int64, err error) {
 	start := time.Now()
 	tmp := buildVolume("layer")
 	if parent == "" {
@@ -427,7 +427,7 @@ func decompress(r io.Reader, compressed bool) (io.Reader, error) {
 // a failure to apply.
 type countingReader struct {
 	r   io.Reader
-	p   *progress
+	p   *pullProgress
 	i   int
 	err error
 }

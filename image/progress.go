@@ -4,25 +4,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
-	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"golang.org/x/term"
+
+	"github.com/arbor-env/arbor/internal/progress"
 )
 
-// progress reports a pull or an import: layers done, bytes, rate. On a
-// terminal it redraws one line; otherwise (and in the log) it writes a
-// line per layer and at most one every progressEvery while bytes flow.
-type progress struct {
+// pullProgress reports a pull or an import: layers done, bytes, rate, on
+// the progress meter the rest of Arbor uses (internal/progress: one line
+// redrawn on a terminal, lines elsewhere) and, per layer, in the log.
+type pullProgress struct {
+	m   *progress.Meter
+	log *slog.Logger
+
 	mu     sync.Mutex
-	w      io.Writer
-	log    *slog.Logger
-	what   string
-	tty    bool
-	start  time.Time
-	last   time.Time
 	sizes  []int64 // per layer, as shipped (0: unknown)
 	got    []int64
 	done   []bool
@@ -31,23 +27,14 @@ type progress struct {
 	layers int
 }
 
-const progressEvery = 2 * time.Second
-
-func newProgress(w io.Writer, log *slog.Logger, what string) *progress {
-	if w == nil {
-		w = io.Discard
-	}
-	p := &progress{w: w, log: log, what: what}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		p.tty = true
-	}
-	return p
+// newProgress reports to w (nil: only to the log).
+func newProgress(w io.Writer, log *slog.Logger, what string) *pullProgress {
+	return &pullProgress{m: progress.New(w, what, 0), log: log}
 }
 
-func (p *progress) begin(n int, ls []v1.Layer) {
+func (p *pullProgress) begin(n int, ls []v1.Layer) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.start, p.last = time.Now(), time.Now()
 	p.layers = n
 	p.sizes, p.got, p.done = make([]int64, n), make([]int64, n), make([]bool, n)
 	for i, l := range ls {
@@ -59,15 +46,15 @@ func (p *progress) begin(n int, ls []v1.Layer) {
 }
 
 // skip marks layer i as already stored.
-func (p *progress) skip(i int, size int64) {
+func (p *pullProgress) skip(i int, size int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.done[i] = true
-	p.got[i] = size
-	p.line(fmt.Sprintf("layer %d/%d already stored", i+1, p.layers), true)
+	p.done[i], p.got[i] = true, size
+	p.event(fmt.Sprintf("layer %d/%d already stored", i+1, p.layers))
 }
 
-func (p *progress) add(i int, n int64) {
+// add counts n bytes read of layer i.
+func (p *pullProgress) add(i int, n int64) {
 	if p == nil {
 		return
 	}
@@ -75,68 +62,80 @@ func (p *progress) add(i int, n int64) {
 	defer p.mu.Unlock()
 	p.got[i] += n
 	p.moved += n
-	if time.Since(p.last) >= progressEvery || (p.tty && time.Since(p.last) >= 200*time.Millisecond) {
-		p.line("", false)
-	}
+	p.m.Step(p.state(""))
 }
 
 // unpacked marks layer i as stored.
-func (p *progress) unpacked(i int) {
+func (p *pullProgress) unpacked(i int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done[i] = true
-	p.line(fmt.Sprintf("layer %d/%d unpacked", i+1, p.layers), true)
+	p.event(fmt.Sprintf("layer %d/%d unpacked", i+1, p.layers))
 }
 
 // retry forgets what layer i had read: it starts again.
-func (p *progress) retry(i int) {
+func (p *pullProgress) retry(i int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.got[i] = 0
-	p.line(fmt.Sprintf("layer %d/%d failed, trying again", i+1, p.layers), true)
+	p.event(fmt.Sprintf("layer %d/%d failed, trying again", i+1, p.layers))
 }
 
-func (p *progress) end() {
+func (p *pullProgress) end() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range p.done {
 		p.done[i] = true
 	}
-	p.line("done", true)
-	if p.tty {
-		fmt.Fprintln(p.w)
-	}
+	p.m.FinishNote(p.state("done"))
+	p.logState("done")
 }
 
-// line writes the state, with note, to the terminal or the writer and the
-// log. The caller holds p.mu.
-func (p *progress) line(note string, always bool) {
-	p.last = time.Now()
-	var got int64
-	done := 0
+// event draws the state with note at once and logs it. The caller holds
+// p.mu.
+func (p *pullProgress) event(note string) {
+	p.m.Event(p.state(note))
+	p.logState(note)
+}
+
+// state words layers done, bytes and rate, then note. The caller holds
+// p.mu.
+func (p *pullProgress) state(note string) string {
+	done, got := p.counts()
+	s := fmt.Sprintf("layers %d/%d, %.1f", done, p.layers, float64(got)/1e6)
+	if p.total > 0 {
+		s += fmt.Sprintf("/%.1f", float64(p.total)/1e6)
+	}
+	s += fmt.Sprintf(" MB, %.1f MB/s", p.rate())
+	if note != "" {
+		s += ", " + note
+	}
+	return s
+}
+
+// counts are the layers done and the bytes read of them. The caller
+// holds p.mu.
+func (p *pullProgress) counts() (done int, got int64) {
 	for i := range p.got {
 		got += p.got[i]
 		if p.done[i] {
 			done++
 		}
 	}
-	secs := max(time.Since(p.start).Seconds(), 1e-3)
-	rate := float64(p.moved) / secs / 1e6
-	s := fmt.Sprintf("%s: layers %d/%d, %.1f", p.what, done, p.layers, float64(got)/1e6)
-	if p.total > 0 {
-		s += fmt.Sprintf("/%.1f", float64(p.total)/1e6)
+	return done, got
+}
+
+// rate is MB/s read so far. The caller holds p.mu.
+func (p *pullProgress) rate() float64 {
+	return float64(p.moved) / max(p.m.Elapsed().Seconds(), 1e-3) / 1e6
+}
+
+// logState logs the state of the layers. The caller holds p.mu.
+func (p *pullProgress) logState(note string) {
+	if p.log == nil {
+		return
 	}
-	s += fmt.Sprintf(" MB, %.1f MB/s", rate)
-	if note != "" {
-		s += ", " + note
-	}
-	if p.tty {
-		fmt.Fprintf(p.w, "\r\033[K%s", s)
-	} else if always || note == "" {
-		fmt.Fprintln(p.w, s)
-	}
-	if p.log != nil && (always || !p.tty) {
-		p.log.Info("image progress", slog.String("what", p.what), slog.Int("layers_done", done), slog.Int("layers", p.layers),
-			slog.Int64("bytes", got), slog.Int64("total", p.total), slog.Float64("mb_per_s", rate), slog.String("note", note))
-	}
+	done, got := p.counts()
+	p.log.Info("image progress", slog.String("what", p.m.Label()), slog.Int("layers_done", done), slog.Int("layers", p.layers),
+		slog.Int64("bytes", got), slog.Int64("total", p.total), slog.Float64("mb_per_s", p.rate()), slog.String("note", note))
 }

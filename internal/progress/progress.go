@@ -45,6 +45,12 @@ func New(w io.Writer, label string, total int) *Meter {
 	return m
 }
 
+// Label is what the meter reports on.
+func (m *Meter) Label() string { return m.label }
+
+// Elapsed is the time since the meter started.
+func (m *Meter) Elapsed() time.Duration { return m.now().Sub(m.start) }
+
 // SetTotal changes the number of steps (e.g. once it becomes known).
 func (m *Meter) SetTotal(n int) {
 	if m == nil {
@@ -77,8 +83,33 @@ func (m *Meter) Add(n int, note string) {
 // Step reports a phase without counting a step (e.g. "running setup 2/5").
 func (m *Meter) Step(note string) { m.Add(0, note) }
 
+// Event reports a phase that must be seen (a layer done, a retry): it is
+// drawn at once, whatever the rate limit.
+func (m *Meter) Event(note string) {
+	if m == nil || m.w == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.finished {
+		return
+	}
+	m.note = note
+	m.last = m.now()
+	m.draw(false)
+}
+
 // Finish writes the final line: "done" with the time taken, or the error.
 func (m *Meter) Finish(err error) {
+	if err != nil {
+		m.FinishNote("failed: " + err.Error())
+		return
+	}
+	m.FinishNote("done")
+}
+
+// FinishNote is Finish with the final line's note given.
+func (m *Meter) FinishNote(note string) {
 	if m == nil || m.w == nil {
 		return
 	}
@@ -88,11 +119,7 @@ func (m *Meter) Finish(err error) {
 		return
 	}
 	m.finished = true
-	if err != nil {
-		m.note = "failed: " + err.Error()
-	} else {
-		m.note = "done"
-	}
+	m.note = note
 	m.draw(true)
 }
 

@@ -84,3 +84,25 @@ func TestConcurrentAdd(t *testing.T) {
 		t.Errorf("final count missing: %q", w.String())
 	}
 }
+
+// TestEvent: an event is drawn at once even right after a step (which the
+// rate limit holds back), and FinishNote's note ends the output.
+func TestEvent(t *testing.T) {
+	var b buf
+	m := New(&b, "pull", 0)
+	m.Step("bytes 1")
+	m.Step("bytes 2") // within the rate limit: not drawn
+	m.Event("layer 1/2 stored")
+	m.Event("layer 2/2 stored")
+	m.FinishNote("all 2 layers")
+	m.Event("after the end")
+	out := b.String()
+	for _, want := range []string{"layer 1/2 stored\n", "layer 2/2 stored\n", "all 2 layers\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "bytes 2") || strings.Contains(out, "after the end") {
+		t.Errorf("output %q: a throttled step or an event after the end was drawn", out)
+	}
+}
