@@ -51,7 +51,8 @@ func (s *Store) readRef(ref string) (refRecord, error) {
 
 // Resolve returns the local image ref names: a local name as Get does; a
 // registry reference through the tag or digest it was last pulled under,
-// pulling it (Pull) when the store has none and pull is set. The Info's
+// pulling it (Pull) when the store has none, pull is set and the
+// registry is one s.Registry.PullFrom allows. The Info's
 // Name is the digest-pinned local name to record.
 func (s *Store) Resolve(ctx context.Context, ref string, pull bool, progress io.Writer) (Info, error) {
 	if !IsReference(ref) {
@@ -73,6 +74,14 @@ func (s *Store) Resolve(ctx context.Context, ref string, pull bool, progress io.
 	}
 	if !pull {
 		return Info{}, fmt.Errorf("image %s: %w (arbor image pull %s)", ref, ErrNotFound, ref)
+	}
+	if host := r.Context().RegistryStr(); !s.Registry.mayPull(host) {
+		from := "no registry"
+		if len(s.Registry.PullFrom) > 0 {
+			from = strings.Join(s.Registry.PullFrom, ", ")
+		}
+		return Info{}, fmt.Errorf("image %s: %w: this server pulls from %s, not %s (--pull-from); arbor image pull %s stores it",
+			ref, ErrNotFound, from, host, ref)
 	}
 	return s.Pull(ctx, ref, progress)
 }

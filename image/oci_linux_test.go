@@ -619,3 +619,37 @@ func TestPullPlatform(t *testing.T) {
 	}
 	t.Logf("an index without linux/%s: %v", runtime.GOARCH, err)
 }
+
+// TestPullFromAllowList: a client's reset (Resolve) pulls only from the
+// registries Registry.PullFrom names (a hostile client could otherwise
+// make the server fetch from any host, loopback services included); the
+// operator's Pull is not limited, and what it stored resolves.
+func TestPullFromAllowList(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	s, _ := btrfsStore(t, t.TempDir())
+	ctx := context.Background()
+	bb := busyboxLayer(t)
+	reg.Push(t, "allow/a:1", registrytest.Image(t, v1.Config{}, bb))
+	reg.Push(t, "allow/b:1", registrytest.Image(t, v1.Config{Env: []string{"B=1"}}, bb))
+	for _, from := range [][]string{{"registry.example:5000"}, {}} {
+		s.Registry.PullFrom = from
+		_, err := s.Resolve(ctx, reg.Ref("allow/a:1"), true, nil)
+		if !errors.Is(err, image.ErrNotFound) || !strings.Contains(err.Error(), "--pull-from") || !strings.Contains(err.Error(), reg.Host) {
+			t.Errorf("pull-from %q: resolve of %s: %v, want ErrNotFound naming --pull-from and the host", from, reg.Ref("allow/a:1"), err)
+		}
+		if imgs, _ := s.List(ctx); len(imgs) != 0 {
+			t.Fatalf("pull-from %q: a refused pull stored %v", from, imgs)
+		}
+	}
+	in, err := s.Pull(ctx, reg.Ref("allow/a:1"), nil)
+	if err != nil {
+		t.Fatalf("the operator's pull: %v", err)
+	}
+	if got, err := s.Resolve(ctx, reg.Ref("allow/a:1"), true, nil); err != nil || got.Name != in.Name {
+		t.Errorf("resolve of what the operator pulled: %+v %v", got, err)
+	}
+	s.Registry.PullFrom = []string{reg.Host}
+	if _, err := s.Resolve(ctx, reg.Ref("allow/b:1"), true, nil); err != nil {
+		t.Errorf("resolve from an allowed registry: %v", err)
+	}
+}

@@ -37,6 +37,21 @@ type Registry struct {
 	// Attempts is how many times a failed layer download is tried (0: 3);
 	// each request also has the registry client's own retries.
 	Attempts int
+	// PullFrom lists the registries (host or host:port) that Resolve may
+	// pull from on a client's behalf (a reset, a task); nil or "*": any.
+	// A non-nil empty list allows none: clients then get only images the
+	// operator pulled (Pull, arbor image pull, which it does not limit).
+	// Without it any client could make the server fetch from any host it
+	// names, loopback services included.
+	PullFrom []string
+}
+
+// mayPull reports whether Resolve may pull from registry host.
+func (r Registry) mayPull(host string) bool {
+	if r.PullFrom == nil {
+		return true
+	}
+	return slices.Contains(r.PullFrom, "*") || slices.Contains(r.PullFrom, host)
 }
 
 // IsReference reports whether s names an image in a registry rather than

@@ -42,6 +42,15 @@ func splitList(s string) []string {
 	return out
 }
 
+// pullFromFlag is --pull-from as image.Registry.PullFrom: nil for any
+// ("*"), else the hosts (an empty list: none).
+func pullFromFlag(hosts []string) []string {
+	if slices.Contains(hosts, "*") {
+		return nil
+	}
+	return append([]string{}, hosts...)
+}
+
 // registry is the image.Registry the flags describe.
 func (r *registryFlags) registry() (image.Registry, error) {
 	reg := image.Registry{Insecure: r.insecure}

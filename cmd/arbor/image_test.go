@@ -101,3 +101,24 @@ func TestImageCLI(t *testing.T) {
 		t.Errorf("prune after rm (which prunes): %v %s", err, out)
 	}
 }
+
+func TestPullFromFlag(t *testing.T) {
+	for _, tt := range []struct {
+		in   []string
+		none bool // nil: any registry
+	}{{[]string{"*"}, false}, {[]string{"a:5000", "*"}, false}, {[]string{}, true}, {[]string{"a:5000"}, true}} {
+		got := pullFromFlag(tt.in)
+		if (got != nil) != tt.none || (got != nil && len(got) != len(tt.in)) {
+			t.Errorf("pullFromFlag(%q) = %#v", tt.in, got)
+		}
+	}
+	// --pull-from= (empty) reaches the store as "none", not "any".
+	cmd := newServeCmd(&globalOptions{})
+	if err := cmd.ParseFlags([]string{"--pull-from="}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := cmd.Flags().GetStringSlice("pull-from")
+	if got := pullFromFlag(v); err != nil || got == nil || len(got) != 0 {
+		t.Errorf("--pull-from= is %#v (%v), want none", got, err)
+	}
+}

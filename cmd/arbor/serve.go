@@ -61,6 +61,7 @@ type serveOptions struct {
 	userNS      userNSFlags   // userns.go
 	cluster     clusterFlags  // cluster.go
 	registry    registryFlags // image.go: reset and tasks pull registry references
+	pullFrom    []string
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -80,6 +81,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
 	o.registry.add(f)
+	f.StringSliceVar(&o.pullFrom, "pull-from", splitList(envOr("ARBOR_PULL_FROM", "*")),
+		"registries (host or host:port) a reset or task may make the server pull from; * is any, an empty value none (only images pulled with arbor image pull) (env ARBOR_PULL_FROM)")
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
@@ -174,6 +177,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	registry.PullFrom = pullFromFlag(o.pullFrom)
 	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
 	// The engine takes the launcher's limits for restored sandboxes.
 	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
