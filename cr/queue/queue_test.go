@@ -233,9 +233,12 @@ func TestErrors(t *testing.T) {
 	if err := q.Submit(High, "after", func(context.Context) error { return nil }).Wait(context.Background()); err != nil {
 		t.Fatalf("after panics: %v", err)
 	}
-	// Wait raised every job before it started, so they count as High.
-	if s := q.Stats(); s.High.Failed != 3 {
-		t.Errorf("failed = %d, want 3 (error, 2 panics): %+v", s.High.Failed, s)
+	// Wait raises a job that has not started, but the worker may take a
+	// Low job before Wait gets to it: a failure counts under either
+	// priority (reading High only failed once in a make test here: the
+	// error job counted as Low).
+	if s := q.Stats(); s.High.Failed+s.Low.Failed != 3 {
+		t.Errorf("failed = %d + %d, want 3 (error, 2 panics): %+v", s.High.Failed, s.Low.Failed, s)
 	}
 }
 
