@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,6 +101,9 @@ func Start(t testing.TB, o Options) *Registry {
 		logs.Reset()
 		cmd = exec.Command(Binary, "serve", cf)
 		cmd.Stdout, cmd.Stderr = &logs, &logs
+		// A test binary killed (a timeout, an interrupted make test) must
+		// not leave its registry running.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start %s: %v", Binary, err)
 		}
