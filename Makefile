@@ -17,7 +17,11 @@ GOTEST = ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor
 # btrfs; BENCH_FLAGS= leaves it out, --quick makes the whole run smaller.
 BENCH_FLAGS ?= --zfs
 # The server tests make test also runs on ZFS (zfs-fuse is slow: a subset).
-ZFS_SERVER_TESTS ?= ^(TestEpisode|TestTurnClassesThroughServer|TestReleasePinUnpin|TestTaskLimitsHoldInBranchedChildren|TestRollbackToolWhileCheckpointRuns|TestMetrics|TestDisconnectMidStep|TestPulledImageEpisode)$$
+# TestPulledImageEpisode passes there (ARBOR_TEST_BACKEND=zfs), but with it
+# in the subset the next test once met a zfs-fuse stall (its layers and
+# shifted image copies stay in the shared pool); image's TestPullLayersZFS
+# covers layers on ZFS instead.
+ZFS_SERVER_TESTS ?= ^(TestEpisode|TestTurnClassesThroughServer|TestReleasePinUnpin|TestTaskLimitsHoldInBranchedChildren|TestRollbackToolWhileCheckpointRuns|TestMetrics|TestDisconnectMidStep)$$
 # make stress: how long and how many clients (stress/stress_test.go has the other knobs).
 STRESS_DURATION ?= 15m
 STRESS_CLIENTS ?= 8

@@ -20,7 +20,8 @@ import (
 // real registry on loopback) is pulled on first use and runs a whole
 // episode through the server: the image's env, working dir and non-root
 // user hold in the shell, in branched children and after a rollback;
-// turns of every checkpoint kind; evaluate. make test runs it on ZFS too.
+// turns of every checkpoint kind; evaluate. (On ZFS: ARBOR_TEST_BACKEND=zfs;
+// make test leaves it out of its ZFS subset, see the Makefile.)
 func TestPulledImageEpisode(t *testing.T) {
 	if skipReason != "" {
 		t.Skip(skipReason)
