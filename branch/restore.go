@@ -629,3 +629,33 @@ func (e *Engine) closeEnv(ctx context.Context, env *Env) error {
 	}
 	return errors.Join(env.sb.Destroy(ctx), e.o.Snap.Destroy(ctx, env.volume), e.man.ReleaseEnvAt(env.ID, e.now()))
 }
+
+// CurrentState is the id of a committed state equal to env now: its head,
+// or a full checkpoint taken now when the env changed since (or its last
+// checkpoint failed). An evaluation reads the env's files from it.
+func (e *Engine) CurrentState(ctx context.Context, env *Env) (string, error) {
+	return e.currentState(ctx, env)
+}
+
+// StateFiles returns the host directory that holds state sid's files (its
+// read-only filesystem snapshot), kept from the GC until release is
+// called. Nothing may write there; symbolic links in it are the
+// sandbox's, to be resolved inside it, never on the host.
+func (e *Engine) StateFiles(sid string) (dir string, release func(), err error) {
+	// Held and looked up under the GC lock, as a branch does.
+	e.gcMu.RLock()
+	e.hold(sid)
+	st, err := e.State(sid)
+	e.gcMu.RUnlock()
+	release = func() { e.unhold(sid) }
+	if err != nil {
+		release()
+		return "", nil, err
+	}
+	a, err := e.man.GetArtifact(st.FS)
+	if err != nil {
+		release()
+		return "", nil, fmt.Errorf("%w: state %s: its file snapshot: %w", ErrUnknownState, sid, err)
+	}
+	return e.o.Snap.Path(a.Location), release, nil
+}

@@ -15,6 +15,11 @@ const (
 	EventPromote  = "promote"
 	EventDiscard  = "discard"
 	EventClose    = "close"
+	// EventEvaluate: an env's state was evaluated (Reward); the env goes
+	// on. EventFinish: an env was evaluated (Reward, absent when the
+	// evaluation failed) and closed, its episode over.
+	EventEvaluate = "evaluate"
+	EventFinish   = "finish"
 )
 
 // Event is one change to the envs handed out or their lineage, as the
@@ -38,6 +43,8 @@ type Event struct {
 	Child    string   `json:"child,omitempty"`
 	// Note is a turn's command and outcome.
 	Note *TurnNote `json:"note,omitempty"`
+	// Reward is an evaluate's or a finish's.
+	Reward *float64 `json:"reward,omitempty"`
 }
 
 // Subscription is one reader of the feed. C delivers the events in

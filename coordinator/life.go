@@ -28,10 +28,12 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 	}
 	c.observePending(m)
 	t := time.Now()
+	before := env.Head()
 	sid, err := c.e.Checkpoint(ctx, env, branch.Full)
 	if err != nil {
 		return "", err
 	}
+	c.trailHeadMoved(m, before)
 	c.o.Hooks.StateMade(env.ID, sid)
 	c.m.checkpoint.WithLabelValues("forced").Observe(time.Since(t).Seconds())
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
@@ -107,7 +109,14 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		return nil, err
 	}
 	defer c.unreserve(req.N)
+	var before string
+	if src.Env != nil {
+		before = src.Env.Head()
+	}
 	res, err := c.e.Branch(ctx, src, req.N)
+	if src.Env != nil {
+		c.trailHeadMoved(parent, before)
+	}
 	if err != nil {
 		return nil, c.released(req.StateID, err)
 	}
@@ -149,7 +158,10 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			// closed since: there is no env to promote into.
 			ch.Origin = ""
 		}
-		c.register(ch, task, seed, base, req.Ephemeral)
+		cm := c.register(ch, task, seed, base, req.Ephemeral)
+		if src.Env != nil {
+			c.trailBranched(cm, parent)
+		}
 		out.Turn = ch.Turn() - base
 	}
 	if failed == req.N {
@@ -178,12 +190,15 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 	if origin == "" {
 		return "", "", fmt.Errorf("%w: env %s was not branched from an env: nothing to promote it into", ErrBadRequest, child.ID)
 	}
-	if _, _, err := c.lookup(origin); err != nil {
+	_, om, err := c.lookup(origin)
+	if err != nil {
 		return "", "", fmt.Errorf("%w: origin env %s of %s is not open", ErrBadRequest, origin, child.ID)
 	}
+	before := child.Head()
 	if sid, err = c.e.Promote(ctx, child); err != nil {
 		return "", "", err
 	}
+	c.trailPromoted(om, m, before, sid)
 	c.forget(child.ID)
 	c.feed.publish(Event{Type: EventPromote, Env: origin, Task: m.task.Name, State: sid, Child: child.ID})
 	c.o.Hooks.StateMade(origin, sid)
@@ -213,13 +228,17 @@ func (c *Coordinator) discard(ctx context.Context, envID, event string) error {
 // close closes env in the engine and forgets it once the engine no longer
 // has it (its close can fail after that, destroying the sandbox): never
 // while it is open, so an env no longer listed (Envs) is closed.
-// The feed reports it as event (EventDiscard or EventClose).
-func (c *Coordinator) close(ctx context.Context, env *branch.Env, event string) error {
+// The feed reports it as event (EventDiscard, EventClose or EventFinish).
+func (c *Coordinator) close(ctx context.Context, env *branch.Env, event string, opts ...func(*Event)) error {
 	task, _ := c.Task(env.ID)
 	err := c.e.CloseEnv(ctx, env)
 	if _, gone := c.e.Env(env.ID); gone != nil {
 		c.forget(env.ID)
-		c.feed.publish(Event{Type: event, Env: env.ID, Task: task.Name})
+		ev := Event{Type: event, Env: env.ID, Task: task.Name}
+		for _, o := range opts {
+			o(&ev)
+		}
+		c.feed.publish(ev)
 	}
 	return err
 }
@@ -231,9 +250,14 @@ func (c *Coordinator) CloseEnv(ctx context.Context, envID string) error {
 	return c.discard(ctx, envID, EventClose)
 }
 
-// Evaluate runs the verifier of env's task on a fork of its current
-// state; env itself is untouched. The caller holds the env's ticket.
-func (c *Coordinator) Evaluate(ctx context.Context, envID string) (Evaluation, error) {
+// Evaluate runs the verifier of env's task on its current state (the
+// task pool's trusted grader, or a fork for a task that keeps the agent's
+// processes); env itself is untouched. With finish the episode is over:
+// env is closed once evaluated (also when the evaluation failed because
+// of the env or the task; not when the server could not run it), and the
+// feed reports EventFinish instead of EventEvaluate. The caller holds the
+// env's ticket.
+func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (Evaluation, error) {
 	env, m, err := c.lookup(envID)
 	if err != nil {
 		return Evaluation{}, err
@@ -241,14 +265,37 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string) (Evaluation, e
 	c.observePending(m)
 	ev, err := c.tasks.Evaluate(ctx, env, m.task, m.seed)
 	if err != nil {
+		if finish && !ProtoError(err).Infra {
+			// A verifier_error or the agent's own state: the episode is
+			// over all the same.
+			c.close(ctx, env, EventFinish)
+		}
 		return Evaluation{}, err
 	}
 	m.used.Store(time.Now().UnixNano())
 	if ev.Details == nil {
 		ev.Details = map[string]any{}
 	}
+	reward := ev.Reward
+	if finish {
+		if err := c.close(ctx, env, EventFinish, withReward(reward)); err != nil {
+			return Evaluation{}, fmt.Errorf("close env %s after its evaluation (reward %v): %w", envID, reward, err)
+		}
+		return ev, nil
+	}
+	task, _ := c.Task(env.ID)
+	c.feed.publish(Event{Type: EventEvaluate, Env: env.ID, Task: task.Name, State: stateOf(ev), Turn: env.Turn(), Reward: &reward})
 	return ev, nil
 }
+
+// stateOf is the state an evaluation scored, as its details name it.
+func stateOf(ev Evaluation) string {
+	s, _ := ev.Details["state_id"].(string)
+	return s
+}
+
+// withReward sets a closing event's reward.
+func withReward(r float64) func(*Event) { return func(e *Event) { e.Reward = &r } }
 
 // Head returns env's head as a committed state, waiting (at high
 // priority) for its background checkpoint; when that failed, the changes

@@ -47,7 +47,7 @@ func TestBranchChildren(t *testing.T) {
 	if tr := bash(t, c, keep, "echo 3 > /work/n"); tr.Turn != 2 {
 		t.Errorf("child's first turn is turn %d, want 2", tr.Turn)
 	}
-	ev, err := c.Evaluate(ctx, keep)
+	ev, err := c.Evaluate(ctx, keep, false)
 	if err != nil || ev.Reward != 1 {
 		t.Errorf("evaluate child: %+v %v", ev, err)
 	}
@@ -133,7 +133,7 @@ func TestInternalEnvsInvisible(t *testing.T) {
 		if _, _, err := c.Promote(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
 			t.Errorf("promote of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
 		}
-		if _, err := c.Evaluate(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
+		if _, err := c.Evaluate(ctx, env.ID, false); !errors.Is(err, ErrUnknownEnv) {
 			t.Errorf("evaluate of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
 		}
 		if err := c.Discard(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {

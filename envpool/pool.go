@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/internal/progress"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
@@ -464,16 +464,31 @@ func (p *Pool) taskNames() []string {
 type Evaluation struct {
 	Reward float64
 	// Details: exit_code, stdout_tail, stderr_tail, duration_s,
-	// timed_out, reward_from ("stdout" or "exit_status"), state_id (the
-	// state evaluated), fork_s (time to fork it).
+	// timed_out, reward_from ("stdout", "exit_status", "rubric",
+	// "timeout" or "outputs_too_large"), state_id (the state evaluated),
+	// grader ("trusted" or "fork"), setup_s (time to get the grader's
+	// sandbox: a pristine copy, or the fork), killed (processes stopped
+	// there); with the trusted grader outputs (files, bytes, missing,
+	// skipped) and copy_s; with a rubric parts.
 	Details map[string]any
 }
 
-// Evaluate runs task's verifier on a throwaway fork of env's current
-// state; env itself is untouched. seed is the episode's (0: none), given
-// to the verifier as ARBOR_SEED. A verifier that fails or times out is a
-// reward (0 unless it printed a number); a fork or sandbox that fails is
-// an error (ErrVerifier), never a reward.
+// Evaluate runs task's verifier on env's current state and scores it;
+// env itself is untouched. seed is the episode's (0: none), given to the
+// verifier as ARBOR_SEED.
+//
+// By default it is the trusted grader (docs/tasks.md): the verifier runs
+// in a pristine copy of the task's post-setup state (from the warm
+// reserve, or restored now) into which the agent's outputs (Task.Outputs,
+// read from the state's file snapshot) and then the task's hidden files
+// were copied, after every process but init was stopped: nothing of the
+// agent's toolchain, processes or other files is there. A task with
+// VerifierKeepsProcesses runs it on a fork of env instead, with the
+// agent's processes (the weaker model docs/tasks.md describes).
+//
+// A verifier that fails or times out is a reward; a result the task's
+// reward rules refuse is ErrVerifierOutput; a fork or sandbox that fails
+// is ErrVerifier, never a reward.
 func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed int64) (Evaluation, error) {
 	if task.Verifier == "" {
 		name := task.Name
@@ -481,6 +496,9 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed in
 			name = "image " + task.Image
 		}
 		return Evaluation{}, fmt.Errorf("%w: %s", ErrNoVerifier, name)
+	}
+	if task.trusted() {
+		return p.grade(ctx, env, task, seed)
 	}
 	start := time.Now()
 	res, err := p.e.Branch(ctx, branch.Source{Env: env}, 1)
@@ -491,44 +509,157 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed in
 		return Evaluation{}, fmt.Errorf("%w: fork env %s: %w", ErrVerifier, env.ID, err)
 	}
 	fork := res.Children[0]
-	forkTook := time.Since(start)
 	defer p.closeQuietly(fork, "verifier fork")
+	details := map[string]any{"state_id": res.State, "grader": "fork", "setup_s": time.Since(start).Seconds()}
+	return p.runVerifier(ctx, fork.Sandbox(), task, seed, details)
+}
+
+// grade is Evaluate's trusted grader.
+func (p *Pool) grade(ctx context.Context, env *branch.Env, task Task, seed int64) (Evaluation, error) {
+	s, ok := p.slots[task.Name]
+	if !ok || s.task.Verifier != task.Verifier {
+		return Evaluation{}, fmt.Errorf("%w: task %q is not one this pool prepared", ErrVerifier, task.Name)
+	}
+	// The agent's files as the state evaluated holds them; a failure
+	// here is the engine's (its error says whose fault), not the
+	// verifier's.
+	sid, err := p.e.CurrentState(ctx, env)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("evaluate env %s: %w", env.ID, err)
+	}
+	files, release, err := p.e.StateFiles(sid)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("evaluate env %s: %w", env.ID, err)
+	}
+	defer release()
+	start := time.Now()
+	grader, err := p.pristine(ctx, s)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: a pristine copy of task %s: %w", ErrVerifier, task.Name, err)
+	}
+	defer p.closeQuietly(grader, "grader")
+	sb := grader.Sandbox()
+	// Setup's shell goes: the verifier is the only thing that runs.
+	killed, err := sb.KillAllButInit(ctx)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: stop the grader's processes: %w", ErrVerifier, err)
+	}
+	details := map[string]any{"state_id": sid, "grader": "trusted", "setup_s": time.Since(start).Seconds(), "killed": killed}
+	copyStart := time.Now()
+	outputs := task.Outputs
+	if len(outputs) == 0 && s.dir != "" && s.dir != "/" {
+		outputs = []string{s.dir}
+	}
+	limit := task.MaxOutputBytes
+	if limit <= 0 {
+		limit = DefaultMaxOutputBytes
+	}
+	var ost outputStats
+	err = applyTar(ctx, sb.Root(), func(w io.Writer) error {
+		var err error
+		ost, err = tarOutputs(ctx, w, files, outputs, limit)
+		return err
+	})
+	details["outputs"] = map[string]any{"paths": outputs, "files": ost.Files, "dirs": ost.Dirs, "links": ost.Links,
+		"bytes": ost.Bytes, "missing": ost.Missing, "skipped": ost.Skipped}
+	if errors.Is(err, errOutputsTooLarge) {
+		// The agent's doing: a failed episode, not an error to mask.
+		lo, _ := task.Range()
+		details["reward_from"] = "outputs_too_large"
+		details["copy_s"] = time.Since(copyStart).Seconds()
+		return Evaluation{Reward: lo, Details: details}, nil
+	}
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: copy the agent's outputs into the grader: %w", ErrVerifier, err)
+	}
+	if task.Hidden != "" || len(task.HiddenFiles) > 0 {
+		uid, gid := 0, 0
+		if u := sb.UserNS(); u.Enabled {
+			uid, gid = int(u.HostID), int(u.HostID)
+		}
+		if err := applyTar(ctx, sb.Root(), func(w io.Writer) error { return tarHidden(ctx, w, task, uid, gid) }); err != nil {
+			return Evaluation{}, fmt.Errorf("%w: copy the hidden files into the grader: %w", ErrVerifier, err)
+		}
+	}
+	details["copy_s"] = time.Since(copyStart).Seconds()
+	return p.runVerifier(ctx, sb, task, seed, details)
+}
+
+// applyTar streams what write writes into image.ApplyTar on root.
+func applyTar(ctx context.Context, root string, write func(io.Writer) error) error {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := image.ApplyTar(ctx, root, pr)
+		pr.CloseWithError(err)
+		done <- err
+	}()
+	werr := write(pw)
+	pw.CloseWithError(werr)
+	aerr := <-done
+	if werr != nil {
+		return werr
+	}
+	return aerr
+}
+
+// pristine is a copy of s's post-setup state nobody used: from the warm
+// reserve when one is ready, else restored now.
+func (p *Pool) pristine(ctx context.Context, s *taskSlot) (*branch.Env, error) {
+	if env := p.take(s); env != nil {
+		return env, nil
+	}
+	res, err := p.e.Branch(ctx, branch.Source{State: s.state}, 1)
+	if err != nil {
+		return nil, err
+	}
+	if err := res.Errors[0]; err != nil {
+		return nil, err
+	}
+	env := res.Children[0]
+	env.Origin = ""
+	return env, nil
+}
+
+// runVerifier runs task's verifier in sb as a fresh child of its init,
+// after every other process there was stopped (unless the task keeps
+// them), and scores it.
+func (p *Pool) runVerifier(ctx context.Context, sb *sandbox.Sandbox, task Task, seed int64, details map[string]any) (Evaluation, error) {
 	timeout := task.CommandTimeout
 	if timeout <= 0 {
 		timeout = p.o.VerifierTimeout
 	}
 	// The verifier's result must be the verifier's: nothing the agent
-	// left running may write to it, so on the fork every process but init
-	// goes first (unless the task needs them), and the verifier runs as a
-	// fresh child of init, not in the agent's shell, whose functions,
-	// aliases and traps would apply to it.
-	sb := fork.Sandbox()
-	killed := 0
-	if !task.VerifierKeepsProcesses {
-		if killed, err = sb.KillAllButInit(ctx); err != nil {
-			return Evaluation{}, fmt.Errorf("%w: stop the agent's processes in fork of %s: %w", ErrVerifier, env.ID, err)
+	// left running may write to it, so every process but init goes first
+	// (unless the task needs them), and the verifier runs as a fresh
+	// child of init, not in a shell whose functions, aliases and traps
+	// would apply to it.
+	if _, done := details["killed"]; !done && !task.VerifierKeepsProcesses {
+		killed, err := sb.KillAllButInit(ctx)
+		if err != nil {
+			return Evaluation{}, fmt.Errorf("%w: stop the agent's processes: %w", ErrVerifier, err)
 		}
+		details["killed"] = killed
 	}
 	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: verifierEnv(task, seed), Dir: p.verifierDir(task), Timeout: timeout})
 	if err != nil {
-		return Evaluation{}, fmt.Errorf("%w: run verifier in fork of %s: %w", ErrVerifier, env.ID, err)
+		return Evaluation{}, fmt.Errorf("%w: run verifier: %w", ErrVerifier, err)
 	}
-	reward, from := Reward(string(r.Stdout), r.ExitCode)
-	if r.TimedOut {
-		reward, from = 0, "timeout"
+	details["exit_code"] = r.ExitCode
+	details["stdout_tail"] = tail(string(r.Stdout), 2048)
+	details["stderr_tail"] = tail(string(r.Stderr), 2048)
+	details["duration_s"] = r.Duration.Seconds()
+	details["timed_out"] = r.TimedOut
+	sc, err := task.Score(string(r.Stdout), r.ExitCode, r.TimedOut)
+	if err != nil {
+		return Evaluation{Details: details}, fmt.Errorf("task %s: %w (exit status %d; stderr: %s)", task.Name, err, r.ExitCode,
+			strings.TrimSpace(tail(string(r.Stderr), 300)))
 	}
-	ev := Evaluation{Reward: reward, Details: map[string]any{
-		"exit_code":   r.ExitCode,
-		"stdout_tail": tail(string(r.Stdout), 2048),
-		"stderr_tail": tail(string(r.Stderr), 2048),
-		"duration_s":  r.Duration.Seconds(),
-		"timed_out":   r.TimedOut,
-		"reward_from": from,
-		"state_id":    res.State,
-		"fork_s":      forkTook.Seconds(),
-		"killed":      killed,
-	}}
-	return ev, nil
+	details["reward_from"] = sc.From
+	if sc.Parts != nil {
+		details["parts"] = sc.Parts
+	}
+	return Evaluation{Reward: sc.Reward, Details: details}, nil
 }
 
 // verifierEnv is the verifier's whole environment: the task's variables
@@ -556,34 +687,6 @@ func (p *Pool) verifierDir(task Task) string {
 		return s.dir
 	}
 	return "/"
-}
-
-// Reward turns a verifier's stdout and exit status into a reward: the
-// number on the last non-empty stdout line if there is one, else 1 for
-// exit status 0 and 0 otherwise. It also says which rule applied.
-func Reward(stdout string, exitCode int) (float64, string) {
-	lines := strings.Split(strings.TrimRight(stdout, " \t\r\n"), "\n")
-	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
-		if v, err := parseReward(last); err == nil {
-			return v, "stdout"
-		}
-	}
-	if exitCode == 0 {
-		return 1, "exit_status"
-	}
-	return 0, "exit_status"
-}
-
-// parseReward reads a finite number.
-func parseReward(s string) (float64, error) {
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return 0, err
-	}
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("reward %q is not finite", s)
-	}
-	return v, nil
 }
 
 // TaskOfState returns the task whose post-setup state is sid or one of

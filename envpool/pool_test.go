@@ -42,7 +42,7 @@ var helloTask = envpool.Task{
 }
 
 var scoreTask = envpool.Task{
-	Name: "score", Image: "busybox",
+	Name: "score", Image: "busybox", Outputs: []string{"/work"},
 	Verifier: `n=$(cat /work/n 2>/dev/null || echo 0); echo "scoring"; echo "0.$n"; exit 1`,
 }
 
@@ -167,8 +167,8 @@ func TestPoolResetEvaluate(t *testing.T) {
 	if err := e.CloseEnv(ctx, rs.Env); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Evaluate(ctx, rs.Env, rs.Task, 0); !errors.Is(err, envpool.ErrVerifier) {
-		t.Errorf("evaluate of a closed env: %v, want ErrVerifier", err)
+	if _, err := p.Evaluate(ctx, rs.Env, rs.Task, 0); !errors.Is(err, branch.ErrClosed) {
+		t.Errorf("evaluate of a closed env: %v, want branch.ErrClosed", err)
 	}
 	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}, 0); !errors.Is(err, envpool.ErrNoVerifier) {
 		t.Errorf("evaluate without verifier: %v", err)

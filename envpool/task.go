@@ -59,27 +59,138 @@ type Task struct {
 	// (names like CAP_CHOWN); empty means Docker's default set. Fewer is
 	// always allowed; more only on a server run with --allow-extra-caps.
 	Caps []string `json:"caps,omitempty" yaml:"caps,omitempty"`
+
+	// Outputs are the paths (absolute, in the sandbox) that hold the
+	// agent's work: the trusted grader copies them, and nothing else of
+	// the agent's files, into a pristine copy of the post-setup state
+	// before the verifier runs there (docs/tasks.md, "The trusted
+	// grader"). Empty: the directory setup ended in.
+	Outputs []string `json:"outputs,omitempty" yaml:"outputs,omitempty"`
+	// Hidden is a directory on the server's host (in a task file:
+	// relative to the file) whose contents the grader copies to
+	// HiddenPath after the agent's work, and HiddenFiles are files given
+	// inline (a path relative to HiddenPath: its contents). Neither is
+	// ever in the agent's sandbox, its checkpoints or its branches.
+	Hidden      string            `json:"-" yaml:"-"`
+	HiddenFiles map[string]string `json:"-" yaml:"-"`
+	// HiddenPath is where the hidden files appear for the verifier
+	// (default DefaultHiddenPath).
+	HiddenPath string `json:"hidden_path,omitempty" yaml:"hidden_path,omitempty"`
+	// RewardRange bounds the reward (default [0, 1]); a verifier whose
+	// reward falls outside is a verifier_error, never a reward.
+	RewardRange [2]float64 `json:"reward_range,omitzero" yaml:"reward_range,omitempty"`
+	// RewardFrom says how the verifier's result becomes the reward
+	// (docs/tasks.md, "Reward"): RewardAuto (default), RewardExitStatus,
+	// RewardStdout or RewardRubric (the default when Rubric is set).
+	RewardFrom string `json:"reward_from,omitempty" yaml:"reward_from,omitempty"`
+	// Rubric weighs the named components that the verifier prints as a
+	// JSON object on its last stdout line; the reward is their weighted
+	// sum.
+	Rubric map[string]float64 `json:"rubric,omitempty" yaml:"rubric,omitempty"`
+	// MaxOutputBytes bounds what the grader copies of Outputs (default
+	// DefaultMaxOutputBytes); an agent whose outputs are larger scores
+	// the range's low end.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty" yaml:"max_output_bytes,omitempty"`
+	// Tags, Difficulty and Metadata describe the task to trainers; the
+	// server does not read them.
+	Tags       []string       `json:"tags,omitempty" yaml:"tags,omitempty"`
+	Difficulty string         `json:"difficulty,omitempty" yaml:"difficulty,omitempty"`
+	Metadata   map[string]any `json:"metadata,omitempty" yaml:"metadata,omitempty"`
 }
+
+// How a verifier's result becomes a reward (Task.RewardFrom).
+const (
+	// RewardAuto: the number on the last stdout line if it is one, else
+	// the exit status (0: the range's high end, else its low end).
+	RewardAuto = "auto"
+	// RewardExitStatus: the exit status alone.
+	RewardExitStatus = "exit_status"
+	// RewardStdout: the last stdout line must be a number.
+	RewardStdout = "stdout"
+	// RewardRubric: the last stdout line must be a JSON object with a
+	// number for each of the rubric's components.
+	RewardRubric = "rubric"
+)
+
+const (
+	// DefaultHiddenPath is where the hidden files appear to the verifier.
+	DefaultHiddenPath = "/grader"
+	// DefaultMaxOutputBytes bounds the agent's outputs the grader copies.
+	DefaultMaxOutputBytes = 256 << 20
+)
+
+// Range is the task's reward range, [0, 1] unless set.
+func (t Task) Range() (lo, hi float64) {
+	if t.RewardRange == [2]float64{} {
+		return 0, 1
+	}
+	return t.RewardRange[0], t.RewardRange[1]
+}
+
+// rewardFrom is RewardFrom with its default.
+func (t Task) rewardFrom() string {
+	switch {
+	case t.RewardFrom != "":
+		return t.RewardFrom
+	case len(t.Rubric) > 0:
+		return RewardRubric
+	}
+	return RewardAuto
+}
+
+// hiddenPath is HiddenPath with its default.
+func (t Task) hiddenPath() string {
+	if t.HiddenPath == "" {
+		return DefaultHiddenPath
+	}
+	return t.HiddenPath
+}
+
+// trusted says whether the verifier runs in the trusted grader (a
+// pristine copy with the agent's outputs) rather than on a fork of the
+// agent's sandbox with its processes (VerifierKeepsProcesses).
+func (t Task) trusted() bool { return !t.VerifierKeepsProcesses }
 
 // taskFile is Task as it is spelled in files (the timeout as seconds or a
 // duration string).
 type taskFile struct {
-	Name           string            `json:"name" yaml:"name"`
-	Image          string            `json:"image" yaml:"image"`
-	Setup          []string          `json:"setup" yaml:"setup"`
-	Instruction    string            `json:"instruction" yaml:"instruction"`
-	Verifier       string            `json:"verifier" yaml:"verifier"`
-	MaxTurns       int               `json:"max_turns" yaml:"max_turns"`
-	CommandTimeout flexDuration      `json:"command_timeout" yaml:"command_timeout"`
-	Env            map[string]string `json:"env" yaml:"env"`
-	Caps           []string          `json:"caps" yaml:"caps"`
-	KeepProcesses  bool              `json:"verifier_keeps_processes" yaml:"verifier_keeps_processes"`
+	Name           string             `json:"name" yaml:"name"`
+	Image          string             `json:"image" yaml:"image"`
+	Setup          []string           `json:"setup" yaml:"setup"`
+	Instruction    string             `json:"instruction" yaml:"instruction"`
+	Verifier       string             `json:"verifier" yaml:"verifier"`
+	MaxTurns       int                `json:"max_turns" yaml:"max_turns"`
+	CommandTimeout flexDuration       `json:"command_timeout" yaml:"command_timeout"`
+	Env            map[string]string  `json:"env" yaml:"env"`
+	Caps           []string           `json:"caps" yaml:"caps"`
+	KeepProcesses  bool               `json:"verifier_keeps_processes" yaml:"verifier_keeps_processes"`
+	Outputs        []string           `json:"outputs" yaml:"outputs"`
+	Hidden         string             `json:"hidden" yaml:"hidden"`
+	HiddenFiles    map[string]string  `json:"hidden_files" yaml:"hidden_files"`
+	HiddenPath     string             `json:"hidden_path" yaml:"hidden_path"`
+	RewardRange    []float64          `json:"reward_range" yaml:"reward_range"`
+	RewardFrom     string             `json:"reward_from" yaml:"reward_from"`
+	Rubric         map[string]float64 `json:"rubric" yaml:"rubric"`
+	MaxOutputBytes int64              `json:"max_output_bytes" yaml:"max_output_bytes"`
+	Tags           []string           `json:"tags" yaml:"tags"`
+	Difficulty     string             `json:"difficulty" yaml:"difficulty"`
+	Metadata       map[string]any     `json:"metadata" yaml:"metadata"`
 }
 
-func (f taskFile) task() Task {
-	return Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
+func (f taskFile) task() (Task, error) {
+	t := Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
 		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env, Caps: f.Caps,
-		VerifierKeepsProcesses: f.KeepProcesses}
+		VerifierKeepsProcesses: f.KeepProcesses, Outputs: f.Outputs, Hidden: f.Hidden, HiddenFiles: f.HiddenFiles,
+		HiddenPath: f.HiddenPath, RewardFrom: f.RewardFrom, Rubric: f.Rubric, MaxOutputBytes: f.MaxOutputBytes,
+		Tags: f.Tags, Difficulty: f.Difficulty, Metadata: f.Metadata}
+	switch len(f.RewardRange) {
+	case 0:
+	case 2:
+		t.RewardRange = [2]float64{f.RewardRange[0], f.RewardRange[1]}
+	default:
+		return t, fmt.Errorf("reward_range: want [low, high], got %d numbers", len(f.RewardRange))
+	}
+	return t, nil
 }
 
 // MarshalJSON writes the timeout as seconds, as files spell it.
@@ -98,8 +209,9 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return err
 	}
-	*t = f.task()
-	return nil
+	v, err := f.task()
+	*t = v
+	return err
 }
 
 // flexDuration is a duration written as a number of seconds or as a Go
@@ -185,6 +297,7 @@ func (t Task) Validate() error {
 			bad("env %s: value contains a NUL byte", k)
 		}
 	}
+	t.validateGrading(bad)
 	// Names only: whether the server grants more than the default set is
 	// decided when a sandbox starts (sandbox.Isolation.KeptCaps).
 	if _, err := sandbox.ParseCaps(t.Caps); err != nil {
@@ -219,9 +332,15 @@ func LoadTask(path string) (Task, error) {
 	if err != nil {
 		return Task{}, fmt.Errorf("%w: %s: %v", ErrInvalidTask, path, err)
 	}
-	t := f.task()
+	t, err := f.task()
+	if err != nil {
+		return Task{}, fmt.Errorf("%w: %s: %v", ErrInvalidTask, path, err)
+	}
 	if t.Name == "" {
 		t.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	if t.Hidden != "" && !filepath.IsAbs(t.Hidden) {
+		t.Hidden = filepath.Join(filepath.Dir(path), t.Hidden)
 	}
 	if err := t.Validate(); err != nil {
 		return Task{}, fmt.Errorf("%s: %w", path, err)
@@ -273,6 +392,7 @@ func (t *Task) UnmarshalYAML(n *yaml.Node) error {
 	if err := n.Decode(&f); err != nil {
 		return err
 	}
-	*t = f.task()
-	return nil
+	v, err := f.task()
+	*t = v
+	return err
 }

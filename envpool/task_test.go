@@ -138,27 +138,58 @@ func TestLoadTasksReportsEveryBadFileAndDuplicates(t *testing.T) {
 }
 
 func TestReward(t *testing.T) {
+	auto := envpool.Task{}
+	wide := envpool.Task{RewardRange: [2]float64{-5, 5}}
+	stdout := envpool.Task{RewardFrom: envpool.RewardStdout}
+	status := envpool.Task{RewardFrom: envpool.RewardExitStatus, RewardRange: [2]float64{-1, 2}}
+	rubric := envpool.Task{Rubric: map[string]float64{"tests": 0.75, "style": 0.25}}
 	tests := []struct {
 		name     string
+		task     envpool.Task
 		stdout   string
 		exit     int
+		timedOut bool
 		want     float64
 		wantFrom string
+		wantErr  bool
 	}{
-		{name: "exit 0", stdout: "all good\n", exit: 0, want: 1, wantFrom: "exit_status"},
-		{name: "exit 1", stdout: "", exit: 1, want: 0, wantFrom: "exit_status"},
-		{name: "number wins", stdout: "checking\n0.75\n", exit: 0, want: 0.75, wantFrom: "stdout"},
-		{name: "number with failing status", stdout: "0.25\n\n", exit: 3, want: 0.25, wantFrom: "stdout"},
-		{name: "number not last", stdout: "0.5\ndone\n", exit: 2, want: 0, wantFrom: "exit_status"},
-		{name: "nan ignored", stdout: "NaN\n", exit: 0, want: 1, wantFrom: "exit_status"},
-		{name: "inf ignored", stdout: "+Inf\n", exit: 1, want: 0, wantFrom: "exit_status"},
-		{name: "negative", stdout: "-2\n", exit: 0, want: -2, wantFrom: "stdout"},
+		{name: "exit 0", task: auto, stdout: "all good\n", exit: 0, want: 1, wantFrom: "exit_status"},
+		{name: "exit 1", task: auto, stdout: "", exit: 1, want: 0, wantFrom: "exit_status"},
+		{name: "number wins", task: auto, stdout: "checking\n0.75\n", exit: 0, want: 0.75, wantFrom: "stdout"},
+		{name: "number with failing status", task: auto, stdout: "0.25\n\n", exit: 3, want: 0.25, wantFrom: "stdout"},
+		{name: "number not last", task: auto, stdout: "0.5\ndone\n", exit: 2, want: 0, wantFrom: "exit_status"},
+		{name: "timeout", task: auto, stdout: "1\n", exit: 124, timedOut: true, want: 0, wantFrom: "timeout"},
+		{name: "nan is an error", task: auto, stdout: "NaN\n", exit: 0, wantErr: true},
+		{name: "inf is an error", task: auto, stdout: "+Inf\n", exit: 1, wantErr: true},
+		{name: "overflow is an error", task: auto, stdout: "1e999\n", exit: 0, wantErr: true},
+		{name: "huge is out of range", task: auto, stdout: "1000000.0\n", exit: 0, wantErr: true},
+		{name: "negative is out of range", task: auto, stdout: "-2\n", exit: 0, wantErr: true},
+		{name: "negative in a wide range", task: wide, stdout: "-2\n", exit: 0, want: -2, wantFrom: "stdout"},
+		{name: "wide range's exit status", task: wide, stdout: "ok\n", exit: 0, want: 5, wantFrom: "exit_status"},
+		{name: "stdout needs a number", task: stdout, stdout: "PASSED\n", exit: 0, wantErr: true},
+		{name: "stdout number", task: stdout, stdout: "0.5\n", exit: 1, want: 0.5, wantFrom: "stdout"},
+		{name: "exit status ignores numbers", task: status, stdout: "1e6\n", exit: 0, want: 2, wantFrom: "exit_status"},
+		{name: "exit status failed", task: status, stdout: "1\n", exit: 1, want: -1, wantFrom: "exit_status"},
+		{name: "rubric", task: rubric, stdout: "log\n\n" + `{"tests": 1, "style": 0.5}` + "\n", want: 0.875, wantFrom: "rubric"},
+		{name: "rubric missing part", task: rubric, stdout: `{"tests": 1}`, wantErr: true},
+		{name: "rubric extra part", task: rubric, stdout: `{"tests": 1, "style": 1, "bonus": 1}`, wantErr: true},
+		{name: "rubric not a number", task: rubric, stdout: `{"tests": "1", "style": 1}`, wantErr: true},
+		{name: "rubric garbage", task: rubric, stdout: "1.0\n", wantErr: true},
+		{name: "rubric out of range", task: rubric, stdout: `{"tests": 2, "style": 2}`, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, from := envpool.Reward(tt.stdout, tt.exit)
-			if got != tt.want || from != tt.wantFrom {
-				t.Errorf("Reward(%q, %d) = %v, %s; want %v, %s", tt.stdout, tt.exit, got, from, tt.want, tt.wantFrom)
+			got, err := tt.task.Score(tt.stdout, tt.exit, tt.timedOut)
+			if tt.wantErr {
+				if !errors.Is(err, envpool.ErrVerifierOutput) {
+					t.Errorf("Score(%q, %d) = %+v, %v; want a verifier_error", tt.stdout, tt.exit, got, err)
+				} else {
+					t.Logf("%v", err)
+				}
+				return
+			}
+			if err != nil || got.Reward != tt.want || got.From != tt.wantFrom {
+				t.Errorf("Score(%q, %d) = %+v, %v; want %v from %s", tt.stdout, tt.exit, got, err, tt.want, tt.wantFrom)
 			}
 		})
 	}

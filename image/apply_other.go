@@ -12,3 +12,8 @@ import (
 func applyLayer(context.Context, string, io.Reader) (int64, error) {
 	return 0, errors.New("applying image layers needs Linux")
 }
+
+// ApplyTar needs Linux: apply_linux.go.
+func ApplyTar(ctx context.Context, root string, r io.Reader) (int64, error) {
+	return applyLayer(ctx, root, r)
+}

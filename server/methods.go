@@ -72,6 +72,10 @@ func envEnvs(_ *Server, _ *request, p *protocol.EnvParams) ([]string, error) {
 	return []string{p.EnvID}, nil
 }
 
+func evaluateEnvs(_ *Server, _ *request, p *protocol.EvaluateParams) ([]string, error) {
+	return []string{p.EnvID}, nil
+}
+
 func rollbackEnvs(_ *Server, _ *request, p *protocol.RollbackParams) ([]string, error) {
 	return []string{p.EnvID}, nil
 }
@@ -90,7 +94,7 @@ func init() {
 		protocol.MethodRollback:   method(rollbackEnvs, (*request).rollback),
 		protocol.MethodPromote:    method(promoteEnvs, (*request).promote),
 		protocol.MethodDiscard:    method(envEnvs, (*request).discard),
-		protocol.MethodEvaluate:   method(envEnvs, (*request).evaluate),
+		protocol.MethodEvaluate:   method(evaluateEnvs, (*request).evaluate),
 		protocol.MethodClose:      method(envEnvs, (*request).close),
 		protocol.MethodEnvs:       method(nil, (*request).envs),
 		protocol.MethodStates:     method(envEnvs, (*request).states),
@@ -100,6 +104,7 @@ func init() {
 		protocol.MethodUnpin:      method(nil, (*request).unpinStates),
 		protocol.MethodMigrate:    method(nil, (*request).migrate),
 		protocol.MethodPrepare:    method(nil, (*request).prepare),
+		protocol.MethodTrajectory: method(trajectoryEnvs, (*request).trajectory),
 	}
 }
 
@@ -282,14 +287,21 @@ func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, erro
 	return protocol.Empty{}, nil
 }
 
-func (r *request) evaluate(ctx context.Context, p *protocol.EnvParams) (any, error) {
-	return r.server().evaluate(ctx, p.EnvID)
+func (r *request) evaluate(ctx context.Context, p *protocol.EvaluateParams) (any, error) {
+	s := r.server()
+	ev, err := s.evaluate(ctx, p.EnvID, p.Finish())
+	if p.Finish() {
+		if _, gone := s.c.Env(p.EnvID); gone != nil {
+			s.keys.forget(p.EnvID)
+		}
+	}
+	return ev, err
 }
 
-// evaluate runs the verifier of an env's task; the caller holds the
-// env's ticket.
-func (s *Server) evaluate(ctx context.Context, envID string) (*protocol.Evaluation, error) {
-	ev, err := s.c.Evaluate(ctx, envID)
+// evaluate runs the verifier of an env's task, and closes the env after
+// when finish; the caller holds the env's ticket.
+func (s *Server) evaluate(ctx context.Context, envID string, finish bool) (*protocol.Evaluation, error) {
+	ev, err := s.c.Evaluate(ctx, envID, finish)
 	if err != nil {
 		return nil, err
 	}

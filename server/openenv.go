@@ -485,7 +485,7 @@ func (c *oeConn) handle(f oeFrame) bool {
 		data, err = c.onEnv(func() (any, error) { return c.s.states(ctx, c.env) })
 	case oeEvaluate:
 		data, err = c.onEnv(func() (any, error) {
-			ev, err := c.s.evaluate(ctx, c.env)
+			ev, err := c.s.evaluate(ctx, c.env, false)
 			if err != nil {
 				return nil, err
 			}
@@ -799,7 +799,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 // state the step made, never a reward. The caller holds the env's ticket.
 func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 	c.over = true
-	ev, err := c.s.evaluate(ctx, c.env)
+	ev, err := c.s.evaluate(ctx, c.env, false)
 	if errors.Is(err, coordinator.ErrNoVerifier) || errors.Is(err, envpool.ErrNoVerifier) {
 		return oeResult{Observation: obs, Done: true}, nil
 	}

@@ -406,10 +406,19 @@ func (c *Client) Discard(ctx context.Context, envID string) error {
 	return c.Call(ctx, protocol.MethodDiscard, protocol.EnvParams{EnvID: envID}, nil)
 }
 
-// Evaluate runs the task's verifier on a throwaway fork of env.
+// Evaluate runs the task's verifier on env's current state (the trusted
+// grader, docs/tasks.md); env goes on.
 func (c *Client) Evaluate(ctx context.Context, envID string) (*Evaluation, error) {
 	var r Evaluation
-	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EnvParams{EnvID: envID}, &r)
+	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID}, &r)
+}
+
+// Finish evaluates env and closes it: its episode is over (evaluate
+// with fork false).
+func (c *Client) Finish(ctx context.Context, envID string) (*Evaluation, error) {
+	var r Evaluation
+	no := false
+	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID, Fork: &no}, &r)
 }
 
 // CloseEnv closes env.

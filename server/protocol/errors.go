@@ -55,6 +55,16 @@ const (
 	// server's budget of prepared copies (retryable: they expire or are
 	// taken by branches).
 	CodeOverBudget = "over_budget"
+	// CodeEnvError: the env cannot go on because of what its agent did
+	// (state CRIU cannot dump, its control socket or shell removed).
+	// Neither infra nor retryable: the episode failed (docs/protocol.md,
+	// Errors).
+	CodeEnvError = "env_error"
+	// CodeVerifierError: the task's verifier ran but its result is no
+	// reward under the task's rules (garbage where a number was due, a
+	// reward outside the task's range). A fault of the task, not of the
+	// server nor an outcome of the agent: neither retryable nor infra.
+	CodeVerifierError = "verifier_error"
 )
 
 // Errorf makes an Error of code; retryable and infra follow from the code.
@@ -94,6 +104,8 @@ var (
 	ErrInternal        = &Error{Code: CodeInternal}
 	ErrNodeUnavailable = &Error{Code: CodeNodeUnavailable}
 	ErrOverBudget      = &Error{Code: CodeOverBudget}
+	ErrEnvError        = &Error{Code: CodeEnvError}
+	ErrVerifierError   = &Error{Code: CodeVerifierError}
 )
 
 // IsInfra reports whether err is an infrastructure failure reported by the

@@ -149,10 +149,23 @@ type (
 	CheckpointParams = EnvParams
 	PromoteParams    = EnvParams
 	DiscardParams    = EnvParams
-	EvaluateParams   = EnvParams
 	CloseParams      = EnvParams
 	StatesParams     = EnvParams
 )
+
+// EvaluateParams are the params of evaluate: the env, and fork (default
+// true). With fork false the episode is over: the env is closed once
+// evaluated (docs/protocol.md, "evaluate").
+type EvaluateParams struct {
+	EnvID string `msgpack:"env_id"`
+	Fork  *bool  `msgpack:"fork,omitempty"`
+}
+
+func (p *EvaluateParams) check(c *checker) { c.required("env_id", p.EnvID) }
+
+// Finish says whether the env is to be closed once evaluated (fork
+// false).
+func (p *EvaluateParams) Finish() bool { return p.Fork != nil && !*p.Fork }
 
 // RollbackParams are the params of rollback.
 type RollbackParams struct {
@@ -232,6 +245,7 @@ func (p *ResetParams) Validate() error     { return validate(p) }
 func (p *StepParams) Validate() error      { return validate(p) }
 func (p *BranchParams) Validate() error    { return validate(p) }
 func (p *EnvParams) Validate() error       { return validate(p) }
+func (p *EvaluateParams) Validate() error  { return validate(p) }
 func (p *RollbackParams) Validate() error  { return validate(p) }
 func (p *EnvsParams) Validate() error      { return validate(p) }
 func (p *StepBatchParams) Validate() error { return validate(p) }
