@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/coordinator/trail"
 )
 
 // Options configure a Coordinator. Zero values take the defaults.
@@ -60,6 +61,16 @@ type Options struct {
 	// their operations make; nil: nobody (a single host). A cluster
 	// node's registry (package cluster) publishes them in etcd.
 	Hooks Hooks
+	// Trajectories is the file of the turns' records (package trail;
+	// arbor serve: trajectories.db in its state dir): every turn's action
+	// and observation with the state it led to, and the verdicts of
+	// evaluate (trajectory.go). "": a file in a temporary directory,
+	// removed at Close.
+	Trajectories string
+	// TrajectoryOutput is what a turn's record keeps of each of stdout,
+	// stderr, a command and a written file's content, head and tail
+	// (default 256 KiB, the sandbox's default output cap).
+	TrajectoryOutput int
 }
 
 // Hooks hear of the coordinator's envs and states. They are called
@@ -143,6 +154,9 @@ type Coordinator struct {
 
 	feed  feed  // changes, to subscribers (feed.go)
 	notes notes // the turns' commands and outcomes (notes.go)
+
+	trail    *trail.Store // the turns' records, for trajectories (trajectory.go)
+	trailTmp string       // the temporary directory of trail, if any
 }
 
 // entry is what the coordinator keeps per env.
@@ -168,6 +182,9 @@ type entry struct {
 	// restart restored the env (recover.go).
 	recovered *Recovered
 	used      atomic.Int64 // unix nanoseconds of the last operation naming it
+	// trail is what the env keeps of its turns that no state's record
+	// holds yet (trajectory.go).
+	trail envTrail
 }
 
 // New makes a coordinator on an open engine, adopts the envs the engine
@@ -179,7 +196,12 @@ func New(o Options) (*Coordinator, error) {
 	}
 	o = o.withDefaults()
 	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}, lost: map[string]branch.LostEnv{}}
+	c.tasks = verdicts{Tasks: o.Tasks, c: c}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if err := c.openTrail(); err != nil {
+		c.cancel()
+		return nil, err
+	}
 	c.m = newMetrics(o.Registry, o.Engine, func() float64 {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -202,6 +224,7 @@ func (c *Coordinator) Close() {
 	c.cancel()
 	c.wg.Wait()
 	c.feed.close()
+	c.closeTrail()
 }
 
 // Engine is the engine the coordinator drives (for throwaway forks that
@@ -416,6 +439,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 		task.Image = res.Env.Image
 	}
 	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral)
+	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
 	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(branch.Full)})

@@ -167,7 +167,7 @@ func newEnvCmd(_ *globalOptions) *cobra.Command {
 		},
 	}
 	mig.Flags().StringVar(&toNode, "node", "", "the node to move it to (default: the least loaded other one)")
-	cmd.AddCommand(reset, step, br, rb, ev, cl, ls, states, mig)
+	cmd.AddCommand(reset, step, br, rb, ev, cl, ls, states, mig, newEnvExportCmd(o))
 	return cmd
 }
 

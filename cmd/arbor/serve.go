@@ -234,7 +234,10 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	// the agent tools and the LLM proxy are its adapters.
 	reg := prometheus.NewRegistry()
 	coo := coordinator.Options{Engine: e, Tasks: coordinator.FromEnvpool(p), VerifySkips: o.verifySkips,
-		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log}
+		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log,
+		// Beside the engine's manifest, so trajectories survive a restart
+		// as the states do (docs/protocol.md, "trajectory").
+		Trajectories: filepath.Join(eo.StateDir, "trajectories.db")}
 	if node != nil { // not a typed nil in the interface
 		coo.Hooks = node
 		defer node.Close() // after Leave, a no-op; on an error before it, the lease just expires

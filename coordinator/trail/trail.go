@@ -88,6 +88,9 @@ type Turn struct {
 type Segment struct {
 	Parent string `msgpack:"parent"`
 	Turns  []Turn `msgpack:"turns"`
+	// Start marks the state an episode began at (a reset): a trajectory
+	// starts there, whatever made its ancestors (a task's setup).
+	Start bool `msgpack:"start,omitempty"`
 }
 
 // Verdict is what the task's verifier said of a state.
