@@ -19,3 +19,11 @@ var ErrInvalidName = errors.New("invalid name")
 // ErrNotEmpty is wrapped when Destroy refuses a volume that still contains
 // nested volumes (made behind the backend's back, e.g. inside a sandbox).
 var ErrNotEmpty = errors.New("contains nested volumes")
+
+// ErrAgentState is wrapped when a checkpoint or restore fails because of
+// state the sandbox's own processes made, which no option of CRIU can
+// carry (a deleted file held open that is larger than the ghost limit, a
+// restore that cannot write that file back under the sandbox's own disk
+// quota). The failure is the agent's outcome, not the server's
+// (docs/protocol.md, Errors: env_error).
+var ErrAgentState = errors.New("the sandbox holds state that cannot be checkpointed")

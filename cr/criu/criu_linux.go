@@ -42,7 +42,12 @@ type Checkpointer struct {
 	// LazyFaultHook, when set, is called as FaultHook is during a lazy
 	// restore, with its lazy-pages daemon: tests kill the daemon with it.
 	LazyFaultHook func(stage string, daemon *LazyPages)
-	spares        *spares
+	// GhostLimit is the largest deleted file a process may hold open for
+	// a dump to succeed (CRIU copies it into the image); zero is
+	// DefaultGhostLimit. A dump that fails on a larger one fails with
+	// cr.ErrAgentState, naming the file. Set it before the first run.
+	GhostLimit int64
+	spares     *spares
 }
 
 // DefaultTimeout bounds a CRIU run when Checkpointer.Timeout is zero: a
@@ -96,6 +101,15 @@ func New(flag string, log *slog.Logger) (*Checkpointer, error) {
 	return &Checkpointer{path: p, log: log, NetworkLock: "skip", spares: newSpares(n)}, nil
 }
 
+// ghostLimit is GhostLimit or its default, within what CRIU's option
+// holds (32 bits).
+func (c *Checkpointer) ghostLimit() int64 {
+	if c.GhostLimit <= 0 {
+		return DefaultGhostLimit
+	}
+	return min(c.GhostLimit, 1<<32-1)
+}
+
 // Path is the CRIU binary in use.
 func (c *Checkpointer) Path() string { return c.path }
 
@@ -143,6 +157,12 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		return DumpStats{}, fmt.Errorf("open image dir: %w", err)
 	}
 	defer dir.Close()
+	// A connection still being set up (SYN sent, or received and not yet
+	// accepted) cannot be dumped: it is skipped (TcpSkipInFlight), and its
+	// connect fails after a restore as after a lost packet, instead of the
+	// whole dump failing. A held deleted file up to the ghost limit is
+	// copied into the image; a larger one is the agent's failure
+	// (agentstate.go).
 	opts := &rpc.CriuOpts{
 		Pid:               proto.Int32(int32(r.PID)),
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
@@ -150,7 +170,9 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 		LogLevel:          proto.Int32(logLevel()),
 		LeaveRunning:      proto.Bool(true),
 		TcpEstablished:    proto.Bool(true),
+		TcpSkipInFlight:   proto.Bool(true),
 		FileLocks:         proto.Bool(true),
+		GhostLimit:        proto.Uint32(uint32(c.ghostLimit())),
 		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
 		NetworkLock:       c.lock(),
 	}
@@ -185,6 +207,9 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	}
 	defer c.closeSpare(sp)
 	if err := c.run(ctx, sp, rpc.CriuReqType_DUMP, opts, onNotify); err != nil {
+		if aerr := agentDumpError(r.Dir, c.ghostLimit()); aerr != nil {
+			return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, aerr)
+		}
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w%s", r.PID, err, logTail(r.Dir, "dump.log"))
 	}
 	st := DumpStats{Duration: time.Since(start)}
@@ -382,6 +407,9 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *La
 	if err := c.run(ctx, sp, rpc.CriuReqType_RESTORE, opts, handle); err != nil {
 		if daemon != nil && daemon.Err() != nil {
 			err = daemon.Err()
+		}
+		if aerr := agentRestoreError(work); aerr != nil {
+			return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, aerr, logTail(work, "restore.log"))
 		}
 		return 0, fmt.Errorf("criu restore into %s: %w%s", r.Root, err, logTail(work, "restore.log"))
 	}

@@ -2,9 +2,11 @@ package criu
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -72,11 +74,11 @@ func readGhosts(dir string) (*ghostImages, error) {
 		if r.GetRemapType() != remap_file_path.RemapType_GHOST {
 			continue
 		}
-		gf, err := decodeImage(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())), &ghost_file.GhostFileEntry{}, false)
+		gf, err := readGhostEntry(filepath.Join(dir, fmt.Sprintf("ghost-file-%x.img", r.GetRemapId())))
 		if err != nil {
 			return nil, err
 		}
-		isDir := len(gf.Entries) > 0 && gf.Entries[0].Message.(*ghost_file.GhostFileEntry).GetMode()&unix.S_IFMT == unix.S_IFDIR
+		isDir := gf.GetMode()&unix.S_IFMT == unix.S_IFDIR
 		g.ghosts = append(g.ghosts, ghost{at: i, id: r.GetOrigId(), dir: isDir})
 	}
 	if len(g.ghosts) == 0 {
@@ -129,6 +131,34 @@ func rootMounts(dir string) (map[uint32]bool, error) {
 		}
 	}
 	return ids, nil
+}
+
+// readGhostEntry reads the first entry of a ghost file image, which
+// describes the file. go-criu's decoder is not used: for a ghost stored
+// in chunks (a larger file, or one with holes) it returns the last chunk
+// in the first entry's place (its entries all point to one variable).
+func readGhostEntry(file string) (*ghost_file.GhostFileEntry, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if m, err := crit.ReadMagic(f); err != nil || m != "GHOST_FILE" {
+		return nil, fmt.Errorf("decode %s: magic %q: %v", filepath.Base(file), m, err)
+	}
+	var size [4]byte
+	if _, err := io.ReadFull(f, size[:]); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Base(file), err)
+	}
+	buf := make([]byte, binary.LittleEndian.Uint32(size[:]))
+	if _, err := io.ReadFull(f, buf); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Base(file), err)
+	}
+	var gf ghost_file.GhostFileEntry
+	if err := proto.Unmarshal(buf, &gf); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Base(file), err)
+	}
+	return &gf, nil
 }
 
 // decodeImage reads one CRIU image file, with its payloads when asked
