@@ -270,8 +270,8 @@ func (cg *cgroup) freezeNoTrap() error {
 			return nil
 		}
 		if err == nil && round == trapRounds {
-			err = fmt.Errorf("cgroup %s: task %d keeps a SIGTRAP pending after %d thaws (blocked or sent again each time); CRIU cannot dump a thread with a pending SIGTRAP",
-				cg.v2, tid, trapRounds)
+			err = fmt.Errorf("%w: cgroup %s: task %d keeps a SIGTRAP pending after %d thaws (blocked or sent again each time); CRIU cannot dump a thread with a pending SIGTRAP",
+				ErrBroken, cg.v2, tid, trapRounds)
 		}
 		if terr := cg.freeze(false); terr != nil || err != nil {
 			return errors.Join(err, terr)

@@ -39,6 +39,10 @@ type Sandbox struct {
 	conn     net.Conn
 	rd       *bufio.Reader
 	shellPID int // shell pid inside the sandbox's pid namespace
+	// served: init answered on its control socket (or was dumped
+	// serving it), so a dial that finds the path gone is the doing of
+	// a process inside (socketBroken).
+	served   bool
 	seen     counters
 	diskFull bool // the root was at its quota at the last check
 	closed   bool
@@ -516,13 +520,16 @@ func (s *Sandbox) dial(ctx context.Context) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/%d/root%s", s.pid, ctl.SocketPath))
 	if err != nil {
+		if berr := s.socketBroken(err); berr != nil {
+			return berr
+		}
 		return fmt.Errorf("dial sandbox control socket: %w", err)
 	}
 	if err := s.checkServer(c); err != nil {
 		c.Close()
 		return err
 	}
-	s.conn, s.rd = c, bufio.NewReader(c)
+	s.conn, s.rd, s.served = c, bufio.NewReader(c), true
 	return nil
 }
 
@@ -551,7 +558,7 @@ func (s *Sandbox) checkServer(c net.Conn) error {
 		return fmt.Errorf("check sandbox control socket: peer credentials: %w", cerr)
 	}
 	if int(cred.Pid) != s.pid {
-		return fmt.Errorf("%w: %s in sandbox %s is served by pid %d, not by its init (pid %d)", ErrImpostor, ctl.SocketPath, s.cfg.ID, cred.Pid, s.pid)
+		return fmt.Errorf("%w: %w: %s in sandbox %s is served by pid %d, not by its init (pid %d)", ErrBroken, ErrImpostor, ctl.SocketPath, s.cfg.ID, cred.Pid, s.pid)
 	}
 	return nil
 }
@@ -710,6 +717,11 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	if resp.Error != "" {
 		// With ShellExited, the command ended the shell and init could
 		// not start another: the sandbox cannot run the next command.
+		if r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil && r.ShellError != "" {
+			if berr := s.shellBroken(r.ShellPath, r.ShellError); berr != nil {
+				return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, berr)
+			}
+		}
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
 	if err := s.heldErr(); err != nil {
@@ -867,7 +879,11 @@ func (s *Sandbox) KillAllButInit(ctx context.Context) (int, error) {
 		if r.ShellError != "" {
 			// Init keeps trying in the background; this caller needs a
 			// shell now.
-			return n, fmt.Errorf("wait for the new shell: init could not start one: %s", r.ShellError)
+			err := fmt.Errorf("init could not start one: %s", r.ShellError)
+			if berr := s.shellBroken(r.ShellPath, r.ShellError); berr != nil {
+				err = fmt.Errorf("init could not start one: %w", berr)
+			}
+			return n, fmt.Errorf("wait for the new shell: %w", err)
 		}
 		if r.ShellPID != 0 && r.ShellRestarts > before.ShellRestarts {
 			s.shellPID = r.ShellPID
@@ -1084,6 +1100,9 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		return nil, fmt.Errorf("restored sandbox: %w", err)
 	}
 	s.seen = cg.counters()
+	// The dumped init served its socket: a path gone now went before the
+	// dump, from inside (socketBroken).
+	s.served = true
 	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("restored sandbox does not answer: %w", err)
