@@ -138,8 +138,16 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 				e.deleteArtifact(context.Background(), a)
 				e.man.AbortArtifact(a.ID)
 			}
-			err = fmt.Errorf("%w: state %s of env %s: %v", ErrCheckpoint, sid, envID, err)
-			e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
+			if agentCaused(err) {
+				// The sandbox's own doing: the cause stays testable
+				// (docs/protocol.md, Errors: env_error).
+				err = fmt.Errorf("%w: state %s of env %s: %w", ErrCheckpoint, sid, envID, err)
+				e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
+			} else {
+				err = fmt.Errorf("%w: state %s of env %s: %v", ErrCheckpoint, sid, envID, err)
+				e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
+			}
+			e.failed.add(sid, err)
 		}
 	}()
 	var dir string
@@ -331,7 +339,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 func (e *Engine) State(id string) (manifest.State, error) {
 	st, err := e.man.GetState(id)
 	if errors.Is(err, manifest.ErrNotFound) {
-		return st, fmt.Errorf("%w: %s", ErrUnknownState, id)
+		return st, e.unknownState(id)
 	}
 	return st, err
 }

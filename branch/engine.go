@@ -146,6 +146,8 @@ type Engine struct {
 	// lazyBytes is Options.LazyBytes (SetLazyBytes).
 	lazyBytes atomic.Int64
 	pr        pressure // disk pressure (pressure.go)
+	// failed: why recent states' checkpoints failed (failed.go).
+	failed failedStates
 
 	mu     sync.Mutex
 	envs   map[string]*Env

@@ -596,7 +596,7 @@ func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A process holding open a deleted 2 MiB file, over CRIU's ghost
+	// A process holding open a deleted 72 MiB file, over the ghost
 	// limit: its dump fails. The file goes once the process holds it.
 	run(t, e, env, branchtest.GhostHolder)
 	failing, kind, err := e.CheckpointAsync(env, branch.Proc)

@@ -101,11 +101,12 @@ func HoldQueue(tb testing.TB, e *branch.Engine, image string) (release func()) {
 }
 
 // GhostHolder is a busybox command that starts a process holding open a
-// deleted 2 MiB file, over CRIU's ghost limit: every dump of the env fails
-// until that process (sleep) is killed. The file is removed only once the
-// process holds it (else the rm can win, the process never starts and the
-// dump succeeds). It prints ok.
-const GhostHolder = "dd if=/dev/zero of=/tmp/big bs=1M count=2 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & " +
+// deleted 72 MiB file, over the ghost limit (criu.DefaultGhostLimit, 64
+// MiB): every dump of the env fails, with cr.ErrAgentState, until that
+// process (sleep) is killed. The file is removed only once the process
+// holds it (else the rm can win, the process never starts and the dump
+// succeeds). It prints ok.
+const GhostHolder = "dd if=/dev/zero of=/tmp/big bs=1M count=72 2>/dev/null; sleep 1000 </tmp/big >/dev/null 2>&1 & " +
 	`until [ "$(readlink /proc/$!/fd/0)" = /tmp/big ]; do :; done; rm /tmp/big; echo ok`
 
 // RaisedWaiting reports whether a job of e's queue is waiting at high
