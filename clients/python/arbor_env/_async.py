@@ -19,7 +19,7 @@ Outcome = Union[StepTuple, ArborError]
 # lost its answer to a dropped connection is sent again after the
 # reconnect. A step is one only with a request key (step_keys servers).
 IDEMPOTENT = frozenset(["hello", "envs", "states", "evaluate", "checkpoint", "rollback", "close",
-                        "release", "pin", "unpin", "prepare"])
+                        "release", "pin", "unpin", "prepare", "trajectory"])
 
 _DEFAULT = object()
 
@@ -289,6 +289,15 @@ class AsyncClient:
             out["refused"] = refused
         return out
 
+    async def trajectory(self, state_id: str, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """The path from the root to a state (also one of an env closed
+        since, while the server retains it), as the server recorded it:
+        {"state_id", "root", "turns": [...]}, each turn with its "action"
+        as sent, "obs", "state_id", "checkpoint", "reward" (the newest
+        evaluate of its state, if any) and timings. An unknown state raises
+        ArborError with code "unknown_state"."""
+        return _map(await self.call("trajectory", {"state_id": state_id}, timeout=timeout), "trajectory")
+
     def _batch_wire(self, items: Sequence[Tuple[Any, Action]]) -> Tuple[List[dict], List[Optional["AsyncEnv"]]]:
         wire, envs = [], []
         for env, action in items:
@@ -542,6 +551,11 @@ class AsyncEnv:
     async def states(self, timeout: Any = _DEFAULT) -> List[Dict[str, Any]]:
         """The lineage of this env's head, root first."""
         return _map(await self.client.call("states", {"env_id": self._id()}, timeout=timeout), "states").get("states") or []
+
+    async def trajectory(self, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """The path from the root to this env's head, as the server recorded
+        it (also after this client restarted): see AsyncClient.trajectory."""
+        return _map(await self.client.call("trajectory", {"env_id": self._id()}, timeout=timeout), "trajectory")
 
     async def close(self, timeout: Any = _DEFAULT) -> None:
         """Closes the env on the server; again, or on an env already gone, it does nothing."""

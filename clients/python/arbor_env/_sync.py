@@ -133,6 +133,10 @@ class Client:
         """See AsyncClient.prepare."""
         return self._run(self._a.prepare(state_ids, n, wait, timeout=timeout))
 
+    def trajectory(self, state_id: str, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """See AsyncClient.trajectory."""
+        return self._run(self._a.trajectory(state_id, timeout=timeout))
+
     def _wrap(self, a: Optional[AsyncEnv]) -> Optional["Env"]:
         if a is None:
             return None
@@ -337,6 +341,10 @@ class Env:
 
     def states(self, timeout: Any = _DEFAULT) -> List[Dict[str, Any]]:
         return self._c._run(self._a.states(timeout=timeout))
+
+    def trajectory(self, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """See AsyncEnv.trajectory."""
+        return self._c._run(self._a.trajectory(timeout=timeout))
 
     def close(self, timeout: Any = _DEFAULT) -> None:
         return self._c._run(self._a.close(timeout=timeout))

@@ -196,6 +196,42 @@ class EndToEndTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, "unknown_env")
             self.assertFalse(cm.exception.infra)
 
+    def test_trajectory_after_client_gone(self):
+        """A client steps, branches and rolls back, then goes away; a new
+        client gets every path back from the server: each turn's action
+        and observation as the steps returned them."""
+        def turn(res):
+            obs, _, _, _, info = res
+            return (obs["stdout"], obs["stderr"], obs["exit_code"], info["state_id"], info["turn"], info["checkpoint"])
+
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            env = c.env(task=_task(c))
+            env.reset()
+            t1 = turn(env.step("mkdir -p /work/tr && cd /work/tr && echo a > f && echo made"))
+            t2 = turn(env.step("echo b >> f; cat f; echo oops >&2; false"))
+            kid = env.branch(1)[0]
+            k3 = turn(kid.step("echo kid >> f; wc -l < f"))
+            env.rollback(t1[3])
+            t4 = turn(env.step("cat f"))
+            env_id, kid_state = env.env_id, k3[3]
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            def got(tr):
+                return [(x["obs"]["stdout"], x["obs"]["stderr"], x["obs"]["exit_code"], x["state_id"], x["turn"], x["checkpoint"])
+                        for x in tr["turns"]]
+            a = c.attach(env_id)
+            tr = a.trajectory()
+            self.assertEqual(got(tr), [t1, t4])
+            self.assertEqual(tr["turns"][1]["action"], {"tool": "bash", "cmd": "cat f"})
+            self.assertEqual(got(c.trajectory(kid_state)), [t1, t2, k3])
+            self.assertEqual(t2[2], 1)
+            with self.assertRaises(arbor.ArborError) as cm:
+                c.trajectory("s-nosuch")
+            self.assertEqual(cm.exception.code, "unknown_state")
+            c.call("close", {"env_id": env_id})
+            for e in c.envs():
+                if e["env_id"] != env_id and e.get("origin") == env_id:
+                    c.call("close", {"env_id": e["env_id"]})
+
     def test_draft_promote_discard_and_batch(self):
         with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
             env, obs, info = c.make(image="busybox")
