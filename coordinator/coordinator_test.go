@@ -203,7 +203,7 @@ func TestBoundary(t *testing.T) {
 }
 
 // TestTurnAfterRealCheckpointFailure: a background checkpoint that really
-// fails (CRIU refuses to dump a deleted file over its 1 MiB ghost limit
+// fails (CRIU refuses to dump a deleted file over its 64 MiB ghost limit
 // that a process still holds open) is reported by the next turn, whose
 // checkpoint is full and, the process gone, commits.
 func TestTurnAfterRealCheckpointFailure(t *testing.T) {
@@ -326,8 +326,9 @@ func TestHeadAfterFailedCheckpoint(t *testing.T) {
 }
 
 // TestSettleFailedState: a branch from a state id whose checkpoint
-// failed answers unknown_state (the state never came to be: no retry can
-// succeed), and the failure stays with the env that made it, whose next
+// failed answers that failure's cause, here env_error (the agent's
+// deleted file over the ghost limit; the state never came to be: not
+// retryable), and the failure stays with the env that made it, whose next
 // turn reports it and is full.
 func TestSettleFailedState(t *testing.T) {
 	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
@@ -336,8 +337,8 @@ func TestSettleFailedState(t *testing.T) {
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	ghost := bash(t, c, r.Env.ID, ghostCmd)
 	_, err := c.Branch(ctx, BranchRequest{StateID: ghost.StateID, N: 1})
-	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeUnknownState || pe.Retryable {
-		t.Errorf("branch from a state whose checkpoint failed: %v (%+v), want unknown_state, not retryable", err, pe)
+	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeEnvError || pe.Retryable || pe.Infra {
+		t.Errorf("branch from a state whose checkpoint failed: %v (%+v), want env_error, neither retryable nor infra", err, pe)
 	}
 	if !errors.Is(err, branch.ErrCheckpoint) {
 		t.Errorf("branch from a failed state: %v does not say the checkpoint failed", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
@@ -49,6 +50,18 @@ func ProtoError(err error) *protocol.Error {
 		return nil
 	case errors.As(err, &pe):
 		return pe
+	case errors.Is(err, cr.ErrAgentState), errors.Is(err, sandbox.ErrBroken):
+		// First: whatever operation met it (a checkpoint, a branch's
+		// restore, the verifier's fork, a state whose checkpoint failed
+		// on it), the agent's own doing is its outcome, never an infra
+		// error a trainer would mask.
+		code = protocol.CodeEnvError
+	case errors.Is(err, branch.ErrUnknownState) && errors.Is(err, branch.ErrCheckpoint):
+		// A state whose checkpoint failed, for a reason of the server's:
+		// that failure, not an unknown id; no retry brings it back.
+		e := protocol.Errorf(protocol.CodeCheckpointFail, "%v", err)
+		e.Retryable = false
+		return e
 	case errors.Is(err, ErrInvalidParams):
 		code = protocol.CodeInvalidParams
 	case errors.Is(err, ErrUnknownEnv), errors.Is(err, branch.ErrUnknownEnv):
@@ -82,7 +95,7 @@ func ProtoError(err error) *protocol.Error {
 	case errors.Is(err, branch.ErrCheckpoint):
 		code = protocol.CodeCheckpointFail
 	case errors.Is(err, sandbox.ErrDead), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrClosed),
-		errors.Is(err, sandbox.ErrUnsupported), errors.Is(err, sandbox.ErrImpostor):
+		errors.Is(err, sandbox.ErrUnsupported):
 		code = protocol.CodeSandboxFailed
 	case errors.Is(err, ErrClosed), errors.Is(err, envpool.ErrClosed), errors.Is(err, context.Canceled):
 		code = protocol.CodeShuttingDown

@@ -310,7 +310,7 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 	if err := c.WaitTurn(ctx, env.ID); err != nil {
 		t.Fatal(err)
 	}
-	// A process holding open a deleted 2 MiB file, over CRIU's ghost
+	// A process holding open a deleted 72 MiB file, over CRIU's ghost
 	// limit: the boundary's dump fails.
 	if _, err := e.Exec(ctx, env, branchtest.GhostHolder, sandbox.ExecOptions{}); err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 		t.Fatal(rp.err)
 	}
 	rp.resp.Body.Close()
-	if h := rp.resp.Header.Get(llmproxy.HeaderCheckpoint); !strings.HasPrefix(h, "failed: checkpoint_failed: ") {
+	if h := rp.resp.Header.Get(llmproxy.HeaderCheckpoint); !strings.HasPrefix(h, "failed: env_error: ") {
 		t.Errorf("%s of the boundary whose checkpoint failed: %q, want the failure", llmproxy.HeaderCheckpoint, h)
 	}
 	if !errors.Is(step.CheckpointError, branch.ErrCheckpoint) || step.Kind != branch.Full {
