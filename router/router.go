@@ -309,6 +309,22 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 			return fail(err)
 		}
 		return r.states(ctx, method, p.StateIDs)
+	case protocol.MethodTrajectory:
+		// An env's path is where the env is; a state's where its
+		// artifacts are (turns that ran on another node before a state
+		// was shipped are that node's: the answer lists them as missing).
+		var p protocol.TrajectoryParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		if p.EnvID != "" {
+			return r.toEnv(ctx, p.EnvID, method, params)
+		}
+		node, err := r.stateNode(ctx, p.StateID)
+		if err != nil {
+			return fail(err)
+		}
+		return r.forward(node, method, params)
 	case protocol.MethodPrepare:
 		var p protocol.PrepareParams
 		if err := decode(&p); err != nil {
