@@ -86,6 +86,8 @@ func ProtoError(err error) *protocol.Error {
 		code = protocol.CodeBadRequest
 	case errors.Is(err, sandbox.ErrBadCommand):
 		code = protocol.CodeTooLarge
+	case errors.Is(err, envpool.ErrVerifierOutput):
+		code = protocol.CodeVerifierError
 	case errors.Is(err, envpool.ErrVerifier), errors.Is(err, envpool.ErrSetup):
 		// Before the engine's: a verifier whose fork failed to restore
 		// could not run, whatever stopped it; so with a task's setup.

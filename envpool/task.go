@@ -91,6 +91,10 @@ type Task struct {
 	// DefaultMaxOutputBytes); an agent whose outputs are larger scores
 	// the range's low end.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty" yaml:"max_output_bytes,omitempty"`
+	// Solution is a reference solution (a shell script run in the
+	// agent's shell, as the agent would): never shown to an agent; tests
+	// and `arbor task check` check that it scores the range's high end.
+	Solution string `json:"-" yaml:"-"`
 	// Tags, Difficulty and Metadata describe the task to trainers; the
 	// server does not read them.
 	Tags       []string       `json:"tags,omitempty" yaml:"tags,omitempty"`
@@ -172,6 +176,7 @@ type taskFile struct {
 	RewardFrom     string             `json:"reward_from" yaml:"reward_from"`
 	Rubric         map[string]float64 `json:"rubric" yaml:"rubric"`
 	MaxOutputBytes int64              `json:"max_output_bytes" yaml:"max_output_bytes"`
+	Solution       string             `json:"solution" yaml:"solution"`
 	Tags           []string           `json:"tags" yaml:"tags"`
 	Difficulty     string             `json:"difficulty" yaml:"difficulty"`
 	Metadata       map[string]any     `json:"metadata" yaml:"metadata"`
@@ -181,7 +186,7 @@ func (f taskFile) task() (Task, error) {
 	t := Task{Name: f.Name, Image: f.Image, Setup: f.Setup, Instruction: f.Instruction, Verifier: f.Verifier,
 		MaxTurns: f.MaxTurns, CommandTimeout: time.Duration(f.CommandTimeout), Env: f.Env, Caps: f.Caps,
 		VerifierKeepsProcesses: f.KeepProcesses, Outputs: f.Outputs, Hidden: f.Hidden, HiddenFiles: f.HiddenFiles,
-		HiddenPath: f.HiddenPath, RewardFrom: f.RewardFrom, Rubric: f.Rubric, MaxOutputBytes: f.MaxOutputBytes,
+		HiddenPath: f.HiddenPath, Solution: f.Solution, RewardFrom: f.RewardFrom, Rubric: f.Rubric, MaxOutputBytes: f.MaxOutputBytes,
 		Tags: f.Tags, Difficulty: f.Difficulty, Metadata: f.Metadata}
 	switch len(f.RewardRange) {
 	case 0:
