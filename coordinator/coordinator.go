@@ -241,6 +241,11 @@ func (c *Coordinator) IdleTTL() time.Duration { return max(c.o.IdleTTL, 0) }
 // TaskNames lists the tasks Reset accepts.
 func (c *Coordinator) TaskNames() []string { return c.tasks.TaskNames() }
 
+// Tasks pages through the tasks, or a dataset's instances.
+func (c *Coordinator) Tasks(dataset, cursor string, limit int) (TaskPage, error) {
+	return c.tasks.List(dataset, cursor, limit)
+}
+
 // Ticket queues an operation on the envs ids in the order of the calls:
 // wait blocks until the operations queued before it on those envs have
 // ended, release lets the next one run. Releasing marks the envs used
@@ -423,8 +428,8 @@ type ResetResult struct {
 
 // Reset starts an episode (of a task or an image) and hands out its env.
 func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult, error) {
-	if req.Image == "" && req.Task == "" {
-		return nil, fmt.Errorf("%w: reset needs image or task", ErrInvalidParams)
+	if req.Image == "" && req.Task == "" && req.Dataset == "" {
+		return nil, fmt.Errorf("%w: reset needs image, task or dataset", ErrInvalidParams)
 	}
 	if err := c.reserve(1); err != nil {
 		return nil, err

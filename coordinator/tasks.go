@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
@@ -22,7 +23,11 @@ type TaskInfo struct {
 // ResetRequest asks for a new episode: of a task, or of a bare image.
 type ResetRequest struct {
 	Task, Image string
-	Seed        int64
+	// Dataset picks the task among a dataset's instances: the one at
+	// Index, else the one Seed picks.
+	Dataset string
+	Index   *int
+	Seed    int64
 	// Ephemeral: the env belongs to something that ends with this process
 	// (an MCP session); it is not adopted again after a crash.
 	Ephemeral bool
@@ -56,7 +61,36 @@ type Tasks interface {
 	TaskOfState(sid string) (TaskInfo, bool)
 	// TaskNames lists the tasks reset accepts.
 	TaskNames() []string
+	// List pages through the tasks (dataset ""), or a dataset's
+	// instances from cursor.
+	List(dataset, cursor string, limit int) (TaskPage, error)
 }
+
+// TaskSummary describes a task to a client; Error says why an instance
+// of a dataset cannot be served.
+type TaskSummary struct {
+	Name, Image, Difficulty string
+	Tags                    []string
+	MaxTurns                int
+	Error                   string
+}
+
+// DatasetSummary names a dataset and the number of its instances.
+type DatasetSummary struct {
+	Name      string
+	Instances int
+}
+
+// TaskPage is one page of List: the tasks, the datasets (on the first
+// page of the tasks) and the cursor of the next page ("" at the end).
+type TaskPage struct {
+	Tasks    []TaskSummary
+	Datasets []DatasetSummary
+	Next     string
+}
+
+// MaxTaskPage bounds a page of List.
+const MaxTaskPage = 1000
 
 // Images is the Tasks of a server without tasks: reset starts a fresh env
 // from an image and nothing has a verifier.
@@ -90,6 +124,14 @@ func (Images) TaskOfState(string) (TaskInfo, bool) { return TaskInfo{}, false }
 // TaskNames implements Tasks.
 func (Images) TaskNames() []string { return nil }
 
+// List implements Tasks: there are none.
+func (Images) List(dataset, _ string, _ int) (TaskPage, error) {
+	if dataset != "" {
+		return TaskPage{}, fmt.Errorf("%w: no dataset %q (this server has no tasks)", ErrUnknownTask, dataset)
+	}
+	return TaskPage{}, nil
+}
+
 // FromEnvpool adapts an envpool.Pool (tasks, warm pool, verifiers) to
 // Tasks.
 func FromEnvpool(p *envpool.Pool) Tasks { return envpoolTasks{p} }
@@ -101,7 +143,7 @@ func taskInfo(t envpool.Task) TaskInfo {
 }
 
 func (a envpoolTasks) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
-	r, err := a.p.Reset(ctx, envpool.ResetRequest{Task: req.Task, Image: req.Image, Seed: req.Seed})
+	r, err := a.p.Reset(ctx, envpool.ResetRequest{Task: req.Task, Image: req.Image, Seed: req.Seed, Dataset: req.Dataset, Index: req.Index})
 	if err != nil {
 		return nil, err
 	}
@@ -128,4 +170,60 @@ func (a envpoolTasks) TaskNames() []string {
 		names = append(names, t.Name)
 	}
 	return names
+}
+
+func summary(t envpool.Task) TaskSummary {
+	return TaskSummary{Name: t.Name, Image: t.Image, Difficulty: t.Difficulty, Tags: t.Tags, MaxTurns: t.MaxTurns}
+}
+
+func (a envpoolTasks) List(dataset, cursor string, limit int) (TaskPage, error) {
+	if limit <= 0 || limit > MaxTaskPage {
+		limit = min(MaxTaskPage, max(limit, 100))
+	}
+	from := 0
+	if cursor != "" {
+		n, err := strconv.Atoi(cursor)
+		if err != nil || n < 0 {
+			return TaskPage{}, fmt.Errorf("%w: cursor %q is not one a page returned", ErrBadRequest, cursor)
+		}
+		from = n
+	}
+	var page TaskPage
+	if dataset == "" {
+		tasks := a.p.Tasks()
+		for _, t := range tasks[min(from, len(tasks)):min(from+limit, len(tasks))] {
+			page.Tasks = append(page.Tasks, summary(t))
+		}
+		if from+limit < len(tasks) {
+			page.Next = strconv.Itoa(from + limit)
+		}
+		if from == 0 {
+			for _, d := range a.p.Datasets() {
+				page.Datasets = append(page.Datasets, DatasetSummary{Name: d.Name, Instances: d.Len()})
+			}
+		}
+		return page, nil
+	}
+	var d *envpool.Dataset
+	for _, x := range a.p.Datasets() {
+		if x.Name == dataset {
+			d = x
+		}
+	}
+	if d == nil {
+		return TaskPage{}, fmt.Errorf("%w: no dataset %q", ErrUnknownTask, dataset)
+	}
+	to := min(from+limit, d.Len())
+	for i := from; i < to; i++ {
+		t, err := d.Instance(i)
+		if err != nil {
+			page.Tasks = append(page.Tasks, TaskSummary{Name: dataset + "/" + d.Names(i, 1)[0], Error: err.Error()})
+			continue
+		}
+		page.Tasks = append(page.Tasks, summary(t))
+	}
+	if to < d.Len() {
+		page.Next = strconv.Itoa(to)
+	}
+	return page, nil
 }

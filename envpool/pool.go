@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,6 +36,19 @@ type PoolOptions struct {
 	// filling the warm pool (nil: none).
 	Progress io.Writer
 	Logger   *slog.Logger
+	// Lazy: NewPool prepares nothing; the tasks are prepared in the
+	// background, in order, and a reset of one not prepared yet waits for
+	// it. A task whose setup fails is logged and its resets answer the
+	// failure; the pool goes on (a server with a broken task serves the
+	// others).
+	Lazy bool
+	// Datasets are prepared an instance at a time, on its first use
+	// (docs/tasks.md, "Datasets"); they get no warm reserve.
+	Datasets []*Dataset
+	// MaxInstances bounds the dataset instances kept prepared (their
+	// template environments); the least recently used goes first
+	// (default 32).
+	MaxInstances int
 }
 
 func (o PoolOptions) withDefaults() PoolOptions {
@@ -53,6 +67,9 @@ func (o PoolOptions) withDefaults() PoolOptions {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.MaxInstances <= 0 {
+		o.MaxInstances = 32
+	}
 	return o
 }
 
@@ -67,7 +84,8 @@ type Pool struct {
 	o     PoolOptions
 	log   *slog.Logger
 	tasks []Task
-	slots map[string]*taskSlot
+	// datasets by name; read-only after NewPool.
+	datasets map[string]*Dataset
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -77,6 +95,11 @@ type Pool struct {
 	mu     sync.Mutex
 	closed bool
 	filled int // warm environments made so far
+	// slots are the tasks' and the dataset instances' in use.
+	slots map[string]*taskSlot
+	// retired names the task of the post-setup states of instances whose
+	// slot was evicted (envs reset from them live on).
+	retired map[string]string
 }
 
 // taskSlot is one prepared task: its template environment (kept open so
@@ -87,12 +110,37 @@ type taskSlot struct {
 	template *branch.Env
 	state    string
 	// dir is where setup left the shell: the verifier runs there.
-	dir      string
-	prepared time.Duration
-	kick     chan struct{}
+	dir  string
+	took time.Duration
+	kick chan struct{}
 
 	mu    sync.Mutex
 	ready []*branch.Env
+
+	// done is closed once prepare ended, err its failure; start runs it.
+	done  chan struct{}
+	err   error
+	start sync.Once
+	// instance: a dataset instance's slot, evicted when unused (users,
+	// lastUse: under Pool.mu).
+	instance bool
+	users    int
+	lastUse  time.Time
+}
+
+// newSlot is the slot of task t, not prepared yet.
+func newSlot(t Task) *taskSlot {
+	return &taskSlot{task: t, kick: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// prepared says whether s's preparation ended well.
+func (s *taskSlot) prepared() bool {
+	select {
+	case <-s.done:
+		return s.err == nil
+	default:
+		return false
+	}
 }
 
 // NewPool prepares every task (image, exported env, setup commands, then a
@@ -111,9 +159,36 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 		}
 		seen[t.Name] = true
 	}
-	p := &Pool{e: e, o: o, log: o.Logger, tasks: slices.Clone(tasks), slots: map[string]*taskSlot{}}
+	p := &Pool{e: e, o: o, log: o.Logger, tasks: slices.Clone(tasks), slots: map[string]*taskSlot{},
+		datasets: map[string]*Dataset{}, retired: map[string]string{}}
+	for _, d := range o.Datasets {
+		if seen[d.Name] || p.datasets[d.Name] != nil {
+			return nil, fmt.Errorf("%w: dataset %q has the name of another task or dataset", ErrInvalidTask, d.Name)
+		}
+		p.datasets[d.Name] = d
+	}
+	for _, t := range tasks {
+		p.slots[t.Name] = newSlot(t)
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if o.Lazy {
+		// In order, one at a time, in the background; resets wait for
+		// theirs (Pool.slot).
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for _, t := range tasks {
+				if p.ctx.Err() != nil {
+					return
+				}
+				p.ensure(p.ctx, p.slots[t.Name])
+			}
+		}()
+		return p, nil
+	}
 	defer func() {
 		if err != nil {
+			p.cancel()
 			for _, s := range p.slots {
 				p.closeQuietly(s.template, "template of failed pool")
 			}
@@ -121,37 +196,162 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 	}()
 	meter := progress.New(o.Progress, "preparing tasks", len(tasks))
 	for _, t := range tasks {
-		s, err := p.prepare(ctx, t, meter)
-		if err != nil {
+		s := p.slots[t.Name]
+		s.start.Do(func() {})
+		if err := p.prepare(ctx, s, meter); err != nil {
 			meter.Finish(err)
 			return nil, err
 		}
-		p.slots[t.Name] = s
-		meter.Add(1, fmt.Sprintf("%s ready in %s", t.Name, s.prepared.Round(time.Millisecond)))
+		close(s.done)
+		meter.Add(1, fmt.Sprintf("%s ready in %s", t.Name, s.took.Round(time.Millisecond)))
 	}
 	if len(tasks) > 0 {
 		meter.Finish(nil)
 	}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
 	if o.Warm > 0 && len(tasks) > 0 {
 		p.fill = progress.New(o.Progress, "filling warm pool", o.Warm*len(tasks))
-		for _, s := range p.slots {
+		for _, t := range tasks {
 			p.wg.Add(1)
-			go p.fillLoop(s)
+			go p.fillLoop(p.slots[t.Name])
 		}
 	}
 	return p, nil
 }
 
+// ensure prepares s unless that began already, and waits for it to end.
+func (p *Pool) ensure(ctx context.Context, s *taskSlot) error {
+	s.start.Do(func() {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			err := p.prepare(p.ctx, s, progress.New(nil, "", 0))
+			s.err = err
+			close(s.done)
+			if err != nil {
+				p.log.Error("task setup failed: its resets answer this until the server restarts", slog.String("task", s.task.Name), slog.Any("err", err))
+				return
+			}
+			p.log.Info("task ready", slog.String("task", s.task.Name), slog.Duration("took", s.took))
+			if !s.instance && p.o.Warm > 0 {
+				p.wg.Add(1)
+				go p.fillLoop(s)
+			}
+			if s.instance {
+				p.evictInstances()
+			}
+		}()
+	})
+	select {
+	case <-s.done:
+		return s.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// slot returns the prepared slot of the task or instance called name,
+// preparing it first if need be; release ends its use (an instance's slot
+// in use is never evicted).
+func (p *Pool) slot(ctx context.Context, name string) (s *taskSlot, release func(), err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	s, ok := p.slots[name]
+	if !ok {
+		p.mu.Unlock()
+		t, err := p.instanceTask(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		p.mu.Lock()
+		if s, ok = p.slots[name]; !ok {
+			s = newSlot(t)
+			s.instance = true
+			p.slots[name] = s
+		}
+	}
+	s.users++
+	s.lastUse = time.Now()
+	p.mu.Unlock()
+	release = func() {
+		p.mu.Lock()
+		s.users--
+		s.lastUse = time.Now()
+		p.mu.Unlock()
+	}
+	if err := p.ensure(ctx, s); err != nil {
+		release()
+		if s.instance {
+			// A failed instance is tried again on its next use.
+			p.mu.Lock()
+			if p.slots[name] == s && s.users == 0 {
+				delete(p.slots, name)
+			}
+			p.mu.Unlock()
+		}
+		return nil, nil, err
+	}
+	return s, release, nil
+}
+
+// instanceTask resolves "DATASET/NAME" to its instance's task.
+func (p *Pool) instanceTask(name string) (Task, error) {
+	ds, inst, ok := splitInstance(name)
+	d := p.datasets[ds]
+	if !ok || d == nil {
+		return Task{}, fmt.Errorf("%w: %q (tasks: %s; datasets: %s)", ErrUnknownTask, name, strings.Join(p.taskNames(), ", "), strings.Join(p.datasetNames(), ", "))
+	}
+	i, ok := d.Index(inst)
+	if !ok {
+		return Task{}, fmt.Errorf("%w: dataset %s has no instance %q", ErrUnknownTask, ds, inst)
+	}
+	return d.Instance(i)
+}
+
+// evictInstances closes the templates of the least recently used
+// instances not in use while more than MaxInstances are prepared. Their
+// post-setup states live on while envs reset from them do; an evicted
+// instance is prepared again on its next use.
+func (p *Pool) evictInstances() {
+	p.mu.Lock()
+	var live []*taskSlot
+	for _, s := range p.slots {
+		if s.instance && s.prepared() {
+			live = append(live, s)
+		}
+	}
+	slices.SortFunc(live, func(a, b *taskSlot) int { return a.lastUse.Compare(b.lastUse) })
+	var out []*taskSlot
+	for _, s := range live {
+		if len(live)-len(out) <= p.o.MaxInstances {
+			break
+		}
+		if s.users > 0 {
+			continue
+		}
+		delete(p.slots, s.task.Name)
+		p.retired[s.state] = s.task.Name
+		out = append(out, s)
+	}
+	p.mu.Unlock()
+	for _, s := range out {
+		p.log.Info("instance evicted", slog.String("task", s.task.Name))
+		p.closeQuietly(s.template, "template of evicted instance")
+	}
+}
+
 // prepare makes a task's template environment and its post-setup state.
-func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *taskSlot, err error) {
+func (p *Pool) prepare(ctx context.Context, s *taskSlot, meter *progress.Meter) (err error) {
+	t := s.task
 	start := time.Now()
 	meter.Step(fmt.Sprintf("%s: starting image %s", t.Name, t.Image))
 	// Resets branch from this env's states, whose isolation records carry
 	// the task's capability set.
 	env, _, err := p.e.NewEnvWith(ctx, t.Image, launch.Options{Caps: t.Caps})
 	if err != nil {
-		return nil, fmt.Errorf("%w: task %s: start image %s: %w", ErrSetup, t.Name, t.Image, err)
+		return fmt.Errorf("%w: task %s: start image %s: %w", ErrSetup, t.Name, t.Image, err)
 	}
 	defer func() {
 		if err != nil {
@@ -187,18 +387,18 @@ func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *t
 	}
 	if len(t.Env) > 0 {
 		if err := run("export of env", exportCmd(t.Env)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for i, c := range t.Setup {
 		meter.Step(fmt.Sprintf("%s: setup %d/%d", t.Name, i+1, len(t.Setup)))
 		if err := run(fmt.Sprintf("setup command %d/%d", i+1, len(t.Setup)), c); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	sid, err := p.e.Checkpoint(ctx, env, branch.Full)
 	if err != nil {
-		return nil, fmt.Errorf("task %s: checkpoint after setup: %w", t.Name, err)
+		return fmt.Errorf("task %s: checkpoint after setup: %w", t.Name, err)
 	}
 	if dir == "" {
 		// No setup command ran: the shell's first directory.
@@ -206,10 +406,10 @@ func (p *Pool) prepare(ctx context.Context, t Task, meter *progress.Meter) (s *t
 			dir = r.Cwd
 		}
 	}
-	s = &taskSlot{task: t, template: env, state: sid, dir: dir, prepared: time.Since(start), kick: make(chan struct{}, 1)}
+	s.template, s.state, s.dir, s.took = env, sid, dir, time.Since(start)
 	p.log.Info("task prepared", slog.String("task", t.Name), slog.String("image", t.Image),
-		slog.String("state", sid), slog.Duration("took", s.prepared))
-	return s, nil
+		slog.String("state", sid), slog.Duration("took", s.took))
+	return nil
 }
 
 // exportCmd exports env in a POSIX shell, keys in order.
@@ -297,9 +497,11 @@ func (p *Pool) addReady(s *taskSlot, env *branch.Env) bool {
 	// The meter first: WaitWarm returns once the env is in the reserve,
 	// and by then the progress shows it (TestPoolResetEvaluate once read
 	// "1/4" after WaitWarm had returned).
-	p.fill.Add(1, s.task.Name)
-	if initialDone {
-		p.fill.Finish(nil)
+	if p.fill != nil {
+		p.fill.Add(1, s.task.Name)
+		if initialDone {
+			p.fill.Finish(nil)
+		}
 	}
 	s.mu.Lock()
 	s.ready = append(s.ready, env)
@@ -340,16 +542,25 @@ func (p *Pool) Tasks() []Task { return slices.Clone(p.tasks) }
 
 // Task returns the task called name.
 func (p *Pool) Task(name string) (Task, bool) {
+	p.mu.Lock()
 	s, ok := p.slots[name]
-	if !ok {
-		return Task{}, false
+	p.mu.Unlock()
+	if ok {
+		return s.task, true
 	}
-	return s.task, true
+	if t, err := p.instanceTask(name); err == nil {
+		return t, true
+	}
+	return Task{}, false
 }
 
 // ResetRequest asks for a new episode: of a task, or of a bare image.
 type ResetRequest struct {
 	Task, Image string
+	// Dataset picks the task among a dataset's instances: the one at
+	// Index, else the one Seed picks (Seed modulo their number).
+	Dataset string
+	Index   *int
 	// Seed, when not 0, is exported in the environment's shell as
 	// ARBOR_SEED and seeds the shell's $RANDOM, so that commands (and the
 	// verifier) that draw randomness from them replay identically. Setup
@@ -383,12 +594,21 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 		env  *branch.Env
 		task Task
 	)
+	if req.Dataset != "" {
+		if req.Task != "" {
+			return nil, fmt.Errorf("%w: reset names a task and a dataset", ErrBadRequest)
+		}
+		if req.Task, err = p.pick(req.Dataset, req.Index, req.Seed); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case req.Task != "":
-		s, ok := p.slots[req.Task]
-		if !ok {
-			return nil, fmt.Errorf("%w: %q (loaded: %s)", ErrUnknownTask, req.Task, strings.Join(p.taskNames(), ", "))
+		s, release, err := p.slot(ctx, req.Task)
+		if err != nil {
+			return nil, fmt.Errorf("reset %s: %w", req.Task, err)
 		}
+		defer release()
 		if req.Image != "" && req.Image != s.task.Image {
 			return nil, fmt.Errorf("%w: task %s runs on image %s, not %s", ErrBadRequest, s.task.Name, s.task.Image, req.Image)
 		}
@@ -452,6 +672,50 @@ func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, e
 	return sid, nil
 }
 
+// pick names the instance of dataset ds at index, else the one seed
+// picks.
+func (p *Pool) pick(ds string, index *int, seed int64) (string, error) {
+	d := p.datasets[ds]
+	if d == nil {
+		return "", fmt.Errorf("%w: no dataset %q (datasets: %s)", ErrUnknownTask, ds, strings.Join(p.datasetNames(), ", "))
+	}
+	if d.Len() == 0 {
+		return "", fmt.Errorf("%w: dataset %s has no instances", ErrUnknownTask, ds)
+	}
+	i := 0
+	switch {
+	case index != nil:
+		i = *index
+		if i < 0 || i >= d.Len() {
+			return "", fmt.Errorf("%w: dataset %s has %d instances, no index %d", ErrBadRequest, ds, d.Len(), i)
+		}
+	case seed != 0:
+		i = int(uint64(seed) % uint64(d.Len()))
+	default:
+		return "", fmt.Errorf("%w: reset of dataset %s needs an index or a seed", ErrBadRequest, ds)
+	}
+	return ds + "/" + d.Names(i, 1)[0], nil
+}
+
+// datasetNames lists the datasets, sorted.
+func (p *Pool) datasetNames() []string {
+	names := make([]string, 0, len(p.datasets))
+	for n := range p.datasets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Datasets returns the pool's datasets, sorted by name.
+func (p *Pool) Datasets() []*Dataset {
+	var ds []*Dataset
+	for _, n := range p.datasetNames() {
+		ds = append(ds, p.datasets[n])
+	}
+	return ds
+}
+
 func (p *Pool) taskNames() []string {
 	names := make([]string, len(p.tasks))
 	for i, t := range p.tasks {
@@ -511,14 +775,18 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed in
 	fork := res.Children[0]
 	defer p.closeQuietly(fork, "verifier fork")
 	details := map[string]any{"state_id": res.State, "grader": "fork", "setup_s": time.Since(start).Seconds()}
-	return p.runVerifier(ctx, fork.Sandbox(), task, seed, details)
+	return p.runVerifier(ctx, fork.Sandbox(), task, seed, p.verifierDir(task), details)
 }
 
 // grade is Evaluate's trusted grader.
 func (p *Pool) grade(ctx context.Context, env *branch.Env, task Task, seed int64) (Evaluation, error) {
-	s, ok := p.slots[task.Name]
-	if !ok || s.task.Verifier != task.Verifier {
-		return Evaluation{}, fmt.Errorf("%w: task %q is not one this pool prepared", ErrVerifier, task.Name)
+	s, release, err := p.slot(ctx, task.Name)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("%w: task %q: %w", ErrVerifier, task.Name, err)
+	}
+	defer release()
+	if s.task.Verifier != task.Verifier {
+		return Evaluation{}, fmt.Errorf("%w: task %q is not the one this pool prepared", ErrVerifier, task.Name)
 	}
 	// The agent's files as the state evaluated holds them; a failure
 	// here is the engine's (its error says whose fault), not the
@@ -582,7 +850,7 @@ func (p *Pool) grade(ctx context.Context, env *branch.Env, task Task, seed int64
 		}
 	}
 	details["copy_s"] = time.Since(copyStart).Seconds()
-	return p.runVerifier(ctx, sb, task, seed, details)
+	return p.runVerifier(ctx, sb, task, seed, s.dir, details)
 }
 
 // applyTar streams what write writes into image.ApplyTar on root.
@@ -624,7 +892,7 @@ func (p *Pool) pristine(ctx context.Context, s *taskSlot) (*branch.Env, error) {
 // runVerifier runs task's verifier in sb as a fresh child of its init,
 // after every other process there was stopped (unless the task keeps
 // them), and scores it.
-func (p *Pool) runVerifier(ctx context.Context, sb *sandbox.Sandbox, task Task, seed int64, details map[string]any) (Evaluation, error) {
+func (p *Pool) runVerifier(ctx context.Context, sb *sandbox.Sandbox, task Task, seed int64, dir string, details map[string]any) (Evaluation, error) {
 	timeout := task.CommandTimeout
 	if timeout <= 0 {
 		timeout = p.o.VerifierTimeout
@@ -641,7 +909,7 @@ func (p *Pool) runVerifier(ctx context.Context, sb *sandbox.Sandbox, task Task, 
 		}
 		details["killed"] = killed
 	}
-	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: verifierEnv(task, seed), Dir: p.verifierDir(task), Timeout: timeout})
+	r, err := sb.Run(ctx, task.Verifier, sandbox.RunOptions{Env: verifierEnv(task, seed), Dir: dir, Timeout: timeout})
 	if err != nil {
 		return Evaluation{}, fmt.Errorf("%w: run verifier: %w", ErrVerifier, err)
 	}
@@ -683,7 +951,10 @@ func verifierEnv(task Task, seed int64) []string {
 // verifierDir is where the verifier runs: the directory the task's setup
 // ended in (where the agent started), whatever the agent did since.
 func (p *Pool) verifierDir(task Task) string {
-	if s, ok := p.slots[task.Name]; ok && s.task.Verifier == task.Verifier && s.dir != "" {
+	p.mu.Lock()
+	s, ok := p.slots[task.Name]
+	p.mu.Unlock()
+	if ok && s.prepared() && s.task.Verifier == task.Verifier && s.dir != "" {
 		return s.dir
 	}
 	return "/"
@@ -696,10 +967,22 @@ func (p *Pool) TaskOfState(sid string) (Task, bool) {
 	if err != nil {
 		return Task{}, false
 	}
+	p.mu.Lock()
+	byState := make(map[string]Task, len(p.slots))
+	for _, s := range p.slots {
+		if s.prepared() {
+			byState[s.state] = s.task
+		}
+	}
+	retired := maps.Clone(p.retired)
+	p.mu.Unlock()
 	for _, st := range lineage {
-		for _, s := range p.slots {
-			if s.state == st.ID {
-				return s.task, true
+		if t, ok := byState[st.ID]; ok {
+			return t, true
+		}
+		if name, ok := retired[st.ID]; ok {
+			if t, err := p.instanceTask(name); err == nil {
+				return t, true
 			}
 		}
 	}
@@ -722,11 +1005,17 @@ type Stats struct {
 // Stats reports each task's reserve.
 func (p *Pool) Stats() Stats {
 	var st Stats
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, t := range p.tasks {
 		s := p.slots[t.Name]
-		s.mu.Lock()
-		st.Tasks = append(st.Tasks, TaskStats{Name: t.Name, State: s.state, Ready: len(s.ready), Prepared: s.prepared})
-		s.mu.Unlock()
+		ts := TaskStats{Name: t.Name}
+		if s.prepared() {
+			s.mu.Lock()
+			ts.State, ts.Ready, ts.Prepared = s.state, len(s.ready), s.took
+			s.mu.Unlock()
+		}
+		st.Tasks = append(st.Tasks, ts)
 	}
 	return st
 }
@@ -736,11 +1025,16 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) WaitWarm(ctx context.Context) error {
 	for {
 		full := true
+		p.mu.Lock()
 		for _, s := range p.slots {
+			if s.instance {
+				continue
+			}
 			s.mu.Lock()
 			full = full && len(s.ready) >= p.o.Warm
 			s.mu.Unlock()
 		}
+		p.mu.Unlock()
 		if full {
 			return nil
 		}
@@ -787,7 +1081,13 @@ func (p *Pool) Close(ctx context.Context) error {
 		return fmt.Errorf("close pool: %w", ctx.Err())
 	}
 	var errs []error
-	for _, s := range p.slots {
+	p.mu.Lock()
+	slots := slices.Collect(maps.Values(p.slots))
+	p.mu.Unlock()
+	for _, s := range slots {
+		if !s.prepared() {
+			continue
+		}
 		s.mu.Lock()
 		ready := s.ready
 		s.ready = nil

@@ -177,9 +177,11 @@ type taskFile struct {
 	Rubric         map[string]float64 `json:"rubric" yaml:"rubric"`
 	MaxOutputBytes int64              `json:"max_output_bytes" yaml:"max_output_bytes"`
 	Solution       string             `json:"solution" yaml:"solution"`
-	Tags           []string           `json:"tags" yaml:"tags"`
-	Difficulty     string             `json:"difficulty" yaml:"difficulty"`
-	Metadata       map[string]any     `json:"metadata" yaml:"metadata"`
+	// ID is a dataset instance's name, when its line says id, not name.
+	ID         string         `json:"id" yaml:"-"`
+	Tags       []string       `json:"tags" yaml:"tags"`
+	Difficulty string         `json:"difficulty" yaml:"difficulty"`
+	Metadata   map[string]any `json:"metadata" yaml:"metadata"`
 }
 
 func (f taskFile) task() (Task, error) {
@@ -265,14 +267,16 @@ func (d *flexDuration) UnmarshalYAML(n *yaml.Node) error {
 
 var (
 	taskNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-	envNameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	// instanceTaskRE is a dataset instance's task name, DATASET/NAME.
+	instanceTaskRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	envNameRE      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // Validate reports everything wrong with t at once.
 func (t Task) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if !taskNameRE.MatchString(t.Name) {
+	if !taskNameRE.MatchString(t.Name) && !instanceTaskRE.MatchString(t.Name) {
 		bad("name %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", t.Name)
 	}
 	if strings.TrimSpace(t.Image) == "" {
@@ -343,6 +347,9 @@ func LoadTask(path string) (Task, error) {
 	}
 	if t.Name == "" {
 		t.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	if strings.Contains(t.Name, "/") {
+		return Task{}, fmt.Errorf("%w: %s: name %q: a '/' names a dataset's instance", ErrInvalidTask, path, t.Name)
 	}
 	if t.Hidden != "" && !filepath.IsAbs(t.Hidden) {
 		t.Hidden = filepath.Join(filepath.Dir(path), t.Hidden)

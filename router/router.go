@@ -325,6 +325,17 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 			return fail(err)
 		}
 		return r.forward(node, method, params)
+	case protocol.MethodTasks:
+		// Every node serves the same tasks: the first live one answers.
+		var p protocol.TasksParams
+		if err := decode(&p); err != nil {
+			return fail(err)
+		}
+		nodes := r.view.Nodes()
+		if len(nodes) == 0 {
+			return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "no node is registered"))
+		}
+		return r.forward(nodes[0].ID, method, params)
 	case protocol.MethodPrepare:
 		var p protocol.PrepareParams
 		if err := decode(&p); err != nil {

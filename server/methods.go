@@ -105,6 +105,7 @@ func init() {
 		protocol.MethodMigrate:    method(nil, (*request).migrate),
 		protocol.MethodPrepare:    method(nil, (*request).prepare),
 		protocol.MethodTrajectory: method(trajectoryEnvs, (*request).trajectory),
+		protocol.MethodTasks:      method(nil, (*request).tasks),
 	}
 }
 
@@ -139,7 +140,7 @@ func (r *request) reset(ctx context.Context, p *protocol.ResetParams) (any, erro
 // reset starts an episode; ephemeral: its env ends with what asked for
 // it (an OpenEnv connection) and is not adopted again after a crash.
 func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral bool) (*protocol.ResetResult, error) {
-	req := coordinator.ResetRequest{Image: p.Image, Task: p.Task, Ephemeral: ephemeral}
+	req := coordinator.ResetRequest{Image: p.Image, Task: p.Task, Dataset: p.Dataset, Index: p.Index, Ephemeral: ephemeral}
 	if p.Seed != nil {
 		req.Seed = *p.Seed
 	}
@@ -150,6 +151,22 @@ func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral b
 	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: res.Task.Name, Image: res.Task.Image,
 		MaxTurns: res.Task.MaxTurns, Seed: p.Seed}
 	return &protocol.ResetResult{EnvID: res.Env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
+}
+
+func (r *request) tasks(_ context.Context, p *protocol.TasksParams) (any, error) {
+	page, err := r.server().c.Tasks(p.Dataset, p.Cursor, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	out := &protocol.TasksResult{Tasks: []protocol.TaskSummary{}, NextCursor: page.Next}
+	for _, t := range page.Tasks {
+		out.Tasks = append(out.Tasks, protocol.TaskSummary{Name: t.Name, Image: t.Image, Difficulty: t.Difficulty, Tags: t.Tags,
+			MaxTurns: t.MaxTurns, Error: t.Error})
+	}
+	for _, d := range page.Datasets {
+		out.Datasets = append(out.Datasets, protocol.DatasetSummary{Name: d.Name, Instances: d.Instances})
+	}
+	return out, nil
 }
 
 func (r *request) step(ctx context.Context, p *protocol.StepParams) (any, error) {

@@ -36,6 +36,7 @@ type serveOptions struct {
 	listen      string
 	token       string
 	tasksDir    string
+	recipesDir  string
 	warm        int
 	idleTTL     time.Duration
 	retain      time.Duration
@@ -80,6 +81,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.listen, "listen", envOr("ARBOR_LISTEN", "127.0.0.1:7878"), "address to listen on")
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
+	f.StringVar(&o.recipesDir, "recipes", envOr("ARBOR_RECIPES", "images"),
+		"folder of image recipe files: a task's image NAME that DIR/NAME.yaml describes is built on first use, and again when the recipe changed (env ARBOR_RECIPES)")
 	o.registry.add(f)
 	f.StringSliceVar(&o.pullFrom, "pull-from", splitList(envOr("ARBOR_PULL_FROM", "*")),
 		"registries (host or host:port) a reset or task may make the server pull from; * is any, an empty value none (only images pulled with arbor image pull) (env ARBOR_PULL_FROM)")
@@ -111,32 +114,44 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	return cmd
 }
 
-// loadTasks reads the tasks to offer.
-func loadTasks(dir string) ([]envpool.Task, error) {
+// loadTasks reads the tasks and datasets to offer. A broken task file or
+// dataset instance is logged by name and left out: the server serves the
+// others (docs/tasks.md, "Datasets").
+func loadTasks(dir string) (envpool.Catalog, error) {
 	if dir == "" {
 		if st, err := os.Stat("tasks"); err == nil && st.IsDir() {
 			dir = "tasks"
 		}
 	}
 	if dir != "" {
-		return envpool.LoadTasks(dir)
+		c, problems, err := envpool.LoadDir(dir)
+		for _, p := range problems {
+			slog.Warn("left out of the tasks", slog.Any("err", p))
+		}
+		return c, err
 	}
+	t, err := builtinTask()
+	return envpool.Catalog{Tasks: []envpool.Task{t}}, err
+}
+
+// builtinTask is the hello task of a server without a task directory.
+func builtinTask() (envpool.Task, error) {
 	tmp, err := os.CreateTemp("", "arbor-task-*.yaml")
 	if err != nil {
-		return nil, err
+		return envpool.Task{}, err
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(defaultTask); err != nil {
 		tmp.Close()
-		return nil, err
+		return envpool.Task{}, err
 	}
 	tmp.Close()
 	t, err := envpool.LoadTask(tmp.Name())
 	if err != nil {
-		return nil, fmt.Errorf("built-in task: %w", err)
+		return envpool.Task{}, fmt.Errorf("built-in task: %w", err)
 	}
 	t.Name = "hello"
-	return []envpool.Task{t}, nil
+	return t, nil
 }
 
 func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
@@ -149,10 +164,16 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
 		return err
 	}
-	tasks, err := loadTasks(o.tasksDir)
+	catalog, err := loadTasks(o.tasksDir)
 	if err != nil {
 		return err
 	}
+	tasks := catalog.Tasks
+	defer func() {
+		for _, d := range catalog.Datasets {
+			d.Close()
+		}
+	}()
 	// Listen first: a port in use should fail before minutes of set-up.
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -181,7 +202,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
 	// The engine takes the launcher's limits for restored sandboxes.
 	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
-		Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
+		Recipes: o.recipesDir, Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
 	if l.UserNS, err = o.userNS.config(); err != nil {
 		return err
 	}
@@ -213,7 +234,15 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	for _, t := range tasks {
 		log.Info("task", slog.String("name", t.Name), slog.String("image", t.Image))
 	}
-	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log})
+	for _, d := range catalog.Datasets {
+		log.Info("dataset", slog.String("name", d.Name), slog.Int("instances", d.Len()))
+	}
+	// Lazy: the server answers at once; the tasks are prepared in the
+	// background (a reset waits for its own), a dataset's instances on
+	// their first use, and one whose setup fails is logged and answers
+	// its resets with the failure.
+	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log,
+		Lazy: true, Datasets: catalog.Datasets})
 	if err != nil {
 		return fmt.Errorf("prepare tasks: %w", err)
 	}

@@ -22,13 +22,25 @@ type ResetParams struct {
 	Image string `msgpack:"image,omitempty"`
 	Task  string `msgpack:"task,omitempty"`
 	Seed  *int64 `msgpack:"seed,omitempty"`
+	// Dataset and Index pick a dataset's instance (Index, else Seed).
+	Dataset string `msgpack:"dataset,omitempty"`
+	Index   *int   `msgpack:"index,omitempty"`
 	// Options are accepted and ignored in v1.
 	Options map[string]any `msgpack:"options,omitempty"`
 }
 
 func (p *ResetParams) check(c *checker) {
-	if c.ok() && p.Image == "" && p.Task == "" {
-		c.fail("", "reset needs image or task")
+	if c.ok() && p.Image == "" && p.Task == "" && p.Dataset == "" {
+		c.fail("", "reset needs image, task or dataset")
+	}
+	if p.Dataset != "" && p.Task != "" {
+		c.fail("dataset", "reset names a task or a dataset, not both")
+	}
+	if p.Index != nil && p.Dataset == "" {
+		c.fail("index", "an index picks an instance of a dataset: dataset is missing")
+	}
+	if p.Index != nil && *p.Index < 0 {
+		c.fail("index", "must not be negative")
 	}
 }
 

@@ -39,7 +39,7 @@ const (
 // Methods lists every method of protocol v1.
 var Methods = []string{MethodHello, MethodReset, MethodStep, MethodBranch, MethodCheckpoint, MethodRollback,
 	MethodPromote, MethodDiscard, MethodEvaluate, MethodClose, MethodEnvs, MethodStates, MethodStepBatch,
-	MethodRelease, MethodPin, MethodUnpin, MethodMigrate, MethodPrepare, MethodTrajectory}
+	MethodRelease, MethodPin, MethodUnpin, MethodMigrate, MethodPrepare, MethodTrajectory, MethodTasks}
 
 // Server notifications.
 const (
