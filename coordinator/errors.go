@@ -79,7 +79,7 @@ func ProtoError(err error) *protocol.Error {
 	case errors.Is(err, branch.ErrOverBudget):
 		code = protocol.CodeOverBudget
 	case errors.Is(err, ErrBadRequest), errors.Is(err, branch.ErrBadRequest), errors.Is(err, ErrNoVerifier),
-		errors.Is(err, envpool.ErrBadRequest), errors.Is(err, envpool.ErrNoVerifier), errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName),
+		errors.Is(err, envpool.ErrBadRequest), errors.Is(err, envpool.ErrNoVerifier), errors.Is(err, envpool.ErrInvalidTask), errors.Is(err, image.ErrNotFound), errors.Is(err, image.ErrUnknownRecipe), errors.Is(err, image.ErrInvalidName),
 		errors.Is(err, image.ErrPull), errors.Is(err, image.ErrBadLayer), errors.Is(err, image.ErrNoShell):
 		// An image that does not exist, that its registry will not serve
 		// or that cannot run is the client's mistake, not ours.

@@ -773,7 +773,7 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed in
 		return Evaluation{}, fmt.Errorf("%w: fork env %s: %w", ErrVerifier, env.ID, err)
 	}
 	fork := res.Children[0]
-	defer p.closeQuietly(fork, "verifier fork")
+	defer p.closeLater(fork, "verifier fork")
 	details := map[string]any{"state_id": res.State, "grader": "fork", "setup_s": time.Since(start).Seconds()}
 	return p.runVerifier(ctx, fork.Sandbox(), task, seed, p.verifierDir(task), details)
 }
@@ -805,7 +805,7 @@ func (p *Pool) grade(ctx context.Context, env *branch.Env, task Task, seed int64
 	if err != nil {
 		return Evaluation{}, fmt.Errorf("%w: a pristine copy of task %s: %w", ErrVerifier, task.Name, err)
 	}
-	defer p.closeQuietly(grader, "grader")
+	defer p.closeLater(grader, "grader")
 	sb := grader.Sandbox()
 	// Setup's shell goes: the verifier is the only thing that runs.
 	killed, err := sb.KillAllButInit(ctx)
@@ -1050,6 +1050,17 @@ func (p *Pool) isClosed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.closed
+}
+
+// closeLater closes env in the background (the pool's Close waits for
+// it): an evaluation answers without waiting for its sandbox's teardown.
+// Nothing reaches env meanwhile: it was never handed out.
+func (p *Pool) closeLater(env *branch.Env, what string) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.closeQuietly(env, what)
+	}()
 }
 
 func (p *Pool) closeQuietly(env *branch.Env, what string) {
