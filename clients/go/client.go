@@ -52,6 +52,8 @@ type (
 	CheckpointResult = protocol.CheckpointResult
 	Recovered        = protocol.Recovered
 	PrepareResult    = protocol.PrepareResult
+	TasksParams      = protocol.TasksParams
+	TasksResult      = protocol.TasksResult
 )
 
 // Sentinels for errors.Is.
@@ -73,6 +75,9 @@ var (
 	// ErrOverBudget: none of the copies a prepare asked for fit in the
 	// server's budget of prepared copies (retryable).
 	ErrOverBudget = protocol.ErrOverBudget
+	// ErrVerifierError: the task's verifier result is no reward under the
+	// task's rules (docs/tasks.md, "Reward").
+	ErrVerifierError = protocol.ErrVerifierError
 	// ErrClosed: the connection is closed.
 	ErrClosed = errors.New("arbor: connection closed")
 )
@@ -419,6 +424,12 @@ func (c *Client) Finish(ctx context.Context, envID string) (*Evaluation, error) 
 	var r Evaluation
 	no := false
 	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID, Fork: &no}, &r)
+}
+
+// Tasks pages through the server's tasks, or a dataset's instances.
+func (c *Client) Tasks(ctx context.Context, p TasksParams) (*TasksResult, error) {
+	var r TasksResult
+	return &r, c.Call(ctx, protocol.MethodTasks, p, &r)
 }
 
 // CloseEnv closes env.
