@@ -93,7 +93,7 @@ type Task struct {
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty" yaml:"max_output_bytes,omitempty"`
 	// Solution is a reference solution (a shell script run in the
 	// agent's shell, as the agent would): never shown to an agent; tests
-	// and `arbor task check` check that it scores the range's high end.
+	// and the cheater suite check that it scores the range's high end.
 	Solution string `json:"-" yaml:"-"`
 	// Tags, Difficulty and Metadata describe the task to trainers; the
 	// server does not read them.

@@ -239,9 +239,25 @@ class AsyncClient:
         return _map(await self.call("hello", {"token": self.token} if self.token else {}), "hello")
 
     def env(self, task: Optional[str] = None, image: Optional[str] = None, seed: Optional[int] = None,
-            options: Optional[dict] = None) -> "AsyncEnv":
-        """An Env for a task or an image; reset() starts it."""
-        return AsyncEnv(self, task=task, image=image, seed=seed, options=options)
+            options: Optional[dict] = None, dataset: Optional[str] = None,
+            index: Optional[int] = None) -> "AsyncEnv":
+        """An Env for a task, an image, or a dataset's instance (index,
+        else the one seed picks); reset() starts it."""
+        return AsyncEnv(self, task=task, image=image, seed=seed, options=options, dataset=dataset, index=index)
+
+    async def tasks(self, dataset: Optional[str] = None, cursor: Optional[str] = None,
+                    limit: Optional[int] = None, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """One page of the server's tasks (and its datasets), or of a
+        dataset's instances: {"tasks": [...], "datasets": [...],
+        "next_cursor": ""}; pass next_cursor back for the next page."""
+        params: Dict[str, Any] = {}
+        if dataset:
+            params["dataset"] = dataset
+        if cursor:
+            params["cursor"] = cursor
+        if limit:
+            params["limit"] = int(limit)
+        return _map(await self.call("tasks", params, timeout=timeout), "tasks")
 
     async def make(self, task: Optional[str] = None, image: Optional[str] = None, seed: Optional[int] = None,
                    options: Optional[dict] = None) -> Tuple["AsyncEnv", Dict[str, Any], Dict[str, Any]]:
@@ -413,11 +429,15 @@ class AsyncEnv:
     client's)."""
 
     def __init__(self, client: AsyncClient, env_id: Optional[str] = None, task: Optional[str] = None,
-                 image: Optional[str] = None, seed: Optional[int] = None, options: Optional[dict] = None) -> None:
+                 image: Optional[str] = None, seed: Optional[int] = None, options: Optional[dict] = None,
+                 dataset: Optional[str] = None, index: Optional[int] = None) -> None:
         self.client = client
         self.env_id = env_id
         self.task = task
         self.image = image
+        self.dataset = dataset
+        self.index = index
+        self.picked: Optional[str] = None  # a dataset reset's instance (DATASET/NAME)
         self.seed = seed
         self.options = options
         self.state_id: Optional[str] = None
@@ -450,6 +470,10 @@ class AsyncEnv:
             params["task"] = self.task
         if self.image:
             params["image"] = self.image
+        if self.dataset and not self.task:
+            params["dataset"] = self.dataset
+            if self.index is not None:
+                params["index"] = int(self.index)
         seed = self.seed if seed is None else seed
         if seed is not None:
             params["seed"] = int(seed)
@@ -462,6 +486,8 @@ class AsyncEnv:
         obs = res.get("obs") if isinstance(res.get("obs"), dict) else {}
         self.env_id, self.closed, self.parent, self.origin = env_id, False, None, None
         self.image = info.get("image") or self.image
+        if self.dataset and not self.task:
+            self.picked = info.get("task")  # the instance's task, DATASET/NAME
         self.turn = 0
         self._note(info)
         return obs, info
@@ -519,17 +545,34 @@ class AsyncEnv:
         self._note(info)
         return info
 
-    async def evaluate(self, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
-        """Runs the task's verifier on a throwaway fork: (reward, details).
-        A failure of the machinery raises ArborError (infra=True), and so
-        does an answer without a reward (BadResponseError); neither is ever
-        a zero reward."""
-        res = _map(await self.client.call("evaluate", {"env_id": self._id()}, timeout=timeout), "evaluate")
+    async def evaluate(self, fork: bool = True, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
+        """Grades the env's current state in the server's trusted grader:
+        (reward, details); the env goes on. With fork=False the episode is
+        over: the server closes the env once graded (see finish). A failure
+        of the machinery raises ArborError (infra=True), a verifier result
+        the task's rules refuse ArborError("verifier_error"), and an answer
+        without a reward BadResponseError; none is ever a zero reward."""
+        params: Dict[str, Any] = {"env_id": self._id()}
+        if not fork:
+            params["fork"] = False
+        try:
+            res = _map(await self.client.call("evaluate", params, timeout=timeout), "evaluate")
+        except ArborError as e:
+            if not fork and not e.infra:
+                self.closed = True  # the server closed it: the episode is over
+            raise
+        if not fork:
+            self.closed = True
         reward = res.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise BadResponseError("evaluate: reward is %r, want a number" % (reward,))
         details = res.get("details")
         return float(reward), details if isinstance(details, dict) else {}
+
+    async def finish(self, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
+        """Grades a finished leaf and closes it in one request:
+        evaluate(fork=False)."""
+        return await self.evaluate(fork=False, timeout=timeout)
 
     async def promote(self, timeout: Any = _DEFAULT) -> Optional[str]:
         """Adopts this branch's state as its parent's (draft accepted); this

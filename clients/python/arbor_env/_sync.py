@@ -109,9 +109,16 @@ class Client:
         self._a.on_notification(fn)
 
     def env(self, task: Optional[str] = None, image: Optional[str] = None, seed: Optional[int] = None,
-            options: Optional[dict] = None) -> "Env":
-        """An Env for a task or an image; reset() starts it."""
-        return Env(self, AsyncEnv(self._a, task=task, image=image, seed=seed, options=options))
+            options: Optional[dict] = None, dataset: Optional[str] = None,
+            index: Optional[int] = None) -> "Env":
+        """An Env for a task, an image, or a dataset's instance; reset() starts it."""
+        return Env(self, AsyncEnv(self._a, task=task, image=image, seed=seed, options=options,
+                                  dataset=dataset, index=index))
+
+    def tasks(self, dataset: Optional[str] = None, cursor: Optional[str] = None,
+              limit: Optional[int] = None, timeout: Any = _DEFAULT) -> Dict[str, Any]:
+        """See AsyncClient.tasks."""
+        return self._run(self._a.tasks(dataset, cursor, limit, timeout=timeout))
 
     def make(self, task: Optional[str] = None, image: Optional[str] = None, seed: Optional[int] = None,
              options: Optional[dict] = None) -> Tuple["Env", Dict[str, Any], Dict[str, Any]]:
@@ -330,8 +337,11 @@ class Env:
     def rollback(self, state_id: str, timeout: Any = _DEFAULT) -> Dict[str, Any]:
         return self._c._run(self._a.rollback(state_id, timeout=timeout))
 
-    def evaluate(self, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
-        return self._c._run(self._a.evaluate(timeout=timeout))
+    def evaluate(self, fork: bool = True, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
+        return self._c._run(self._a.evaluate(fork=fork, timeout=timeout))
+
+    def finish(self, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:
+        return self._c._run(self._a.finish(timeout=timeout))
 
     def promote(self, timeout: Any = _DEFAULT) -> Optional[str]:
         return self._c._run(self._a.promote(timeout=timeout))

@@ -196,6 +196,28 @@ class EndToEndTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, "unknown_env")
             self.assertFalse(cm.exception.infra)
 
+    def test_tasks_and_finish(self):
+        """tasks lists the shipped tasks; finish grades a leaf and closes
+        it; the solved hello task scores 1 and the env is gone after."""
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            page = c.tasks()
+            names = [t["name"] for t in page["tasks"]]
+            self.assertIn("hello", names)
+            self.assertEqual(page["next_cursor"], "")
+            env = c.env(task="hello")
+            env.reset()
+            env.step('echo "$GREETING" > /work/hello/greeting.txt')
+            reward, details = env.finish()
+            self.assertEqual(reward, 1.0)
+            self.assertEqual(details.get("grader"), "trusted")
+            self.assertTrue(env.closed)
+            with self.assertRaises(arbor.ArborError) as cm:
+                c.call("step", {"env_id": env.env_id, "action": {"tool": "bash", "cmd": "true"}})
+            self.assertEqual(cm.exception.code, "unknown_env")
+            with self.assertRaises(arbor.ArborError) as cm:
+                c.tasks(dataset="no-such-dataset")
+            self.assertEqual(cm.exception.code, "unknown_task")
+
     def test_trajectory_after_client_gone(self):
         """A client steps, branches and rolls back, then goes away; a new
         client gets every path back from the server: each turn's action

@@ -1,0 +1,1 @@
+echo 55 > /root/answer.txt
