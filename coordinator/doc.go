@@ -21,10 +21,10 @@
 //     of each turn's command and exit code (notes.go), the lineage trees
 //     built from the engine's state records (Tree) and Health.
 //
-// Locks: Coordinator.mu guards the registry; the feed's and the turn
-// log's mutexes are leaves, taken with nothing else held and holding
-// nothing else, so publishing from any operation cannot deadlock or wait
-// on a reader (a full subscriber is dropped, never waited for).
+// Locks: Coordinator.mu guards the registry; the feed's, its ends' and
+// the turn log's mutexes are leaves, taken with nothing else held and
+// holding nothing else, so publishing from any operation cannot deadlock
+// or wait on a reader (a full subscriber is dropped, never waited for).
 //
 // Package server (protocol v1), package agent (tools, MCP) and package
 // llmproxy are adapters over it. Options.Hooks hear of every env handed

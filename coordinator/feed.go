@@ -74,6 +74,8 @@ type feed struct {
 	seq    uint64
 	subs   map[*Subscription]struct{}
 	closed bool
+	// ends remembers how envs ended (ends.go), whoever subscribes.
+	ends ends
 }
 
 // Subscribe starts a subscription to the feed of changes (resets, turns,
@@ -100,6 +102,7 @@ func (c *Coordinator) Subscribe(buf int) *Subscription {
 
 // publish stamps ev and hands it to every subscriber that has room.
 func (f *feed) publish(ev Event) {
+	f.ends.record(ev)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.subs) == 0 {

@@ -24,10 +24,27 @@ const (
 	// StatusRolledBack: made by an env that is still open, which has
 	// since been rolled back to an earlier state.
 	StatusRolledBack = "rolled_back"
-	// StatusDiscarded: made by an env closed since (discarded, closed,
-	// promoted away) and on no open env's path.
+	// StatusDiscarded, StatusFinished, StatusClosed: made by an env that
+	// has ended since and on no open env's path; it was discarded, it
+	// finished (evaluate with fork false), or it was closed (also:
+	// promoted away, or ended when the coordinator does not remember how:
+	// ends.go).
 	StatusDiscarded = "discarded"
+	StatusFinished  = "finished"
+	StatusClosed    = "closed"
 )
+
+// endStatus is the status of the states of an env that ended by event
+// end (ends.go).
+func endStatus(end string) string {
+	switch end {
+	case EventDiscard:
+		return StatusDiscarded
+	case EventFinish:
+		return StatusFinished
+	}
+	return StatusClosed
+}
 
 // TreeScope picks a tree: the family of one env (every env branched from
 // the top served env above it, recursively) or every env of a task.
@@ -59,6 +76,13 @@ type TreeNode struct {
 	// Note is the turn that made the node, when the log still has it.
 	Note    *TurnNote `json:"note,omitempty"`
 	Created time.Time `json:"created"`
+	// Reward is the newest verdict of the task's verifier on the node's
+	// state (evaluate, finish), from the trajectory records.
+	Reward *float64 `json:"reward,omitempty"`
+	// End marks the leaf of an env that ended (its newest node, when on
+	// no open env's path): how it ended, "finish", "discard", "close"
+	// or "promote" ("close" when not remembered).
+	End string `json:"end,omitempty"`
 }
 
 // TreeEnv is an env of a tree's family.
@@ -69,6 +93,8 @@ type TreeEnv struct {
 	Head   string `json:"head,omitempty"`
 	Open   bool   `json:"open"`
 	Turn   int    `json:"turn"`
+	// End is how a closed env ended (TreeNode.End).
+	End string `json:"end,omitempty"`
 }
 
 // Tree is the lineage tree of a scope: its envs and its nodes, oldest
@@ -145,6 +171,9 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		} else {
 			t, b, _ := fromLabels(byID[id].Labels)
 			fe.Task = t.Name
+			if fe.End = c.feed.ends.of(id); fe.End == "" {
+				fe.End = EventClose
+			}
 			if byID[id].Labels[labelServed] == "1" {
 				base = max(base, b)
 			}
@@ -236,8 +265,14 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		case fam[st.Env] != nil && fam[st.Env].Open:
 			n.Status = StatusRolledBack
 		default:
-			n.Status = StatusDiscarded
+			// An env of the family that ended, or one outside it (a
+			// task's prepared state's): closed.
+			n.Status = StatusClosed
+			if fe := fam[st.Env]; fe != nil {
+				n.Status = endStatus(fe.End)
+			}
 		}
+		n.Reward = c.reward(st.ID)
 		for i := range byState[st.ID] {
 			if t := &byState[st.ID][i]; t.Kind != string(branch.None) && t.engineTurn == st.Turn {
 				n.Note = t
@@ -255,6 +290,12 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 			}
 			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
 				Kind: t.Kind, Note: t, Created: t.Time, Status: noneStatus(fam[t.Env], sid, t.engineTurn)}
+			if n.Status == StatusDiscarded {
+				n.Status = StatusClosed
+				if fe := fam[t.Env]; fe != nil {
+					n.Status = endStatus(fe.End)
+				}
+			}
 			nodes[n.ID] = n
 			k := [2]string{sid, t.Env}
 			nones[k] = append(nones[k], n)
@@ -300,6 +341,26 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		}
 		h.Heads = append(h.Heads, fe.ID)
 	}
+	// Leaves: the newest node of each env that ended, unless an open
+	// env's path goes through it (a child closed before its first turn
+	// left the branch state). A leaf after turns without checkpoint
+	// shows its state's reward.
+	last := map[string]*TreeNode{}
+	for _, n := range nodes {
+		if fe := fam[n.Env]; fe != nil && !fe.Open {
+			if l := last[n.Env]; l == nil || n.Turn > l.Turn || n.Turn == l.Turn && kindOrder(n.Kind) > kindOrder(l.Kind) {
+				last[n.Env] = n
+			}
+		}
+	}
+	for env, n := range last {
+		if n.Status != StatusLive {
+			n.End = fam[env].End
+			if n.Reward == nil {
+				n.Reward = c.reward(n.State)
+			}
+		}
+	}
 	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, *n)
 	}
@@ -313,6 +374,18 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		out.Nodes, out.Truncated = out.Nodes[:maxTreeNodes], true
 	}
 	return out, nil
+}
+
+// reward is the newest verdict's reward on state sid, if any.
+func (c *Coordinator) reward(sid string) *float64 {
+	if c.trail == nil {
+		return nil
+	}
+	v, ok, err := c.trail.Verdict(sid)
+	if err != nil || !ok {
+		return nil
+	}
+	return &v.Reward
 }
 
 // NoneNodeID is the tree node id of env's turn turn (counted since its

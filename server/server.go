@@ -189,6 +189,9 @@ func New(o Options) (*Server, error) {
 	// the cluster behind a Forwarder that offers them (the router's
 	// UISource; docs/ui.md).
 	uo := ui.Options{Coordinator: o.Coordinator, Logger: o.Logger}
+	if o.Coordinator != nil {
+		uo.Diff = newStateDiffs(o.Coordinator, o.Logger)
+	}
 	if f, ok := o.Forwarder.(interface{ UISource() ui.Source }); ok {
 		uo.Source = f.UISource()
 	}

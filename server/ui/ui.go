@@ -63,6 +63,10 @@ type Options struct {
 	// Buffer is each event stream's feed buffer (default 256): a browser
 	// that falls further behind gets a resync event and reloads.
 	Buffer int
+	// Diff serves /ui/api/diff?a=STATE&b=STATE, the diff of two states
+	// (package server's, on its coordinator's engine); nil: the view has
+	// none (a router's), and the path answers 404.
+	Diff   http.Handler
 	Logger *slog.Logger
 }
 
@@ -114,6 +118,13 @@ func (u *UI) Handler() http.Handler {
 	mux.HandleFunc("GET /ui/api/tree", u.tree)
 	mux.HandleFunc("GET /ui/api/health", u.health)
 	mux.HandleFunc("GET /ui/api/events", u.events)
+	if u.o.Diff != nil {
+		mux.Handle("GET /ui/api/diff", u.o.Diff)
+	} else {
+		mux.HandleFunc("GET /ui/api/diff", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "this view has no diff of states (a router's: open the node's)", http.StatusNotFound)
+		})
+	}
 	return headers(mux)
 }
 

@@ -14,8 +14,12 @@
     scope: null, // {env} or {task}
     tree: null, // {nodes: Map, envs: Map, truncated}
     selected: null,
+    diffA: null, // the node picked as the diff's first state
     reloadTimer: 0,
   };
+  // How an env that ended is drawn at its leaf (docs/ui.md).
+  const ENDS = { finish: 'finished', discard: 'discarded', close: 'closed', promote: 'promoted' };
+  const reward = (r) => (Number.isInteger(r) ? String(r) : Number(r).toPrecision(3).replace(/\.?0+$/, ''));
 
   // el makes an HTML element with a class and text.
   function el(tag, cls, text) {
@@ -214,6 +218,8 @@
       if (n.note.cmd) lines.push('$ ' + n.note.cmd);
     }
     if (n.heads && n.heads.length) lines.push('head of ' + n.heads.join(', '));
+    if (n.reward !== undefined && n.reward !== null) lines.push('reward ' + reward(n.reward));
+    if (n.end) lines.push('its env ' + (ENDS[n.end] || n.end));
     return lines.join('\n');
   }
 
@@ -232,13 +238,15 @@
     const X = (p) => PAD + p.x * DX, Y = (p) => PAD + p.y * DY;
     const edges = sv('g', { class: 'edges' });
     const dots = sv('g', { class: 'nodes' });
-    let states = 0, nones = 0, branches = 0, rolled = 0, discarded = 0;
+    let states = 0, nones = 0, branches = 0, rolled = 0, rewarded = 0;
+    const ended = { finish: 0, discard: 0, close: 0, promote: 0 };
     const small = t.nodes.size <= 200; // turn numbers under the nodes
     for (const n of t.nodes.values()) {
       const p = pos.get(n.id);
       if (n.kind === 'none') nones++; else states++;
       if (n.status === 'rolled_back') rolled++;
-      if (n.status === 'discarded') discarded++;
+      if (n.end) ended[n.end] = (ended[n.end] || 0) + 1;
+      if (n.reward !== undefined && n.reward !== null) rewarded++;
       if (n.parent && t.nodes.has(n.parent)) {
         const q = pos.get(n.parent);
         const x1 = X(q), y1 = Y(q), x2 = X(p), y2 = Y(p);
@@ -253,11 +261,25 @@
       const g = sv('g', { class: 'node kind-' + n.kind + ' ' + n.status, transform: `translate(${X(p)},${Y(p)})` });
       if (n.note && n.note.exit !== 0) g.classList.add('failed');
       if (ui.selected === n.id) g.classList.add('selected');
+      if (ui.diffA === n.id) g.classList.add('diff-a');
       Object.assign(g.dataset, { id: n.id, state: n.state, kind: n.kind, status: n.status, env: n.env, turn: n.turn });
       if (n.note) g.dataset.exit = n.note.exit;
       const title = sv('title');
       title.textContent = nodeTitle(n);
       g.append(title, sv('circle', { class: 'dot', r: n.kind === 'none' ? 5 : 8 }));
+      if (n.end) {
+        // The leaf of an env that ended: a mark by how (legend).
+        g.dataset.end = n.end;
+        g.classList.add('end-' + n.end);
+        g.append(endMark(n.end));
+      }
+      if (n.reward !== undefined && n.reward !== null) {
+        g.dataset.reward = n.reward;
+        const rl = sv('text', { class: 'reward', x: -9, y: -7, 'text-anchor': 'end' });
+        rl.textContent = reward(n.reward);
+        if (n.reward <= 0) rl.classList.add('zero');
+        g.append(rl);
+      }
       if (small) {
         const tl = sv('text', { class: 'turn', x: 0, y: 20, 'text-anchor': 'middle' });
         tl.textContent = n.turn;
@@ -277,8 +299,16 @@
     svg.setAttribute('width', PAD * 2 + Math.max(cols - 1, 0) * DX + LABEL);
     svg.setAttribute('height', PAD * 2 + Math.max(rows - 1, 0) * DY);
     $('tree-stats').textContent = `${states} states · ${nones} turns without checkpoint · ${branches} branch edges · ` +
-      `${rolled} rolled back · ${discarded} discarded` + (t.truncated ? ' · truncated' : '');
+      `${rolled} rolled back · ${ended.finish} finished · ${ended.discard} discarded · ${ended.close + ended.promote} closed · ` +
+      `${rewarded} with a reward` + (t.truncated ? ' · truncated' : '');
     if (ui.selected && t.nodes.has(ui.selected)) showDetail(t.nodes.get(ui.selected));
+  }
+
+  // endMark is the mark on an ended env's leaf: a check (finished), a
+  // cross (discarded), a bar (closed, promoted).
+  function endMark(end) {
+    const d = end === 'finish' ? 'M9,-3l3,4l6,-8' : end === 'discard' ? 'M9,-5l8,8M17,-5l-8,8' : 'M10,-5v10M15,-5v10';
+    return sv('path', { class: 'end-mark', d });
   }
 
   function select(id) {
@@ -297,6 +327,8 @@
     row('checkpoint', n.kind + (n.pending ? ' (running)' : ''));
     row('status', n.status.replace('_', ' '));
     if (n.heads && n.heads.length) row('head of', n.heads.join(', '));
+    if (n.reward !== undefined && n.reward !== null) row('reward', reward(n.reward));
+    if (n.end) row('env ended', ENDS[n.end] || n.end);
     if (n.created) row('at', new Date(n.created).toLocaleTimeString());
     const parts = [el('h3', '', n.kind === 'none' ? 'turn ' + n.turn + ' on ' + n.state : n.state), dl];
     const note = n.note;
@@ -312,12 +344,86 @@
     } else {
       parts.push(el('p', 'muted', n.kind === 'none' ? '' : 'No turn recorded for this state (a reset, a branch point, or made before the server started).'));
     }
+    // Diff: pick this node as the first state, then another as the
+    // second.
+    const bar = el('div', 'diff-pick');
+    const pickA = el('button', 'diff-a', ui.diffA === n.id ? 'first state of the diff' : 'diff from here');
+    pickA.id = 'diff-from';
+    pickA.addEventListener('click', () => { ui.diffA = n.id; renderTree(); });
+    bar.append(pickA);
+    const a = ui.diffA && ui.tree.nodes.get(ui.diffA);
+    if (a && a.id !== n.id) {
+      const to = el('button', 'diff-b', 'diff ' + short(a.state) + ' → ' + short(n.state));
+      to.id = 'diff-to';
+      to.addEventListener('click', () => showDiff(a, n).catch(showDiffError));
+      bar.append(to);
+    }
+    parts.push(bar);
     if (!ui.scope || ui.scope.env !== n.env) {
       const b = el('button', '', 'tree of env ' + short(n.env));
       b.addEventListener('click', () => setScope({ env: n.env }));
       parts.push(b);
     }
     box.replaceChildren(...parts);
+  }
+
+  // ---- diff of two states -----------------------------------------------
+
+  async function showDiff(a, b) {
+    const sec = $('diff-sec');
+    sec.hidden = false;
+    $('diff-title').textContent = a.state + ' → ' + b.state;
+    $('diff').replaceChildren(el('p', 'muted', 'comparing…'));
+    const d = await getJSON('/ui/api/diff?a=' + encodeURIComponent(a.state) + '&b=' + encodeURIComponent(b.state));
+    renderDiff(d);
+  }
+
+  function showDiffError(err) {
+    $('diff').replaceChildren(el('p', 'diff-error', String(err.message || err)));
+  }
+
+  function renderDiff(d) {
+    const parts = [];
+    const sh = d.shell || {};
+    const shell = el('dl', 'diff-shell');
+    const row = (k, v) => { shell.append(el('dt', '', k), el('dd', '', v)); };
+    row('working directory', sh.cwd_a === sh.cwd_b ? (sh.cwd_a || '(not recorded)') + ' (unchanged)' : (sh.cwd_a || '?') + ' → ' + (sh.cwd_b || '?'));
+    if (sh.note) row('shell', sh.note);
+    parts.push(el('h3', '', 'shell'), shell);
+    if (sh.diff) parts.push(diffPre(sh.diff));
+    parts.push(el('h3', '', d.changed + ' path' + (d.changed === 1 ? '' : 's') + ' changed' + (d.truncated ? ' (cut at the diff’s bounds)' : '')));
+    const list = el('div', 'diff-files');
+    for (const f of d.files) {
+      const box = el('div', 'diff-file change-' + f.change);
+      box.dataset.path = f.path;
+      box.dataset.change = f.change;
+      const head = el('div', 'diff-head');
+      head.append(el('span', 'diff-kind', f.change), ' ', el('span', 'diff-path', f.path));
+      const what = [];
+      const types = [f.type_a, f.type_b].filter(Boolean);
+      if (types.length === 2 && types[0] !== types[1]) what.push(types[0] + ' → ' + types[1]);
+      else if (types.length && types[0] !== 'file') what.push(types[0]);
+      if (f.link_a || f.link_b) what.push('link ' + (f.link_a || '∅') + ' → ' + (f.link_b || '∅'));
+      if (f.binary) { box.dataset.binary = '1'; what.push('binary, ' + bytes(f.size_a) + ' → ' + bytes(f.size_b)); }
+      if (f.note && !f.binary) what.push(f.note);
+      if (what.length) head.append(' ', el('span', 'muted', '(' + what.join('; ') + ')'));
+      box.append(head);
+      if (f.diff) box.append(diffPre(f.diff));
+      list.append(box);
+    }
+    parts.push(list);
+    $('diff').replaceChildren(...parts);
+  }
+
+  // diffPre shows a unified diff, each line as text with its class.
+  function diffPre(text) {
+    const pre = el('pre', 'udiff');
+    for (const line of text.replace(/\n$/, '').split('\n')) {
+      const c = line.startsWith('+++') || line.startsWith('---') ? 'meta' : line.startsWith('@@') ? 'hunk' :
+        line[0] === '+' ? 'add' : line[0] === '-' ? 'del' : '';
+      pre.append(el('span', c, line + '\n'));
+    }
+    return pre;
   }
 
   // headNode is the node the env's head marker is on.
@@ -351,6 +457,15 @@
     }
     t.nodes.set(id, n);
     renderTree();
+  }
+
+  // onEvaluate puts an evaluation's reward on its state's node in place.
+  function onEvaluate(ev) {
+    const n = ui.tree && ev.state && ui.tree.nodes.get(ev.state);
+    if (n && ev.reward !== undefined) {
+      n.reward = ev.reward;
+      renderTree();
+    } else if (ui.tree && touches(ev)) scheduleTreeReload();
   }
 
   function touches(ev) {
@@ -434,7 +549,8 @@
     });
     on('health', renderHealth);
     on('turn', onTurn);
-    for (const type of ['reset', 'branch', 'rollback', 'promote', 'discard', 'close']) {
+    on('evaluate', onEvaluate);
+    for (const type of ['reset', 'branch', 'rollback', 'promote', 'discard', 'close', 'finish']) {
       on(type, (ev) => {
         loadEnvs().catch(showError);
         if (touches(ev)) scheduleTreeReload();
@@ -448,7 +564,7 @@
 
   // A handle for tests and the console: the layout and a way to draw a
   // given tree (docs/ui.md).
-  window.arborUI = { layout, setTree, reload: resync, state: ui };
+  window.arborUI = { layout, setTree, reload: resync, state: ui, showDiff };
 
   window.addEventListener('hashchange', applyScope);
   $('task-pick').addEventListener('change', (e) => { if (e.target.value) setScope({ task: e.target.value }); });

@@ -1,0 +1,56 @@
+package coordinator
+
+import "sync"
+
+// maxEnds bounds how many envs' ends the coordinator remembers.
+const maxEnds = 20000
+
+// ends remembers how the envs handed out ended, from the feed's events
+// (EventFinish, EventDiscard, EventClose, EventPromote for the child),
+// so that the tree tells a finished leaf from a discarded and a closed
+// one (docs/ui.md). It keeps the newest maxEnds in memory: an env that
+// ended before the server started, or longer ago, is drawn as closed.
+// Its mutex is a leaf, like the feed's.
+type ends struct {
+	mu   sync.Mutex
+	by   map[string]string // env -> event type
+	ring []string          // envs in the order they ended, oldest at next
+	next int
+}
+
+// record notes the end an event reports, if it reports one.
+func (e *ends) record(ev Event) {
+	env, end := ev.Env, ev.Type
+	switch ev.Type {
+	case EventFinish, EventDiscard, EventClose:
+	case EventPromote:
+		env = ev.Child
+	default:
+		return
+	}
+	if env == "" {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.by == nil {
+		e.by = map[string]string{}
+	}
+	if _, ok := e.by[env]; !ok {
+		if len(e.ring) < maxEnds {
+			e.ring = append(e.ring, env)
+		} else {
+			delete(e.by, e.ring[e.next])
+			e.ring[e.next] = env
+			e.next = (e.next + 1) % maxEnds
+		}
+	}
+	e.by[env] = end
+}
+
+// of is how env ended ("" when not known).
+func (e *ends) of(env string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.by[env]
+}
