@@ -97,7 +97,8 @@ func ProtoError(err error) *protocol.Error {
 	case errors.Is(err, branch.ErrCheckpoint):
 		code = protocol.CodeCheckpointFail
 	case errors.Is(err, sandbox.ErrDead), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrClosed),
-		errors.Is(err, sandbox.ErrUnsupported):
+		errors.Is(err, sandbox.ErrUnsupported), errors.Is(err, sandbox.ErrImpostor):
+		// An impostor the agent made is ErrBroken too, env_error above.
 		code = protocol.CodeSandboxFailed
 	case errors.Is(err, ErrClosed), errors.Is(err, envpool.ErrClosed), errors.Is(err, context.Canceled):
 		code = protocol.CodeShuttingDown
