@@ -4,9 +4,10 @@
 Grows M rollout trees per task. Each tree starts from one reset; L times,
 it picks N random nodes (any turn of any trajectory in the tree) and forks
 each into K children with branch(K), which continue with their own sampled
-actions. Leaves are scored with evaluate() (the task's verifier on a
-throwaway fork) and advantages are computed group-relative per tree, as in
-GRPO. No prefix is ever replayed: a child starts from its parent's state,
+actions. Leaves are scored with finish() (evaluate with fork=False: the
+task's verifier in the server's trusted grader, then the leaf is closed in
+the same request; --forked-eval scores with evaluate() and closes after)
+and advantages are computed group-relative per tree, as in GRPO. No prefix is ever replayed: a child starts from its parent's state,
 files, shell and processes included.
 
 The "policy" here samples from a small menu of shell actions for the
@@ -52,7 +53,7 @@ class Node:
         self.children = []
 
 
-async def grow_tree(client, task, rng, k, rounds, expand, steps):
+async def grow_tree(client, task, rng, k, rounds, expand, steps, forked_eval=False):
     root_env = client.env(task=task)
     obs, info = await root_env.reset()
     root = Node(root_env.state_id, 0, [])
@@ -69,6 +70,7 @@ async def grow_tree(client, task, rng, k, rounds, expand, steps):
     envs = [root_env]
     leaves = [node]
     saved = 0
+    t0 = time.time()
     for _ in range(rounds):
         picks = [rng.choice(nodes) for _ in range(expand)]
 
@@ -88,7 +90,11 @@ async def grow_tree(client, task, rng, k, rounds, expand, steps):
                     n.children.append(c)
                     n = c
                     grown.append(c)
-                reward, details = await env.evaluate()
+                if forked_eval:
+                    reward, details = await env.evaluate()
+                    await env.close()
+                else:
+                    reward, details = await env.finish()  # a finished leaf: graded and closed
                 return n, reward
 
             results = await asyncio.gather(*(rollout(e) for e in forks))
@@ -99,11 +105,12 @@ async def grow_tree(client, task, rng, k, rounds, expand, steps):
             for leaf, reward in results:
                 leaf.reward = reward
                 leaves.append(leaf)
+    expansion = time.time() - t0
     # The first trajectory's leaf is scored on the root env.
     leaves[0].reward, _ = await root_env.evaluate()
     for e in envs:
         await e.close()
-    return root, nodes, leaves, saved
+    return root, nodes, leaves, saved, expansion
 
 
 async def main():
@@ -116,15 +123,18 @@ async def main():
     ap.add_argument("--expand", type=int, default=2, help="N: nodes expanded per round")
     ap.add_argument("--steps", type=int, default=2, help="actions per new branch")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--forked-eval", action="store_true", help="score leaves with evaluate() then close, not finish()")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     start = time.time()
     async with AsyncClient(args.url, token=os.environ.get("ARBOR_TOKEN") or None) as client:
         trees = await asyncio.gather(*(
-            grow_tree(client, args.task, random.Random(rng.random()), args.k, args.rounds, args.expand, args.steps)
+            grow_tree(client, args.task, random.Random(rng.random()), args.k, args.rounds, args.expand, args.steps,
+                      args.forked_eval)
             for _ in range(args.trees)))
-    total_saved = 0
-    for i, (root, nodes, leaves, saved) in enumerate(trees):
+    total_saved, expansions = 0, []
+    for i, (root, nodes, leaves, saved, expansion) in enumerate(trees):
+        expansions.append(expansion)
         rewards = [leaf.reward for leaf in leaves]
         mean = statistics.mean(rewards)
         std = statistics.pstdev(rewards) or 1.0
@@ -133,7 +143,9 @@ async def main():
             adv = (leaf.reward - mean) / std
             print(f"  reward {leaf.reward:.3f} advantage {adv:+.2f}: {' ; '.join(leaf.actions)}")
         total_saved += saved
-    print(f"{time.time() - start:.1f} s; {total_saved} prefix actions not re-executed thanks to branch()")
+    print(f"{time.time() - start:.1f} s (expansion phase {max(expansions):.1f} s, leaves scored with "
+          f"{'evaluate + close' if args.forked_eval else 'finish'}); "
+          f"{total_saved} prefix actions not re-executed thanks to branch()")
 
 
 if __name__ == "__main__":
