@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -38,9 +40,40 @@ type Launcher struct {
 	// to Progress.
 	AutoBuild bool
 	Progress  io.Writer
+	// Recipes is a folder of image recipe files (docs/images.md,
+	// "Recipes"): with AutoBuild, an image NAME that DIR/NAME.yaml
+	// describes is built from it on its first launch, and built again
+	// when the recipe, its files or its base changed (BuildRecipe; an
+	// up-to-date image costs a hash of the recipe's files).
+	Recipes string
 	// UserNS starts sandboxes in user namespace mode, on copies of the
 	// images shifted to its range (image.Store.Shifted).
 	UserNS sandbox.UserNSConfig
+}
+
+// resolve finds image name: from its recipe in l.Recipes when there is
+// one, else in the store (pulling a registry reference with AutoBuild).
+func (l *Launcher) resolve(ctx context.Context, name string) (image.Info, error) {
+	if p := l.recipe(name); p != "" {
+		in, err := l.Images.BuildRecipe(ctx, name, p, l.Progress)
+		if !errors.Is(err, image.ErrExists) {
+			return in, err
+		}
+		// An image of that name that no recipe made: it is used as it is.
+	}
+	return l.Images.Resolve(ctx, name, l.AutoBuild, l.Progress)
+}
+
+// recipe is the recipe file of image name in l.Recipes, or "".
+func (l *Launcher) recipe(name string) string {
+	if !l.AutoBuild || l.Recipes == "" || slices.Contains(image.Recipes, name) || image.IsReference(name) || image.ValidName(name) != nil {
+		return ""
+	}
+	p := filepath.Join(l.Recipes, name+".yaml")
+	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+		return ""
+	}
+	return p
 }
 
 // Env is a running sandbox plus the volume that is its root.
@@ -81,7 +114,7 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	if log == nil {
 		log = slog.Default()
 	}
-	img, err := l.Images.Resolve(ctx, imageName, l.AutoBuild, l.Progress)
+	img, err := l.resolve(ctx, imageName)
 	if errors.Is(err, image.ErrNotFound) && l.AutoBuild && slices.Contains(image.Recipes, imageName) {
 		// Ensure: concurrent first launches of an image share one build.
 		log.Info("building missing image", slog.String("image", imageName))
