@@ -223,3 +223,56 @@ func TestLazyPoolSkipsBrokenTask(t *testing.T) {
 		t.Errorf("hello's env starts in %q", got)
 	}
 }
+
+// TestOnDemandPool: with OnDemand a lazy pool prepares a task on its
+// first reset and no other (serve --prepare on-demand).
+func TestOnDemandPool(t *testing.T) {
+	e, _ := newEngine(t)
+	ctx := context.Background()
+	second := envpool.Task{Name: "second", Image: "busybox", Setup: []string{"echo ready > /r"}, Verifier: "true"}
+	p, err := envpool.NewPool(ctx, e, []envpool.Task{helloTask, second}, envpool.PoolOptions{Logger: quiet(), Lazy: true, OnDemand: true, Warm: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	prepared := func() map[string]bool {
+		m := map[string]bool{}
+		for _, ts := range p.Stats().Tasks {
+			m[ts.Name] = ts.State != ""
+		}
+		return m
+	}
+	if got := prepared(); got["hello"] || got["second"] {
+		t.Fatalf("prepared before any reset: %v", got)
+	}
+	r, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseEnv(ctx, r.Env)
+	// hello's warm reserve fills after its preparation; by then a pool
+	// preparing ahead would have begun the next task too.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st := p.Stats().Tasks
+		if st[0].Ready >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hello's warm reserve never filled: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got := prepared(); !got["hello"] || got["second"] {
+		t.Fatalf("after hello's first reset: %v, want hello alone prepared", got)
+	}
+	r2, err := p.Reset(ctx, envpool.ResetRequest{Task: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseEnv(ctx, r2.Env)
+	if got := run(t, e, r2.Env, "cat /r"); got != "ready" {
+		t.Errorf("second's env: /r = %q", got)
+	}
+}

@@ -42,6 +42,10 @@ type PoolOptions struct {
 	// failure; the pool goes on (a server with a broken task serves the
 	// others).
 	Lazy bool
+	// OnDemand, with Lazy: nothing is prepared in the background; each
+	// task is prepared on its first reset (and its warm reserve filled
+	// after that).
+	OnDemand bool
 	// Datasets are prepared an instance at a time, on its first use
 	// (docs/tasks.md, "Datasets"); they get no warm reserve.
 	Datasets []*Dataset
@@ -171,6 +175,9 @@ func NewPool(ctx context.Context, e *branch.Engine, tasks []Task, o PoolOptions)
 		p.slots[t.Name] = newSlot(t)
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if o.Lazy && o.OnDemand {
+		return p, nil // Pool.slot prepares a task on its first reset
+	}
 	if o.Lazy {
 		// In order, one at a time, in the background; resets wait for
 		// theirs (Pool.slot).

@@ -38,6 +38,7 @@ type serveOptions struct {
 	tasksDir    string
 	recipesDir  string
 	warm        int
+	prepare     string
 	idleTTL     time.Duration
 	retain      time.Duration
 	prepareTTL  time.Duration
@@ -87,6 +88,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringSliceVar(&o.pullFrom, "pull-from", splitList(envOr("ARBOR_PULL_FROM", "*")),
 		"registries (host or host:port) a reset or task may make the server pull from; * is any, an empty value none (only images pulled with arbor image pull) (env ARBOR_PULL_FROM)")
 	f.IntVar(&o.warm, "warm", 2, "ready envs kept per task (negative: none)")
+	f.StringVar(&o.prepare, "prepare", envOr("ARBOR_PREPARE", "ahead"), "when tasks are prepared (setup run, recipe image built, warm envs filled): ahead (in the background from start, in file order) or on-demand (on a task's first reset)")
 	f.DurationVar(&o.idleTTL, "env-idle-ttl", 30*time.Minute, "close envs nobody touched for this long (0 or negative: never)")
 	f.DurationVar(&o.retain, "retain", branch.DefaultRetain, "keep a closed env's states branchable by state id for this long (0: release them as soon as nothing needs them)")
 	f.DurationVar(&o.prepareTTL, "prepare-ttl", branch.DefaultPrepareTTL, "keep the frozen copies prepare made of a state this long after its last prepare, unless a branch takes them")
@@ -164,6 +166,9 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
 		return err
 	}
+	if o.prepare != "ahead" && o.prepare != "on-demand" {
+		return fmt.Errorf("--prepare %q: want ahead or on-demand", o.prepare)
+	}
 	catalog, err := loadTasks(o.tasksDir)
 	if err != nil {
 		return err
@@ -238,11 +243,11 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		log.Info("dataset", slog.String("name", d.Name), slog.Int("instances", d.Len()))
 	}
 	// Lazy: the server answers at once; the tasks are prepared in the
-	// background (a reset waits for its own), a dataset's instances on
-	// their first use, and one whose setup fails is logged and answers
-	// its resets with the failure.
+	// background or on their first reset (a reset waits for its own), a
+	// dataset's instances on their first use, and one whose setup fails
+	// is logged and answers its resets with the failure.
 	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log,
-		Lazy: true, Datasets: catalog.Datasets})
+		Lazy: true, OnDemand: o.prepare == "on-demand", Datasets: catalog.Datasets})
 	if err != nil {
 		return fmt.Errorf("prepare tasks: %w", err)
 	}
