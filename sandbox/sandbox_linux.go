@@ -593,7 +593,15 @@ func (s *Sandbox) call(ctx context.Context, req ctl.Request, wait time.Duration)
 
 // exchange sends one request and reads its answer, putting the output
 // pieces that come before it (ctl.Response.More) in out and errb, or
-// dropping them when those are nil.
+// dropping them when those are nil. The caller holds s.mu.
+//
+// An end of ctx interrupts the exchange by moving the connection's
+// deadline to now, from the goroutine context.AfterFunc starts. That
+// goroutine gets the connection it was set up for, never reads s.conn
+// (which a failed exchange clears, under s.mu the goroutine does not
+// hold), and is waited for before the connection is closed or used again:
+// one that ran late would cut short the next exchange or the detach of
+// disconnect.
 func (s *Sandbox) exchange(ctx context.Context, req ctl.Request, wait time.Duration, out, errb *ctl.CapBuffer) (ctl.Response, error) {
 	select {
 	case <-s.exited:
@@ -605,34 +613,65 @@ func (s *Sandbox) exchange(ctx context.Context, req ctl.Request, wait time.Durat
 			return ctl.Response{}, err
 		}
 	}
+	c := s.conn
 	deadline := time.Now().Add(wait)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	s.conn.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { s.conn.SetDeadline(time.Now()) })
-	defer stop()
-	b, _ := json.Marshal(req)
-	if _, err := s.conn.Write(append(b, '\n')); err != nil {
-		s.disconnect()
-		return ctl.Response{}, s.connErr("send request", err)
+	c.SetDeadline(deadline)
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(interrupted)
+		c.SetDeadline(time.Now())
+	})
+	resp, err := s.converse(c, s.rd, req, out, errb)
+	if !stop() {
+		<-interrupted
 	}
-	readErr := func(err error) error {
-		s.disconnect()
-		if ctx.Err() != nil {
-			return fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
-		}
-		return s.connErr("read response", err)
+	if err == nil {
+		return resp, nil
+	}
+	s.disconnect()
+	var ce *connError
+	if !errors.As(err, &ce) {
+		return ctl.Response{}, err
+	}
+	if ctx.Err() != nil {
+		return ctl.Response{}, fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
+	}
+	err = s.connErr(ce.what, ce.err)
+	if ctx.Err() != nil {
+		// ctx's deadline was the connection's, and the I/O saw it a
+		// moment before ctx did.
+		return ctl.Response{}, fmt.Errorf("sandbox %s: %w", s.cfg.ID, ctx.Err())
+	}
+	return ctl.Response{}, err
+}
+
+// connError is an I/O failure on the control connection, which exchange
+// classifies (connErr) once the connection is released.
+type connError struct {
+	what string
+	err  error
+}
+
+func (e *connError) Error() string { return e.what + ": " + e.err.Error() }
+
+// converse writes req to c and reads its answer from rd (c's reader). Any
+// error leaves the connection unusable.
+func (s *Sandbox) converse(c net.Conn, rd *bufio.Reader, req ctl.Request, out, errb *ctl.CapBuffer) (ctl.Response, error) {
+	b, _ := json.Marshal(req)
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		return ctl.Response{}, &connError{"send request", err}
 	}
 	var piece []byte
 	for {
-		line, err := s.rd.ReadBytes('\n')
+		line, err := rd.ReadBytes('\n')
 		if err != nil {
-			return ctl.Response{}, readErr(err)
+			return ctl.Response{}, &connError{"read response", err}
 		}
 		var resp ctl.Response
 		if err := json.Unmarshal(line, &resp); err != nil {
-			s.disconnect()
 			return ctl.Response{}, fmt.Errorf("decode sandbox response: %w", err)
 		}
 		if !resp.More {
@@ -641,19 +680,17 @@ func (s *Sandbox) exchange(ctx context.Context, req ctl.Request, wait time.Durat
 		dst := out
 		switch {
 		case resp.Chunk < 0 || resp.Chunk > ctl.MaxChunk:
-			s.disconnect()
 			return ctl.Response{}, fmt.Errorf("decode sandbox response: output piece of %d bytes", resp.Chunk)
 		case resp.Stream == ctl.StreamStderr:
 			dst = errb
 		case resp.Stream != ctl.StreamStdout:
-			s.disconnect()
 			return ctl.Response{}, fmt.Errorf("decode sandbox response: output piece of stream %d", resp.Stream)
 		}
 		if piece == nil {
 			piece = make([]byte, ctl.MaxChunk)
 		}
-		if _, err := io.ReadFull(s.rd, piece[:resp.Chunk]); err != nil {
-			return ctl.Response{}, readErr(err)
+		if _, err := io.ReadFull(rd, piece[:resp.Chunk]); err != nil {
+			return ctl.Response{}, &connError{"read response", err}
 		}
 		if dst != nil {
 			dst.Write(piece[:resp.Chunk])
