@@ -70,7 +70,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
 	}
 	if env.closed {
-		return nil, "", "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return nil, "", "", env.closedErr()
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return nil, "", "", err

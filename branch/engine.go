@@ -437,6 +437,12 @@ type Env struct {
 	// size. A new root (rollback, revive) starts from 0.
 	charged    int64
 	chargedVol string
+	// pubSb and pubVolume mirror sb and volume for the pool's fair-share
+	// check (share.go), which must not wait for env.mu; stopped is why
+	// that check stopped the env (nil: it did not).
+	pubSb     *sandbox.Sandbox
+	pubVolume string
+	stopped   error
 
 	stats *coordStats // the engine's, shared by all envs
 }
@@ -514,7 +520,32 @@ func (e *Engine) register(env *Env) error {
 		return ErrClosed
 	}
 	e.envs[env.ID] = env
+	env.publish()
 	return nil
+}
+
+// publish mirrors env's sandbox and volume for readers without env.mu;
+// the caller holds env.mu (or env is not shared yet).
+func (env *Env) publish() {
+	env.fsMu.Lock()
+	env.pubSb, env.pubVolume = env.sb, env.volume
+	env.fsMu.Unlock()
+}
+
+// closedErr is the error of an operation on a closed env: why the
+// fair-share check stopped it, or ErrClosed.
+func (env *Env) closedErr() error {
+	if err := env.stopErr(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+}
+
+// stopErr is why the fair-share check stopped env, or nil.
+func (env *Env) stopErr() error {
+	env.fsMu.Lock()
+	defer env.fsMu.Unlock()
+	return env.stopped
 }
 
 // Env returns the open environment id.
@@ -641,15 +672,22 @@ func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecO
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	if env.closed {
-		return nil, fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return nil, env.closedErr()
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return nil, err
+	}
+	if err := env.stopErr(); err != nil {
+		return nil, err // stopped, its close waits for this call
 	}
 	if dead(env.sb, nil) {
 		return nil, e.revive(ctx, env, sandbox.ErrDead)
 	}
 	res, err := e.exec(ctx, env, cmd, o)
+	if serr := env.stopErr(); serr != nil {
+		// Killed by the fair-share check under the command: never revived.
+		return nil, serr
+	}
 	if err != nil && dead(env.sb, err) {
 		return nil, e.revive(ctx, env, err)
 	}

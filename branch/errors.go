@@ -45,6 +45,10 @@ var (
 	// in the budget (Options.PrepareCopies); retry once copies were taken
 	// or expired.
 	ErrOverBudget = errors.New("over the budget of prepared copies")
+	// ErrOverShare: the environment was stopped and closed because it
+	// held more than its fair share of a full pool (docs/engine.md,
+	// "Fair shares"); the agent's doing, its outcome.
+	ErrOverShare = errors.New("environment stopped: over its share of the pool")
 )
 
 // errAbandoned is the error of a branch job whose caller stopped waiting

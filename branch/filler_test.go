@@ -227,3 +227,77 @@ func rootOf(t *testing.T, snap cr.Snapshotter, env *branch.Env) string {
 	t.Fatalf("no root volume for env %s in %v", env.ID, vols)
 	return ""
 }
+
+// TestFillersOverTheirShare: three envs each write up to their quota
+// (400 MiB on a 1 GiB pool: together more than the pool holds). The
+// pool fills, eviction finds nothing to free, and the GC stops the env
+// holding the most of it (over its share: 90% of the pool over the open
+// envs); its calls then answer ErrOverShare, never a revived env. The
+// well-behaved env is never stopped: once the pool is back under its high
+// mark it steps, checkpoints and branches exactly, and resets are
+// admitted again (docs/engine.md, "Fair shares").
+func TestFillersOverTheirShare(t *testing.T) {
+	r := smallPool(t, 400<<20, nil)
+	ctx := context.Background()
+	e := r.e
+	other, _ := numbered(t, e, 1)
+	fillers := make([]*branch.Env, 3)
+	for i := range fillers {
+		env, _, err := e.NewEnv(ctx, "busybox")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillers[i] = env
+	}
+	errs := make([]error, len(fillers))
+	done := make(chan int)
+	for i, env := range fillers {
+		go func() {
+			_, errs[i] = e.Exec(ctx, env, filler, sandbox.ExecOptions{Timeout: 2 * time.Minute})
+			done <- i
+		}()
+	}
+	for range fillers {
+		<-done
+	}
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, branch.ErrOverShare) {
+			t.Errorf("filler %d: %v, want its output or ErrOverShare", i, err)
+		}
+	}
+	branchtest.WaitFor(t, "a filler stopped and the pool under its high mark", func() bool {
+		syncPool(t, r.snap)
+		u, err := e.Usage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Pressure.Stopped > 0 && pool(t, e).Fraction() < 0.9
+	})
+	stopped := 0
+	for i, env := range fillers {
+		_, err := e.Exec(ctx, env, "true", sandbox.ExecOptions{})
+		switch {
+		case errors.Is(err, branch.ErrOverShare):
+			stopped++
+			t.Logf("filler %d stopped: %v", i, err)
+		case err != nil:
+			t.Errorf("filler %d after the pool filled: %v, want it running or ErrOverShare", i, err)
+		}
+	}
+	if stopped == 0 || stopped == len(fillers) {
+		t.Errorf("%d of %d fillers stopped: want the ones over their share until the pool was under its mark, not all", stopped, len(fillers))
+	}
+	keepStepping(t, e, other, "after")
+	branchCheck(t, e, other.Head(), "after")
+	env, _, err := e.NewEnv(ctx, "busybox")
+	if err != nil {
+		t.Fatalf("reset once the pool is back under its mark: %v", err)
+	}
+	e.CloseEnv(ctx, env)
+	for _, env := range fillers {
+		e.CloseEnv(ctx, env)
+	}
+	if err := e.CheckManifest(); err != nil {
+		t.Error(err)
+	}
+}

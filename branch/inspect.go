@@ -144,7 +144,7 @@ func (e *Engine) Classify(ctx context.Context, env *Env, cmd string) (Turn, erro
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	if env.closed {
-		return Turn{}, ErrClosed
+		return Turn{}, env.closedErr()
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return Turn{}, err

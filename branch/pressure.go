@@ -81,6 +81,9 @@ type PressureStats struct {
 	Refused int64
 	// Shrunk counts hot image bytes moved to disk under tmpfs pressure.
 	Shrunk int64
+	// Stopped counts envs stopped for holding more than their share of
+	// a full pool (share.go).
+	Stopped int64
 }
 
 // pressure is the engine's view of its file systems.
@@ -247,6 +250,13 @@ func (e *Engine) relieve(ctx context.Context) (bool, error) {
 	}
 	_, _, _, err := e.gcPass(ctx, ev)
 	e.settle(ctx)
+	// Still over after eviction: live envs hold the pool. The one that
+	// holds the most of it is stopped if that is more than its share.
+	for _, d := range e.measure() {
+		if d.Name == DiskPool && d.Over && d.Fraction() >= e.o.HighWater {
+			e.stopOverShare(ctx, d)
+		}
+	}
 	return true, err
 }
 

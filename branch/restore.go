@@ -407,7 +407,7 @@ func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 	dirty, head, closed := env.dirty, env.head, env.closed
 	env.mu.Unlock()
 	if closed {
-		return "", fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return "", env.closedErr()
 	}
 	if !dirty && head != "" {
 		env.mu.Lock()
@@ -529,7 +529,7 @@ func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	if env.closed {
-		return fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return env.closedErr()
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return err
@@ -558,6 +558,7 @@ func (e *Engine) swapIn(ctx context.Context, env *Env, r restored, st manifest.S
 	old, oldVol := env.sb, env.volume
 	env.gen++
 	env.sb, env.volume, env.dirty = r.sb, r.volume, false
+	env.publish()
 	env.turn.Store(int64(st.Turn))
 	env.setHead(st.ID)
 	env.setHeadFS(r.fsLoc)

@@ -489,7 +489,7 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	if env.closed {
-		return "", nil, fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+		return "", nil, env.closedErr()
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return "", nil, err

@@ -111,6 +111,7 @@ func TestProtoErrorAgentState(t *testing.T) {
 		{name: "checkpoint", err: fmt.Errorf("%w: state s1: %w", branch.ErrCheckpoint, agent), code: protocol.CodeEnvError},
 		{name: "restore", err: fmt.Errorf("%w: state s1: %w", branch.ErrRestore, fmt.Errorf("%w: socket removed", sandbox.ErrBroken)), code: protocol.CodeEnvError},
 		{name: "impostor", err: fmt.Errorf("%w: %w: served by pid 9", sandbox.ErrBroken, sandbox.ErrImpostor), code: protocol.CodeEnvError},
+		{name: "over its share of the pool", err: fmt.Errorf("%w: env e1 held 305 MiB", branch.ErrOverShare), code: protocol.CodeEnvError},
 		{name: "verifier's fork", err: fmt.Errorf("%w: fork: %w", envpool.ErrVerifier, agent), code: protocol.CodeEnvError},
 		{name: "failed state, agent", err: fmt.Errorf("%w: s1 never came to be: %w", branch.ErrUnknownState, fmt.Errorf("%w: %w", branch.ErrCheckpoint, agent)), code: protocol.CodeEnvError},
 		{name: "failed state, server", err: fmt.Errorf("%w: s1 never came to be: %w", branch.ErrUnknownState, infra), code: protocol.CodeCheckpointFail, infra: true},

@@ -50,7 +50,7 @@ func ProtoError(err error) *protocol.Error {
 		return nil
 	case errors.As(err, &pe):
 		return pe
-	case errors.Is(err, cr.ErrAgentState), errors.Is(err, sandbox.ErrBroken):
+	case errors.Is(err, cr.ErrAgentState), errors.Is(err, sandbox.ErrBroken), errors.Is(err, branch.ErrOverShare):
 		// First: whatever operation met it (a checkpoint, a branch's
 		// restore, the verifier's fork, a state whose checkpoint failed
 		// on it), the agent's own doing is its outcome, never an infra

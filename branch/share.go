@@ -1,0 +1,91 @@
+package branch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/arbor-env/arbor/cr"
+)
+
+// Fair shares of the pool (docs/engine.md, "Fair shares"). Each sandbox
+// root has its own quota, but the quotas of the open envs together may
+// be more than the pool holds: four envs each writing 1.9 GiB under a
+// 2 GiB quota fill an 8 GiB pool, and then every env's writes and
+// checkpoints fail and no reset or branch is admitted. When eviction
+// cannot bring a full pool back under its high mark, the env that holds
+// the most of it is stopped, if it holds more than its share: the high
+// mark's bytes divided by the open envs. Its processes are killed at once
+// and it is closed, its later calls answer ErrOverShare (the agent's
+// outcome), and its room comes back when its root and states go. An env
+// within its share is never stopped; a pool full of envs within their
+// shares refuses new ones (Admit) instead.
+
+// stopOverShare stops at most one env over its share of the pool, as
+// measured by its quota's charge (what it wrote that still exists, in
+// its root or in its checkpoints). pool is the pool as last measured. It
+// reports whether it stopped one.
+func (e *Engine) stopOverShare(ctx context.Context, pool DiskUsage) bool {
+	q, ok := e.o.Snap.(cr.Quotaer)
+	if !ok || pool.Total <= 0 {
+		return false
+	}
+	envs := e.Envs()
+	if len(envs) == 0 {
+		return false
+	}
+	share := int64(e.o.HighWater*float64(pool.Total)) / int64(len(envs))
+	var top *Env
+	var topBytes int64
+	for _, env := range envs {
+		env.fsMu.Lock()
+		vol, stopped := env.pubVolume, env.stopped
+		env.fsMu.Unlock()
+		if vol == "" || stopped != nil {
+			continue
+		}
+		u, err := q.Quota(ctx, vol)
+		if err != nil {
+			continue // closed under us, or a backend that cannot tell
+		}
+		if u.Charged > topBytes {
+			top, topBytes = env, u.Charged
+		}
+	}
+	if top == nil || topBytes <= share {
+		return false
+	}
+	e.stopEnv(top, fmt.Errorf("%w: env %s held %d MiB of a pool %.0f%% full (%d MiB); its share is %d MiB (%d open envs)",
+		ErrOverShare, top.ID, topBytes>>20, 100*pool.Fraction(), pool.Total>>20, share>>20, len(envs)))
+	return true
+}
+
+// stopEnv kills env's processes now and closes it once the call running
+// on it (if any) has returned; its later calls answer cause.
+func (e *Engine) stopEnv(env *Env, cause error) {
+	env.fsMu.Lock()
+	env.stopped = cause
+	sb := env.pubSb
+	env.fsMu.Unlock()
+	e.pr.mu.Lock()
+	e.pr.stats.Stopped++
+	e.pr.mu.Unlock()
+	e.log.Warn("env stopped: over its share of a full pool", slog.String("env", env.ID), slog.Any("cause", cause))
+	if sb != nil {
+		sb.Kill()
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return // Close closes it
+	}
+	e.bg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.bg.Done()
+		if err := e.closeEnv(context.Background(), env); err != nil {
+			e.log.Warn("close stopped env", slog.String("env", env.ID), slog.Any("err", err))
+		}
+		e.nudgeGC()
+	}()
+}
