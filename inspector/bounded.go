@@ -7,11 +7,12 @@ import (
 )
 
 // bounded runs f and returns its result, or as soon as ctx ends first
-// ErrStalled (ctx's deadline passed) or ctx's error (cancelled). f runs in its own goroutine because a file-system call
-// ignores ctx: a stat on a FUSE mount whose daemon hangs blocks in the
-// kernel until the daemon answers. That goroutine is left to finish (its
-// result dropped) when the call returns; f should check ctx between
-// calls so that it stops soon after.
+// ErrStalled (ctx's deadline passed) or ctx's error (cancelled). f runs in
+// its own goroutine because a file-system call ignores ctx: a stat on a
+// FUSE mount whose daemon hangs blocks in the kernel until the daemon
+// answers. f must check ctx between its calls (the comparisons do, between
+// chunks of at most 1 MiB) so that its goroutine ends with the call; only
+// a call blocked in the kernel keeps it longer, and its result is dropped.
 func bounded[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	var zero T
 	if ctx.Err() != nil {
@@ -28,6 +29,11 @@ func bounded[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	}()
 	select {
 	case r := <-done:
+		if r.err != nil && ctx.Err() != nil {
+			// f stopped because ctx ended: report that as the
+			// select would have.
+			return zero, ended(ctx)
+		}
 		return r.v, r.err
 	case <-ctx.Done():
 		return zero, ended(ctx)

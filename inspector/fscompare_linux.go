@@ -3,10 +3,8 @@ package inspector
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -78,12 +76,12 @@ func resolveIn(root, p string) (host string, missing bool, err error) {
 func ResolveIn(root, p string) (host string, missing bool, err error) { return resolveIn(root, p) }
 
 // fileState is what a path looks like in one tree, as far as the net-change
-// rules care: existence, type, mode, owner, size, symlink target, content,
-// extended attributes and the modification time of what is not a directory
-// (make and other build tools decide on it, and a snapshot brings the old
-// one back). The access
-// and change times and inode numbers do not count (docs/inspector.md,
-// "What a restore brings back").
+// rules care: existence, type, mode, owner, size, symlink target, extended
+// attributes and the modification time of what is not a directory (make
+// and other build tools decide on it, and a snapshot brings the old one
+// back). The content of a regular file is compared apart, only when all
+// of these match (sameContent). The access and change times and inode
+// numbers do not count (docs/inspector.md, "What a restore brings back").
 type fileState struct {
 	exists   bool
 	mtime    unix.Timespec
@@ -92,7 +90,6 @@ type fileState struct {
 	size     int64
 	rdev     uint64
 	target   string
-	sum      [32]byte
 	xattrs   string
 	// nlink of what is not a directory: a name replaced by a copy
 	// (`cp -p f1 t && mv t f1`) leaves its old hard links with one
@@ -101,19 +98,22 @@ type fileState struct {
 	resolvedTo string // the sandbox path the parents resolved to
 }
 
-func stateOf(root, p string) (fileState, error) {
+// stateOf returns the state of sandbox path p in the tree at root and,
+// for a regular file, where to read its content.
+func stateOf(root, p string) (fileState, regular, error) {
 	host, missing, err := resolveIn(root, p)
 	if err != nil || missing {
-		return fileState{}, err
+		return fileState{}, regular{}, err
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(host, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-			return fileState{}, nil
+			return fileState{}, regular{}, nil
 		}
-		return fileState{}, fmt.Errorf("lstat %s: %w", host, err)
+		return fileState{}, regular{}, fmt.Errorf("lstat %s: %w", host, err)
 	}
 	s := fileState{exists: true, mtime: st.Mtim, mode: st.Mode, uid: st.Uid, gid: st.Gid, resolvedTo: strings.TrimPrefix(host, root)}
+	var r regular
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		// A directory's mtime moves whenever an entry comes or goes, a
@@ -127,12 +127,10 @@ func stateOf(root, p string) (fileState, error) {
 	case unix.S_IFREG:
 		s.size = st.Size
 		s.nlink = uint64(st.Nlink)
-		if s.sum, err = hashFile(host); err != nil {
-			return s, err
-		}
+		r = regular{host: host, dev: st.Dev, ino: st.Ino, blocks: st.Blocks}
 	case unix.S_IFLNK:
 		if s.target, err = os.Readlink(host); err != nil {
-			return s, fmt.Errorf("readlink %s: %w", host, err)
+			return s, r, fmt.Errorf("readlink %s: %w", host, err)
 		}
 	case unix.S_IFCHR, unix.S_IFBLK:
 		s.rdev = st.Rdev
@@ -141,22 +139,7 @@ func stateOf(root, p string) (fileState, error) {
 		s.nlink = uint64(st.Nlink)
 	}
 	s.xattrs = xattrsOf(host)
-	return s, nil
-}
-
-func hashFile(p string) ([32]byte, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return [32]byte{}, fmt.Errorf("open %s: %w", p, err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return [32]byte{}, fmt.Errorf("hash %s: %w", p, err)
-	}
-	var sum [32]byte
-	copy(sum[:], h.Sum(nil))
-	return sum, nil
+	return s, r, nil
 }
 
 // xattrsOf lists a path's extended attributes and values, sorted. A list
@@ -209,24 +192,46 @@ func readSized(read func([]byte) (int, error)) ([]byte, error) {
 }
 
 // PathChanged compares sandbox path p in the live tree and in the snapshot
-// of the last filesystem artifact (both host paths of the trees' roots).
+// of the last filesystem artifact (both host paths of the trees' roots),
+// reading at most DefaultMaxRead bytes of content (PathChangedWithin).
 // It gives up with ErrStalled when ctx's deadline passes while the file
 // system does not answer.
 func PathChanged(ctx context.Context, liveRoot, snapRoot, p string) (bool, error) {
-	return bounded(ctx, func() (bool, error) { return pathChanged(liveRoot, snapRoot, p) })
+	return PathChangedWithin(ctx, NewBudget(DefaultMaxRead), liveRoot, snapRoot, p)
 }
 
-func pathChanged(liveRoot, snapRoot, p string) (bool, error) {
-	a, err := stateOf(liveRoot, p)
+// PathChangedWithin is PathChanged charging the content it reads to bud,
+// which the comparisons of a turn share: a regular file whose content bud
+// cannot cover counts as changed. The comparison checks ctx between
+// chunks and stops there; the call returns as soon as ctx ends
+// (ErrStalled when its deadline passed), and only a system call blocked
+// in the kernel (a file system that stopped answering) keeps the
+// comparison's goroutine longer.
+func PathChangedWithin(ctx context.Context, bud *Budget, liveRoot, snapRoot, p string) (bool, error) {
+	return bounded(ctx, func() (bool, error) { return pathChanged(ctx, bud, liveRoot, snapRoot, p) })
+}
+
+func pathChanged(ctx context.Context, bud *Budget, liveRoot, snapRoot, p string) (bool, error) {
+	a, ra, err := stateOf(liveRoot, p)
 	if err != nil {
 		return true, err
 	}
-	b, err := stateOf(snapRoot, p)
+	b, rb, err := stateOf(snapRoot, p)
 	if err != nil {
 		return true, err
 	}
 	if !a.exists && !b.exists {
 		return false, nil
 	}
-	return a != b, nil
+	if a != b {
+		return true, nil
+	}
+	if a.mode&unix.S_IFMT != unix.S_IFREG {
+		return false, nil
+	}
+	same, err := sameContent(ctx, bud, ra, rb, a.size)
+	if err != nil {
+		return true, fmt.Errorf("compare %s: %w", p, err)
+	}
+	return !same, nil
 }

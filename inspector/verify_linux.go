@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,8 +14,11 @@ import (
 // owner, size, symlink target, content, xattrs) differs between two trees,
 // e.g. the live root and the snapshot a skipped checkpoint relies on: the
 // verification of --verify-skips. Mounts no snapshot holds are left out.
-// It gives up with ErrStalled when ctx's deadline passes while the file
-// system does not answer.
+// Contents are compared as PathChanged does (data extents only, ctx
+// checked between chunks) but without a byte cap: a file that could not
+// be read through would be reported as a miss it is not, so the bound
+// here is ctx. It gives up with ErrStalled when ctx's deadline passes
+// while the file system does not answer.
 func TreeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) {
 	return bounded(ctx, func() ([]string, error) { return treeDiff(ctx, liveRoot, snapRoot) })
 }
@@ -44,11 +48,12 @@ func treeDiff(ctx context.Context, liveRoot, snapRoot string) ([]string, error) 
 		}
 	}
 	var diff []string
+	bud := NewBudget(math.MaxInt64)
 	for p := range seen {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		changed, err := pathChanged(liveRoot, snapRoot, p)
+		changed, err := pathChanged(ctx, bud, liveRoot, snapRoot, p)
 		if err != nil {
 			return nil, err
 		}
