@@ -18,12 +18,19 @@ import (
 // Options configure an Inspector.
 type Options struct {
 	Logger *slog.Logger
+	// MaxCompareBytes bounds the file content the comparisons of one
+	// EndTurn or Settle read (both trees counted); a touched file past it
+	// counts as changed. 0 means inspector.DefaultMaxRead (256 MiB); less
+	// than 0 reads nothing (any regular file whose metadata match counts
+	// as changed).
+	MaxCompareBytes int64
 }
 
 // Inspector classifies the turns of the environments it tracks.
 type Inspector struct {
-	log *slog.Logger
-	tr  *bpf.Tracker // nil without eBPF
+	log     *slog.Logger
+	tr      *bpf.Tracker // nil without eBPF
+	maxRead int64        // Options.MaxCompareBytes, resolved
 
 	mu     sync.Mutex
 	envs   map[string]*envState
@@ -97,7 +104,11 @@ func newInspector(o Options, tr *bpf.Tracker) *Inspector {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return &Inspector{log: o.Logger, tr: tr, envs: map[string]*envState{}, byCg: map[uint64]*envState{}, stop: make(chan struct{})}
+	maxRead := o.MaxCompareBytes
+	if maxRead == 0 {
+		maxRead = inspector.DefaultMaxRead
+	}
+	return &Inspector{log: o.Logger, tr: tr, maxRead: maxRead, envs: map[string]*envState{}, byCg: map[uint64]*envState{}, stop: make(chan struct{})}
 }
 
 // UsesBPF reports whether the inspector watches through eBPF.
@@ -361,8 +372,9 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 }
 
 // fileFacts compares the touched paths (plus, without eBPF, the backend's
-// change list) with the last filesystem artifact; same collects the paths
-// found unchanged.
+// change list) with the last filesystem artifact, reading at most
+// in.maxRead bytes of content in all; same collects the paths found
+// unchanged.
 func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched []string, same *[]string) []inspector.Fact {
 	var facts []inspector.Fact
 	if in.tr == nil {
@@ -376,15 +388,19 @@ func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched 
 			}
 		}
 	}
+	bud := inspector.NewBudget(in.maxRead)
 	for _, p := range touched {
 		if t.SnapshotRoot == "" {
 			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 			continue
 		}
-		changed, err := inspector.PathChanged(ctx, t.LiveRoot, t.SnapshotRoot, p)
+		unproven := bud.Unproven()
+		changed, err := inspector.PathChangedWithin(ctx, bud, t.LiveRoot, t.SnapshotRoot, p)
 		switch {
 		case err != nil:
 			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("compare %s: %v", p, err)})
+		case bud.Unproven() > unproven:
+			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p, Detail: fmt.Sprintf("content not compared, past the turn's %d-byte read cap", max(in.maxRead, 0))})
 		case changed:
 			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 		default:
