@@ -96,9 +96,20 @@ func recordLinks(dir, root string) error {
 	return os.WriteFile(filepath.Join(dir, linksFile), b, 0o644)
 }
 
+// placedLink is a name placeLinks made: name in the directory parent.
+type placedLink struct {
+	parent *os.File
+	name   string
+}
+
 // placeLinks makes, in the new root, the names the images in dir open
-// removed-but-linked files by, and returns them (for unplaceLinks).
-func placeLinks(dir, root string) ([]string, error) {
+// removed-but-linked files by, and returns them (for unplaceLinks). The
+// root is the sandbox's, which its agent wrote: each name's directory is
+// resolved inside it (openat2 RESOLVE_IN_ROOT, as the restored tree
+// resolves it, a symlink on the way leading to the root's own directories
+// and never out of it), and the link made relative to that directory, so
+// that no symlink can put the host's link outside the root.
+func placeLinks(dir, root string) (made []placedLink, err error) {
 	b, err := os.ReadFile(filepath.Join(dir, linksFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -115,7 +126,8 @@ func placeLinks(dir, root string) ([]string, error) {
 		byIno[l.Ino] = ""
 	}
 	// One walk finds a name for every inode: the root is a snapshot
-	// clone, with the inode numbers of the tree that was dumped.
+	// clone, with the inode numbers of the tree that was dumped. The walk
+	// follows no symlink; the names it finds are relative to the root.
 	left := len(byIno)
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if left == 0 {
@@ -129,35 +141,88 @@ func placeLinks(dir, root string) ([]string, error) {
 			return nil
 		}
 		if at, ok := byIno[st.Ino]; ok && at == "" {
-			byIno[st.Ino] = p
-			left--
+			if rel, err := filepath.Rel(root, p); err == nil {
+				byIno[st.Ino] = rel
+				left--
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	var made []string
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the restore root: %w", err)
+	}
+	defer unix.Close(rootFD)
+	defer func() {
+		if err != nil {
+			unplaceLinks(made)
+			made = nil
+		}
+	}()
 	for _, l := range links {
 		src := byIno[l.Ino]
 		if src == "" {
-			unplaceLinks(made)
-			return nil, fmt.Errorf("a process holds a removed file (inode %d) that no name in the restored root links any more", l.Ino)
+			return made, fmt.Errorf("a process holds a removed file (inode %d) that no name in the restored root links any more", l.Ino)
 		}
-		dst := filepath.Join(root, l.Name)
-		if err := os.Link(src, dst); err != nil {
-			unplaceLinks(made)
-			return nil, fmt.Errorf("link the removed file held open at %s: %w", l.Name, err)
+		if err := linkInRoot(rootFD, src, l.Name, &made); err != nil {
+			return made, fmt.Errorf("link the removed file held open at %s: %w", l.Name, err)
 		}
-		made = append(made, dst)
 	}
 	return made, nil
 }
 
+// linkInRoot links the file at src at dst, both paths inside the root
+// rootFD resolved in it, and adds dst to made.
+func linkInRoot(rootFD int, src, dst string, made *[]placedLink) error {
+	sdir, sname, err := openParentInRoot(rootFD, src)
+	if err != nil {
+		return err
+	}
+	defer sdir.Close()
+	ddir, dname, err := openParentInRoot(rootFD, dst)
+	if err != nil {
+		return err
+	}
+	// No AT_SYMLINK_FOLLOW: a symlink at src is linked itself, not
+	// followed.
+	if err := unix.Linkat(int(sdir.Fd()), sname, int(ddir.Fd()), dname, 0); err != nil {
+		ddir.Close()
+		return &os.LinkError{Op: "linkat", Old: src, New: dst, Err: err}
+	}
+	*made = append(*made, placedLink{parent: ddir, name: dname})
+	return nil
+}
+
+// openParentInRoot opens the directory holding p (a path inside the root
+// rootFD) resolved in that root: "..", absolute symlinks and symlinks
+// that climb stop at the root, as they do for the sandbox's own processes;
+// magic links (/proc/self/...) and mount crossings are refused. The name
+// is p's last component.
+func openParentInRoot(rootFD int, p string) (*os.File, string, error) {
+	p = path.Clean("/" + filepath.ToSlash(p))
+	pdir, name := path.Split(p)
+	if name == "" || name == "." || name == ".." {
+		return nil, "", fmt.Errorf("%q names no file in the root", p)
+	}
+	fd, err := unix.Openat2(rootFD, "."+pdir, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("open %s in the restore root: %w", pdir, err)
+	}
+	return os.NewFile(uintptr(fd), pdir), name, nil
+}
+
 // unplaceLinks removes what is left of the names placeLinks made (CRIU
-// removes a link remap once it has opened it; a failed restore may not).
-func unplaceLinks(made []string) {
-	for _, p := range made {
-		os.Remove(p)
+// removes a link remap once it has opened it; a failed restore may not),
+// each in the directory it was made in.
+func unplaceLinks(made []placedLink) {
+	for _, l := range made {
+		unix.Unlinkat(int(l.parent.Fd()), l.name, 0)
+		l.parent.Close()
 	}
 }
