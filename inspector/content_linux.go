@@ -54,9 +54,8 @@ func sameContent(ctx context.Context, bud *Budget, a, b regular, size int64) (bo
 		return false, err
 	}
 	defer fb.Close()
-	var found uint64 // bytes of the data extents, in whole blocks
-	bufA := make([]byte, min(chunk, size))
-	bufB := make([]byte, len(bufA))
+	var found uint64      // bytes of the data extents, in whole blocks
+	var bufA, bufB []byte // as large as the largest chunk read yet
 	for off := int64(0); ; {
 		if err := ctx.Err(); err != nil {
 			return false, err
@@ -84,7 +83,10 @@ func sameContent(ctx context.Context, bud *Budget, a, b regular, size int64) (bo
 			if err := ctx.Err(); err != nil {
 				return false, err
 			}
-			n := min(int64(len(bufA)), ha-pos)
+			n := min(chunk, ha-pos)
+			if int64(len(bufA)) < n {
+				bufA, bufB = make([]byte, n), make([]byte, n)
+			}
 			if !bud.take(2 * n) {
 				bud.unproven.Add(1)
 				return false, nil

@@ -191,10 +191,10 @@ func (s *Server) step(ctx context.Context, envID string, a protocol.Action, key 
 }
 
 func (s *Server) turn(ctx context.Context, envID string, a protocol.Action) (*protocol.StepResult, error) {
-	ca := coordinator.Action{Tool: a.Tool, Cmd: a.Cmd, Path: a.Path, Content: a.Content, StateID: a.StateID, MaxOutput: a.MaxOutput}
-	if a.Tool == protocol.ToolBash {
-		ca.Timeout = time.Duration(a.TimeoutS * float64(time.Second))
-	}
+	// timeout_s bounds every tool that runs a command, the file tools too:
+	// a read_file of a FIFO waits for a writer that may never come.
+	ca := coordinator.Action{Tool: a.Tool, Cmd: a.Cmd, Path: a.Path, Content: a.Content, StateID: a.StateID, MaxOutput: a.MaxOutput,
+		Timeout: time.Duration(a.TimeoutS * float64(time.Second))}
 	t, err := s.c.Turn(ctx, envID, ca)
 	if err != nil {
 		return nil, err

@@ -899,8 +899,8 @@ var oeSchema = func() []byte {
 	b, err := json.Marshal(map[string]any{
 		"action": map[string]any{"title": "ArborAction", "oneOf": []any{
 			tool("bash", []string{"cmd"}, map[string]any{"cmd": str, "timeout_s": num}),
-			tool("write_file", []string{"path"}, map[string]any{"path": str, "content": str, "content_b64": str}),
-			tool("read_file", []string{"path"}, map[string]any{"path": str}),
+			tool("write_file", []string{"path"}, map[string]any{"path": str, "content": str, "content_b64": str, "timeout_s": num}),
+			tool("read_file", []string{"path"}, map[string]any{"path": str, "timeout_s": num}),
 			tool("rollback", []string{"state_id"}, map[string]any{"state_id": str}),
 			tool("submit", nil, nil),
 		}},

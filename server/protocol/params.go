@@ -48,7 +48,9 @@ func (p *ResetParams) check(c *checker) {
 type Action struct {
 	Tool string `msgpack:"tool" json:"tool"`
 	// bash
-	Cmd      string  `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
+	Cmd string `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
+	// TimeoutS bounds the command of bash, read_file and write_file
+	// (0: the task's command timeout, else 60 s).
 	TimeoutS float64 `msgpack:"timeout_s,omitempty" json:"timeout_s,omitempty"`
 	// write_file, read_file
 	Path    string `msgpack:"path,omitempty" json:"path,omitempty"`
@@ -67,9 +69,6 @@ func (a *Action) check(c *checker) {
 	switch a.Tool {
 	case ToolBash:
 		c.required("cmd", a.Cmd)
-		if a.TimeoutS < 0 {
-			c.fail("timeout_s", "must not be negative")
-		}
 	case ToolWriteFile, ToolReadFile:
 		c.required("path", a.Path)
 	case ToolRollback:
@@ -77,6 +76,9 @@ func (a *Action) check(c *checker) {
 	case "":
 	default:
 		c.fail("tool", "unknown tool %q (want one of %s)", a.Tool, strings.Join(Tools, ", "))
+	}
+	if a.TimeoutS < 0 {
+		c.fail("timeout_s", "must not be negative")
 	}
 	if a.MaxOutput < 0 {
 		c.fail("max_output", "must not be negative")
