@@ -185,6 +185,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		return nil
 	}
 	var dump criu.DumpStats
+	var procBytes int64 // the process image's bytes, once kept
 	err = sb.Exclusive(func() error {
 		t := time.Now()
 		if !held {
@@ -299,6 +300,10 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		if err != nil {
 			return fmt.Errorf("keep process image: %w", err)
 		}
+		if err := e.checkImageBudget(env, n); err != nil {
+			return err
+		}
+		procBytes = n
 		if base != "" {
 			err = e.man.SetArtifactDelta(procArt.ID, base, n, n+ds.Before-ds.After)
 		} else {
@@ -321,6 +326,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 		return fmt.Errorf("commit state: %w", err)
 	}
 	made = nil // committed: nothing to undo
+	env.images.Add(procBytes)
 	e.stats.checkpoints.Add(1)
 	if delta != nil {
 		e.stats.shellDeltas.Add(1)

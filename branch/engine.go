@@ -114,8 +114,18 @@ type Options struct {
 	// (docs/engine.md, "Disk pressure"). A high mark above 1 turns it off.
 	HighWater, LowWater float64
 	PressureWait        time.Duration
-	Logger              *slog.Logger
+	// ImageBudget bounds the process images one env's checkpoints may
+	// write (bytes stored, deltas as stored) while it is open; a
+	// checkpoint that would go over fails as the agent's doing and the
+	// env runs on (docs/engine.md, "Image budget"). 0 means
+	// DefaultImageBudget, negative no budget.
+	ImageBudget int64
+	Logger      *slog.Logger
 }
+
+// DefaultImageBudget is Options.ImageBudget's default: twice the default
+// memory limit of a sandbox.
+const DefaultImageBudget = 2 << 30
 
 // Engine runs checkpoints, branches and rollbacks.
 type Engine struct {
@@ -199,6 +209,9 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	}
 	if o.PressureWait <= 0 {
 		o.PressureWait = DefaultPressureWait
+	}
+	if o.ImageBudget == 0 {
+		o.ImageBudget = DefaultImageBudget
 	}
 	if o.PrepareTTL <= 0 {
 		o.PrepareTTL = DefaultPrepareTTL
@@ -443,6 +456,9 @@ type Env struct {
 	pubSb     *sandbox.Sandbox
 	pubVolume string
 	stopped   error
+	// images is what the env's committed checkpoints wrote to the image
+	// store (Options.ImageBudget).
+	images atomic.Int64
 
 	stats *coordStats // the engine's, shared by all envs
 }

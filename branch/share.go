@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/cr/manifest"
 )
 
 // Fair shares of the pool (docs/engine.md, "Fair shares"). Each sandbox
@@ -88,4 +89,67 @@ func (e *Engine) stopEnv(env *Env, cause error) {
 		}
 		e.nudgeGC()
 	}()
+}
+
+// Image budget (docs/engine.md, "Image budget"): the process images an
+// open env's checkpoints wrote that still exist are bounded by
+// Options.ImageBudget. env.images counts what its checkpoints committed;
+// only when that count would go over is the exact figure read from the
+// manifest (the GC may have deleted some since, after a rollback), so the
+// common checkpoint costs an add.
+
+// checkImageBudget fails, as the agent's doing, a checkpoint of env whose
+// process image of n bytes would take env over its budget.
+func (e *Engine) checkImageBudget(env *Env, n int64) error {
+	b := e.o.ImageBudget
+	if b <= 0 || env.images.Load()+n <= b {
+		return nil
+	}
+	held, err := e.imageCharge(env.ID)
+	if err != nil {
+		return fmt.Errorf("image budget: %w", err)
+	}
+	env.images.Store(held)
+	if held+n <= b {
+		return nil
+	}
+	return fmt.Errorf("%w: its process image of %d MiB would take the env's checkpoints to %d MiB of the image store, over its budget of %d MiB (docs/engine.md, \"Image budget\")",
+		cr.ErrAgentState, n>>20, (held+n)>>20, b>>20)
+}
+
+// imageCharge is the bytes of the process images env's own states made
+// (not those a state shares with its parent) that the manifest still has.
+func (e *Engine) imageCharge(envID string) (int64, error) {
+	states, err := e.man.States(envID)
+	if err != nil {
+		return 0, err
+	}
+	proc := make(map[string]string, len(states)) // state -> its process image
+	for _, s := range states {
+		proc[s.ID] = s.Proc
+	}
+	var held int64
+	seen := map[string]bool{}
+	for _, s := range states {
+		if s.Proc == "" || seen[s.Proc] {
+			continue
+		}
+		pp, mine := proc[s.Parent]
+		if !mine && s.Parent != "" {
+			// The parent is another env's state (a branch's source).
+			if ps, err := e.man.GetState(s.Parent); err == nil {
+				pp = ps.Proc
+			}
+		}
+		if s.Parent != "" && pp == s.Proc {
+			continue // the parent's image, counted with the parent
+		}
+		seen[s.Proc] = true
+		a, err := e.man.GetArtifact(s.Proc)
+		if err != nil || a.Kind != manifest.ArtifactProc {
+			continue // collected since
+		}
+		held += a.Bytes
+	}
+	return held, nil
 }

@@ -102,7 +102,11 @@ const diskFlagHelp = "disk quota per sandbox: what it may write to its root, che
 
 // parseDisk reads a --disk value into sandbox.Limits.DiskBytes: "" is 0
 // (the default quota), "none" or a negative number is -1 (no quota).
-func parseDisk(s string) (int64, error) {
+func parseDisk(s string) (int64, error) { return parseLimit("--disk", s) }
+
+// parseLimit reads a byte limit flag: "" is the default (0), "none" or a
+// negative number no limit (-1), else a size (never 0).
+func parseLimit(flag, s string) (int64, error) {
 	switch t := strings.TrimSpace(s); {
 	case t == "":
 		return 0, nil
@@ -111,10 +115,10 @@ func parseDisk(s string) (int64, error) {
 	}
 	n, err := parseSize(s)
 	if err != nil {
-		return 0, fmt.Errorf("parse --disk: %w", err)
+		return 0, fmt.Errorf("parse %s: %w", flag, err)
 	}
 	if n == 0 {
-		return 0, fmt.Errorf("parse --disk: 0 would refuse every write; use none for no quota")
+		return 0, fmt.Errorf("parse %s: 0 would refuse every write; use none for no limit", flag)
 	}
 	return n, nil
 }

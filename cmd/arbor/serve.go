@@ -39,6 +39,7 @@ type serveOptions struct {
 	recipesDir  string
 	warm        int
 	prepare     string
+	imageBudget string
 	idleTTL     time.Duration
 	retain      time.Duration
 	prepareTTL  time.Duration
@@ -64,6 +65,7 @@ type serveOptions struct {
 	cluster     clusterFlags  // cluster.go
 	registry    registryFlags // image.go: reset and tasks pull registry references
 	pullFrom    []string
+	waitLock    time.Duration
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -110,8 +112,10 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
+	f.StringVar(&o.imageBudget, "image-budget", envOr("ARBOR_IMAGE_BUDGET", fmt.Sprintf("%dM", branch.DefaultImageBudget>>20)), "process images one open env's checkpoints may keep in the image store (none: no bound); a checkpoint over it fails as the agent's doing (docs/engine.md, Image budget); env ARBOR_IMAGE_BUDGET")
 	o.userNS.add(f)
 	o.cluster.add(f)
+	f.DurationVar(&o.waitLock, "wait-lock", 0, "when another arbor serve holds the state dir (one still stopping), wait this long for it to end (0: fail at once)")
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -166,6 +170,10 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
 		return err
 	}
+	imageBudget, err := parseLimit("--image-budget", o.imageBudget)
+	if err != nil {
+		return err
+	}
 	if o.prepare != "ahead" && o.prepare != "on-demand" {
 		return fmt.Errorf("--prepare %q: want ahead or on-demand", o.prepare)
 	}
@@ -179,15 +187,23 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			d.Close()
 		}
 	}()
+	// One server per state dir, held until the pool is unmounted (the
+	// first defer runs last), before anything is mounted or listened on.
+	lock, err := lockStateDir(ctx, g, o.waitLock)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := lock.Release(); rerr != nil {
+			log.Warn("release state dir lock", slog.Any("err", rerr))
+		}
+	}()
 	// Listen first: a port in use should fail before minutes of set-up.
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
-	if err := os.MkdirAll(g.stateDir, 0o755); err != nil {
-		return fmt.Errorf("create state dir: %w", err)
-	}
 	snap, err := openSnapshotter(ctx, g)
 	if err != nil {
 		return err
@@ -220,7 +236,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("--lazy-restore: %w", err)
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, ImageBudget: imageBudget, Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in
