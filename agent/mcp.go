@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -29,6 +30,11 @@ type HandlerOptions struct {
 	// Token, when set, must be presented as "Authorization: Bearer TOKEN"
 	// on every request (as for the websocket).
 	Token string
+	// AllowedOrigins are the browser origins accepted besides the
+	// server's own, as the websocket's (server.Options.AllowedOrigins):
+	// a request with any other Origin header is refused (403), as MCP's
+	// Streamable HTTP transport requires against DNS rebinding.
+	AllowedOrigins []string
 	// SessionTimeout closes sessions idle for this long (default 30 min);
 	// an env the session started is closed with it.
 	SessionTimeout time.Duration
@@ -80,9 +86,13 @@ type targetKey struct{}
 
 var imageName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$`)
 
-// ServeHTTP checks the token and the URL, then hands the request to the
-// SDK's streamable HTTP handler.
+// ServeHTTP checks the Origin, the token and the URL, then hands the
+// request to the SDK's streamable HTTP handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !(origin.Rule{Allowed: h.o.AllowedOrigins, Token: h.o.Token != ""}).Check(r) {
+		origin.Refuse(w, r)
+		return
+	}
 	if h.o.Token != "" {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(h.o.Token)) != 1 {

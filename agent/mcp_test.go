@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -357,5 +358,61 @@ func TestSessionEnvAndAuth(t *testing.T) {
 			t.Fatalf("env %s still open after its session ended", ls.EnvID)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMCPOrigin: the MCP endpoint refuses (403) a request whose Origin is
+// another site, or a domain a DNS rebinding pointed at the server, and
+// serves one without an Origin or with its own loopback origin (the
+// websocket's rule, package server/origin).
+func TestMCPOrigin(t *testing.T) {
+	s := newServer(t, "")
+	base := "http://" + s.addr + "/v1/mcp?image=busybox"
+	for _, tt := range []struct {
+		name, origin, host string
+		status             int
+	}{
+		{"foreign origin", "https://evil.example", "", http.StatusForbidden},
+		{"rebound domain", "http://evil.example:" + strings.Split(s.addr, ":")[1], "evil.example:" + strings.Split(s.addr, ":")[1], http.StatusForbidden},
+		{"null origin", "null", "", http.StatusForbidden},
+		{"no origin", "", "", http.StatusOK},
+		{"own loopback origin", "http://" + s.addr, "", http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", base, strings.NewReader(
+				`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			if tt.origin != "" {
+				req.Header.Set("Origin", tt.origin)
+			}
+			if tt.host != "" {
+				req.Host = tt.host
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status %d (%s), want %d", resp.StatusCode, body, tt.status)
+			}
+			if tt.status == http.StatusOK && !strings.Contains(string(body), `"serverInfo"`) {
+				t.Errorf("served, but the answer is not initialize's: %s", body)
+			}
+			if sid := resp.Header.Get("Mcp-Session-Id"); sid != "" {
+				del, _ := http.NewRequest("DELETE", base, nil)
+				del.Header.Set("Mcp-Session-Id", sid)
+				if r, err := http.DefaultClient.Do(del); err == nil {
+					r.Body.Close()
+				}
+			}
+		})
+	}
+	// The SDK's own client (no Origin) still works end to end.
+	cs := mustConnect(t, base, "")
+	if r := call(t, cs, "bash", map[string]any{"cmd": "echo ok"}); r.IsError || !strings.Contains(text(r), "ok") {
+		t.Errorf("bash over MCP: %s", text(r))
 	}
 }

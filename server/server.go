@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/server/ui"
 )
@@ -208,39 +208,10 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// checkOrigin accepts a websocket without an Origin header (programs),
-// the AllowedOrigins, and one whose Origin is the server's own host
-// (same-origin: scheme aside, its host and port are the Host the request
-// was sent to). Without a token, same-origin counts only for a host that
-// is an IP address or localhost: a page of a domain that a DNS rebinding
-// pointed at this server has itself as both Origin and Host.
+// checkOrigin is the Origin rule of package origin, shared with the MCP
+// endpoint.
 func (s *Server) checkOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	for _, o := range s.o.AllowedOrigins {
-		if o == origin || o == "*" {
-			return true
-		}
-	}
-	u, err := url.Parse(origin)
-	if err != nil || u.Host == "" {
-		return false
-	}
-	switch u.Scheme {
-	case "http", "https", "ws", "wss":
-	default:
-		return false
-	}
-	if !strings.EqualFold(u.Host, r.Host) {
-		return false
-	}
-	if s.o.Token != "" {
-		return true
-	}
-	host := u.Hostname()
-	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
+	return origin.Rule{Allowed: s.o.AllowedOrigins, Token: s.o.Token != ""}.Check(r)
 }
 
 // Handler serves /v1/ws, the OpenEnv endpoint /openenv/TASK/ (a server
