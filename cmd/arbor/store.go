@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -11,7 +12,23 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/cr/zfs"
+	"github.com/arbor-env/arbor/internal/statelock"
 )
+
+// lockStateDir takes the state dir's lock (package statelock) for a
+// command that owns the state dir: it mounts the pool and unmounts it when
+// it ends, so a second one would pull the pool from under the first.
+// Commands that only use the pool a server may have mounted (image,
+// sandbox exec) leave it mounted and take no lock. wait is --wait-lock.
+func lockStateDir(ctx context.Context, g *globalOptions, wait time.Duration) (*statelock.Lock, error) {
+	l, err := statelock.Acquire(ctx, g.stateDir, wait, func(held error) {
+		slog.Info("waiting for the state dir", slog.Any("held", held), slog.Duration("wait", wait))
+	})
+	if errors.Is(err, statelock.ErrHeld) {
+		return nil, fmt.Errorf("%w; stop it first, or give --wait-lock DURATION to wait for it", err)
+	}
+	return l, err
+}
 
 // openSnapshotter opens the filesystem snapshot backend that the global
 // flags select: btrfs in --state-dir (a --pool-size loop pool when that is
