@@ -62,7 +62,7 @@ func TestDecodeParams(t *testing.T) {
 		{name: "reset options", in: m{"image": "i", "options": m{"gpu": true}}, into: &ResetParams{},
 			want: &ResetParams{Image: "i", Options: map[string]any{"gpu": true}}},
 		{name: "reset options not a map", in: m{"image": "i", "options": "x"}, into: &ResetParams{}, wantErr: "options: want map, got string"},
-		{name: "reset neither", in: m{}, into: &ResetParams{}, wantErr: "reset needs image or task"},
+		{name: "reset neither", in: m{}, into: &ResetParams{}, wantErr: "reset needs image, task or dataset"},
 		{name: "reset image wrong type", in: m{"image": true}, into: &ResetParams{}, wantErr: "image: want string, got bool"},
 
 		// step
