@@ -40,6 +40,7 @@ type serveOptions struct {
 	warm        int
 	prepare     string
 	imageBudget string
+	maxCompare  string
 	idleTTL     time.Duration
 	retain      time.Duration
 	prepareTTL  time.Duration
@@ -112,6 +113,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.llmUpstream, "llm-upstream", envOr("ARBOR_LLM_UPSTREAM", ""), "serve the LLM proxy at /v1/llm/ENV_ID/... forwarding to this URL; each request is a turn boundary")
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
+	f.StringVar(&o.maxCompare, "inspector-max-read", envOr("ARBOR_INSPECTOR_MAX_READ", "256M"), "file content the Inspector may read to compare one turn's files (none: read nothing); a file past it counts as changed (docs/inspector.md, Bounded comparisons); env ARBOR_INSPECTOR_MAX_READ")
 	f.StringVar(&o.imageBudget, "image-budget", envOr("ARBOR_IMAGE_BUDGET", fmt.Sprintf("%dM", branch.DefaultImageBudget>>20)), "process images one open env's checkpoints may keep in the image store (none: no bound); a checkpoint over it fails as the agent's doing (docs/engine.md, Image budget); env ARBOR_IMAGE_BUDGET")
 	o.userNS.add(f)
 	o.cluster.add(f)
@@ -227,7 +229,11 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if l.UserNS, err = o.userNS.config(); err != nil {
 		return err
 	}
-	in, err := openInspector(o.inspect, log)
+	maxCompare, err := parseLimit("--inspector-max-read", o.maxCompare)
+	if err != nil {
+		return err
+	}
+	in, err := openInspector(o.inspect, maxCompare, log)
 	if err != nil {
 		return err
 	}

@@ -15,14 +15,15 @@ import (
 
 // openInspector makes the turn classifier --inspector asks for; nil for
 // "off" (every turn is then checkpointed full).
-func openInspector(mode string, log *slog.Logger) (*watch.Inspector, error) {
+func openInspector(mode string, maxCompare int64, log *slog.Logger) (*watch.Inspector, error) {
+	o := watch.Options{Logger: log, MaxCompareBytes: maxCompare}
 	switch mode {
 	case "off":
 		return nil, nil
 	case "fallback":
-		return watch.NewFallback(watch.Options{Logger: log}), nil
+		return watch.NewFallback(o), nil
 	case "ebpf", "auto", "":
-		in, err := watch.New(watch.Options{Logger: log})
+		in, err := watch.New(o)
 		if err == nil {
 			log.Info("inspector: eBPF")
 			return in, nil
@@ -31,7 +32,7 @@ func openInspector(mode string, log *slog.Logger) (*watch.Inspector, error) {
 			return nil, fmt.Errorf("inspector: %w (arbor doctor says why; --inspector fallback or off to run without)", err)
 		}
 		log.Warn("inspector: eBPF unavailable, using the snapshot backend's change lists", slog.Any("err", err))
-		return watch.NewFallback(watch.Options{Logger: log}), nil
+		return watch.NewFallback(o), nil
 	default:
 		return nil, fmt.Errorf("--inspector %q: want auto, ebpf, fallback or off", mode)
 	}
