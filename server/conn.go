@@ -15,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -345,7 +346,11 @@ func (c *conn) readLoop() {
 			c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeMalformed, "text frame: send one msgpack message per binary frame"))
 			continue
 		}
-		c.dispatch(b)
+		// dispatch recovers a panic of a request it started; this one is
+		// of the decoding before.
+		if err := panics.Call(c.log, func() error { c.dispatch(b); return nil }); err != nil {
+			c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeInternal, "%v", err))
+		}
 	}
 }
 
@@ -393,12 +398,20 @@ func (c *conn) dispatch(b []byte) {
 		return
 	}
 	req := &request{c: c, msgid: f.MsgID, method: f.Method}
-	if fw := c.s.o.Forwarder; fw != nil && f.Method != protocol.MethodHello {
-		req.serve = fw.Forward(f.MsgID, f.Method, f.Params, c.notify)
-		req.wait, req.release = c.s.ticket()
-	} else {
-		req.wait, req.release = c.s.ticket(h.parse(c.s, req, f.Params)...)
+	// A panic in parse or Forward fails this request alone (req.err),
+	// which then takes no ticket.
+	var envs []string
+	if err := panics.Call(c.log, func() error {
+		if fw := c.s.o.Forwarder; fw != nil && f.Method != protocol.MethodHello {
+			req.serve = fw.Forward(f.MsgID, f.Method, f.Params, c.notify)
+		} else {
+			envs = h.parse(c.s, req, f.Params)
+		}
+		return nil
+	}, slog.String("method", f.Method), slog.Uint64("msgid", uint64(f.MsgID))); err != nil {
+		req.err, envs = err, nil
 	}
+	req.wait, req.release = c.s.ticket(envs...)
 	c.s.m.inFlight.Inc()
 	go func() {
 		defer c.s.ops.Done()
@@ -425,12 +438,7 @@ func (c *conn) dispatch(b []byte) {
 // pipelined behind the ones that filled it wait for the client to read.
 func (c *conn) run(h handler, req *request, release func()) (result any, err error) {
 	s := c.s
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("panic serving request", slog.String("method", req.method), slog.Any("panic", r))
-			result, err = nil, protocol.Errorf(protocol.CodeInternal, "panic: %v", r)
-		}
-	}()
+	defer panics.Recover(c.log, &err, slog.String("method", req.method), slog.Uint64("msgid", uint64(req.msgid)))
 	if req.err != nil {
 		req.wait()
 		return nil, req.err

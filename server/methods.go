@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"sort"
 	"sync"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -430,7 +432,12 @@ func (r *request) stepBatch(ctx context.Context, _ *protocol.StepBatchParams) (a
 		go func() {
 			defer wg.Done()
 			it.wait()
-			res, err := s.step(ctx, it.envID, it.action, it.key)
+			// This goroutine's own recover: run's does not reach it.
+			var res *protocol.StepResult
+			err := panics.Call(s.log, func() (err error) {
+				res, err = s.step(ctx, it.envID, it.action, it.key)
+				return err
+			}, slog.String("method", protocol.MethodStepBatch), slog.String("env", it.envID))
 			it.release()
 			br := protocol.BatchItemResult{MsgID: r.msgid, Index: i, EnvID: it.envID, Result: res}
 			if err != nil {

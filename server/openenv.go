@@ -22,6 +22,7 @@ import (
 
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -457,23 +458,31 @@ func (c *oeConn) handle(f oeFrame) bool {
 	defer c.s.ops.Done()
 	c.s.m.inFlight.Inc()
 	defer c.s.m.inFlight.Dec()
-	ctx := c.s.ctx
-	var (
-		typ  = m.Type // of the answer
-		data any
-		err  error
-	)
-	switch m.Type {
-	case oeClose:
+	if m.Type == oeClose {
 		// OpenEnv's server ends the session without an answer.
 		c.closeHeld()
 		c.s.m.requests.WithLabelValues("openenv_close", "ok").Inc()
 		return false
-	case oeReset:
+	}
+	typ := m.Type // of the answer
+	if m.Type == oeReset || m.Type == oeStep {
 		typ = "observation"
+	}
+	var data any
+	err := panics.Call(c.log, func() (err error) {
+		data, err = c.serve(c.s.ctx, m)
+		return err
+	}, slog.String("openenv", m.Type))
+	c.respond(m.Type, typ, data, err)
+	return true
+}
+
+// serve serves message m, which is not a close.
+func (c *oeConn) serve(ctx context.Context, m oeMessage) (data any, err error) {
+	switch m.Type {
+	case oeReset:
 		data, err = c.reset(ctx, m.Data)
 	case oeStep:
-		typ = "observation"
 		data, err = c.step(ctx, m.Data)
 	case oeState:
 		data, err = c.state()
@@ -492,8 +501,7 @@ func (c *oeConn) handle(f oeFrame) bool {
 			return map[string]any{"reward": oeReward(ev.Reward), "details": ev.Details}, nil
 		})
 	}
-	c.respond(m.Type, typ, data, err)
-	return true
+	return data, err
 }
 
 // respond sends an answer of type typ, or the error: {"type": "error",

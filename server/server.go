@@ -18,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/server/ui"
@@ -240,7 +241,9 @@ func (s *Server) Handler() http.Handler {
 	if s.ui != nil {
 		mux.Handle("/", s.uiAccess(s.ui.Handler()))
 	}
-	return mux
+	// A handler's panic answers its request 500 and is logged; the
+	// websocket endpoints recover each message themselves.
+	return panics.Handler(s.log, mux)
 }
 
 // IsLoopback reports whether an address (a listen address, or a Host
