@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -196,23 +197,38 @@ Use fork_try to preview a risky command on a throwaway copy: it never changes yo
 }
 
 // call runs one tool call: errors become tool errors (IsError) that the
-// model reads; a structured result goes with a text one.
+// model reads; a structured result goes with a text one. The SDK runs
+// each call in a goroutine of its own, without recover: a panic in the
+// call is recovered here, logged, and answered as an internal error.
 func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn func(*Session) (*R, error), text func(*R) string) (*mcp.CallToolResult, R, error) {
-	var zero R
-	s, intro, err := b.session(ctx, req)
+	var (
+		zero R
+		r    *R
+		msg  string
+	)
+	err := panics.Call(b.h.log, func() error {
+		s, intro, err := b.session(ctx, req)
+		if err != nil {
+			return err
+		}
+		if r, err = fn(s); err != nil {
+			return err
+		}
+		msg = intro + text(r)
+		return nil
+	}, slog.String("tool", req.Params.Name))
 	if err != nil {
 		return nil, zero, toolError(err)
 	}
-	r, err := fn(s)
-	if err != nil {
-		return nil, zero, toolError(err)
-	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: intro + text(r)}}}, *r, nil
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: msg}}}, *r, nil
 }
 
 // toolError words an error for the model, from the flags of the one
 // error mapping (coordError keeps its *protocol.Error in the chain).
 func toolError(err error) error {
+	if errors.Is(err, panics.ErrPanic) {
+		err = coordinator.ProtoError(err) // internal: the server's failure
+	}
 	var pe *protocol.Error
 	errors.As(err, &pe)
 	switch {
