@@ -12,6 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -169,7 +170,10 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pt.res, pt.err = r.branchOn(ctx, src, pt.node, out.StateID, pt.n)
+				pt.err = panics.Call(r.log, func() (err error) {
+					pt.res, err = r.branchOn(ctx, src, pt.node, out.StateID, pt.n)
+					return err
+				}, slog.String("method", protocol.MethodBranch), slog.String("node", pt.node))
 			}()
 		}
 		wg.Wait()

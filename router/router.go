@@ -40,6 +40,7 @@ import (
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -725,13 +726,17 @@ func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.B
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				raw, err := pt.s.wait(ctx)
 				var res protocol.StepBatchResult
-				if err == nil {
-					if derr := msgpack.Unmarshal(raw, &res); derr != nil {
-						err = protocol.Errorf(protocol.CodeInternal, "node %s: decode step_batch: %v", pt.s.node, derr)
+				err := panics.Call(r.log, func() error {
+					raw, err := pt.s.wait(ctx)
+					if err != nil {
+						return err
 					}
-				}
+					if err := msgpack.Unmarshal(raw, &res); err != nil {
+						return protocol.Errorf(protocol.CodeInternal, "node %s: decode step_batch: %v", pt.s.node, err)
+					}
+					return nil
+				}, slog.String("method", protocol.MethodStepBatch), slog.String("node", pt.s.node))
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/ui"
 )
 
@@ -87,7 +89,7 @@ func (s *uiSource) each(ctx context.Context, f func(ctx context.Context, n clust
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := f(ctx, n); err != nil {
+			if err := panics.Call(s.r.log, func() error { return f(ctx, n) }, slog.String("node", n.ID)); err != nil {
 				s.r.log.Debug("web view: node did not answer", "node", n.ID, "err", err)
 				mu.Lock()
 				failed = append(failed, n.ID)
@@ -218,7 +220,7 @@ func (s *uiSource) Subscribe(ctx context.Context, buf int) ui.Feed {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := s.follow(ctx, n, f)
+			err := panics.Call(s.r.log, func() error { return s.follow(ctx, n, f) }, slog.String("node", n.ID))
 			if ctx.Err() == nil {
 				s.r.log.Debug("web view: node's event stream ended", "node", n.ID, "err", err)
 				f.dropped.Store(true)
