@@ -3,6 +3,8 @@ package branch_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/sandbox/launch"
 )
 
 // TestImageBudget: an env whose shell holds 80 MB of fresh memory cannot
@@ -88,4 +91,22 @@ func procBytes(t *testing.T, e *branch.Engine) int64 {
 		t.Fatal(err)
 	}
 	return u.Manifest.Artifacts[manifest.ArtifactProc].Bytes
+}
+
+// TestOpenFailsCleanly: an engine whose manifest cannot be opened (its
+// path is a directory) returns the error; the clean-up of what Open had
+// made (the image cache) does not crash on the nil engine it returns.
+func TestOpenFailsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	c := requireCR(t)
+	snap := newBtrfs(t, dir)
+	state := filepath.Join(dir, "engine")
+	if err := os.MkdirAll(filepath.Join(state, "manifest.db"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e, err := branch.Open(context.Background(), branch.Options{StateDir: state, Snap: snap, CRIU: c, Launcher: &launch.Launcher{Snap: snap}, NoTmpfs: true, Logger: quiet()})
+	if err == nil || e != nil {
+		t.Fatalf("Open on a manifest path that is a directory: %v, %v", e, err)
+	}
+	t.Logf("refused: %v", err)
 }

@@ -235,9 +235,12 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open image cache: %w", err)
 	}
+	// The clean-ups hold their own references: a failed return sets the
+	// named result e to nil before they run.
+	cache := e.cache
 	defer func() {
 		if err != nil {
-			if cerr := e.cache.Close(); cerr != nil {
+			if cerr := cache.Close(); cerr != nil {
 				o.Logger.Warn("close image cache", slog.Any("err", cerr))
 			}
 		}
@@ -246,9 +249,10 @@ func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open manifest: %w", err)
 	}
+	man := e.man
 	defer func() {
 		if err != nil {
-			e.man.Close()
+			man.Close()
 		}
 	}()
 	open, err := e.recover(ctx)
