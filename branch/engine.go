@@ -120,6 +120,13 @@ type Options struct {
 	// env runs on (docs/engine.md, "Image budget"). 0 means
 	// DefaultImageBudget, negative no budget.
 	ImageBudget int64
+	// DiskReserve admits a new env only if the pool can take what every
+	// open env may still write under its disk quota, and the new one's
+	// whole quota, above the high mark's reserve: the sum of what open
+	// envs may write can then never fill the pool (docs/engine.md, "Disk
+	// reservation"). Without it quotas may overcommit the pool, and fair
+	// shares stop the env holding the most of a full pool.
+	DiskReserve bool
 	Logger      *slog.Logger
 }
 
@@ -606,9 +613,11 @@ func (e *Engine) NewEnv(ctx context.Context, imageName string) (*Env, string, er
 
 // NewEnvWith is NewEnv with launch options (a task's capability set).
 func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Options) (*Env, string, error) {
-	if err := e.Admit(ctx); err != nil {
+	release, err := e.admit(ctx, 1)
+	if err != nil {
 		return nil, "", err
 	}
+	defer release()
 	le, err := e.o.Launcher.LaunchWith(ctx, imageName, o)
 	if err != nil {
 		return nil, "", err

@@ -301,3 +301,62 @@ func TestFillersOverTheirShare(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestDiskReservation: with DiskReserve an env is admitted only if the
+// pool can take its whole quota beside what every open env may still
+// write (docs/engine.md, "Disk reservation"). On a 1 GiB pool with 300 MiB
+// quotas two envs fit and a third, and a branch of 2, are refused with
+// ErrNoSpace naming the reservation; the two fill their quotas and the
+// pool stays under its high mark, so their checkpoints and steps go on;
+// once one closes, a new env is admitted again.
+func TestDiskReservation(t *testing.T) {
+	r := smallPool(t, 300<<20, func(o *branch.Options) { o.DiskReserve = true })
+	ctx := context.Background()
+	e := r.e
+	var envs []*branch.Env
+	for range 2 {
+		env, _, err := e.NewEnv(ctx, "busybox")
+		if err != nil {
+			t.Fatalf("env %d of 2 with 300 MiB quotas on 1 GiB: %v", len(envs)+1, err)
+		}
+		envs = append(envs, env)
+	}
+	if env, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, branch.ErrNoSpace) || !strings.Contains(err.Error(), "reserved") {
+		t.Fatalf("a third env: %v, want ErrNoSpace for the reservation", err)
+	} else if env != nil {
+		e.CloseEnv(ctx, env)
+	}
+	if _, err := e.Branch(ctx, branch.Source{Env: envs[0]}, 2); !errors.Is(err, branch.ErrNoSpace) {
+		t.Fatalf("a branch of 2: %v, want ErrNoSpace", err)
+	}
+	for _, env := range envs {
+		res := execOK(t, e, env, filler)
+		if !strings.Contains(string(res.Stdout)+string(res.Stderr), "Disk quota exceeded") {
+			t.Fatalf("filler: exit %d, %q; want it stopped by its quota", res.ExitCode, string(res.Stdout)+string(res.Stderr))
+		}
+	}
+	if d := pool(t, e); d.Fraction() >= 0.9 {
+		t.Errorf("pool with both envs at their quotas: %.0f%% used, want under the high mark", 100*d.Fraction())
+	}
+	for i, env := range envs {
+		execOK(t, e, env, "rm /big")
+		keepStepping(t, e, env, "after-"+string(rune('a'+i)))
+	}
+	if err := e.CloseEnv(ctx, envs[1]); err != nil {
+		t.Fatal(err)
+	}
+	// Its room comes back once btrfs has dropped its root (a commit
+	// later; a client retries no_space).
+	var env *branch.Env
+	branchtest.WaitFor(t, "an env admitted once one closed", func() bool {
+		syncPool(t, r.snap)
+		var err error
+		env, _, err = e.NewEnv(ctx, "busybox")
+		if err != nil && !errors.Is(err, branch.ErrNoSpace) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	e.CloseEnv(ctx, env)
+	e.CloseEnv(ctx, envs[0])
+}

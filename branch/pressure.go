@@ -103,6 +103,10 @@ type pressure struct {
 	// holds is the kind of artifact each watched file system holds
 	// ("": both, when the pool and an image store share one).
 	holds map[string]manifest.ArtifactKind
+	// reserveMu makes reservations one at a time; pending is the quota
+	// bytes reserved for envs admitted and not registered yet (share.go).
+	reserveMu sync.Mutex
+	pending   int64
 }
 
 func realStatfs(_, path string) (used, total, free int64, err error) {
@@ -313,27 +317,41 @@ func (e *Engine) underPressure() string {
 // reset that hands out a ready env of its pool. Steps and checkpoints are
 // never refused.
 func (e *Engine) Admit(ctx context.Context) error {
+	release, err := e.admit(ctx, 0)
+	release()
+	return err
+}
+
+// admit is Admit for n new envs: with Options.DiskReserve their quotas
+// are reserved too (reserve), until release, which the caller calls once
+// they are registered (then they count as open envs) or failed.
+func (e *Engine) admit(ctx context.Context, n int) (release func(), err error) {
 	deadline := time.Now().Add(e.o.PressureWait)
 	for {
 		var full []string
-		for _, d := range e.measure() {
+		disks := e.measure()
+		for _, d := range disks {
 			if d.Fraction() >= e.o.HighWater {
 				full = append(full, fmt.Sprintf("%s %.0f%% used (%d of %d bytes)", d.Name, 100*d.Fraction(), d.Used, d.Total))
 			}
 		}
 		if len(full) == 0 {
-			return nil
+			release, why := e.reserve(ctx, disks[0], n)
+			if why == "" {
+				return release, nil
+			}
+			full = append(full, why)
 		}
 		e.nudgeGC()
 		if !time.Now().Before(deadline) {
 			e.pr.mu.Lock()
 			e.pr.stats.Refused++
 			e.pr.mu.Unlock()
-			return fmt.Errorf("%w: %s, over the high mark of %.0f%% after eviction", ErrNoSpace, strings.Join(full, ", "), 100*e.o.HighWater)
+			return func() {}, fmt.Errorf("%w: %s, over the high mark of %.0f%% after eviction", ErrNoSpace, strings.Join(full, ", "), 100*e.o.HighWater)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return func() {}, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -316,9 +316,11 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	if n < 1 {
 		return nil, fmt.Errorf("%w: branch n=%d, want at least 1", ErrBadRequest, n)
 	}
-	if err := e.Admit(ctx); err != nil {
+	release, err := e.admit(ctx, n)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	sid := src.State
 	if src.Env != nil {
 		var err error

@@ -153,3 +153,46 @@ func (e *Engine) imageCharge(envID string) (int64, error) {
 	}
 	return held, nil
 }
+
+// Disk reservation (docs/engine.md, "Disk reservation"), with
+// Options.DiskReserve: what the open envs may still write under their
+// quotas, what envs admitted but not registered yet reserved, and the new
+// envs' whole quotas must fit in the pool's free room above the high
+// mark's reserve.
+
+// reserve reserves the quotas of n new envs on pool (as last measured),
+// or says why it cannot ("" and a release when it did).
+func (e *Engine) reserve(ctx context.Context, pool DiskUsage, n int) (release func(), why string) {
+	q := e.o.Launcher.Limits.DiskQuota()
+	qr, ok := e.o.Snap.(cr.Quotaer)
+	if !e.o.DiskReserve || n <= 0 || q <= 0 || !ok || pool.Name != DiskPool {
+		return func() {}, ""
+	}
+	e.pr.reserveMu.Lock()
+	defer e.pr.reserveMu.Unlock()
+	envs := e.Envs()
+	var left int64 // what the open envs may still write
+	for _, env := range envs {
+		env.fsMu.Lock()
+		vol := env.pubVolume
+		env.fsMu.Unlock()
+		u, err := qr.Quota(ctx, vol)
+		if err != nil {
+			left += q // closed under us, or unreadable: its whole quota
+			continue
+		}
+		left += max(q-u.Charged, 0)
+	}
+	room := pool.Free - int64((1-e.o.HighWater)*float64(pool.Total))
+	need := left + e.pr.pending + int64(n)*q
+	if need > room {
+		return nil, fmt.Sprintf("pool reserved: %d open envs may still write %d MiB and %d MiB are reserved for envs starting; %d new need %d MiB more, of %d MiB free above the high mark's reserve (a quota of %d MiB each)",
+			len(envs), left>>20, e.pr.pending>>20, n, (int64(n)*q)>>20, max(room, 0)>>20, q>>20)
+	}
+	e.pr.pending += int64(n) * q
+	return func() {
+		e.pr.reserveMu.Lock()
+		e.pr.pending -= int64(n) * q
+		e.pr.reserveMu.Unlock()
+	}, ""
+}

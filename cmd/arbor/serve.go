@@ -41,6 +41,7 @@ type serveOptions struct {
 	prepare     string
 	imageBudget string
 	maxCompare  string
+	diskAdmit   string
 	idleTTL     time.Duration
 	retain      time.Duration
 	prepareTTL  time.Duration
@@ -114,6 +115,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.BoolVar(&o.extraCaps, "allow-extra-caps", false, "let task files ask for capabilities beyond Docker's default set (caps:); without it such tasks fail to start (docs/sandbox.md, Isolation)")
 	f.StringVar(&o.disk, "disk", envOr("ARBOR_DISK", ""), diskFlagHelp+"; env ARBOR_DISK")
 	f.StringVar(&o.maxCompare, "inspector-max-read", envOr("ARBOR_INSPECTOR_MAX_READ", "256M"), "file content the Inspector may read to compare one turn's files (none: read nothing); a file past it counts as changed (docs/inspector.md, Bounded comparisons); env ARBOR_INSPECTOR_MAX_READ")
+	f.StringVar(&o.diskAdmit, "disk-admission", envOr("ARBOR_DISK_ADMISSION", "overcommit"), "overcommit: disk quotas together may exceed the pool, and the env holding the most of a full pool beyond its share is stopped; reserve: an env is admitted only if the pool can take every open env's remaining quota and its own (docs/engine.md, Disk reservation); env ARBOR_DISK_ADMISSION")
 	f.StringVar(&o.imageBudget, "image-budget", envOr("ARBOR_IMAGE_BUDGET", fmt.Sprintf("%dM", branch.DefaultImageBudget>>20)), "process images one open env's checkpoints may keep in the image store (none: no bound); a checkpoint over it fails as the agent's doing (docs/engine.md, Image budget); env ARBOR_IMAGE_BUDGET")
 	o.userNS.add(f)
 	o.cluster.add(f)
@@ -171,6 +173,9 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	var lim sandbox.Limits
 	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
 		return err
+	}
+	if o.diskAdmit != "overcommit" && o.diskAdmit != "reserve" {
+		return fmt.Errorf("--disk-admission %q: want overcommit or reserve", o.diskAdmit)
 	}
 	imageBudget, err := parseLimit("--image-budget", o.imageBudget)
 	if err != nil {
@@ -242,7 +247,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("--lazy-restore: %w", err)
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, ImageBudget: imageBudget, Logger: log}
+		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, ImageBudget: imageBudget, DiskReserve: o.diskAdmit == "reserve", Logger: log}
 	if in != nil { // not a typed nil in the interface
 		defer in.Close()
 		eo.Inspector = in
