@@ -300,3 +300,66 @@ func TestNeverReaderDropped(t *testing.T) {
 		t.Errorf("after the drop the env is at turn %d, want %d: the dropped client's steps all ran", res.Info.Turn, n+1)
 	}
 }
+
+// TestAnswerMemoryBounded: two clients pipeline steps with 1 MiB answers
+// and read none; a third does the same and reads. Each connection's own
+// budget (4 MiB) would let the server hold 8 MiB and more for the first
+// two; the server-wide MaxAnswerBytes (6 MiB here) holds what all hold,
+// reservations of running steps included, to the bound plus one step's
+// reservation. The reading client's steps wait for room, and the server
+// makes it by dropping a client that took none of its answers for 2 s and
+// holds more than its share: every answer of the reading client arrives,
+// in full and in order.
+func TestAnswerMemoryBounded(t *testing.T) {
+	const bound = 6 << 20
+	s, addr, reg := backpressureServer(t, server.Options{MaxAnswerBytes: bound})
+	const n = 6
+	var rs []*raw
+	var envs []string
+	for range 3 {
+		r := slowReader(t, addr)
+		rs = append(rs, r)
+		envs = append(envs, resetRaw(t, r))
+	}
+	for i, r := range rs[:2] {
+		for id := uint32(2); id < 2+n; id++ {
+			bigStep(r, id, envs[i])
+		}
+	}
+	// Until what they do not read (not counting reservations) leaves no
+	// room for another step's 2 MiB.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		held, _, _ := s.AnswerMemory()
+		if gauge(t, reg, "arbor_unread_bytes") >= 4*answerBytes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d steps answered, %d bytes held after a minute", stepsAnswered(t, reg), held)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	held, _, _ := s.AnswerMemory()
+	t.Logf("the non-readers: %d steps answered, %d bytes held of a %d bound", stepsAnswered(t, reg), held, bound)
+	if g := gauge(t, reg, "arbor_answer_bytes"); int64(g) != held {
+		t.Errorf("arbor_answer_bytes %v, want %d", g, held)
+	}
+	reader := rs[2]
+	for id := uint32(2); id < 2+n; id++ {
+		bigStep(reader, id, envs[2])
+	}
+	readBigSteps(t, reader, 2, 1+n)
+	for deadline := time.Now().Add(10 * time.Second); len(s.Backlogs()) > 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if conns := len(s.Backlogs()); conns > 2 {
+		t.Errorf("%d connections after the reader's steps: want a non-reader dropped", conns)
+	}
+	_, peak, _ := s.AnswerMemory()
+	// One step runs whatever is held when nothing is; a queued frame and
+	// a step's reservation overlap for the moment between them.
+	if limit := int64(bound + 2*answerBytes + 64<<10 + answerBytes + 4096); peak > limit {
+		t.Errorf("the server held up to %d bytes of answers, want at most %d (bound %d)", peak, limit, bound)
+	}
+	t.Logf("peak %d bytes held", peak)
+}

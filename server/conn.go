@@ -82,7 +82,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	c := &conn{s: s, ws: ws, done: make(chan struct{}),
 		closing: make(chan struct{}), flushed: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr))}
-	c.ob = newOutbox(int64(s.o.MaxUnreadBytes), func(d int64) { s.m.unread.Add(float64(d)) }, c.deadline)
+	c.ob = newOutbox(int64(s.o.MaxUnreadBytes), func(d int64) { s.m.unread.Add(float64(d)); s.answers.add(d) }, c.deadline)
 	c.authed.Store(authed)
 	s.mu.Lock()
 	if s.draining {
@@ -430,6 +430,7 @@ func (c *conn) dispatch(b []byte) {
 		result, err := c.run(h, req, release)
 		c.unclaim(f.MsgID)
 		c.respond(f.MsgID, f.Method, result, err)
+		c.s.answers.add(-req.reserved)
 	}()
 }
 
@@ -452,5 +453,11 @@ func (c *conn) run(h handler, req *request, release func()) (result any, err err
 	if !c.room(s.ctx) {
 		return nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down")
 	}
+	// The most this answer can take is reserved while it runs; its frame,
+	// once queued, counts instead (answerBudget).
+	if err := s.answers.acquire(s.ctx, req.cost); err != nil {
+		return nil, err
+	}
+	req.reserved = req.cost // given back once the answer is queued
 	return req.serve(s.ctx)
 }

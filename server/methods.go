@@ -25,6 +25,9 @@ type request struct {
 	serve         func(ctx context.Context) (any, error)
 	err           error
 	wait, release func()
+	// cost is the most its answer can take (answerBudget), reserved what
+	// run reserved of it.
+	cost, reserved int64
 	// batch holds the parsed items of a step_batch, each with its ticket.
 	batch []batchItem
 }
@@ -62,6 +65,7 @@ func method[P any, PP interface {
 			}
 		}
 		r.serve = func(ctx context.Context) (any, error) { return fn(r, ctx, p) }
+		r.cost = answerCost(p)
 		return ids
 	}}
 }

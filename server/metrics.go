@@ -15,7 +15,7 @@ type metrics struct {
 	unread   prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, answers func() float64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "arbor_requests_total", Help: "Requests answered, by method and result code (ok or an error code).",
@@ -31,6 +31,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.conns, m.inFlight, m.unread,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "arbor_answer_bytes", Help: "Bytes of answers held, all connections: queued or being written, plus what running steps may still output (bounded by max_answer_bytes).",
+		}, answers),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

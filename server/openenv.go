@@ -789,6 +789,12 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 	wait, release := c.s.ticket(c.env)
 	defer release()
 	wait()
+	// The answer's memory, as a v1 step's (answers.go).
+	cost := actionCost(p.Action)
+	if err := c.s.answers.acquire(ctx, cost); err != nil {
+		return nil, err
+	}
+	defer c.s.answers.add(-cost)
 	res, err := c.s.step(ctx, c.env, p.Action, "")
 	if err != nil {
 		return nil, err

@@ -1,6 +1,9 @@
 package server
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // outbox holds a connection's encoded frames between the goroutine that
 // answers a request and the writer, and counts their bytes against the
@@ -22,9 +25,12 @@ type outbox struct {
 	frames [][]byte
 	held   int64 // bytes queued or being written
 	peak   int64 // highest held
-	closed bool
-	ready  chan struct{} // 1-buffered: a frame is queued
-	room   chan struct{} // closed while held is under budget
+	// progress is when the client last took a frame, or when frames
+	// began to wait while it had taken all (stalled).
+	progress time.Time
+	closed   bool
+	ready    chan struct{} // 1-buffered: a frame is queued
+	room     chan struct{} // closed while held is under budget
 }
 
 func newOutbox(budget int64, onHeld func(delta int64), onCross func(over bool)) *outbox {
@@ -62,6 +68,9 @@ func (o *outbox) put(b []byte) {
 	if o.closed {
 		return
 	}
+	if o.held == 0 {
+		o.progress = time.Now()
+	}
 	o.frames = append(o.frames, b)
 	o.change(int64(len(b)))
 	o.signal()
@@ -98,7 +107,19 @@ func (o *outbox) wrote(n int) {
 	defer o.mu.Unlock()
 	if !o.closed {
 		o.change(-int64(n))
+		o.progress = time.Now()
 	}
+}
+
+// stalled returns the bytes held and how long the client has taken none
+// of them (0 when nothing is held).
+func (o *outbox) stalled() (held int64, since time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.held == 0 || o.closed {
+		return 0, 0
+	}
+	return o.held, time.Since(o.progress)
 }
 
 // close drops every queued frame, releases their bytes and makes room for

@@ -68,6 +68,11 @@ type Options struct {
 	// WriteWait bounds the write of one frame (default 30 s): a client
 	// that takes none of its answers for that long is dropped.
 	WriteWait time.Duration
+	// MaxAnswerBytes bounds the memory of answers, all connections
+	// together: answers queued or being written plus the most the
+	// running steps can still output (default 256 MiB; docs/protocol.md,
+	// "Limits"). A step that would go over waits for room.
+	MaxAnswerBytes int64
 	// AllowedOrigins are the browser origins that may open a websocket
 	// besides the server's own: a request whose Origin names the host it
 	// was sent to (same-origin, what websocket-client sends by default) is
@@ -87,6 +92,9 @@ type Options struct {
 	Handlers map[string]http.Handler
 }
 
+// DefaultMaxAnswerBytes is Options.MaxAnswerBytes's default.
+const DefaultMaxAnswerBytes = 256 << 20
+
 func (o Options) withDefaults() Options {
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = 8 << 20
@@ -99,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.WriteWait <= 0 {
 		o.WriteWait = 30 * time.Second
+	}
+	if o.MaxAnswerBytes <= 0 {
+		o.MaxAnswerBytes = DefaultMaxAnswerBytes
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 1024
@@ -163,6 +174,8 @@ type Server struct {
 
 	// oe holds the envs of the OpenEnv endpoint (openenv.go).
 	oe oeSessions
+	// answers bounds the memory of answers (answers.go).
+	answers *answerBudget
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
@@ -183,9 +196,10 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("server: MaxUnreadBytes %d must be at least MaxFrameBytes %d", o.MaxUnreadBytes, o.MaxFrameBytes)
 	}
 	s := &Server{o: o, c: o.Coordinator, log: o.Logger, conns: map[*conn]struct{}{},
-		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes)}
+		keys: newStepKeys(o.StepKeysPerEnv, o.StepKeys, o.StepKeyBytes), answers: newAnswerBudget(o.MaxAnswerBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.m = newMetrics(o.Registry)
+	s.answers.relieve = s.dropStalled
+	s.m = newMetrics(o.Registry, func() float64 { return float64(s.answers.held()) })
 	// The web view reads the coordinator's envs and states, or those of
 	// the cluster behind a Forwarder that offers them (the router's
 	// UISource; docs/ui.md).

@@ -41,6 +41,7 @@ type serveOptions struct {
 	prepare     string
 	imageBudget string
 	maxCompare  string
+	maxAnswers  string
 	diskAdmit   string
 	idleTTL     time.Duration
 	retain      time.Duration
@@ -104,6 +105,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.IntVar(&o.maxBatch, "max-batch", 1024, "most items of one step_batch")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
+	f.StringVar(&o.maxAnswers, "max-answer-memory", "256M", "memory for answers, all connections: queued frames plus what running steps may output (docs/protocol.md, Limits)")
 	f.IntVar(&o.deltaChain, "delta-chain", branch.DefaultDeltaChain, "store a checkpoint's process image as a delta of its parent state's (only the pages that changed) while that one's chain of deltas is shorter than this (docs/engine.md, Delta images); negative: every image whole")
 	f.StringVar(&o.lazy, "lazy-restore", fmt.Sprintf("%dM", branch.DefaultLazyBytes>>20), "restore process images of at least this size lazily, their memory copied in after the tree runs (docs/engine.md, Lazy restore); 0: every restore eager")
 	f.IntVar(&o.workers, "workers", 0, "concurrent checkpoints and restores (default: cores)")
@@ -337,8 +339,12 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}
 		routes[cluster.TransferPrefix] = tr.Handler()
 	}
+	maxAnswers, err := parseSize(o.maxAnswers)
+	if err != nil {
+		return fmt.Errorf("--max-answer-memory: %w", err)
+	}
 	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
-		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
+		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), MaxAnswerBytes: maxAnswers, Logger: log})
 	if err != nil {
 		return err
 	}
