@@ -7,38 +7,14 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
 // What the agent can break of its own sandbox while init runs on, told
 // apart from failures of the server (docs/protocol.md, Errors: env_error):
-// everything in the sandbox's root is the agent's to remove, the control
-// socket's path and the shell's binary included. The rules are narrow: a
-// failure they do not name stays an infrastructure error.
-
-// socketBroken returns the error of a dial of the control socket that
-// failed because a process inside removed or replaced the socket's path
-// (ErrBroken), or nil. It holds only for a sandbox whose init answered on
-// that socket before (started) or was dumped serving it (restored), and
-// runs on: then init's listening socket is still there, and only its path
-// can be gone.
-func (s *Sandbox) socketBroken(err error) error {
-	if !s.served || !s.alive() {
-		return nil
-	}
-	var what string
-	switch {
-	case errors.Is(err, syscall.ENOENT):
-		what = "was removed"
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOTSOCK), errors.Is(err, syscall.ENOTDIR):
-		what = "was replaced by something init does not serve"
-	default:
-		return nil
-	}
-	return fmt.Errorf("%w: the control socket %s %s by a process inside the sandbox; init runs on but cannot be reached, so this sandbox runs no more commands (%v)",
-		ErrBroken, ctl.SocketPath, what, err)
-}
+// everything in the sandbox's root is the agent's to remove, the shell's
+// binary included (the control channel is in no file tree: package ctl).
+// The rules are narrow: a failure they do not name stays an
+// infrastructure error.
 
 // alive reports whether init has not exited.
 func (s *Sandbox) alive() bool {

@@ -21,14 +21,14 @@ var (
 	// capabilities, no_new_privs or seccomp differ from its dump); such a
 	// sandbox is never handed out.
 	ErrIsolation = errors.New("sandbox isolation check failed")
-	// ErrImpostor: the sandbox's control socket is not served by its init
-	// (a process inside replaced it); the sandbox cannot be driven. It is
-	// wrapped together with ErrBroken.
-	ErrImpostor = errors.New("sandbox control socket not served by its init")
+	// ErrImpostor: the control channel taken from the sandbox's init is
+	// not a socket pair init made (package ctl). Nothing inside the
+	// sandbox can bring that about, so it is the server's failure; the
+	// sandbox is not driven.
+	ErrImpostor = errors.New("sandbox control channel not made by its init")
 	// ErrBroken: a process inside the sandbox broke what the server needs
-	// to drive or checkpoint it (removed or replaced its control socket,
-	// removed the shell so that none can start again, keeps a SIGTRAP
-	// pending), while init runs on. That is the agent's outcome, not a
+	// to drive or checkpoint it (removed the shell so that none can start
+	// again, keeps a SIGTRAP pending), while init runs on. That is the agent's outcome, not a
 	// failure of the server (docs/protocol.md, Errors: env_error).
 	ErrBroken = errors.New("sandbox broken from inside")
 	// ErrUnshiftedRoot: user namespace mode was asked for on a root file

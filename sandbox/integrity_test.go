@@ -2,15 +2,16 @@ package sandbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/ctl"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -71,9 +72,12 @@ func testForgers(t *testing.T, dockerCaps bool) {
 		starts = append(starts, fmt.Sprintf("forger %s%s </dev/null >/tmp/forger-%s.log 2>&1 &", flag, m, m))
 	}
 	r := run(t, sb, strings.Join(starts, "\n")+"\nforger "+flag+"connect; cat /tmp/forger-connect", 20*time.Second)
-	if !strings.Contains(string(r.Stdout), "control connection refused") {
-		t.Errorf("a process inside reached init's control socket: %q (stderr %q)", r.Stdout, r.Stderr)
+	// In user namespace mode init stays dumpable (docs/security.md), and
+	// a process as root of the namespace may take its descriptors.
+	if !userNS.Enabled && !strings.Contains(string(r.Stdout), "proc1_fd_opened=0 pidfd=true pidfd_getfd=0 reached=[]") {
+		t.Errorf("a process inside reached init's control channel: %q (stderr %q)", r.Stdout, r.Stderr)
 	}
+	t.Logf("connect forger: %s", strings.TrimSpace(string(r.Stdout)))
 	// Let every forger get going before the steps.
 	waitFile(t, sb, "/tmp/forger-status", "/tmp/forger-signals", "/tmp/forger-pty")
 
@@ -261,23 +265,111 @@ func readFile(t *testing.T, sb *sandbox.Sandbox, p string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// TestImpostorControlSocketRefused: a process inside replaces
-// /.arbor/ctl.sock with a socket of its own that answers every request
-// with a forged result. The server's next dial must refuse it.
-func TestImpostorControlSocketRefused(t *testing.T) {
-	sb := start(t, sandbox.Limits{})
-	sandboxtest.InstallForger(t, sb.Root())
-	run(t, sb, "forger rebind </dev/null >/dev/null 2>&1 &", 10*time.Second)
-	waitFile(t, sb, "/tmp/forger-rebind")
-	if got := readFile(t, sb, "/tmp/forger-rebind"); got != "listening" {
-		t.Fatalf("impostor did not bind: %s", got)
+// TestControlChannelOutOfReach: whatever a process inside does to the
+// sandbox's file tree (removes /.arbor, binds a socket of its own where an
+// older init listened, which answers every request with a forged result), the server still reaches init: commands and Run
+// after a reconnect, a CRIU dump, and both the restored child and the
+// parent afterwards give real results. No process inside can take init's
+// descriptors (/proc/1/fd, pidfd_getfd), and none holds an end of the
+// channel.
+func TestControlChannelOutOfReach(t *testing.T) {
+	r := newCRRig(t)
+	for _, tt := range []struct {
+		name, cmd string
+	}{
+		{name: "rm -rf /.arbor", cmd: "rm -rf /.arbor"},
+		{name: "an impostor at the old socket path", cmd: "forger rebind </dev/null >/dev/null 2>&1 & while [ ! -e /tmp/forger-rebind ]; do sleep 0.01; done; cat /tmp/forger-rebind"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sb, vol := r.start(t, sandbox.Isolation{})
+			sandboxtest.InstallForger(t, sb.Root())
+			run(t, sb, "cd /tmp; export MARK=kept", 10*time.Second)
+			res := run(t, sb, tt.cmd, 10*time.Second)
+			if strings.Contains(tt.name, "impostor") && string(res.Stdout) != "listening\n" {
+				t.Fatalf("the impostor did not bind: %q %q", res.Stdout, res.Stderr)
+			}
+			// Every connection from here on is a new one.
+			checkChannel(t, sb, "after "+tt.cmd)
+			snapName, imgs := r.dump(t, sb, vol)
+			rec, err := sandbox.ReadIsolationRecord(imgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			child, _, err := r.restore(t, snapName, imgs, rec, sandbox.Isolation{})
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			checkChannel(t, child, "restored child")
+			checkChannel(t, sb, "parent after the dump")
+			if _, err := os.Stat(filepath.Join(sb.Root(), "tmp", "pwned")); err == nil {
+				t.Errorf("the impostor was asked to run a command")
+			}
+		})
+	}
+}
+
+// checkChannel reconnects to sb and checks that a command (in the shell,
+// with its state) and Run (outside it) give real results, that a process
+// inside can reach none of init's descriptors, and that no process but
+// init holds an end of the control channel.
+func checkChannel(t *testing.T, sb *sandbox.Sandbox, when string) {
+	t.Helper()
+	ctx := context.Background()
+	sb.Disconnect()
+	r, err := sb.Exec(ctx, "echo real $MARK", sandbox.ExecOptions{Timeout: 10 * time.Second})
+	if err != nil || string(r.Stdout) != "real kept\n" || r.Cwd != "/tmp" || r.ExitCode != 0 {
+		t.Fatalf("%s: exec: %+v, %v; want \"real kept\" in /tmp", when, r, err)
 	}
 	sb.Disconnect()
-	r, err := sb.Exec(context.Background(), "echo real", sandbox.ExecOptions{Timeout: 5 * time.Second})
-	if !errors.Is(err, sandbox.ErrImpostor) {
-		t.Fatalf("exec through the impostor's socket: result %+v, err %v; want ErrImpostor", r, err)
+	r, err = sb.Run(ctx, "echo verifier ${MARK-unset}", sandbox.RunOptions{})
+	if err != nil || string(r.Stdout) != "verifier unset\n" || r.ExitCode != 0 {
+		t.Fatalf("%s: run: %+v, %v", when, r, err)
 	}
-	t.Logf("refused: %v", err)
+	r = run(t, sb, "forger -docker-caps connect; cat /tmp/forger-connect", 20*time.Second)
+	if got := string(r.Stdout); !strings.Contains(got, "proc1_fd_opened=0 pidfd=true pidfd_getfd=0 reached=[]") {
+		t.Errorf("%s: a process inside reached init's descriptors: %q (stderr %q)", when, got, r.Stderr)
+	}
+	if holders := channelHolders(t, sb); len(holders) > 0 {
+		t.Errorf("%s: processes other than init hold an end of the control channel: %v", when, holders)
+	}
+}
+
+// channelHolders lists the host pids, other than init, of the processes in
+// sb's pid namespace that hold a descriptor of either end of init's
+// control channel (ctl.ChannelFD, ctl.ServerEndFD).
+func channelHolders(t *testing.T, sb *sandbox.Sandbox) []int {
+	t.Helper()
+	init := sb.InitPID()
+	ends := map[string]bool{}
+	for _, fd := range []int{ctl.ChannelFD, ctl.ServerEndFD} {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", init, fd))
+		if err != nil || !strings.HasPrefix(l, "socket:[") {
+			t.Fatalf("init's descriptor %d: %q, %v; want a socket", fd, l, err)
+		}
+		ends[l] = true
+	}
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init))
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var holders []int
+	for _, p := range procs {
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		if pid == init {
+			continue
+		}
+		if l, err := os.Readlink(p + "/ns/pid"); err != nil || l != ns {
+			continue
+		}
+		fds, _ := os.ReadDir(p + "/fd")
+		for _, fd := range fds {
+			if l, err := os.Readlink(p + "/fd/" + fd.Name()); err == nil && ends[l] {
+				holders = append(holders, pid)
+			}
+		}
+	}
+	return holders
 }
 
 func TestRunOutsideTheShell(t *testing.T) {

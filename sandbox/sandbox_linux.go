@@ -39,10 +39,9 @@ type Sandbox struct {
 	conn     net.Conn
 	rd       *bufio.Reader
 	shellPID int // shell pid inside the sandbox's pid namespace
-	// served: init answered on its control socket (or was dumped
-	// serving it), so a dial that finds the path gone is the doing of
-	// a process inside (socketBroken).
-	served   bool
+	// ch is the server's copy of init's control channel (takeChannel),
+	// -1 before it is taken and once the sandbox is destroyed.
+	ch       int
 	seen     counters
 	diskFull bool // the root was at its quota at the last check
 	closed   bool
@@ -153,7 +152,7 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
+	s := &Sandbox{cfg: cfg, cg: cg, ch: -1, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
 		iso: IsolationRecord{Hardened: hardened, Caps: kept}}
 	defer func() {
 		if err != nil {
@@ -231,6 +230,9 @@ func Start(ctx context.Context, cfg Config) (sb *Sandbox, err error) {
 		return nil, err
 	}
 	if err := checkUIDMap(s.pid, cfg.UserNS); err != nil { // userns_linux.go
+		return nil, err
+	}
+	if err := s.takeChannel(); err != nil {
 		return nil, err
 	}
 	s.seen = cg.counters()
@@ -514,52 +516,75 @@ func (s *Sandbox) closeHeld() {
 	}
 }
 
-// dial connects to init's control socket through init's own root, which
-// works whatever the host path of the root is.
-func (s *Sandbox) dial(ctx context.Context) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/%d/root%s", s.pid, ctl.SocketPath))
+// takeChannel copies the server's end of init's control channel
+// (ctl.ServerEndFD) out of init's descriptor table (pidfd_getfd, which
+// needs ptrace rights over init: the server has them, the sandbox's
+// processes do not) and checks that it is a unix socket whose pair init
+// made (SO_PEERCRED of a socket pair is its maker's). A started init made
+// it in stage one; a restored one holds the pair CRIU brought back. The
+// copy is close-on-exec.
+func (s *Sandbox) takeChannel() error {
+	pfd, err := unix.PidfdOpen(s.pid, 0)
 	if err != nil {
-		if berr := s.socketBroken(err); berr != nil {
-			return berr
-		}
-		return fmt.Errorf("dial sandbox control socket: %w", err)
+		return fmt.Errorf("take the control channel of init (pid %d): %w", s.pid, err)
 	}
-	if err := s.checkServer(c); err != nil {
-		c.Close()
-		return err
+	defer unix.Close(pfd)
+	if !s.alive() {
+		// Reaped before the pidfd was made: the pid may be another's.
+		return fmt.Errorf("take the control channel of init (pid %d): %w", s.pid, ErrDead)
 	}
-	s.conn, s.rd, s.served = c, bufio.NewReader(c), true
+	fd, err := unix.PidfdGetfd(pfd, ctl.ServerEndFD, 0)
+	if err != nil {
+		return fmt.Errorf("take the control channel of init (pid %d, descriptor %d): %w", s.pid, ctl.ServerEndFD, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		unix.Close(fd)
+		return fmt.Errorf("%w: descriptor %d of init (pid %d) is not a socket", ErrImpostor, ctl.ServerEndFD, s.pid)
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("take the control channel of init (pid %d): peer credentials: %w", s.pid, err)
+	}
+	if int(cred.Pid) != s.pid {
+		unix.Close(fd)
+		return fmt.Errorf("%w: the control channel of sandbox %s was made by pid %d, not by its init (pid %d)", ErrImpostor, s.cfg.ID, cred.Pid, s.pid)
+	}
+	s.ch = fd
 	return nil
 }
 
-// checkServer makes sure the socket dialled is served by the sandbox's
-// init: the path lives in the sandbox's root, where any root process
-// inside could remove it and bind a socket of its own to impersonate init.
-// The listener's pid (SO_PEERCRED, recorded by the kernel when it called
-// listen) must be init's host pid.
-func (s *Sandbox) checkServer(c net.Conn) error {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return fmt.Errorf("%w: control connection is not a unix socket", ErrImpostor)
+// dial makes a connection to init: a fresh socket pair whose one end it
+// sends init over the control channel. Nothing inside the sandbox can
+// remove, replace or listen in on that channel, so a process there can
+// neither stop the server from reaching init nor pose as it.
+func (s *Sandbox) dial(ctx context.Context) error {
+	if s.ch < 0 {
+		return fmt.Errorf("connect to sandbox init: %w", ErrClosed)
 	}
-	raw, err := uc.SyscallConn()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("check sandbox control socket: %w", err)
+		return fmt.Errorf("connect to sandbox init: %w", err)
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return fmt.Errorf("check sandbox control socket: %w", err)
+	// Init takes each connection at once; a full channel means it does
+	// not, and the server must not wait on it here.
+	err = unix.Sendmsg(s.ch, []byte{0}, unix.UnixRights(fds[1]), nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	unix.Close(fds[1])
+	if err != nil {
+		unix.Close(fds[0])
+		if !s.alive() {
+			return fmt.Errorf("connect to sandbox init: %w", ErrDead)
+		}
+		return fmt.Errorf("connect to sandbox init: %w", err)
 	}
-	if cerr != nil {
-		return fmt.Errorf("check sandbox control socket: peer credentials: %w", cerr)
+	f := os.NewFile(uintptr(fds[0]), "arbor-ctl")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("connect to sandbox init: %w", err)
 	}
-	if int(cred.Pid) != s.pid {
-		return fmt.Errorf("%w: %w: %s in sandbox %s is served by pid %d, not by its init (pid %d)", ErrBroken, ErrImpostor, ctl.SocketPath, s.cfg.ID, cred.Pid, s.pid)
-	}
+	s.conn, s.rd = c, bufio.NewReader(c)
 	return nil
 }
 
@@ -1103,7 +1128,7 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, cg: cg, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
+	s := &Sandbox{cfg: cfg, cg: cg, ch: -1, exited: make(chan struct{}), log: cfg.Logger.With(slog.String("sandbox", cfg.ID)),
 		iso: IsolationRecord{Hardened: expect.Hardened, Caps: expect.Caps}}
 	var joined int // the root task, once placed
 	defer func() {
@@ -1137,9 +1162,9 @@ func Restore(ctx context.Context, cfg Config, expect IsolationRecord, restore fu
 		return nil, fmt.Errorf("restored sandbox: %w", err)
 	}
 	s.seen = cg.counters()
-	// The dumped init served its socket: a path gone now went before the
-	// dump, from inside (socketBroken).
-	s.served = true
+	if err := s.takeChannel(); err != nil {
+		return nil, fmt.Errorf("restored sandbox: %w", err)
+	}
 	resp, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("restored sandbox does not answer: %w", err)
@@ -1187,6 +1212,10 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	s.disconnect()
+	if s.ch >= 0 {
+		unix.Close(s.ch)
+		s.ch = -1
+	}
 	s.mu.Unlock()
 	// What the sandbox held goes after its processes, whether or not
 	// init is seen to exit in time: they were all sent SIGKILL.

@@ -31,10 +31,9 @@ func main() {
 			}
 		}
 		if err == nil {
-			err = initd.Setup(o)
-		}
-		if err != nil {
-			fmt.Fprintf(os.NewFile(4, "ready"), "error: setup: %v\n", err)
+			err = initd.Setup(o) // reports its error on the ready pipe
+		} else {
+			fmt.Fprintf(os.NewFile(uintptr(o.ReadyFD), "ready"), "error: setup: %v\n", err)
 		}
 	case len(os.Args) == 2 && os.Args[1] == "run":
 		err = initd.Run()

@@ -1,18 +1,33 @@
 // Package ctl is the control protocol between the Arbor server and the init
 // process (arbor-init) that runs as pid 1 inside every sandbox: one JSON
-// object per line over the unix socket at /.arbor/ctl.sock in the sandbox
-// root, except that the raw bytes of an output piece follow its line (see
-// Response.More). The socket lives inside the sandbox so that a CRIU dump sees no
-// descriptor pointing outside it; the server closes its connection before a
-// dump and dials again afterwards.
+// object per line over a unix stream connection, except that the raw bytes
+// of an output piece follow its line (see Response.More).
+//
+// No connection is reached through a path. Init's stage one makes a unix
+// stream socket pair and keeps both ends, on descriptors ChannelFD and
+// ServerEndFD: nothing in the sandbox's file tree or namespaces leads to
+// them. The server takes a copy of ServerEndFD from init's descriptor table
+// (pidfd_getfd) and, for each connection, makes a socket pair of its own
+// and sends one end to init over that channel (SCM_RIGHTS, one byte per
+// connection); init serves it. Both ends of the channel belong to init, so
+// a CRIU dump archives the pair like any other inside the tree and a
+// restored init has it back on the same descriptors. A connection's own
+// pair has its server end outside the sandbox: the server closes its
+// connection before a dump (OpDetach) and connects again afterwards.
 package ctl
 
 import "time"
 
-// SocketPath is the control socket's path inside the sandbox root.
-const SocketPath = "/.arbor/ctl.sock"
+// ChannelFD is the descriptor of init (stage two) on which it receives the
+// server's connections: its end of the channel pair.
+const ChannelFD = 100
 
-// Dir is the sandbox-internal directory Arbor owns (init binary, socket).
+// ServerEndFD is the descriptor of init that holds the channel pair's other
+// end. Init never uses it; it keeps it so the server can take a copy from
+// init's descriptor table, at start and after every restore.
+const ServerEndFD = 101
+
+// Dir is the sandbox-internal directory Arbor owns (the init binary).
 const Dir = "/.arbor"
 
 // InitPath is where the init binary is placed inside the sandbox root.

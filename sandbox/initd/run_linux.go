@@ -19,11 +19,15 @@ import (
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
-// Run is stage two: it starts the persistent shell, listens on the control
-// socket, reports "ok" on the ready descriptor and serves forever.
+// Run is stage two: it starts the persistent shell, serves the control
+// channel (package ctl), reports "ok" on the ready descriptor and serves
+// forever.
 func Run() error {
-	// The shell must not inherit the server's pipe.
-	syscall.CloseOnExec(readyFD)
+	// The shell must not inherit the server's pipe, nor either end of the
+	// control channel.
+	for _, fd := range []int{readyFD, ctl.ChannelFD, ctl.ServerEndFD} {
+		syscall.CloseOnExec(fd)
+	}
 	ready := os.NewFile(readyFD, "ready")
 	err := run(ready)
 	if err != nil {
@@ -60,10 +64,9 @@ func run(ready *os.File) error {
 			sh.wake()
 		}
 	}()
-	os.Remove(ctl.SocketPath)
-	ln, err := net.Listen("unix", ctl.SocketPath)
+	ch, err := openChannel()
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", ctl.SocketPath, err)
+		return err
 	}
 	jobs := make(chan job, 64)
 	if _, err := ready.Write([]byte("ok\n")); err != nil {
@@ -72,19 +75,22 @@ func run(ready *os.File) error {
 	ready.Close()
 	go func() {
 		for {
-			c, err := ln.Accept()
+			c, err := receiveConn(ch)
 			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
+				// Only a broken channel fails here, and init holds both
+				// of its ends: do not spin.
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			if c == nil {
 				continue
 			}
 			// A restore brings the flag back; setting it again is cheap.
 			setNonDumpable()
 			if err := checkPeer(c); err != nil {
 				// Only the server, outside the sandbox's pid namespace,
-				// may drive init: a process inside that reaches the
-				// socket gets this line and nothing else.
+				// may drive init: a connection made inside it gets this
+				// line and nothing else.
 				b, _ := json.Marshal(ctl.Response{Error: err.Error()})
 				c.Write(append(b, '\n'))
 				c.Close()
@@ -100,6 +106,67 @@ func run(ready *os.File) error {
 	// order it walks init's threads' children.
 	pump(sh, jobs)
 	return nil
+}
+
+// openChannel wraps init's end of the control channel (ctl.ChannelFD)
+// for the runtime's poller, so that waiting on it takes no OS thread. The
+// wrapped descriptor is a copy: ChannelFD itself stays open, untouched,
+// so the channel's two ends are always on their fixed numbers (an
+// *os.File of it would close it when collected).
+func openChannel() (*net.UnixConn, error) {
+	fd, err := unix.FcntlInt(ctl.ChannelFD, unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("control channel: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "arbor-ctl")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("control channel: %w", err)
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("control channel: descriptor %d is not a unix socket", ctl.ChannelFD)
+	}
+	return uc, nil
+}
+
+// receiveConn takes one connection the server sent on the channel: one
+// byte with one descriptor (SCM_RIGHTS). It returns nil, nil for a message
+// that carries no usable descriptor (closing whatever else came with it).
+func receiveConn(ch *net.UnixConn) (net.Conn, error) {
+	var b [1]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	_, oobn, _, _, err := ch.ReadMsgUnix(b[:], oob)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return nil, nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	if len(fds) == 0 {
+		return nil, nil
+	}
+	for _, fd := range fds[1:] {
+		unix.Close(fd)
+	}
+	// Go asks for MSG_CMSG_CLOEXEC; make sure the shell never gets it.
+	syscall.CloseOnExec(fds[0])
+	f := os.NewFile(uintptr(fds[0]), "arbor-ctl-conn")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, nil
+	}
+	return c, nil
 }
 
 // ignoredSignals are every catchable signal a process in the sandbox

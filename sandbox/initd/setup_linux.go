@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/internal/loopback"
+	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
 // SetupOptions configure stage one.
@@ -31,8 +32,25 @@ type SetupOptions struct {
 // mounts /proc, a minimal /dev and devpts, pivots into Root, brings up
 // loopback, masks /proc, drops its privileges (o.Harden) and re-executes
 // the init binary from inside the root as stage two. It only returns on
-// error.
+// error, after reporting it on the ready descriptor.
 func Setup(o SetupOptions) error {
+	err := setup(&o)
+	if err != nil {
+		// o.ReadyFD follows the pipe to readyFD once it is moved there:
+		// its first descriptor may be the control channel's by then.
+		fmt.Fprintf(os.NewFile(uintptr(o.ReadyFD), "ready"), "error: setup: %v\n", err)
+	}
+	return err
+}
+
+func setup(o *SetupOptions) error {
+	// First, before stage one opens anything: the channel's numbers are
+	// far above those the runtime and stage one take (the poller's, the
+	// cgroup files the runtime keeps open for GOMAXPROCS), and an open
+	// descriptor there is an error, never overwritten.
+	if err := makeChannel(); err != nil {
+		return err
+	}
 	b := make([]byte, 1)
 	if n, err := unix.Read(o.SyncFD, b); err != nil || n != 1 {
 		return fmt.Errorf("wait for cgroup placement: n=%d err=%v", n, err)
@@ -124,11 +142,17 @@ func Setup(o SetupOptions) error {
 	if err := unix.Dup2(o.ReadyFD, readyFD); err != nil {
 		return fmt.Errorf("dup2 ready fd: %w", err)
 	}
+	o.ReadyFD = readyFD
 	// Nothing else the server (or whoever started it) left open may
 	// reach stage two: a descriptor pointing outside the sandbox makes a
 	// CRIU dump fail, and it would leak host resources into the sandbox.
 	if err := unix.CloseRange(readyFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close inherited descriptors: %w", err)
+	}
+	for _, fd := range []int{ctl.ChannelFD, ctl.ServerEndFD} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("keep the control channel: %w", err)
+		}
 	}
 	if o.Harden != nil {
 		if err := harden(*o.Harden); err != nil {
@@ -140,6 +164,41 @@ func Setup(o SetupOptions) error {
 		env = append(env, ptyHoldEnv+"="+v) // tests only (pty_linux.go)
 	}
 	return unix.Exec("/.arbor/init", []string{"arbor-init", "run"}, env)
+}
+
+// makeChannel makes the control channel (see package ctl): a unix stream
+// socket pair whose ends land on ctl.ChannelFD and ctl.ServerEndFD, which
+// stage one keeps open across the exec into stage two. Both ends are
+// init's, so the channel is part of every CRIU dump of the tree and
+// nothing in its file tree or namespaces names it.
+func makeChannel() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("control channel: %w", err)
+	}
+	for i := range fds {
+		// An end may sit on the other's target: move both above them
+		// first.
+		moved, err := unix.FcntlInt(uintptr(fds[i]), unix.F_DUPFD_CLOEXEC, ctl.ServerEndFD+1)
+		if err != nil {
+			return fmt.Errorf("control channel: %w", err)
+		}
+		unix.Close(fds[i])
+		fds[i] = moved
+	}
+	for i, want := range []int{ctl.ChannelFD, ctl.ServerEndFD} {
+		if _, err := unix.FcntlInt(uintptr(want), unix.F_GETFD, 0); err == nil {
+			return fmt.Errorf("control channel: descriptor %d is taken", want)
+		}
+		// Close-on-exec until stage one is about to exec (closing the
+		// server's other descriptors marks them too); stage two marks
+		// them again before it starts anything.
+		if err := unix.Dup3(fds[i], want, unix.O_CLOEXEC); err != nil {
+			return fmt.Errorf("control channel: %w", err)
+		}
+		unix.Close(fds[i])
+	}
+	return nil
 }
 
 // makeDev fills root/dev with the device nodes and links a sandbox needs,

@@ -8,8 +8,8 @@
 //	forger [-docker-caps] signals   every signal 1-64 to pid 1, in a loop
 //	forger [-docker-caps] pty       open every pty and every other process's fds 0-2 and 255, in a loop, and keep what opens
 //	forger [-docker-caps] window    open the pty init holds in the test pause of ARBOR_TEST_PTY_HOLD=/tmp/pty-hold, and keep it
-//	forger [-docker-caps] connect   an exec request on /.arbor/ctl.sock
-//	forger [-docker-caps] rebind    replace /.arbor/ctl.sock with a socket that answers every request with a forged result
+//	forger [-docker-caps] connect   look for init's control channel (the old socket path, /proc/1/fd, pidfd_getfd) and send it an exec request
+//	forger [-docker-caps] rebind    bind /.arbor/ctl.sock (where an older init listened) with a socket that answers every request with a forged result
 //
 // -docker-caps first drops every capability outside Docker's default set
 // (as the hardened sandbox does), so the test shows what holds then.
@@ -277,17 +277,52 @@ func window() {
 	}
 }
 
+// connect looks for a way to init's control channel: the socket path an
+// older init listened on, every descriptor of pid 1 through /proc/1/fd
+// (sockets never reopen there, and a non-dumpable init's fd directory is
+// closed without CAP_SYS_PTRACE), and every descriptor of pid 1 with
+// pidfd_getfd (ptrace rights over init). A socket it gets hold of is sent
+// an exec request.
 func connect() {
-	c, err := net.Dial("unix", "/.arbor/ctl.sock")
-	if err != nil {
-		report("connect", "dial: %v", err)
-		return
+	path := "none"
+	if c, err := net.Dial("unix", "/.arbor/ctl.sock"); err == nil {
+		path = ask(c) // not init's: it listens on no path
 	}
+	var got []string
+	opened, taken := 0, 0
+	pfd, perr := unix.PidfdOpen(1, 0)
+	for fd := 0; fd < 64; fd++ {
+		if f, err := unix.Open(fmt.Sprintf("/proc/1/fd/%d", fd), unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
+			opened++
+			unix.Close(f)
+		}
+		if perr != nil {
+			continue
+		}
+		nfd, err := unix.PidfdGetfd(pfd, fd, 0)
+		if err != nil {
+			continue
+		}
+		taken++
+		f := os.NewFile(uintptr(nfd), "init-fd")
+		if c, err := net.FileConn(f); err == nil {
+			got = append(got, fmt.Sprintf("fd%d:%s", fd, ask(c)))
+		}
+		f.Close()
+	}
+	if perr == nil {
+		unix.Close(pfd)
+	}
+	report("connect", "proc1_fd_opened=%d pidfd=%v pidfd_getfd=%d reached=%q path=%q", opened, perr == nil, taken, got, path)
+}
+
+// ask sends c an exec request and returns what came back.
+func ask(c net.Conn) string {
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(2 * time.Second))
 	fmt.Fprintf(c, `{"op":"exec","cmd":"echo pwned > /tmp/pwned"}`+"\n")
 	line, err := bufio.NewReader(c).ReadString('\n')
-	report("connect", "answer=%q err=%v", strings.TrimSpace(line), err)
+	return fmt.Sprintf("answer=%q err=%v", strings.TrimSpace(line), err)
 }
 
 func rebind() {
