@@ -59,6 +59,13 @@ func requireHost(t testing.TB) { servetest.RequireHost(t) }
 // verifier) and waits until it answers hello. extra are more serve flags.
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
+	return startServerWith(t, nil, extra...)
+}
+
+// startServerWith is startServer with global flags (before serve) added
+// to --log-level warn.
+func startServerWith(t testing.TB, global []string, extra ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	tasks := filepath.Join(dir, "tasks")
 	if err := os.MkdirAll(tasks, 0o755); err != nil {
@@ -73,7 +80,7 @@ func startServer(t testing.TB, extra ...string) *server {
 	}
 	log := &lineLog{}
 	srv := servetest.Start(t, servetest.Options{
-		StateDir: filepath.Join(dir, "state"), Dir: dir, Global: []string{"--log-level", "warn"},
+		StateDir: filepath.Join(dir, "state"), Dir: dir, Global: append([]string{"--log-level", "warn"}, global...),
 		Args:   append([]string{"--warm", "1", "--env-idle-ttl", "-1s", "--tasks", tasks}, extra...),
 		OnLine: log.add,
 	})
