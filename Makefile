@@ -23,6 +23,7 @@ BENCH_FLAGS ?= --zfs
 # covers layers on ZFS instead.
 ZFS_SERVER_TESTS ?= ^(TestEpisode|TestTurnClassesThroughServer|TestReleasePinUnpin|TestTaskLimitsHoldInBranchedChildren|TestRollbackToolWhileCheckpointRuns|TestMetrics|TestDisconnectMidStep)$$
 # make stress: how long and how many clients (stress/stress_test.go has the other knobs).
+CHAOS_DURATION ?= 5m
 STRESS_DURATION ?= 15m
 STRESS_CLIENTS ?= 8
 # make fuzz-skips: how long the differential skip fuzzer runs, or, when
@@ -96,6 +97,10 @@ stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a rep
 	ARBOR_STRESS_DURATION=$(STRESS_DURATION) ARBOR_STRESS_CLIENTS=$(STRESS_CLIENTS) \
 	ARBOR_STRESS_REPORT=$(CURDIR)/stress/results/$$(date -u +%Y%m%dT%H%M%SZ).md \
 	$(GO) test -count=1 -timeout 60m -run '^TestStress$$' -v ./stress/
+
+chaos: build ## the chaos test for CHAOS_DURATION (5m): workers' episodes while the server is killed -9, CRIU killed and the state dir filled at random; reports envs lost and states corrupted (targets 0)
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_CHAOS_DURATION=$(CHAOS_DURATION) \
+	$(GO) test -tags chaos -count=1 -timeout 60m -run '^TestChaos$$' -v ./stress/
 
 soak: build ## the disk soak test of make test (branch TestSoak) for SOAK_TURNS turns per worker (2000)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_SOAK_TURNS=$(SOAK_TURNS) \
