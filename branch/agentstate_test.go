@@ -179,3 +179,32 @@ func TestShellRemoved(t *testing.T) {
 		t.Errorf("checkpoint of the env with no shell: %v", err)
 	}
 }
+
+// TestHeldFileDirectoryReplaced: a process holds a deleted file whose
+// directory the agent then replaced by a regular file. CRIU cannot put
+// the file back where it was named (its ghost's directory is not one):
+// the branch fails with the agent's state as the cause (env_error), not
+// as the server's restore failure.
+func TestHeldFileDirectoryReplaced(t *testing.T) {
+	e, env := busyboxEnv(t)
+	ctx := context.Background()
+	run(t, e, env, `mkdir /d && echo x > /d/f && sleep 100000 3</d/f >/dev/null 2>&1 & `+
+		`until [ "$(readlink /proc/$!/fd/3)" = /d/f ]; do :; done; rm -rf /d && echo file > /d`)
+	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
+	if err == nil {
+		err = res.Errors[0]
+		if err == nil {
+			defer e.CloseEnv(ctx, res.Children[0])
+			t.Logf("the branch restored (CRIU placed the file): nothing to attribute")
+			return
+		}
+	}
+	if !errors.Is(err, cr.ErrAgentState) {
+		t.Fatalf("branch of a state whose held file's directory is a file: %v, want cr.ErrAgentState", err)
+	}
+	t.Logf("refused: %v", err)
+}

@@ -62,6 +62,16 @@ func quotaInRestore(log []byte) bool {
 	return bytes.Contains(log, []byte("Disk quota exceeded"))
 }
 
+// ghostDirNotDir is CRIU's log line for a held deleted file whose ghost
+// cannot be made where the file was named, because a component of that
+// path is no longer a directory (criu/files-reg.c): "Can't create ghost
+// regfile: Not a directory". Only a process of the sandbox can have put a
+// file there: the agent replaced the directory of a file it holds.
+var ghostDirNotDir = []byte("Can't create ghost regfile: Not a directory")
+
+// ghostPathBlocked reports whether a restore's log says so.
+func ghostPathBlocked(log []byte) bool { return bytes.Contains(log, ghostDirNotDir) }
+
 // mib formats a byte count for a message.
 func mib(n int64) string {
 	if n >= 1<<20 {

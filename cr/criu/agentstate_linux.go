@@ -40,10 +40,15 @@ func agentDumpError(dir string, limit int64) error {
 // does not.
 func agentRestoreError(dir string) error {
 	b, err := os.ReadFile(filepath.Join(dir, "restore.log"))
-	if err != nil || !quotaInRestore(b) {
+	switch {
+	case err != nil:
 		return nil
+	case quotaInRestore(b):
+		return fmt.Errorf("%w: the restore could not write the sandbox's held deleted files back under its own disk quota", cr.ErrAgentState)
+	case ghostPathBlocked(b):
+		return fmt.Errorf("%w: a process holds a deleted file whose directory the sandbox replaced by a file, so the file cannot be put back where it was named (keep the directory while the file is held, or close it)", cr.ErrAgentState)
 	}
-	return fmt.Errorf("%w: the restore could not write the sandbox's held deleted files back under its own disk quota", cr.ErrAgentState)
+	return nil
 }
 
 // sandboxPID is host pid p's pid in its innermost pid namespace (the

@@ -33,4 +33,8 @@ Error (criu/cr-dump.c:1975): Dumping FAILED.`},
 	if !quotaInRestore([]byte("Error (criu/files-reg.c:800): Can't write ghost: Disk quota exceeded")) || quotaInRestore([]byte("No space left on device")) {
 		t.Error("quotaInRestore: only EDQUOT is the sandbox's own quota")
 	}
+	if !ghostPathBlocked([]byte("             1: Error (criu/files-reg.c:467): Can't create ghost regfile: Not a directory")) ||
+		ghostPathBlocked([]byte("Error (criu/files-reg.c:467): Can't create ghost regfile: No space left on device")) {
+		t.Error("ghostPathBlocked: only a ghost's path that is not a directory is the sandbox's doing")
+	}
 }
