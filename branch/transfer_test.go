@@ -152,6 +152,12 @@ func TestTransferState(t *testing.T) {
 		}
 	}
 	check(rb, s1, "data\n", 1)
+	// The receiver keeps s1 for the rest of the test: ImportHold (a
+	// minute) can run out on a loaded machine while the damaged streams
+	// below are refused (CI saw s2 shipped whole for that).
+	if err := rb.e.Pin(s1); err != nil {
+		t.Fatal(err)
+	}
 
 	// A small change: the next state's snapshot goes as the difference
 	// from s1's, which the receiver holds.
