@@ -255,7 +255,10 @@ func TestSlowReaderBounded(t *testing.T) {
 // for 3 PongWaits, and is still served: every answer arrives when it
 // reads, also those of the steps it sent while the server did not read.
 func TestPausedClientKeptAcrossPongWait(t *testing.T) {
-	const pongWait = time.Second
+	// Long enough that a loaded machine does not stall the client's
+	// sends for a whole PongWait before the server pauses it (a 1 s one
+	// dropped it once in make test).
+	const pongWait = 3 * time.Second
 	s, addr, _ := backpressureServer(t, server.Options{PingInterval: 100 * time.Millisecond, PongWait: pongWait})
 	r := slowReader(t, addr)
 	env := resetRaw(t, r)
