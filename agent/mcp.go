@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -31,6 +31,11 @@ type HandlerOptions struct {
 	// Token, when set, must be presented as "Authorization: Bearer TOKEN"
 	// on every request (as for the websocket).
 	Token string
+	// Tokens, when set, maps tokens to tenants (server.Options.Tokens):
+	// a session acts for the tenant of the token that opened it, attaches
+	// only to that tenant's envs, and answers requests with another
+	// tenant's token as if it did not exist.
+	Tokens *tenant.Tokens
 	// AllowedOrigins are the browser origins accepted besides the
 	// server's own, as the websocket's (server.Options.AllowedOrigins):
 	// a request with any other Origin header is refused (403), as MCP's
@@ -90,18 +95,17 @@ var imageName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$`)
 // ServeHTTP checks the Origin, the token and the URL, then hands the
 // request to the SDK's streamable HTTP handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !(origin.Rule{Allowed: h.o.AllowedOrigins, Token: h.o.Token != ""}).Check(r) {
+	if !(origin.Rule{Allowed: h.o.AllowedOrigins, Token: h.auth().Required()}).Check(r) {
 		origin.Refuse(w, r)
 		return
 	}
-	if h.o.Token != "" {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(h.o.Token)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="arbor"`)
-			http.Error(w, "wrong or missing token: send Authorization: Bearer TOKEN", http.StatusUnauthorized)
-			return
-		}
+	who, ok := h.tenant(r.Header)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="arbor"`)
+		http.Error(w, "wrong or missing token: send Authorization: Bearer TOKEN", http.StatusUnauthorized)
+		return
 	}
+	ctx := tenant.With(r.Context(), who)
 	rest, ok := strings.CutPrefix(r.URL.Path, MCPPath)
 	if !ok {
 		http.NotFound(w, r)
@@ -115,7 +119,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case rest != "":
 		tg.envID = rest
-		if !h.t.c.Has(rest) {
+		if !h.t.c.Has(rest) || !h.t.c.Sees(ctx, rest) {
 			http.Error(w, fmt.Sprintf("no open env %q (make one with reset, or use %s?task=NAME or ?image=NAME)", rest, MCPPath), http.StatusNotFound)
 			return
 		}
@@ -137,45 +141,59 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	h.sdk.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, tg)))
+	h.sdk.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, tg)))
+}
+
+func (h *Handler) auth() tenant.Auth { return tenant.Auth{Token: h.o.Token, Tokens: h.o.Tokens} }
+
+// tenant is who a request's "Authorization: Bearer TOKEN" acts for.
+func (h *Handler) tenant(hd http.Header) (tenant.Tenant, bool) {
+	if !h.auth().Required() {
+		return tenant.Tenant{}, true
+	}
+	tok, ok := strings.CutPrefix(hd.Get("Authorization"), "Bearer ")
+	if !ok {
+		return tenant.Tenant{}, false
+	}
+	return h.auth().Authenticate(tok)
 }
 
 // server makes the MCP server of a new session (the SDK also calls it on
 // other requests, only to read protocol versions: it is cheap).
 func (h *Handler) server(r *http.Request) *mcp.Server {
 	tg, _ := r.Context().Value(targetKey{}).(target)
-	b := &binding{h: h, tg: tg}
+	b := &binding{h: h, tg: tg, who: tenant.From(r.Context())}
 	s := mcp.NewServer(&mcp.Implementation{Name: "arbor", Title: "Arbor sandbox", Version: h.o.Version},
 		&mcp.ServerOptions{Instructions: instructions(tg), SchemaCache: h.cache, Logger: h.log})
 	mcp.AddTool(s, &mcp.Tool{Name: "bash", Description: descBash, Annotations: &mcp.ToolAnnotations{Title: "Run a shell command"}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a BashArgs) (*mcp.CallToolResult, BashResult, error) {
-			return call(ctx, b, req, func(s *Session) (*BashResult, error) { return s.Bash(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*BashResult, error) { return s.Bash(ctx, a) },
 				func(r *BashResult) string { return r.text(a.Cmd) })
 		})
 	readOnly := &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true}
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: descReadFile, Annotations: readOnly},
 		func(ctx context.Context, req *mcp.CallToolRequest, a ReadFileArgs) (*mcp.CallToolResult, ReadFileResult, error) {
-			return call(ctx, b, req, func(s *Session) (*ReadFileResult, error) { return s.ReadFile(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ReadFileResult, error) { return s.ReadFile(ctx, a) },
 				(*ReadFileResult).text)
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: descWriteFile, Annotations: &mcp.ToolAnnotations{Title: "Write a file"}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a WriteFileArgs) (*mcp.CallToolResult, WriteFileResult, error) {
-			return call(ctx, b, req, func(s *Session) (*WriteFileResult, error) { return s.WriteFile(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*WriteFileResult, error) { return s.WriteFile(ctx, a) },
 				(*WriteFileResult).text)
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "list_states", Description: descListStates, Annotations: &mcp.ToolAnnotations{Title: "List your states", ReadOnlyHint: true}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a ListStatesArgs) (*mcp.CallToolResult, ListStatesResult, error) {
-			return call(ctx, b, req, func(s *Session) (*ListStatesResult, error) { return s.ListStates(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ListStatesResult, error) { return s.ListStates(ctx, a) },
 				(*ListStatesResult).text)
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "rollback", Description: descRollback, Annotations: &mcp.ToolAnnotations{Title: "Roll the sandbox back", IdempotentHint: true}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a RollbackArgs) (*mcp.CallToolResult, RollbackResult, error) {
-			return call(ctx, b, req, func(s *Session) (*RollbackResult, error) { return s.Rollback(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*RollbackResult, error) { return s.Rollback(ctx, a) },
 				(*RollbackResult).text)
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "fork_try", Description: descForkTry, Annotations: &mcp.ToolAnnotations{Title: "Try a command on a throwaway copy", ReadOnlyHint: true}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a ForkTryArgs) (*mcp.CallToolResult, ForkTryResult, error) {
-			return call(ctx, b, req, func(s *Session) (*ForkTryResult, error) { return s.ForkTry(ctx, a) },
+			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ForkTryResult, error) { return s.ForkTry(ctx, a) },
 				func(r *ForkTryResult) string { return r.text(a.Cmd) })
 		})
 	return s
@@ -200,18 +218,25 @@ Use fork_try to preview a risky command on a throwaway copy: it never changes yo
 // model reads; a structured result goes with a text one. The SDK runs
 // each call in a goroutine of its own, without recover: a panic in the
 // call is recovered here, logged, and answered as an internal error.
-func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn func(*Session) (*R, error), text func(*R) string) (*mcp.CallToolResult, R, error) {
+//
+// Every call acts for the session's tenant; a call whose token is another
+// tenant's is answered as a call on an env that does not exist.
+func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn func(context.Context, *Session) (*R, error), text func(*R) string) (*mcp.CallToolResult, R, error) {
 	var (
 		zero R
 		r    *R
 		msg  string
 	)
 	err := panics.Call(b.h.log, func() error {
+		if err := b.same(req); err != nil {
+			return err
+		}
+		ctx := tenant.With(ctx, b.who)
 		s, intro, err := b.session(ctx, req)
 		if err != nil {
 			return err
 		}
-		if r, err = fn(s); err != nil {
+		if r, err = fn(ctx, s); err != nil {
 			return err
 		}
 		msg = intro + text(r)
@@ -246,13 +271,35 @@ func toolError(err error) error {
 
 // binding is one MCP session's link to its env.
 type binding struct {
-	h  *Handler
-	tg target
+	h   *Handler
+	tg  target
+	who tenant.Tenant // the tenant of the token that opened the session
 
 	mu    sync.Mutex
 	s     *Session
 	ss    *mcp.ServerSession // set for sessions that own their env
 	intro bool               // the first result still owes the task's instruction
+}
+
+// same checks that a call presents a token of the session's tenant.
+func (b *binding) same(req *mcp.CallToolRequest) error {
+	if !b.h.auth().Required() || b.who.Admin {
+		return nil
+	}
+	var hd http.Header
+	if req.Extra != nil {
+		hd = req.Extra.Header
+	}
+	if who, ok := b.h.tenant(hd); ok && (who.Admin || who.Name == b.who.Name) {
+		return nil
+	}
+	id := b.tg.envID
+	b.mu.Lock()
+	if b.s != nil {
+		id = b.s.env.ID
+	}
+	b.mu.Unlock()
+	return coordError("env "+id, fmt.Errorf("%w: no open env %q", coordinator.ErrUnknownEnv, id))
 }
 
 // session returns the session's tools, starting its env on first use when
@@ -328,7 +375,7 @@ func (h *Handler) closeWhenDone(b *binding) {
 	env := b.s.env
 	b.mu.Unlock()
 	h.disown(b)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(tenant.With(context.Background(), b.who), time.Minute)
 	defer cancel()
 	wait, release := h.t.c.Ticket(env.ID)
 	wait()

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // CoordinatorLocal is the Local of a node serving with co: its capacity
@@ -25,7 +26,7 @@ func (l coLocal) HasEnv(id string) bool {
 	if l.co.Has(id) {
 		return true
 	}
-	for _, e := range l.co.Lost() {
+	for _, e := range l.co.Lost(tenant.Admin(context.Background())) {
 		if e.ID == id {
 			return true
 		}

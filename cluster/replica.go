@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // Replica is the record of where an env's last committed state has a
@@ -47,7 +49,7 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 		case <-tick.C:
 		}
 		open := map[string]bool{}
-		for _, e := range co.Envs() {
+		for _, e := range co.Envs(tenant.Admin(ctx)) {
 			id := e.Env.ID
 			open[id] = true
 			head, err := t.o.Engine.CommittedHead(id)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // TransferPrefix is where a node serves state transfers, on its
@@ -597,7 +598,7 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 	// under way) are moved in a later pass.
 	for pass := 0; pass < drainPasses; pass++ {
 		var left []string
-		for _, e := range co.Envs() {
+		for _, e := range co.Envs(tenant.Admin(ctx)) {
 			if _, failed := ds.Failed[e.Env.ID]; !failed {
 				left = append(left, e.Env.ID)
 			}
@@ -612,7 +613,7 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 	if len(ds.Failed) > 0 {
 		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
 	}
-	if n := len(co.Envs()); n > 0 {
+	if n := len(co.Envs(tenant.Admin(ctx))); n > 0 {
 		return ds, fmt.Errorf("drain: %d envs still here after %d passes (made while it drained)", n, drainPasses)
 	}
 	return ds, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator/trail"
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // Options configure a Coordinator. Zero values take the defaults.
@@ -149,6 +150,7 @@ type Coordinator struct {
 	mu       sync.Mutex
 	envs     map[string]*entry         // envs handed out, by id
 	lost     map[string]branch.LostEnv // handed out, open at a crash, not restored (recover.go)
+	owners   map[string]string         // the tenants of envs no longer handed out, by id (tenants.go)
 	reserved int                       // env slots promised to resets and branches in progress
 	closed   bool
 
@@ -174,7 +176,9 @@ type entry struct {
 	// operations holding the env's ticket.
 	task TaskInfo
 	seed int64
-	base int // the engine's turn count when the episode began
+	// tenant owns the env (tenants.go).
+	tenant string
+	base   int // the engine's turn count when the episode began
 	// pending is the state whose background checkpoint was queued last;
 	// its timing is read once the next operation has waited for it.
 	pending string
@@ -195,7 +199,8 @@ func New(o Options) (*Coordinator, error) {
 		return nil, errors.New("coordinator: Options.Engine is required")
 	}
 	o = o.withDefaults()
-	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}, lost: map[string]branch.LostEnv{}}
+	c := &Coordinator{o: o, e: o.Engine, tasks: o.Tasks, log: o.Logger, envs: map[string]*entry{}, lost: map[string]branch.LostEnv{},
+		owners: map[string]string{}}
 	c.tasks = verdicts{Tasks: o.Tasks, c: c}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if err := c.openTrail(); err != nil {
@@ -207,6 +212,7 @@ func New(o Options) (*Coordinator, error) {
 		defer c.mu.Unlock()
 		return float64(len(c.envs))
 	})
+	o.Registry.MustRegister(tenantEnvs{c})
 	c.adoptRecovered(c.ctx)
 	if o.IdleTTL > 0 {
 		c.wg.Add(1)
@@ -312,16 +318,21 @@ func (t *ticket) release() {
 // register records an env handed out, and labels it so that a restarted
 // coordinator can adopt it again (recover.go).
 // An ephemeral env (one an MCP session started, which dies with the
-// process) is not labelled: after a crash nobody would own it.
-func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int, ephemeral bool) *entry {
+// process) is labelled with its tenant only: after a crash nobody would
+// own it, but its states still belong to its tenant.
+func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base int, ephemeral bool, tenant string) *entry {
+	l := map[string]string{labelTenant: tenant}
 	if !ephemeral {
-		if err := c.e.SetLabels(env, labels(task, base, seed)); err != nil {
+		l = labels(task, base, seed, tenant)
+	}
+	if !ephemeral || tenant != "" {
+		if err := c.e.SetLabels(env, l); err != nil {
 			c.log.Warn("label env", slog.String("env", env.ID), slog.Any("err", err))
 		}
 	}
 	closed := make(chan struct{})
 	close(closed)
-	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base}
+	m := &entry{env: env, tail: closed, task: task, seed: seed, base: base, tenant: tenant}
 	m.used.Store(time.Now().UnixNano())
 	c.mu.Lock()
 	c.envs[env.ID] = m
@@ -333,7 +344,10 @@ func (c *Coordinator) register(env *branch.Env, task TaskInfo, seed int64, base 
 // forget drops an env from the registry.
 func (c *Coordinator) forget(id string) {
 	c.mu.Lock()
-	_, ok := c.envs[id]
+	m, ok := c.envs[id]
+	if ok {
+		c.owners[id] = m.tenant
+	}
 	delete(c.envs, id)
 	c.mu.Unlock()
 	c.notes.forget(id)
@@ -342,16 +356,21 @@ func (c *Coordinator) forget(id string) {
 	}
 }
 
-// lookup finds an env handed out and marks it used. An env the engine no
-// longer has is forgotten.
-func (c *Coordinator) lookup(id string) (*branch.Env, *entry, error) {
+// lookup finds an env handed out to ctx's tenant and marks it used. An
+// env the engine no longer has is forgotten; another tenant's env is
+// answered as one nobody handed out.
+func (c *Coordinator) lookup(ctx context.Context, id string) (*branch.Env, *entry, error) {
 	if id == "" {
 		return nil, nil, fmt.Errorf("%w: env_id: required string is missing", ErrInvalidParams)
 	}
+	t := tenant.From(ctx)
 	c.mu.Lock()
 	m, ok := c.envs[id]
 	l, lost := c.lost[id]
 	c.mu.Unlock()
+	if (ok && !t.Sees(m.tenant)) || (lost && !t.Sees(l.Labels[labelTenant])) {
+		ok, lost = false, false
+	}
 	if lost {
 		return nil, nil, lostError(l)
 	}
@@ -367,8 +386,9 @@ func (c *Coordinator) lookup(id string) (*branch.Env, *entry, error) {
 }
 
 // Env returns an env handed out (and marks it used).
+// It answers for every tenant: callers hold an env they were handed.
 func (c *Coordinator) Env(id string) (*branch.Env, error) {
-	env, _, err := c.lookup(id)
+	env, _, err := c.lookup(everyTenant(), id)
 	return env, err
 }
 
@@ -443,7 +463,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	if task.Image == "" {
 		task.Image = res.Env.Image
 	}
-	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral)
+	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral, tenant.From(ctx).Name)
 	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
 	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
@@ -462,12 +482,15 @@ type EnvInfo struct {
 	Recovered *Recovered
 }
 
-// Envs lists the envs handed out, by id.
-func (c *Coordinator) Envs() []EnvInfo {
+// Envs lists the envs handed out to ctx's tenant, by id.
+func (c *Coordinator) Envs(ctx context.Context) []EnvInfo {
+	t := tenant.From(ctx)
 	c.mu.Lock()
 	metas := make([]*entry, 0, len(c.envs))
 	for _, m := range c.envs {
-		metas = append(metas, m)
+		if t.Sees(m.tenant) {
+			metas = append(metas, m)
+		}
 	}
 	c.mu.Unlock()
 	now := time.Now()

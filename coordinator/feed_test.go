@@ -89,7 +89,7 @@ func TestTreeAndFeed(t *testing.T) {
 	t.Cleanup(func() { c.CloseEnv(context.Background(), a) })
 	// Before their first turn the children have made no state: their
 	// heads are the branch state, which the tree shows with their rings.
-	early, err := c.Tree(TreeScope{Env: b})
+	early, err := c.Tree(context.Background(), TreeScope{Env: b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestTreeAndFeed(t *testing.T) {
 		t.Errorf("events %v, want %v", types, want)
 	}
 
-	tree, err := c.Tree(TreeScope{Env: a})
+	tree, err := c.Tree(context.Background(), TreeScope{Env: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestTreeAndFeed(t *testing.T) {
 	if p := nodes[ta.StateID].Parent; p != br.State {
 		t.Errorf("the child's turn follows %s, want the branch state %s", p, br.State)
 	}
-	if _, err := c.Tree(TreeScope{}); err == nil {
+	if _, err := c.Tree(context.Background(), TreeScope{}); err == nil {
 		t.Error("a tree with no scope")
 	}
 }
@@ -208,7 +208,7 @@ func TestTreeFreshTaskEnv(t *testing.T) {
 	r := reset(t, c, ResetRequest{Task: countTask.Name})
 	t.Cleanup(func() { c.CloseEnv(context.Background(), r.Env.ID) })
 	for _, scope := range []TreeScope{{Env: r.Env.ID}, {Task: countTask.Name}} {
-		tree, err := c.Tree(scope)
+		tree, err := c.Tree(context.Background(), scope)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/cr/manifest"
 )
 
 // Checkpoint takes a full checkpoint of env now (high priority) and
@@ -14,7 +15,7 @@ import (
 // the background checkpoint before it is not this one's: the next turn
 // reports it.
 func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return "", err
 	}
@@ -87,7 +88,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 	src := branch.Source{State: req.StateID}
 	var parent *entry
 	if req.EnvID != "" {
-		env, m, err := c.lookup(req.EnvID)
+		env, m, err := c.lookup(ctx, req.EnvID)
 		if err != nil {
 			return nil, err
 		}
@@ -95,6 +96,9 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		src, parent = branch.Source{Env: env}, m
 	} else {
 		if err := c.settle(ctx, req.StateID); err != nil {
+			return nil, err
+		}
+		if err := c.ownState(ctx, req.StateID); err != nil {
 			return nil, err
 		}
 		st, err := c.e.State(req.StateID)
@@ -139,6 +143,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		// (docs/cluster.md, "Branch children on other nodes").
 		task, base, seed = fromLabels(l)
 	}
+	owner := c.childTenant(ctx, parent, req.StateID)
 	out := &BranchResult{State: res.State, Children: res.Children, Errors: res.Errors, Took: res.Took, Task: task}
 	failed := 0
 	for i, ch := range res.Children {
@@ -158,7 +163,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			// closed since: there is no env to promote into.
 			ch.Origin = ""
 		}
-		cm := c.register(ch, task, seed, base, req.Ephemeral)
+		cm := c.register(ch, task, seed, base, req.Ephemeral, owner)
 		if src.Env != nil {
 			c.trailBranched(cm, parent)
 		}
@@ -181,7 +186,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 // branched from and closes child; it returns the origin's id and the
 // adopted state. The caller holds both envs' tickets.
 func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid string, err error) {
-	child, m, err := c.lookup(envID)
+	child, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return "", "", err
 	}
@@ -190,7 +195,7 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 	if origin == "" {
 		return "", "", fmt.Errorf("%w: env %s was not branched from an env: nothing to promote it into", ErrBadRequest, child.ID)
 	}
-	_, om, err := c.lookup(origin)
+	_, om, err := c.lookup(ctx, origin)
 	if err != nil {
 		return "", "", fmt.Errorf("%w: origin env %s of %s is not open", ErrBadRequest, origin, child.ID)
 	}
@@ -218,7 +223,7 @@ func (c *Coordinator) discard(ctx context.Context, envID, event string) error {
 		// Lost in a restart: forgetting it releases its states.
 		return c.e.ForgetLost(ctx, envID)
 	}
-	env, _, err := c.lookup(envID)
+	env, _, err := c.lookup(ctx, envID)
 	if err != nil {
 		return err
 	}
@@ -258,7 +263,7 @@ func (c *Coordinator) CloseEnv(ctx context.Context, envID string) error {
 // feed reports EventFinish instead of EventEvaluate. The caller holds the
 // env's ticket.
 func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (Evaluation, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return Evaluation{}, err
 	}
@@ -302,7 +307,7 @@ func withReward(r float64) func(*Event) { return func(e *Event) { e.Reward = &r 
 // it held are checkpointed again (remade). The caller holds the env's
 // ticket.
 func (c *Coordinator) Head(ctx context.Context, envID string) (head string, remade bool, err error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return "", false, err
 	}
@@ -334,7 +339,7 @@ type StateInfo struct {
 // the bytes the lineage's artifacts take (each once). The caller holds the
 // env's ticket.
 func (c *Coordinator) States(ctx context.Context, envID string) (string, []StateInfo, int64, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return "", nil, 0, err
 	}
@@ -367,17 +372,17 @@ func (c *Coordinator) States(ctx context.Context, envID string) (string, []State
 // an unknown id (ErrUnknownState) changes none. A state id a step returned
 // may be named at once: its checkpoint is waited for first, as for branch.
 func (c *Coordinator) Release(ctx context.Context, ids []string) error {
-	return c.onStates(ctx, ids, c.e.Release)
+	return c.onStates(ctx, "release", ids, c.e.Release)
 }
 
 // Pin: see Release.
 func (c *Coordinator) Pin(ctx context.Context, ids []string) error {
-	return c.onStates(ctx, ids, c.e.Pin)
+	return c.onStates(ctx, "pin", ids, c.e.Pin)
 }
 
 // Unpin: see Release.
 func (c *Coordinator) Unpin(ctx context.Context, ids []string) error {
-	return c.onStates(ctx, ids, c.e.Unpin)
+	return c.onStates(ctx, "unpin", ids, c.e.Unpin)
 }
 
 // Prepare restores n frozen copies of each state ahead of branches from
@@ -396,11 +401,18 @@ func (c *Coordinator) Prepare(ctx context.Context, ids []string, n int, wait boo
 		if err := c.settle(ctx, id); err != nil {
 			return branch.PrepareResult{}, err
 		}
+		if err := c.ownState(ctx, id); err != nil {
+			return branch.PrepareResult{}, err
+		}
 	}
 	return c.e.Prepare(ctx, ids, n, wait)
 }
 
-func (c *Coordinator) onStates(ctx context.Context, ids []string, f func(...string) error) error {
+// onStates runs op (release, pin, unpin) on states. A state of another
+// tenant is answered as the first state the engine does not have is
+// (manifest: "OP states [IDS]: state ID: not found"), unless one it does
+// not have comes first.
+func (c *Coordinator) onStates(ctx context.Context, op string, ids []string, f func(...string) error) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)
 	}
@@ -410,6 +422,14 @@ func (c *Coordinator) onStates(ctx context.Context, ids []string, f func(...stri
 		}
 		if err := c.settle(ctx, id); err != nil {
 			return err
+		}
+	}
+	for _, id := range ids {
+		if c.foreignState(ctx, id) {
+			return fmt.Errorf("%w: %s states %v: state %s: %v", branch.ErrUnknownState, op, ids, id, manifest.ErrNotFound)
+		}
+		if _, err := c.e.State(id); err != nil {
+			break // the engine names it
 		}
 	}
 	return f(ids...)

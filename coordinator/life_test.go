@@ -112,7 +112,7 @@ func TestInternalEnvsInvisible(t *testing.T) {
 	}
 	r := reset(t, c, ResetRequest{Task: "count"})
 	listed := map[string]bool{}
-	for _, e := range c.Envs() {
+	for _, e := range c.Envs(context.Background()) {
 		listed[e.Env.ID] = true
 	}
 	if len(listed) != 1 || !listed[r.Env.ID] {

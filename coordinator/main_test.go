@@ -60,7 +60,7 @@ func newCoordinator(t *testing.T, o Options) *Coordinator {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, e := range c.Envs() {
+		for _, e := range c.Envs(context.Background()) {
 			c.CloseEnv(context.Background(), e.Env.ID)
 		}
 		c.Close()

@@ -24,7 +24,7 @@ func (c *Coordinator) Adopt(ctx context.Context, id, head, image string, labels 
 		return err
 	}
 	task, base, seed := fromLabels(env.Labels())
-	c.register(env, task, seed, base, false)
+	c.register(env, task, seed, base, false, env.Labels()[labelTenant])
 	if line, err := c.e.Lineage(head); err == nil {
 		for _, st := range line {
 			c.o.Hooks.StateMade(st.Env, st.ID)

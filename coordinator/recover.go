@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -27,9 +28,9 @@ const (
 )
 
 // labels are what adoptRecovered needs to adopt an env again.
-func labels(task TaskInfo, base int, seed int64) map[string]string {
+func labels(task TaskInfo, base int, seed int64, tenant string) map[string]string {
 	l := map[string]string{labelServed: "1", labelTask: task.Name, labelImage: task.Image,
-		labelMaxTurns: strconv.Itoa(task.MaxTurns), labelBase: strconv.Itoa(base)}
+		labelMaxTurns: strconv.Itoa(task.MaxTurns), labelBase: strconv.Itoa(base), labelTenant: tenant}
 	if task.CommandTimeout > 0 {
 		l[labelTimeout] = task.CommandTimeout.String()
 	}
@@ -80,7 +81,7 @@ func (c *Coordinator) adoptRecovered(ctx context.Context) {
 			continue
 		}
 		task, base, seed := fromLabels(l)
-		m := c.register(env, task, seed, base, false)
+		m := c.register(env, task, seed, base, false, l[labelTenant])
 		m.recovered = &Recovered{StateID: rec.State, Turn: rec.Turn - base}
 		// The lineage it was restored at is this engine's again (a
 		// cluster node publishes where states live).
@@ -140,11 +141,15 @@ type LostEnv struct {
 
 // Lost lists the envs handed out before a crash that could not be
 // restored.
-func (c *Coordinator) Lost() []LostEnv {
+func (c *Coordinator) Lost(ctx context.Context) []LostEnv {
+	t := tenant.From(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]LostEnv, 0, len(c.lost))
 	for _, l := range c.lost {
+		if !t.Sees(l.Labels[labelTenant]) {
+			continue
+		}
 		task, _, _ := fromLabels(l.Labels)
 		out = append(out, LostEnv{ID: l.ID, Image: l.Image, Head: l.Head, Task: task, Err: lostError(l)})
 	}

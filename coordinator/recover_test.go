@@ -67,7 +67,7 @@ func TestLostOrphanForgotten(t *testing.T) {
 	if lost := e.Lost(); len(lost) != 0 {
 		t.Errorf("after adoption the engine still keeps lost %+v: nobody owns it", lost)
 	}
-	if lost := c.Lost(); len(lost) != 0 {
+	if lost := c.Lost(context.Background()); len(lost) != 0 {
 		t.Errorf("the coordinator reports lost %+v, which it never handed out", lost)
 	}
 }

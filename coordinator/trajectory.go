@@ -328,7 +328,7 @@ func (c *Coordinator) Trajectory(ctx context.Context, envID, stateID string) (*T
 	out := &Trajectory{EnvID: envID, StateID: stateID}
 	var pending []trail.Turn
 	if envID != "" {
-		env, m, err := c.lookup(envID)
+		env, m, err := c.lookup(ctx, envID)
 		if err != nil {
 			return nil, err
 		}
@@ -342,6 +342,8 @@ func (c *Coordinator) Trajectory(ctx context.Context, envID, stateID string) (*T
 		pending = c.pendingTrail(m, out.StateID)
 	} else if err := c.settle(ctx, stateID); err != nil {
 		return nil, err
+	} else if c.foreignState(ctx, stateID) {
+		return nil, fmt.Errorf("%w: no state %q", ErrUnknownState, stateID)
 	}
 	line, err := c.e.Lineage(out.StateID)
 	if err != nil {

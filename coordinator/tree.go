@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // maxTreeNodes bounds one tree (Tree.Truncated says when it cut).
@@ -117,7 +119,9 @@ type famEnv struct {
 // state the family's envs made, and their ancestors), the open envs'
 // heads and the turn log (notes.go). It takes no ticket: it reads
 // records, and a head whose checkpoint still runs is shown pending.
-func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
+// A tree shows only envs ctx's tenant sees; another tenant's env as
+// scope is answered as an unknown one.
+func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
 	if (scope.Env == "") == (scope.Task == "") {
 		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", ErrInvalidParams)
 	}
@@ -130,8 +134,14 @@ func (c *Coordinator) Tree(scope TreeScope) (*Tree, error) {
 		byID[r.ID] = r
 	}
 	open := map[string]EnvInfo{}
-	for _, e := range c.Envs() {
+	for _, e := range c.Envs(ctx) {
 		open[e.Env.ID] = e
+	}
+	t := tenant.From(ctx)
+	for id, r := range byID {
+		if owner, ok := r.Labels[labelTenant]; (ok || r.Labels[labelServed] == "1") && !t.Sees(owner) {
+			delete(byID, id) // another tenant's: as if never made
+		}
 	}
 	served := func(id string) bool {
 		_, ok := open[id]

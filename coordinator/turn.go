@@ -82,7 +82,7 @@ type TurnResult struct {
 // rule is written; the caller holds the env's ticket.
 func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnResult, error) {
 	start := time.Now()
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +203,7 @@ func (c *Coordinator) commandTimeout(m *entry, asked time.Duration) time.Duratio
 // for asked (0: none asked), as Turn picks it; for commands run outside a
 // turn (the agent's fork_try).
 func (c *Coordinator) CommandTimeout(envID string, asked time.Duration) (time.Duration, error) {
-	_, m, err := c.lookup(envID)
+	_, m, err := c.lookup(everyTenant(), envID)
 	if err != nil {
 		return 0, err
 	}
@@ -213,7 +213,7 @@ func (c *Coordinator) CommandTimeout(envID string, asked time.Duration) (time.Du
 // EpisodeTurn is env envID's turn count since its episode began (the
 // turn TurnResult and the protocol's info.turn report).
 func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(everyTenant(), envID)
 	if err != nil {
 		return 0, err
 	}
@@ -276,7 +276,7 @@ func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *T
 // turn is classified and its checkpoint queued by the same rule as Turn's.
 // The caller holds the env's ticket; WaitTurn waits for the checkpoint.
 func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +343,7 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 		return nil
 	}
 	for _, env := range c.e.Envs() {
-		if env.Head() != sid {
+		if env.Head() != sid || !c.sees(ctx, env.ID) {
 			continue
 		}
 		if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
@@ -411,7 +411,7 @@ type Restored struct {
 // Rollback returns env to state sid (files, processes, shell state); the
 // caller holds the env's ticket.
 func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restored, error) {
-	env, m, err := c.lookup(envID)
+	env, m, err := c.lookup(ctx, envID)
 	if err != nil {
 		return nil, err
 	}
@@ -419,6 +419,9 @@ func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restore
 		return nil, fmt.Errorf("%w: state_id: required string is missing", ErrInvalidParams)
 	}
 	if err := c.settle(ctx, sid); err != nil {
+		return nil, err
+	}
+	if err := c.ownState(ctx, sid); err != nil {
 		return nil, err
 	}
 	return c.restore(ctx, env, m, sid)

@@ -150,7 +150,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := p.o.Coordinator
-	if _, err := c.Env(envID); err != nil {
+	err := c.OwnEnv(r.Context(), envID) // another tenant's env: as unknown
+	if err == nil {
+		_, err = c.Env(envID)
+	}
+	if err != nil {
 		writeError(w, http.StatusNotFound, coordinator.ProtoError(err).Code, err.Error())
 		return
 	}

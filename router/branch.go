@@ -96,18 +96,18 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 	plan := spread(p.N, r.view.Place("", pending), srcInfo)
 	k := plan[src]
 	if k == p.N {
-		return r.forward(src, protocol.MethodBranch, params)
+		return r.forward(ctx, src, protocol.MethodBranch, params)
 	}
 	var first *sent
 	switch {
 	case k > 0:
 		q := p
 		q.N = k
-		first, err = r.send(src, protocol.MethodBranch, q, nil)
+		first, err = r.send(ctx, src, protocol.MethodBranch, q, nil)
 	case p.EnvID != "":
 		// The env's current state, made a state id the other nodes can
 		// be shipped.
-		first, err = r.send(src, protocol.MethodCheckpoint, protocol.EnvParams{EnvID: p.EnvID}, nil)
+		first, err = r.send(ctx, src, protocol.MethodCheckpoint, protocol.EnvParams{EnvID: p.EnvID}, nil)
 	}
 	if err != nil {
 		return fail(err)
@@ -243,7 +243,7 @@ func (r *Router) branchOn(ctx context.Context, src, to, sid string, n int) (prot
 		r.log.Info("shipped state", slog.String("state", sid), slog.String("from", src), slog.String("to", to),
 			slog.Int64("bytes", st.Bytes), slog.Duration("took", st.Took))
 	}
-	s, err := r.send(to, protocol.MethodBranch, protocol.BranchParams{StateID: sid, N: n}, nil)
+	s, err := r.send(ctx, to, protocol.MethodBranch, protocol.BranchParams{StateID: sid, N: n}, nil)
 	if err != nil {
 		return res, err
 	}

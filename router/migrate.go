@@ -55,10 +55,10 @@ func (r *Router) moving(env string) (wait func(ctx context.Context) error, sent 
 // held wraps the answer of a request for env that must wait for env's
 // migration: once it ended, send sends the request (to the env's node
 // then) and its answer is waited for.
-func (r *Router) held(env string, send func(ctx context.Context) answer) answer {
+func (r *Router) held(ctx context.Context, env string, send func(ctx context.Context) answer) answer {
 	wait, sent := r.moving(env)
 	if wait == nil {
-		return send(context.Background())
+		return send(ctx)
 	}
 	return func(ctx context.Context) (any, error) {
 		if err := wait(ctx); err != nil {
@@ -77,11 +77,32 @@ func (r *Router) held(env string, send func(ctx context.Context) answer) answer 
 // ships what it did since and the target adopts it under the same id,
 // which rewrites its placement in etcd; the held requests then go to the
 // target in their order (docs/cluster.md, "Live migration").
+//
+// With Options.ForwardTokens the client must see the env first: the
+// node is asked for its states with the client's token, and another
+// tenant's env is answered as the node answers it (unknown_env).
 func (r *Router) migrate(ctx context.Context, p protocol.MigrateParams) answer {
 	src, err := r.envNode(ctx, p.EnvID)
 	if err != nil {
 		return fail(err)
 	}
+	if !r.o.ForwardTokens {
+		return r.migrateFrom(ctx, p, src)
+	}
+	check, err := r.send(ctx, src, protocol.MethodStates, protocol.EnvParams{EnvID: p.EnvID}, nil)
+	if err != nil {
+		return fail(err)
+	}
+	return func(ctx context.Context) (any, error) {
+		if _, err := check.wait(ctx); err != nil {
+			return nil, err
+		}
+		return r.migrateFrom(ctx, p, src)(ctx)
+	}
+}
+
+// migrateFrom moves env p.EnvID from node src (migrate).
+func (r *Router) migrateFrom(ctx context.Context, p protocol.MigrateParams, src string) answer {
 	from, ok := r.view.Node(src)
 	if !ok {
 		return fail(unavailable(src, "it is not in the cluster registry"))
@@ -176,7 +197,7 @@ func (r *Router) redirect(ctx context.Context, env, node, method string, params 
 		return nil, werr
 	}
 	r.view.Moved(env, now)
-	s, serr := r.send(now, method, params, nil)
+	s, serr := r.send(ctx, now, method, params, nil)
 	if serr != nil {
 		return nil, serr
 	}

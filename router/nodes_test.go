@@ -32,7 +32,7 @@ func (stubLocal) CloseEnv(context.Context, string) error { return nil }
 // that stopped without closing its connections).
 type hung struct{}
 
-func (hung) Forward(uint32, string, msgpack.RawMessage, func(string, any)) func(context.Context) (any, error) {
+func (hung) Forward(context.Context, uint32, string, msgpack.RawMessage, func(string, any)) func(context.Context) (any, error) {
 	return func(ctx context.Context) (any, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()

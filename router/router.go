@@ -40,7 +40,9 @@ import (
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -50,6 +52,12 @@ type Options struct {
 	Endpoints []string
 	// NodeToken is presented to the nodes (their --token).
 	NodeToken string
+	// ForwardTokens: the requests of a client present the client's own
+	// token to the nodes instead of NodeToken (the router and the nodes
+	// run with the same tokens file: each client's view through the
+	// router is its tenant's; docs/security.md, "Tenants"). The router's
+	// own work (shipping states, migrations) still uses NodeToken.
+	ForwardTokens bool
 	// DialTimeout bounds a connection to a node (default 3 s).
 	DialTimeout time.Duration
 	// Timeout bounds each etcd call (default 5 s).
@@ -68,12 +76,16 @@ type Router struct {
 	ship *cluster.ShipClient
 
 	mu      sync.Mutex
-	conns   map[string]*nodeConn
+	conns   map[connKey]*nodeConn
 	pending map[string]int   // resets sent to each node, not yet answered
 	moves   map[string]*move // envs being migrated (migrate.go)
 	order   map[string]*envOrder
 	failing map[string]chan struct{} // envs being restored from a replica
 }
+
+// connKey names a connection to a node: the node and the token it
+// presents (NodeToken, or a client's with Options.ForwardTokens).
+type connKey struct{ node, token string }
 
 // nodeConn is the router's connection to one node, dialed when first
 // needed and again after it dropped.
@@ -95,7 +107,7 @@ func New(ctx context.Context, o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &Router{o: o, log: o.Logger, conns: map[string]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{}, failing: map[string]chan struct{}{},
+	r := &Router{o: o, log: o.Logger, conns: map[connKey]*nodeConn{}, pending: map[string]int{}, moves: map[string]*move{}, order: map[string]*envOrder{}, failing: map[string]chan struct{}{},
 		ship: cluster.NewShipClient(o.NodeToken, o.ShipTimeout)}
 	v, err := cluster.Watch(ctx, cluster.ViewOptions{Endpoints: o.Endpoints, Timeout: o.Timeout, Logger: o.Logger, OnNodeGone: r.nodeGone})
 	if err != nil {
@@ -111,7 +123,7 @@ func (r *Router) Close() {
 	r.view.Close()
 	r.mu.Lock()
 	conns := r.conns
-	r.conns = map[string]*nodeConn{}
+	r.conns = map[connKey]*nodeConn{}
 	r.mu.Unlock()
 	for _, nc := range conns {
 		nc.close()
@@ -126,11 +138,16 @@ func (r *Router) View() *cluster.View { return r.view }
 // host vanished without closing its connections would otherwise hold
 // them until the keepalive noticed).
 func (r *Router) nodeGone(id string) {
+	var gone []*nodeConn
 	r.mu.Lock()
-	nc := r.conns[id]
-	delete(r.conns, id)
+	for k, nc := range r.conns {
+		if k.node == id {
+			gone = append(gone, nc)
+			delete(r.conns, k)
+		}
+	}
 	r.mu.Unlock()
-	if nc != nil {
+	for _, nc := range gone {
 		nc.close()
 	}
 }
@@ -145,17 +162,22 @@ func (nc *nodeConn) close() {
 	}
 }
 
-// client returns a connection to the live node id.
+// client returns a connection to the live node id that presents the
+// token of ctx's client (Options.ForwardTokens), else NodeToken.
 func (r *Router) client(ctx context.Context, id string) (*arbor.Client, error) {
 	info, ok := r.view.Node(id)
 	if !ok {
 		return nil, unavailable(id, "it is not in the cluster registry (its lease ended: the node died or left)")
 	}
+	key := connKey{node: id, token: r.o.NodeToken}
+	if r.o.ForwardTokens {
+		key.token = tenant.Token(ctx)
+	}
 	r.mu.Lock()
-	nc := r.conns[id]
+	nc := r.conns[key]
 	if nc == nil {
 		nc = &nodeConn{id: id}
-		r.conns[id] = nc
+		r.conns[key] = nc
 	}
 	r.mu.Unlock()
 	nc.mu.Lock()
@@ -177,7 +199,7 @@ func (r *Router) client(ctx context.Context, id string) (*arbor.Client, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, r.o.DialTimeout)
 	defer cancel()
-	c, err := arbor.Dial(dctx, info.Addr, &arbor.Options{Token: r.o.NodeToken})
+	c, err := arbor.Dial(dctx, info.Addr, &arbor.Options{Token: key.token})
 	if err != nil {
 		nc.failed = time.Now()
 		return nil, unavailable(id, err.Error())
@@ -203,8 +225,8 @@ type sent struct {
 }
 
 // send sends a request to node without waiting for its answer.
-func (r *Router) send(node, method string, params any, onItem func(arbor.BatchItemResult)) (*sent, error) {
-	c, err := r.client(context.Background(), node)
+func (r *Router) send(ctx context.Context, node, method string, params any, onItem func(arbor.BatchItemResult)) (*sent, error) {
+	c, err := r.client(ctx, node)
 	if err != nil {
 		return nil, err
 	}
@@ -239,8 +261,8 @@ func (s *sent) wait(ctx context.Context) (msgpack.RawMessage, error) {
 
 // forward sends a request to node and returns the wait for its raw
 // answer.
-func (r *Router) forward(node, method string, params msgpack.RawMessage) answer {
-	s, err := r.send(node, method, params, nil)
+func (r *Router) forward(ctx context.Context, node, method string, params msgpack.RawMessage) answer {
+	s, err := r.send(ctx, node, method, params, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -254,16 +276,17 @@ func (r *Router) forward(node, method string, params msgpack.RawMessage) answer 
 }
 
 // Forward serves one request (server.Forwarder).
-func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage, notify func(string, any)) func(context.Context) (any, error) {
+// ctx carries the client's token (tenant.Token), which the requests sent
+// for it present to the nodes when Options.ForwardTokens is set.
+func (r *Router) Forward(ctx context.Context, msgid uint32, method string, params msgpack.RawMessage, notify func(string, any)) func(context.Context) (any, error) {
 	decode := func(p protocol.Params) error { return protocol.DecodeParams(params, p) }
-	ctx := context.Background()
 	switch method {
 	case protocol.MethodReset:
 		var p protocol.ResetParams
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.reset(p, params)
+		return r.reset(ctx, p, params)
 	case protocol.MethodStep:
 		var p protocol.StepParams
 		if err := decode(&p); err != nil {
@@ -289,7 +312,7 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 			return fail(err)
 		}
 		if p.EnvID != "" {
-			return r.held(p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, p, params) })
+			return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, p, params) })
 		}
 		return r.branch(ctx, p, params)
 	case protocol.MethodMigrate:
@@ -297,13 +320,13 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.held(p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, p) })
+		return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, p) })
 	case protocol.MethodEnvs:
 		var p protocol.EnvsParams
 		if err := decode(&p); err != nil {
 			return fail(err)
 		}
-		return r.envs()
+		return r.envs(ctx)
 	case protocol.MethodRelease, protocol.MethodPin, protocol.MethodUnpin:
 		var p protocol.StateIDsParams
 		if err := decode(&p); err != nil {
@@ -325,7 +348,7 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if err != nil {
 			return fail(err)
 		}
-		return r.forward(node, method, params)
+		return r.forward(ctx, node, method, params)
 	case protocol.MethodTasks:
 		// Every node serves the same tasks: the first live one answers.
 		var p protocol.TasksParams
@@ -336,7 +359,7 @@ func (r *Router) Forward(msgid uint32, method string, params msgpack.RawMessage,
 		if len(nodes) == 0 {
 			return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "no node is registered"))
 		}
-		return r.forward(nodes[0].ID, method, params)
+		return r.forward(ctx, nodes[0].ID, method, params)
 	case protocol.MethodPrepare:
 		var p protocol.PrepareParams
 		if err := decode(&p); err != nil {
@@ -383,7 +406,9 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 		return "", protocol.Errorf(protocol.CodeNodeUnavailable, "cluster registry: %v", err)
 	}
 	if node == "" {
-		return "", protocol.Errorf(protocol.CodeUnknownEnv, "no open env %q", env)
+		// Worded as a node words it (coordinator.lookup), so that an env
+		// nobody made and another tenant's read alike.
+		return "", coordinator.ProtoError(fmt.Errorf("%w: no open env %q", coordinator.ErrUnknownEnv, env))
 	}
 	return node, nil
 }
@@ -393,7 +418,7 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 // old one answers that it has no such env because the env moved; the
 // env's order holds across the move (order.go).
 func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.RawMessage) answer {
-	return r.held(env, func(ctx context.Context) answer {
+	return r.held(ctx, env, func(ctx context.Context) answer {
 		node, err := r.envNode(ctx, env)
 		if err != nil {
 			return fail(err)
@@ -402,7 +427,7 @@ func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.R
 		var s *sent
 		failover := false
 		if !mustWait {
-			if s, err = r.send(node, method, params, nil); err != nil {
+			if s, err = r.send(ctx, node, method, params, nil); err != nil {
 				if _, live := r.view.Node(node); live {
 					resolve()
 					return fail(err)
@@ -424,7 +449,7 @@ func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.R
 				if err := wait(ctx); err != nil {
 					return nil, err
 				}
-				s, err = r.send(node, method, params, nil)
+				s, err = r.send(ctx, node, method, params, nil)
 				sentNow()
 				if err != nil {
 					return nil, err
@@ -459,7 +484,7 @@ func (r *Router) stateNode(ctx context.Context, state string) (string, error) {
 // reset places a reset on the least loaded live node that offers the
 // task; a node that cannot be reached before the request is sent is
 // skipped for the next.
-func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer {
+func (r *Router) reset(ctx context.Context, p protocol.ResetParams, params msgpack.RawMessage) answer {
 	r.mu.Lock()
 	pending := make(map[string]int, len(r.pending))
 	for k, v := range r.pending {
@@ -477,7 +502,7 @@ func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer
 	}
 	var last error
 	for _, n := range cands {
-		s, err := r.send(n.ID, protocol.MethodReset, params, nil)
+		s, err := r.send(ctx, n.ID, protocol.MethodReset, params, nil)
 		if err != nil {
 			last = err
 			r.log.Warn("reset: node unreachable, trying the next", slog.String("node", n.ID), slog.Any("err", err))
@@ -510,10 +535,10 @@ func (r *Router) reset(p protocol.ResetParams, params msgpack.RawMessage) answer
 
 // envs lists the envs of every live node. A node that does not answer
 // is left out (its envs answer node_unavailable when named).
-func (r *Router) envs() answer {
+func (r *Router) envs(ctx context.Context) answer {
 	var ss []*sent
 	for _, n := range r.view.Nodes() {
-		s, err := r.send(n.ID, protocol.MethodEnvs, nil, nil)
+		s, err := r.send(ctx, n.ID, protocol.MethodEnvs, nil, nil)
 		if err != nil {
 			r.log.Warn("envs: node unreachable", slog.String("node", n.ID), slog.Any("err", err))
 			continue
@@ -568,7 +593,7 @@ func (r *Router) states(ctx context.Context, method string, ids []string) answer
 	var ss []*sent
 	var first error
 	for _, node := range order {
-		s, err := r.send(node, method, protocol.StateIDsParams{StateIDs: byNode[node]}, nil)
+		s, err := r.send(ctx, node, method, protocol.StateIDsParams{StateIDs: byNode[node]}, nil)
 		if err != nil {
 			first = err
 			break
@@ -603,7 +628,7 @@ func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
 	for _, node := range order {
 		q := p
 		q.StateIDs = byNode[node]
-		s, err := r.send(node, protocol.MethodPrepare, q, nil)
+		s, err := r.send(ctx, node, protocol.MethodPrepare, q, nil)
 		if err != nil {
 			first = err // the requests sent before are still waited for
 			break
@@ -707,7 +732,7 @@ func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.B
 			it.MsgID, it.Index = msgid, idx[it.Index]
 			notify(protocol.NotifyStepBatch, it)
 		}
-		s, err := r.send(node, protocol.MethodStepBatch, protocol.StepBatchParams{Items: sub}, onItem)
+		s, err := r.send(ctx, node, protocol.MethodStepBatch, protocol.StepBatchParams{Items: sub}, onItem)
 		if err != nil {
 			for _, i := range idx {
 				itemErr(i, err)
@@ -836,6 +861,9 @@ func (r *Router) OpenEnvNode(ctx context.Context, task, session string) (addr, t
 	if !ok {
 		done()
 		return "", "", nil, unavailable(id, "it is not in the cluster registry (its lease ended: the node died or left)")
+	}
+	if r.o.ForwardTokens {
+		return info.Addr, tenant.Token(ctx), done, nil
 	}
 	return info.Addr, r.o.NodeToken, done, nil
 }

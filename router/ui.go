@@ -20,6 +20,7 @@ import (
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/ui"
 )
 
@@ -58,8 +59,10 @@ func (s *uiSource) do(ctx context.Context, n cluster.NodeInfo, path string) (*ht
 	if err != nil {
 		return nil, err
 	}
-	if s.r.o.NodeToken != "" {
-		req.Header.Set("Authorization", "Bearer "+s.r.o.NodeToken)
+	if tok := s.r.o.NodeToken; s.r.o.ForwardTokens {
+		req.Header.Set("Authorization", "Bearer "+tenant.Token(ctx)) // the client's view
+	} else if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	resp, err := s.hc.Do(req)
 	if err != nil {

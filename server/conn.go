@@ -16,21 +16,24 @@ import (
 
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
 // conn is one websocket connection.
 type conn struct {
-	s        *Server
-	ws       *websocket.Conn
-	log      *slog.Logger
-	ob       *outbox       // frames for the writer, counted against MaxUnreadBytes
-	done     chan struct{} // closed when the connection is gone
-	closing  chan struct{} // closed to make the writer flush and close
-	flushed  chan struct{} // closed when the writer has ended
-	finOnce  sync.Once
-	once     sync.Once
-	authed   atomic.Bool
+	s       *Server
+	ws      *websocket.Conn
+	log     *slog.Logger
+	ob      *outbox       // frames for the writer, counted against MaxUnreadBytes
+	done    chan struct{} // closed when the connection is gone
+	closing chan struct{} // closed to make the writer flush and close
+	flushed chan struct{} // closed when the writer has ended
+	finOnce sync.Once
+	once    sync.Once
+	authed  atomic.Bool
+	// who is whom the connection's requests act for, set before authed.
+	who      atomic.Pointer[who]
 	inFlight atomic.Int64
 	idsMu    sync.Mutex
 	ids      map[uint32]bool // msgids of the requests in flight
@@ -64,9 +67,14 @@ func (c *conn) unclaim(msgid uint32) {
 }
 
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
-	authed := s.o.Token == ""
+	authed := !s.secured()
+	var id who
 	if tok, present, ok := headerToken(r, false); present {
-		if !ok || !s.authorized(tok) {
+		if ok {
+			id.t, ok = s.authenticate(tok)
+			id.token = tok
+		}
+		if !ok {
 			http.Error(w, "bad bearer token", http.StatusUnauthorized)
 			return
 		}
@@ -83,6 +91,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		closing: make(chan struct{}), flushed: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr))}
 	c.ob = newOutbox(int64(s.o.MaxUnreadBytes), func(d int64) { s.m.unread.Add(float64(d)); s.answers.add(d) }, c.deadline)
+	c.who.Store(&id)
 	c.authed.Store(authed)
 	s.mu.Lock()
 	if s.draining {
@@ -403,7 +412,7 @@ func (c *conn) dispatch(b []byte) {
 	var envs []string
 	if err := panics.Call(c.log, func() error {
 		if fw := c.s.o.Forwarder; fw != nil && f.Method != protocol.MethodHello {
-			req.serve = fw.Forward(f.MsgID, f.Method, f.Params, c.notify)
+			req.serve = fw.Forward(c.ctx(), f.MsgID, f.Method, f.Params, c.notify)
 		} else {
 			envs = h.parse(c.s, req, f.Params)
 		}
@@ -459,5 +468,18 @@ func (c *conn) run(h handler, req *request, release func()) (result any, err err
 		return nil, err
 	}
 	req.reserved = req.cost // given back once the answer is queued
-	return req.serve(s.ctx)
+	return req.serve(c.ctx())
+}
+
+// who is a connection's tenant and the token that named it.
+type who struct {
+	t     tenant.Tenant
+	token string
+}
+
+// ctx is the server's context acting for the connection's tenant and
+// carrying its token (tenant.WithToken, for a forwarding server).
+func (c *conn) ctx() context.Context {
+	id := c.who.Load()
+	return tenant.WithToken(tenant.With(c.s.ctx, id.t), id.token)
 }

@@ -120,9 +120,11 @@ func (r *request) server() *Server { return r.c.s }
 func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, error) {
 	s := r.server()
 	if tok := p.Token; !r.c.authed.Load() {
-		if !s.authorized(tok) || tok == "" {
+		t, ok := s.authenticate(tok)
+		if !ok || tok == "" {
 			return nil, protocol.Errorf(protocol.CodeUnauthorized, "wrong or missing token")
 		}
+		r.c.who.Store(&who{t: t, token: tok})
 		r.c.authed.Store(true)
 	}
 	kinds := []string{string(branch.None), string(branch.FS), string(branch.Proc), string(branch.Full)}
@@ -185,6 +187,9 @@ func (r *request) step(ctx context.Context, p *protocol.StepParams) (any, error)
 func (s *Server) step(ctx context.Context, envID string, a protocol.Action, key string) (*protocol.StepResult, error) {
 	if key == "" {
 		return s.turn(ctx, envID, a)
+	}
+	if err := s.c.OwnEnv(ctx, envID); err != nil {
+		return nil, err // another tenant's keys are not this one's to replay
 	}
 	if res, err := s.keys.lookup(envID, key, a); res != nil || err != nil {
 		return res, err
@@ -348,11 +353,11 @@ func (s *Server) closeEnv(ctx context.Context, envID string) error {
 func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error) {
 	out := protocol.EnvsResult{Envs: []protocol.EnvInfo{}}
 	c := r.server().c
-	for _, e := range c.Envs() {
+	for _, e := range c.Envs(ctx) {
 		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: e.Env.ID, Image: e.Env.Image, Task: e.Task.Name, Origin: e.Env.Origin,
 			Head: e.Env.Head(), Turn: e.Turn, IdleS: e.Idle.Seconds(), Recovered: recovered(e.Recovered)})
 	}
-	for _, l := range c.Lost() {
+	for _, l := range c.Lost(ctx) {
 		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: l.ID, Image: l.Image, Task: l.Task.Name, Head: l.Head,
 			Lost: coordinator.ProtoError(l.Err).Message})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -98,11 +99,11 @@ func (s *Server) openenvRoutes(mux *http.ServeMux) {
 // with one it presents it (Bearer or Basic, as the websocket).
 func (s *Server) openenvHTTP(h func(w http.ResponseWriter, task string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.o.Token == "" && !IsLoopback(r.Host) {
+		if !s.secured() && !IsLoopback(r.Host) {
 			http.Error(w, "this server answers loopback host names only (or set a token)", http.StatusForbidden)
 			return
 		}
-		if !s.openenvAuthorized(w, r) {
+		if _, ok := s.openenvAuthorized(w, r); !ok {
 			return
 		}
 		task := r.PathValue("task")
@@ -174,17 +175,20 @@ func oeEncode(typ string, data any) ([]byte, error) {
 }
 
 // openenvAuthorized checks the token of a server that has one, answering
-// 401 when it is missing or wrong.
-func (s *Server) openenvAuthorized(w http.ResponseWriter, r *http.Request) bool {
-	if s.o.Token == "" {
-		return true
+// 401 when it is missing or wrong; it returns the server's context acting
+// for the token's tenant and carrying the token (tenant.WithToken).
+func (s *Server) openenvAuthorized(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	if !s.secured() {
+		return s.ctx, true
 	}
-	if tok, present, ok := headerToken(r, true); present && ok && s.authorized(tok) {
-		return true
+	if tok, present, ok := headerToken(r, true); present && ok {
+		if t, ok := s.authenticate(tok); ok {
+			return tenant.WithToken(tenant.With(s.ctx, t), tok), true
+		}
 	}
 	w.Header().Set("WWW-Authenticate", `Basic realm="arbor"`)
 	http.Error(w, "this server needs its token: Authorization: Bearer TOKEN, or the base URL http://arbor:TOKEN@HOST:PORT/openenv/TASK (docs/openenv.md)", http.StatusUnauthorized)
-	return false
+	return nil, false
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -229,13 +233,14 @@ func (o *oeSessions) drop(env string) {
 	o.mu.Unlock()
 }
 
-// attach hands a branch child to the connection c.
-func (o *oeSessions) attach(env string, c *oeConn) (oeHold, error) {
+// attach hands a branch child to the connection c, if c's tenant sees
+// it (another tenant's session is answered as one that does not exist).
+func (o *oeSessions) attach(env string, c *oeConn, sees func(string) bool) (oeHold, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	h, ok := o.held[env]
 	switch {
-	case !ok:
+	case !ok || !sees(env):
 		return oeHold{}, protocol.Errorf(protocol.CodeUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until their connection ends", env)
 	case h.task != c.task:
 		return oeHold{}, protocol.Errorf(protocol.CodeBadRequest, "session %q runs task %q, not %q: attach at /openenv/%s/ws", env, h.task, c.task, h.task)
@@ -265,6 +270,8 @@ type oeConn struct {
 	s    *Server
 	ws   *websocket.Conn
 	task string
+	// ctx is the server's, acting for the connection's tenant.
+	ctx  context.Context
 	log  *slog.Logger
 	done chan struct{} // closed when the connection is gone
 	once sync.Once
@@ -285,7 +292,8 @@ type oeFrame struct {
 }
 
 func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
-	if !s.openenvAuthorized(w, r) {
+	actx, ok := s.openenvAuthorized(w, r)
+	if !ok {
 		return
 	}
 	task := r.PathValue("task")
@@ -298,7 +306,7 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader answered already
 	}
 	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
-	c := &oeConn{s: s, ws: ws, task: task, done: make(chan struct{}),
+	c := &oeConn{s: s, ws: ws, task: task, ctx: actx, done: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr), slog.String("openenv", task))}
 	if !s.oeTrack(ws, c) {
 		return
@@ -312,7 +320,7 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		id = r.URL.Query().Get("session")
 	}
 	if id != "" {
-		h, err := s.oe.attach(id, c)
+		h, err := s.oe.attach(id, c, func(env string) bool { return s.c.Sees(c.ctx, env) })
 		if err != nil {
 			c.respond("attach", "", nil, err)
 			c.shut(websocket.ClosePolicyViolation, "no such session")
@@ -353,7 +361,7 @@ func (c *oeConn) closeHeld() {
 	}
 	defer c.s.ops.Done()
 	for _, id := range ids {
-		c.closeEnv(c.s.ctx, id)
+		c.closeEnv(c.ctx, id)
 	}
 }
 
@@ -470,7 +478,7 @@ func (c *oeConn) handle(f oeFrame) bool {
 	}
 	var data any
 	err := panics.Call(c.log, func() (err error) {
-		data, err = c.serve(c.s.ctx, m)
+		data, err = c.serve(c.ctx, m)
 		return err
 	}, slog.String("openenv", m.Type))
 	c.respond(m.Type, typ, data, err)

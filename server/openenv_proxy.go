@@ -41,7 +41,8 @@ type oeProxy struct {
 }
 
 func (s *Server) proxyOpenEnv(w http.ResponseWriter, r *http.Request, p OpenEnvPlacer) {
-	if !s.openenvAuthorized(w, r) {
+	actx, ok := s.openenvAuthorized(w, r)
+	if !ok {
 		return
 	}
 	task := r.PathValue("task")
@@ -64,7 +65,7 @@ func (s *Server) proxyOpenEnv(w http.ResponseWriter, r *http.Request, p OpenEnvP
 		return
 	}
 	defer s.oeUntrack(x)
-	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(actx, 10*time.Second)
 	addr, token, done, err := p.OpenEnvNode(ctx, task, session)
 	if err == nil {
 		defer done()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/server/ui"
@@ -38,6 +38,11 @@ type Options struct {
 	// "Authorization: Bearer TOKEN" or in hello. Listening on anything but
 	// loopback requires one.
 	Token string
+	// Tokens, when set, maps the tokens connections may present to
+	// tenants (docs/security.md, "Tenants"): each request acts for its
+	// token's tenant and sees only that tenant's envs and states. Token,
+	// if also set, is an admin token.
+	Tokens *tenant.Tokens
 	// MaxFrameBytes bounds one incoming message (default 8 MiB).
 	MaxFrameBytes int
 	// MaxInFlight bounds the requests one connection has outstanding
@@ -150,7 +155,9 @@ type Forwarder interface {
 	// request's own goroutine; a result of type msgpack.RawMessage is
 	// sent as it is. notify sends a notification to the request's
 	// client (step_batch items).
-	Forward(msgid uint32, method string, params msgpack.RawMessage, notify func(method string, params any)) func(ctx context.Context) (any, error)
+	// ctx acts for the connection's tenant and carries its token
+	// (tenant.Token).
+	Forward(ctx context.Context, msgid uint32, method string, params msgpack.RawMessage, notify func(method string, params any)) func(ctx context.Context) (any, error)
 	// Capabilities fills what hello reports of the envs behind the
 	// forwarder: Tasks, MaxEnvs and EnvIdleTTLS.
 	Capabilities() protocol.Capabilities
@@ -226,7 +233,7 @@ func New(o Options) (*Server, error) {
 // checkOrigin is the Origin rule of package origin, shared with the MCP
 // endpoint.
 func (s *Server) checkOrigin(r *http.Request) bool {
-	return origin.Rule{Allowed: s.o.AllowedOrigins, Token: s.o.Token != ""}.Check(r)
+	return origin.Rule{Allowed: s.o.AllowedOrigins, Token: s.secured()}.Check(r)
 }
 
 // Handler serves /v1/ws, the OpenEnv endpoint /openenv/TASK/ (a server
@@ -278,7 +285,7 @@ func IsLoopback(addr string) bool {
 // running operations up to grace to finish. It refuses a non-loopback
 // listener without a token.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
-	if s.o.Token == "" && !IsLoopback(ln.Addr().String()) {
+	if !s.secured() && !IsLoopback(ln.Addr().String()) {
 		ln.Close()
 		return fmt.Errorf("server: listening on %s needs a token (--token or ARBOR_TOKEN)", ln.Addr())
 	}
@@ -286,7 +293,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	hs.RegisterOnShutdown(s.closeUI) // its event streams never go idle
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	s.log.Info("serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", s.o.Token != ""))
+	s.log.Info("serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", s.secured()), slog.Bool("tenants", s.o.Tokens != nil))
 	select {
 	case err := <-errc:
 		return err
@@ -365,6 +372,14 @@ func (s *Server) ticket(ids ...string) (wait, release func()) {
 	return s.c.Ticket(ids...)
 }
 
-func (s *Server) authorized(token string) bool {
-	return s.o.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(s.o.Token)) == 1
+// secured reports whether connections must present a token.
+func (s *Server) secured() bool { return s.auth().Required() }
+
+// authenticate returns the tenant a token acts for (tenant.Auth):
+// Options.Token is the default tenant's without Options.Tokens, an
+// admin's with them.
+func (s *Server) authenticate(token string) (tenant.Tenant, bool) {
+	return s.auth().Authenticate(token)
 }
+
+func (s *Server) auth() tenant.Auth { return tenant.Auth{Token: s.o.Token, Tokens: s.o.Tokens} }

@@ -3,6 +3,8 @@ package server
 import (
 	"net/http"
 	"strings"
+
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // TokenCookie is the cookie the web view keeps the server's token in: a
@@ -19,7 +21,7 @@ const TokenCookie = "arbor_token"
 // TOKEN" or in TokenCookie.
 func (s *Server) uiAccess(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.o.Token == "" {
+		if !s.secured() {
 			if !IsLoopback(r.Host) {
 				http.Error(w, "the web view answers loopback host names only (or set a token)", http.StatusForbidden)
 				return
@@ -28,7 +30,7 @@ func (s *Server) uiAccess(h http.Handler) http.Handler {
 			return
 		}
 		if tok := r.URL.Query().Get("token"); tok != "" && r.URL.Path == "/" {
-			if !s.authorized(tok) {
+			if _, ok := s.authenticate(tok); !ok {
 				http.Error(w, "bad token", http.StatusUnauthorized)
 				return
 			}
@@ -43,10 +45,14 @@ func (s *Server) uiAccess(h http.Handler) http.Handler {
 		} else if c, err := r.Cookie(TokenCookie); err == nil {
 			tok, ok = c.Value, true
 		}
-		if !ok || !s.authorized(tok) {
+		var who tenant.Tenant
+		if ok {
+			who, ok = s.authenticate(tok)
+		}
+		if !ok {
 			http.Error(w, "this server needs its token: open /?token=TOKEN once", http.StatusUnauthorized)
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(tenant.WithToken(tenant.With(r.Context(), who), tok)))
 	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/router"
 	"github.com/arbor-env/arbor/server"
 )
@@ -21,6 +22,7 @@ type routerOptions struct {
 	etcd        string
 	listen      string
 	token       string
+	tokensFile  string
 	nodeToken   string
 	maxInFlight int
 	maxFrame    string
@@ -44,6 +46,7 @@ is gone is answered node_unavailable (retryable, infra). See docs/cluster.md.`,
 	f.StringVar(&o.etcd, "etcd", envOr("ARBOR_CLUSTER_ETCD", ""), "etcd client URLs (comma-separated); env ARBOR_CLUSTER_ETCD")
 	f.StringVar(&o.listen, "listen", envOr("ARBOR_ROUTER_LISTEN", "127.0.0.1:7880"), "address to listen on")
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
+	f.StringVar(&o.tokensFile, "tokens", os.Getenv("ARBOR_TOKENS"), "file of tokens and their tenants, as arbor serve --tokens: each client's requests present its own token to the nodes, which must run with the same file (env ARBOR_TOKENS)")
 	f.StringVar(&o.nodeToken, "node-token", os.Getenv("ARBOR_NODE_TOKEN"), "token to present to the nodes (their --token; default: --token); env ARBOR_NODE_TOKEN")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per client connection")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send (keep it at most the nodes' --max-frame)")
@@ -57,7 +60,11 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 	if o.etcd == "" {
 		return fmt.Errorf("--etcd is required")
 	}
-	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, o.token)
+	auth, err := loadAuth(o.token, o.tokensFile)
+	if err != nil {
+		return err
+	}
+	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, auth)
 	if err != nil {
 		return err
 	}
@@ -69,12 +76,13 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
-	r, err := router.New(ctx, router.Options{Endpoints: splitURLs(o.etcd), NodeToken: o.nodeToken, Logger: log})
+	r, err := router.New(ctx, router.Options{Endpoints: splitURLs(o.etcd), NodeToken: o.nodeToken,
+		ForwardTokens: auth.Tokens != nil, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	s, err := server.New(server.Options{Forwarder: r, Token: o.token, MaxInFlight: o.maxInFlight,
+	s, err := server.New(server.Options{Forwarder: r, Token: o.token, Tokens: auth.Tokens, MaxInFlight: o.maxInFlight,
 		MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
 	if err != nil {
 		return err
@@ -86,15 +94,28 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 // wireLimits parses the --max-frame and --max-unread sizes and refuses a
 // listen address off loopback without a token: what arbor serve and arbor
 // router check of their websocket before they start.
-func wireLimits(maxFrame, maxUnread, listen, token string) (frame, unread int64, err error) {
+func wireLimits(maxFrame, maxUnread, listen string, auth tenant.Auth) (frame, unread int64, err error) {
 	if frame, err = parseSize(maxFrame); err != nil {
 		return 0, 0, fmt.Errorf("parse --max-frame: %w", err)
 	}
 	if unread, err = parseSize(maxUnread); err != nil {
 		return 0, 0, fmt.Errorf("parse --max-unread: %w", err)
 	}
-	if token == "" && !server.IsLoopback(listen) {
-		return 0, 0, fmt.Errorf("listening on %s needs a token: pass --token or set ARBOR_TOKEN", listen)
+	if !auth.Required() && !server.IsLoopback(listen) {
+		return 0, 0, fmt.Errorf("listening on %s needs a token: pass --token or --tokens, or set ARBOR_TOKEN", listen)
 	}
 	return frame, unread, nil
+}
+
+// loadAuth is the token rule of --token and --tokens (tenant.Auth).
+func loadAuth(token, tokensFile string) (tenant.Auth, error) {
+	a := tenant.Auth{Token: token}
+	if tokensFile != "" {
+		t, err := tenant.Load(tokensFile)
+		if err != nil {
+			return a, fmt.Errorf("--tokens: %w", err)
+		}
+		a.Tokens = t
+	}
+	return a, nil
 }

@@ -35,6 +35,7 @@ var defaultTask []byte
 type serveOptions struct {
 	listen      string
 	token       string
+	tokensFile  string
 	tasksDir    string
 	recipesDir  string
 	warm        int
@@ -85,7 +86,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", envOr("ARBOR_LISTEN", "127.0.0.1:7878"), "address to listen on")
-	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN)")
+	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN); with --tokens, an admin token")
+	f.StringVar(&o.tokensFile, "tokens", os.Getenv("ARBOR_TOKENS"), "file of tokens and their tenants, one \"TOKEN TENANT [admin]\" a line: each tenant sees only its own envs and states (docs/security.md, \"Tenants\"; env ARBOR_TOKENS)")
 	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
 	f.StringVar(&o.recipesDir, "recipes", envOr("ARBOR_RECIPES", "images"),
 		"folder of image recipe files: a task's image NAME that DIR/NAME.yaml describes is built on first use, and again when the recipe changed (env ARBOR_RECIPES)")
@@ -168,7 +170,11 @@ func builtinTask() (envpool.Task, error) {
 
 func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	log := slog.Default()
-	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, o.token)
+	auth, err := loadAuth(o.token, o.tokensFile)
+	if err != nil {
+		return err
+	}
+	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, auth)
 	if err != nil {
 		return err
 	}
@@ -310,14 +316,14 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	defer co.Close()
-	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, snap, o.token, log)
+	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, snap, auth, log)
 	if err != nil {
 		return err
 	}
 	defer stopMCP()
 	if o.llmUpstream != "" {
 		var lp *llmproxy.Proxy
-		if routes, lp, err = addLLMProxy(routes, co, o.llmUpstream, o.token, log); err != nil {
+		if routes, lp, err = addLLMProxy(routes, co, o.llmUpstream, auth, log); err != nil {
 			return err
 		}
 		defer func() {
@@ -343,7 +349,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--max-answer-memory: %w", err)
 	}
-	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Handlers: routes, Registry: reg,
+	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Tokens: auth.Tokens, Handlers: routes, Registry: reg,
 		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), MaxAnswerBytes: maxAnswers, Logger: log})
 	if err != nil {
 		return err

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/inspector/watch"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/llmproxy"
 )
 
@@ -44,7 +44,7 @@ const TokenHeader = "X-Arbor-Token"
 
 // addLLMProxy mounts the LLM reverse proxy at /v1/llm/; the proxy's
 // Close stops its background checkpoints.
-func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, upstream, token string, log *slog.Logger) (map[string]http.Handler, *llmproxy.Proxy, error) {
+func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, upstream string, auth tenant.Auth, log *slog.Logger) (map[string]http.Handler, *llmproxy.Proxy, error) {
 	u, err := url.Parse(upstream)
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		return nil, nil, fmt.Errorf("--llm-upstream %q: want an absolute URL such as http://127.0.0.1:8000", upstream)
@@ -54,14 +54,15 @@ func addLLMProxy(routes map[string]http.Handler, co *coordinator.Coordinator, up
 		return nil, nil, err
 	}
 	var h http.Handler = p
-	if token != "" {
+	if auth.Required() {
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get(TokenHeader)), []byte(token)) != 1 {
+			who, ok := auth.Authenticate(r.Header.Get(TokenHeader))
+			if !ok {
 				http.Error(w, `{"error":{"code":"unauthorized","message":"send the server's token in `+TokenHeader+`"}}`, http.StatusUnauthorized)
 				return
 			}
 			r.Header.Del(TokenHeader)
-			p.ServeHTTP(w, r)
+			p.ServeHTTP(w, r.WithContext(tenant.With(r.Context(), who)))
 		})
 	}
 	if routes == nil {

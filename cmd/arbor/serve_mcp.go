@@ -12,11 +12,12 @@ import (
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // mcpRoutes is the agent tools' MCP endpoint of arbor serve --mcp (none
 // when on is false) and a function that ends its sessions.
-func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, token string, log *slog.Logger) (map[string]http.Handler, func(), error) {
+func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, auth tenant.Auth, log *slog.Logger) (map[string]http.Handler, func(), error) {
 	if !on {
 		return nil, func() {}, nil
 	}
@@ -24,7 +25,7 @@ func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, snap cr.Snap
 	if err != nil {
 		return nil, nil, err
 	}
-	h := tools.Handler(agent.HandlerOptions{Token: token, Logger: log})
+	h := tools.Handler(agent.HandlerOptions{Token: auth.Token, Tokens: auth.Tokens, Logger: log})
 	fmt.Fprintf(os.Stderr, "arbor: agent tools over MCP (streamable HTTP) at http://%s%s/ENV_ID and http://%s%s?task=NAME|image=NAME\n",
 		addr, agent.MCPPath, addr, agent.MCPPath)
 	stop := func() {

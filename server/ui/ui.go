@@ -185,13 +185,13 @@ type local struct{ c *coordinator.Coordinator }
 // Local is the Source of a single server: its coordinator.
 func Local(c *coordinator.Coordinator) Source { return local{c} }
 
-func (l local) Envs(context.Context) (EnvsAnswer, error) {
+func (l local) Envs(ctx context.Context) (EnvsAnswer, error) {
 	out := EnvsAnswer{Envs: []EnvRow{}, Tasks: l.c.TaskNames()}
 	tasks := map[string]bool{}
 	for _, t := range out.Tasks {
 		tasks[t] = true
 	}
-	for _, e := range l.c.Envs() {
+	for _, e := range l.c.Envs(ctx) {
 		row := EnvRow{ID: e.Env.ID, Task: e.Task.Name, Image: e.Env.Image, Origin: e.Env.Origin, Head: e.Env.Head(),
 			Turn: e.Turn, IdleS: e.Idle.Seconds(), Last: l.c.LastTurn(e.Env.ID)}
 		if e.Recovered != nil {
@@ -203,7 +203,7 @@ func (l local) Envs(context.Context) (EnvsAnswer, error) {
 			out.Tasks = append(out.Tasks, e.Task.Name)
 		}
 	}
-	for _, l := range l.c.Lost() {
+	for _, l := range l.c.Lost(ctx) {
 		out.Envs = append(out.Envs, EnvRow{ID: l.ID, Task: l.Task.Name, Image: l.Image, Head: l.Head,
 			Lost: coordinator.ProtoError(l.Err).Message})
 	}
@@ -212,15 +212,24 @@ func (l local) Envs(context.Context) (EnvsAnswer, error) {
 	return out, nil
 }
 
-func (l local) Tree(_ context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
-	return l.c.Tree(scope)
+func (l local) Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
+	return l.c.Tree(ctx, scope)
 }
 
 func (l local) Health(context.Context) (coordinator.Health, error) { return l.c.Health() }
 
-func (l local) Subscribe(_ context.Context, buf int) Feed { return localFeed{l.c.Subscribe(buf)} }
+func (l local) Subscribe(ctx context.Context, buf int) Feed {
+	return localFeed{l.c.Subscribe(buf), l.c, ctx}
+}
 
-type localFeed struct{ s *coordinator.Subscription }
+// localFeed passes on the events of the envs the request's tenant sees.
+type localFeed struct {
+	s   *coordinator.Subscription
+	c   *coordinator.Coordinator
+	ctx context.Context
+}
+
+func (f localFeed) Visible(ev coordinator.Event) bool { return f.c.SeesEvent(f.ctx, ev) }
 
 func (f localFeed) C() <-chan coordinator.Event { return f.s.C }
 func (f localFeed) Dropped() bool               { return f.s.Dropped() }
@@ -304,6 +313,9 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 					send("resync", map[string]any{"why": "fell behind the feed"})
 				}
 				return
+			}
+			if v, ok := sub.(interface{ Visible(coordinator.Event) bool }); ok && !v.Visible(ev) {
+				continue // another tenant's env
 			}
 			if !send(ev.Type, ev) {
 				return
