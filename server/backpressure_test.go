@@ -315,7 +315,10 @@ func TestNeverReaderDropped(t *testing.T) {
 // in full and in order.
 func TestAnswerMemoryBounded(t *testing.T) {
 	const bound = 6 << 20
-	s, addr, reg := backpressureServer(t, server.Options{MaxAnswerBytes: bound})
+	// WriteWait well past the test: here only the answer budget may drop
+	// a client (under load WriteWait's 30 s dropped both non-readers
+	// before their answers reached 4 MiB).
+	s, addr, reg := backpressureServer(t, server.Options{MaxAnswerBytes: bound, WriteWait: 10 * time.Minute})
 	const n = 6
 	var rs []*raw
 	var envs []string
@@ -331,7 +334,7 @@ func TestAnswerMemoryBounded(t *testing.T) {
 	}
 	// Until what they do not read (not counting reservations) leaves no
 	// room for another step's 2 MiB.
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		held, _, _ := s.AnswerMemory()
 		if gauge(t, reg, "arbor_unread_bytes") >= 4*answerBytes {
