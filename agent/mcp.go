@@ -283,14 +283,14 @@ type binding struct {
 
 // same checks that a call presents a token of the session's tenant.
 func (b *binding) same(req *mcp.CallToolRequest) error {
-	if !b.h.auth().Required() || b.who.Admin {
+	if !b.h.auth().Required() {
 		return nil
 	}
 	var hd http.Header
 	if req.Extra != nil {
 		hd = req.Extra.Header
 	}
-	if who, ok := b.h.tenant(hd); ok && (who.Admin || who.Name == b.who.Name) {
+	if who, ok := b.h.tenant(hd); ok && (who.Admin || who == b.who) {
 		return nil
 	}
 	id := b.tg.envID

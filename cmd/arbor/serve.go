@@ -174,6 +174,11 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	if auth.Tokens != nil && o.token == "" && o.cluster.etcd != "" {
+		// The state transfer endpoint (node to node, router to node)
+		// takes --token only: without one it would be open.
+		return fmt.Errorf("a cluster node with --tokens needs --token too: the admin token of its state transfers (docs/cluster.md, \"Tenants\")")
+	}
 	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, auth)
 	if err != nil {
 		return err
