@@ -112,12 +112,27 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 	if err != nil {
 		return fail(err)
 	}
+	// A state shipped to other nodes must be one the client sees: with
+	// the clients' own tokens (ForwardTokens) its node is asked first,
+	// with the client's token, for the state's trajectory (read only);
+	// another tenant's state is answered as that node answers it.
+	var check *sent
+	if first == nil && r.o.ForwardTokens {
+		if check, err = r.send(ctx, src, protocol.MethodTrajectory, protocol.TrajectoryParams{StateID: p.StateID}, nil); err != nil {
+			return fail(err)
+		}
+	}
 	r.addPending(plan, 1)
 	return func(ctx context.Context) (any, error) {
 		defer r.addPending(plan, -1)
 		start := time.Now()
 		out := protocol.BranchResult{StateID: p.StateID}
 		var errs []*protocol.Error
+		if check != nil {
+			if _, err := check.wait(ctx); err != nil {
+				return nil, err
+			}
+		}
 		if first != nil {
 			raw, err := first.wait(ctx)
 			if err != nil && p.EnvID != "" && isUnknownEnv(err) {

@@ -127,7 +127,6 @@ func TestClusterTenants(t *testing.T) {
 		return out
 	}
 	var envA, envB []string
-	var sA string
 	for i := 0; i < 2; i++ { // two each: both nodes hold some of each tenant's
 		ra, err := a.Reset(ctx, arbor.ResetParams{Task: "count"})
 		if err != nil {
@@ -144,7 +143,7 @@ func TestClusterTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sA = st.Info.StateID
+	sA, stepped := st.Info.StateID, envA[0]
 	slices.Sort(envA)
 	slices.Sort(envB)
 	if got := ids(a); !slices.Equal(got, envA) {
@@ -184,10 +183,14 @@ func TestClusterTenants(t *testing.T) {
 	same("release", release(sA), release(nobodysState), sA, nobodysState, "unknown_state")
 	branchState := func(s string) error { _, err := b.Branch(ctx, arbor.BranchParams{StateID: s, N: 1}); return err }
 	same("branch from state", branchState(sA), branchState(nobodysState), sA, nobodysState, "unknown_state")
+	// n over what one node takes: the branch spreads over both nodes,
+	// and the state is refused on its own node before any is shipped.
+	spread := func(s string) error { _, err := b.Branch(ctx, arbor.BranchParams{StateID: s, N: maxEnvs}); return err }
+	same("branch from state on both nodes", spread(sA), spread(nobodysState), sA, nobodysState, "unknown_state")
 	if got := ids(a); !slices.Equal(got, envA) {
 		t.Errorf("alpha's envs after beta's tries: %v, want %v", got, envA)
 	}
-	if r, err := a.Step(ctx, envA[0], arbor.Action{Tool: "bash", Cmd: "cat /work/n"}); err != nil || strings.TrimSpace(string(r.Obs.Stdout)) != "1" {
+	if r, err := a.Step(ctx, stepped, arbor.Action{Tool: "bash", Cmd: "cat /work/n"}); err != nil || strings.TrimSpace(string(r.Obs.Stdout)) != "1" {
 		t.Errorf("alpha's step after beta's tries: %v %v", r, err)
 	}
 
