@@ -244,6 +244,31 @@ func TestTenants(t *testing.T) {
 		if _, err := b.Rollback(ctx, envB, sB); err != nil {
 			t.Errorf("beta's rollback to its own state: %v", err)
 		}
+
+		// A state (pinned) stays its tenant's after its env closed.
+		rx, err := a.Reset(ctx, arbor.ResetParams{Task: "count"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sx, err := a.Step(ctx, rx.EnvID, bash("echo 2 > /work/n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := sx.Info.StateID
+		if err := a.Pin(ctx, closed); err != nil { // kept through the close
+			t.Fatal(err)
+		}
+		defer a.Unpin(ctx, closed)
+		if err := a.CloseEnv(ctx, rx.EnvID); err != nil {
+			t.Fatal(err)
+		}
+		fromState := func(s string) error { _, err := b.Branch(ctx, arbor.BranchParams{StateID: s, N: 1}); return err }
+		sameAsUnknown(t, "branch from a state of alpha's closed env", fromState(closed), fromState(nobodysState), closed, nobodysState)
+		if r, err := a.Branch(ctx, arbor.BranchParams{StateID: closed, N: 1}); err != nil {
+			t.Errorf("alpha's branch from a state of its closed env: %v", err)
+		} else {
+			a.CloseEnv(ctx, r.EnvIDs[0])
+		}
 	})
 
 	t.Run("metrics", func(t *testing.T) {
