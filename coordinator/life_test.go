@@ -10,6 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -453,5 +454,42 @@ func TestTicketOrder(t *testing.T) {
 	// Ids not handed out take no ticket.
 	if tk := c.take("e-nope"); !tk.ready() || len(tk.nexts) != 0 {
 		t.Error("a ticket of an id not handed out queues")
+	}
+}
+
+// TestTenantLabels: an env's tenant is in its labels, served or
+// ephemeral, so that a restart adopts it as its tenant's (recover.go) and
+// its states stay its tenant's after it closed; a child inherits its
+// source's tenant whoever branches it.
+func TestTenantLabels(t *testing.T) {
+	c := newCoordinator(t, Options{Classify: Full})
+	alpha := tenant.With(context.Background(), tenant.Tenant{Name: "alpha"})
+	admin := tenant.Admin(context.Background())
+	r, err := c.Reset(alpha, ResetRequest{Task: "count"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseEnv(admin, r.Env.ID)
+	if l := r.Env.Labels(); l[labelTenant] != "alpha" || l[labelServed] != "1" {
+		t.Errorf("alpha's env labelled %v", l)
+	}
+	eph, err := c.Reset(alpha, ResetRequest{Image: "busybox", Ephemeral: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseEnv(admin, eph.Env.ID)
+	if l := eph.Env.Labels(); l[labelTenant] != "alpha" || l[labelServed] != "" {
+		t.Errorf("alpha's ephemeral env labelled %v", l)
+	}
+	res, err := c.Branch(admin, BranchRequest{EnvID: r.Env.ID, N: 1})
+	if err != nil || res.Children[0] == nil {
+		t.Fatal(err, res)
+	}
+	defer c.CloseEnv(admin, res.Children[0].ID)
+	if l := res.Children[0].Labels(); l[labelTenant] != "alpha" {
+		t.Errorf("the admin's child of alpha's env labelled %v, want alpha's", l)
+	}
+	if envs := c.Envs(tenant.With(context.Background(), tenant.Tenant{Name: "beta"})); len(envs) != 0 {
+		t.Errorf("beta sees %d envs of alpha's", len(envs))
 	}
 }
