@@ -69,8 +69,8 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if !validKind(kind) {
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
 	}
-	if env.closed {
-		return nil, "", "", env.closedErr()
+	if err := env.usable(); err != nil {
+		return nil, "", "", err
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return nil, "", "", err

@@ -568,6 +568,17 @@ func (env *Env) closedErr() error {
 	return fmt.Errorf("%w: env %s", ErrClosed, env.ID)
 }
 
+// usable is nil when operations may run on env: it is neither closed nor
+// stopped by the fair-share check (whose close may still be waiting for
+// env.mu: a stopped env is never revived or rolled back meanwhile). The
+// caller holds env.mu.
+func (env *Env) usable() error {
+	if env.closed {
+		return env.closedErr()
+	}
+	return env.stopErr()
+}
+
 // stopErr is why the fair-share check stopped env, or nil.
 func (env *Env) stopErr() error {
 	env.fsMu.Lock()
@@ -700,14 +711,11 @@ func (e *Engine) WaitCheckpoint(ctx context.Context, env *Env) (time.Duration, e
 func (e *Engine) Exec(ctx context.Context, env *Env, cmd string, o sandbox.ExecOptions) (*sandbox.Result, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	if env.closed {
-		return nil, env.closedErr()
+	if err := env.usable(); err != nil {
+		return nil, err // closed, or stopped and its close waits for this call
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return nil, err
-	}
-	if err := env.stopErr(); err != nil {
-		return nil, err // stopped, its close waits for this call
 	}
 	if dead(env.sb, nil) {
 		return nil, e.revive(ctx, env, sandbox.ErrDead)

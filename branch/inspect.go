@@ -143,8 +143,8 @@ func (e *Engine) Classify(ctx context.Context, env *Env, cmd string) (Turn, erro
 	start := time.Now()
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	if env.closed {
-		return Turn{}, env.closedErr()
+	if err := env.usable(); err != nil {
+		return Turn{}, err
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return Turn{}, err

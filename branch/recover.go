@@ -234,6 +234,9 @@ func dead(sb *sandbox.Sandbox, err error) bool {
 // so the head is committed). It returns the *RevivedError the operation
 // reports, or why the env could not be restored.
 func (e *Engine) revive(ctx context.Context, env *Env, cause error) error {
+	if err := env.stopErr(); err != nil {
+		return err // stopped on purpose: never brought back
+	}
 	if cause == nil {
 		cause = sandbox.ErrDead
 	}

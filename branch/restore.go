@@ -406,10 +406,10 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 // checkpointing it (full, high priority) when it changed since its head.
 func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 	env.mu.Lock()
-	dirty, head, closed := env.dirty, env.head, env.closed
+	dirty, head, unusable := env.dirty, env.head, env.usable()
 	env.mu.Unlock()
-	if closed {
-		return "", env.closedErr()
+	if unusable != nil {
+		return "", unusable
 	}
 	if !dirty && head != "" {
 		env.mu.Lock()
@@ -530,8 +530,8 @@ func (e *Engine) adopt(ctx context.Context, id string, r restored, st manifest.S
 func (e *Engine) Rollback(ctx context.Context, env *Env, sid string) error {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	if env.closed {
-		return env.closedErr()
+	if err := env.usable(); err != nil {
+		return err
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return err

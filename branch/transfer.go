@@ -488,8 +488,8 @@ func (e *Engine) ImportedLabels(id string) (map[string]string, bool) {
 func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func(), err error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
-	if env.closed {
-		return "", nil, env.closedErr()
+	if err := env.usable(); err != nil {
+		return "", nil, err
 	}
 	if _, err := env.gate(ctx); err != nil {
 		return "", nil, err
