@@ -37,6 +37,8 @@ type regular struct {
 // The allocation check is what makes a hole trustworthy: SEEK_DATA can
 // miss data (Linux 6.18's tmpfs does not see the last page of a file of
 // 8 EiB - 1 bytes), and a byte it misses would otherwise compare equal.
+// A file whose extents cover it whole has no hole to trust: it is equal
+// once every byte compared equal.
 func sameContent(ctx context.Context, bud *Budget, a, b regular, size int64) (bool, error) {
 	// The allocated blocks are no exact measure of the data (preallocated
 	// extents, compression), but a pair that cannot fit costs no read.
@@ -72,7 +74,14 @@ func sameContent(ctx context.Context, bud *Budget, a, b regular, size int64) (bo
 			return false, nil
 		}
 		if da >= size {
-			// Both files hold the same extents: found is each one's.
+			// Both files hold the same extents: found is each one's. When
+			// they cover the whole file every byte was read; only a file
+			// with holes needs its allocated blocks accounted for (ZFS
+			// counts its metadata and compression in st_blocks, so a dense
+			// file there would never prove equal).
+			if found >= blocksIn(0, size) {
+				return true, nil
+			}
 			return found >= uint64(blocksA)*512 && found >= uint64(blocksB)*512, nil
 		}
 		if ha <= da {
