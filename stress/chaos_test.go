@@ -3,6 +3,7 @@
 package stress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -311,10 +312,12 @@ func (m *model) verifyAll(t *testing.T, c *arbor.Client) (corrupted, unborn, che
 }
 
 // killCRIU kills the criu processes the server runs, and says how many.
+// The private CRIU runs under its own loader (docs/install.md), so its
+// command name is the loader's: it is told by its command line.
 func killCRIU(server int) int {
 	n := 0
 	for _, pid := range childrenOf(server) {
-		if comm, _ := procStat(pid); strings.HasPrefix(comm, "criu") {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, []byte("criu")) {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
 				n++
 			}
