@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -165,8 +164,4 @@ func answerCost(p any) int64 {
 		return n
 	}
 	return 0
-}
-
-func (b *answerBudget) String() string {
-	return fmt.Sprintf("%d of %d bytes", b.held(), b.max)
 }
