@@ -19,6 +19,7 @@ import (
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/origin"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // MCPPath is where Handler is mounted: MCPPath + "/{env_id}" attaches to
@@ -252,7 +253,7 @@ func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn f
 // error mapping (coordError keeps its *protocol.Error in the chain).
 func toolError(err error) error {
 	if errors.Is(err, panics.ErrPanic) {
-		err = coordinator.ProtoError(err) // internal: the server's failure
+		err = protocol.ErrorOf(err) // internal: the server's failure
 	}
 	var pe *protocol.Error
 	errors.As(err, &pe)
@@ -299,7 +300,7 @@ func (b *binding) same(req *mcp.CallToolRequest) error {
 		id = b.s.env.ID
 	}
 	b.mu.Unlock()
-	return coordError("env "+id, fmt.Errorf("%w: no open env %q", coordinator.ErrUnknownEnv, id))
+	return coordError("env "+id, fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, id))
 }
 
 // session returns the session's tools, starting its env on first use when
@@ -321,7 +322,7 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	if b.s != nil {
 		if !t.c.Has(b.s.env.ID) {
 			return nil, "", coordError("session", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session",
-				coordinator.ErrUnknownEnv, b.s.env.ID))
+				state.ErrUnknownEnv, b.s.env.ID))
 		}
 		return b.s, "", nil
 	}
@@ -354,7 +355,7 @@ func (h *Handler) adopt(b *binding) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return coordError("start env", fmt.Errorf("%w: the server is shutting down", coordinator.ErrClosed))
+		return coordError("start env", fmt.Errorf("%w: the server is shutting down", state.ErrShuttingDown))
 	}
 	h.owned[b] = struct{}{}
 	return nil
@@ -381,7 +382,7 @@ func (h *Handler) closeWhenDone(b *binding) {
 	wait()
 	err := h.t.c.Discard(ctx, env.ID)
 	release()
-	if err != nil && !errors.Is(err, coordinator.ErrUnknownEnv) {
+	if err != nil && !errors.Is(err, state.ErrUnknownEnv) {
 		h.log.Warn("close env of ended mcp session", slog.String("env", env.ID), slog.Any("err", err))
 	}
 	h.t.Forget(env.ID)

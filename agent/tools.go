@@ -168,7 +168,7 @@ func coordError(what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	pe := coordinator.ProtoError(err)
+	pe := protocol.ErrorOf(err)
 	switch {
 	case pe.Infra:
 		return fmt.Errorf("%w: %s: %w", ErrInfra, what, pe)

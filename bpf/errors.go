@@ -1,6 +1,10 @@
 package bpf
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/arbor-env/arbor/state"
+)
 
 // Sentinel errors of the eBPF tracker; test with errors.Is.
 var (
@@ -8,7 +12,7 @@ var (
 	// the verifier refused the programs, not amd64).
 	ErrUnavailable = errors.New("eBPF tracker unavailable")
 	// ErrClosed: the tracker was closed.
-	ErrClosed = errors.New("eBPF tracker closed")
+	ErrClosed = state.New(state.ErrUnavailable, "eBPF tracker closed")
 	// ErrFlushed: Read consumed every event that was pending when Flush
 	// was called.
 	ErrFlushed = errors.New("eBPF events flushed")

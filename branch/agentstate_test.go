@@ -12,6 +12,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Honest outcome attribution (docs/protocol.md, Errors: env_error): what
@@ -73,7 +74,7 @@ func TestHeldDeletedFileUnderGhostLimit(t *testing.T) {
 }
 
 // TestHeldDeletedFileOverGhostLimit: a deleted file over the limit held
-// open fails the checkpoint with cr.ErrAgentState (and ErrCheckpoint),
+// open fails the checkpoint with cr.ErrAgentState (and state.ErrCheckpoint),
 // naming the file, its size, the process and the descriptor; a branch of
 // the env and of the failed state id say the same, and once the process
 // is gone the env checkpoints and branches again.
@@ -89,8 +90,8 @@ func TestHeldDeletedFileOverGhostLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ckErr := env.TakeCheckpointError()
-	if !errors.Is(ckErr, cr.ErrAgentState) || !errors.Is(ckErr, branch.ErrCheckpoint) {
-		t.Fatalf("checkpoint with a held deleted 72 MiB file: %v; want cr.ErrAgentState and branch.ErrCheckpoint", ckErr)
+	if !errors.Is(ckErr, cr.ErrAgentState) || !errors.Is(ckErr, state.ErrCheckpoint) {
+		t.Fatalf("checkpoint with a held deleted 72 MiB file: %v; want cr.ErrAgentState and state.ErrCheckpoint", ckErr)
 	}
 	for _, want := range []string{"72.0 MiB", "/tmp/big", "fd 0", "pid ", "64.0 MiB limit"} {
 		if !strings.Contains(ckErr.Error(), want) {
@@ -99,8 +100,8 @@ func TestHeldDeletedFileOverGhostLimit(t *testing.T) {
 	}
 	// The failed state id, by branch and by look-up: the cause, not
 	// merely an unknown id.
-	if _, err := e.State(sid); !errors.Is(err, branch.ErrUnknownState) || !errors.Is(err, cr.ErrAgentState) {
-		t.Errorf("state %s whose checkpoint failed: %v; want ErrUnknownState wrapping cr.ErrAgentState", sid, err)
+	if _, err := e.State(sid); !errors.Is(err, state.ErrUnknownState) || !errors.Is(err, cr.ErrAgentState) {
+		t.Errorf("state %s whose checkpoint failed: %v; want state.ErrUnknownState wrapping cr.ErrAgentState", sid, err)
 	}
 	if err := e.StateFailure(sid); !errors.Is(err, cr.ErrAgentState) {
 		t.Errorf("StateFailure(%s) = %v", sid, err)

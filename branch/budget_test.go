@@ -13,11 +13,12 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestImageBudget: an env whose shell holds 80 MB of fresh memory cannot
 // make its checkpoints write more process images than its budget (64 MiB
-// here): that checkpoint fails as the agent's doing (ErrCheckpoint with
+// here): that checkpoint fails as the agent's doing (state.ErrCheckpoint with
 // cr.ErrAgentState, the budget named), its image is not kept, and the env
 // runs on with its last kept state as its head; images the GC dropped
 // (a state rolled away from and released) no longer count. Another
@@ -41,8 +42,8 @@ func TestImageBudget(t *testing.T) {
 	before := procBytes(t, e)
 	run(t, e, env, `x=$(head -c 80000000 /dev/zero | tr '\0' a); echo ${#x}`)
 	_, err = e.Checkpoint(ctx, env, branch.Full)
-	if !errors.Is(err, branch.ErrCheckpoint) || !errors.Is(err, cr.ErrAgentState) || !strings.Contains(err.Error(), "budget") {
-		t.Fatalf("checkpoint of 80 MB over a 64 MiB budget: %v, want ErrCheckpoint with ErrAgentState naming the budget", err)
+	if !errors.Is(err, state.ErrCheckpoint) || !errors.Is(err, cr.ErrAgentState) || !strings.Contains(err.Error(), "budget") {
+		t.Fatalf("checkpoint of 80 MB over a 64 MiB budget: %v, want state.ErrCheckpoint with ErrAgentState naming the budget", err)
 	}
 	t.Logf("refused: %v", err)
 	if after := procBytes(t, e); after != before {

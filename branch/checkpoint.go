@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == Full }
@@ -67,7 +68,7 @@ func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 // job neither freezes, settles nor thaws.
 func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority, held bool) (*queue.Job, string, Kind, error) {
 	if !validKind(kind) {
-		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
+		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", state.ErrInvalid, kind)
 	}
 	if err := env.usable(); err != nil {
 		return nil, "", "", err
@@ -124,7 +125,7 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	var ps manifest.State
 	if parent != "" {
 		if ps, err = e.man.GetState(parent); err != nil {
-			return fmt.Errorf("%w: parent state %s: %v", ErrCheckpoint, parent, err)
+			return fmt.Errorf("%w: parent state %s: %v", state.ErrCheckpoint, parent, err)
 		}
 	}
 	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, FS: ps.FS, Proc: ps.Proc,
@@ -141,10 +142,10 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if agentCaused(err) {
 				// The sandbox's own doing: the cause stays testable
 				// (docs/protocol.md, Errors: env_error).
-				err = fmt.Errorf("%w: state %s of env %s: %w", ErrCheckpoint, sid, envID, err)
+				err = fmt.Errorf("%w: state %s of env %s: %w", state.ErrCheckpoint, sid, envID, err)
 				e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
 			} else {
-				err = fmt.Errorf("%w: state %s of env %s: %v", ErrCheckpoint, sid, envID, err)
+				err = fmt.Errorf("%w: state %s of env %s: %v", state.ErrCheckpoint, sid, envID, err)
 				e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
 			}
 			e.failed.add(sid, err)
@@ -354,7 +355,7 @@ func (e *Engine) State(id string) (manifest.State, error) {
 func (e *Engine) Lineage(id string) ([]manifest.State, error) {
 	l, err := e.man.Lineage(id)
 	if errors.Is(err, manifest.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrUnknownState, id)
+		return nil, fmt.Errorf("%w: %s", state.ErrUnknownState, id)
 	}
 	return l, err
 }

@@ -18,13 +18,14 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestHungDumpFailsAndThaws: a background checkpoint whose CRIU stops in
 // the middle of the dump (SIGSTOP at its post-dump notification, with the
 // tree seized and frozen) is killed at the CRIU deadline. The env does not
 // hang: the next operation runs (the sandbox is thawed), it reports the
-// failed checkpoint (TakeCheckpointError, branch.ErrCheckpoint), the head
+// failed checkpoint (TakeCheckpointError, state.ErrCheckpoint), the head
 // is the parent again, no CRIU process or client goroutine is left, and
 // the next checkpoint is full, succeeds and restores. Before the deadline
 // existed, the dump, and with it every later operation on the env, waited
@@ -81,15 +82,15 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 		t.Fatal("CRIU sent no post-dump notification: nothing was stopped")
 	}
 	ckErr := env.TakeCheckpointError()
-	if !errors.Is(ckErr, branch.ErrCheckpoint) || !strings.Contains(ckErr.Error(), criu.ErrTimeout.Error()) {
-		t.Fatalf("checkpoint error: %v, want ErrCheckpoint of a CRIU timeout", ckErr)
+	if !errors.Is(ckErr, state.ErrCheckpoint) || !strings.Contains(ckErr.Error(), criu.ErrTimeout.Error()) {
+		t.Fatalf("checkpoint error: %v, want state.ErrCheckpoint of a CRIU timeout", ckErr)
 	}
 	t.Logf("reported: %v", ckErr)
 	if got := env.Head(); got != parent {
 		t.Errorf("head after the failed checkpoint %s: %s, want the parent %s", sid, got, parent)
 	}
-	if _, err := e.State(sid); !errors.Is(err, branch.ErrUnknownState) {
-		t.Errorf("state of the failed checkpoint: %v, want ErrUnknownState", err)
+	if _, err := e.State(sid); !errors.Is(err, state.ErrUnknownState) {
+		t.Errorf("state of the failed checkpoint: %v, want state.ErrUnknownState", err)
 	}
 	sb := env.Sandbox()
 	if b, err := os.ReadFile(filepath.Join(sb.FreezerCgroup(), "cgroup.freeze")); err != nil || strings.TrimSpace(string(b)) != "0" {

@@ -21,6 +21,7 @@ import (
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Kind is what a checkpoint captures (see DESIGN.md).
@@ -110,7 +111,7 @@ type Options struct {
 	// DefaultHighWater, DefaultLowWater): above the high mark GC evicts by
 	// the retention policy until under the low mark, and while still
 	// above it NewEnv and Branch wait up to PressureWait (default
-	// DefaultPressureWait) and are refused with ErrNoSpace
+	// DefaultPressureWait) and are refused with state.ErrNoSpace
 	// (docs/engine.md, "Disk pressure"). A high mark above 1 turns it off.
 	HighWater, LowWater float64
 	PressureWait        time.Duration
@@ -188,7 +189,7 @@ type Engine struct {
 // stay usable for Options.Retain (a lost env's until ForgetLost).
 func Open(ctx context.Context, o Options) (e *Engine, err error) {
 	if o.Snap == nil || o.CRIU == nil || o.Launcher == nil || o.StateDir == "" {
-		return nil, fmt.Errorf("%w: engine needs StateDir, Snap, CRIU and Launcher", ErrBadRequest)
+		return nil, fmt.Errorf("%w: engine needs StateDir, Snap, CRIU and Launcher", state.ErrInvalid)
 	}
 	if o.HotBytes <= 0 {
 		o.HotBytes = 1 << 30
@@ -544,7 +545,7 @@ func (e *Engine) register(env *Env) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return ErrClosed
+		return state.ErrClosed
 	}
 	e.envs[env.ID] = env
 	env.publish()
@@ -560,12 +561,12 @@ func (env *Env) publish() {
 }
 
 // closedErr is the error of an operation on a closed env: why the
-// fair-share check stopped it, or ErrClosed.
+// fair-share check stopped it, or state.ErrClosed.
 func (env *Env) closedErr() error {
 	if err := env.stopErr(); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: env %s", ErrClosed, env.ID)
+	return fmt.Errorf("%w: env %s", state.ErrClosed, env.ID)
 }
 
 // usable is nil when operations may run on env: it is neither closed nor
@@ -593,9 +594,9 @@ func (e *Engine) Env(id string) (*Env, error) {
 	env, ok := e.envs[id]
 	if !ok {
 		if l, ok := e.lost[id]; ok {
-			return nil, fmt.Errorf("%w: env %s (head %s): %v", ErrLost, id, l.Head, l.Err)
+			return nil, fmt.Errorf("%w: env %s (head %s): %v", state.ErrLost, id, l.Head, l.Err)
 		}
-		return nil, fmt.Errorf("%w: %s", ErrUnknownEnv, id)
+		return nil, fmt.Errorf("%w: %s", state.ErrUnknownEnv, id)
 	}
 	return env, nil
 }

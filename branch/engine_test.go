@@ -25,6 +25,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // rig is an engine on a fresh btrfs pool with a busybox image and, when
@@ -277,21 +278,21 @@ func TestFailedRestoreKeepsSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, cerr := range res.Errors {
-		if !errors.Is(cerr, branch.ErrRestore) || res.Children[i] != nil {
-			t.Errorf("child %d: err %v, env %v; want ErrRestore and no env", i, cerr, res.Children[i])
+		if !errors.Is(cerr, state.ErrRestore) || res.Children[i] != nil {
+			t.Errorf("child %d: err %v, env %v; want state.ErrRestore and no env", i, cerr, res.Children[i])
 		}
 	}
 	t.Logf("reported: %v", res.Errors[0])
-	if err := e.Rollback(ctx, env, sid); !errors.Is(err, branch.ErrRestore) {
-		t.Errorf("rollback to a broken state: %v, want ErrRestore", err)
+	if err := e.Rollback(ctx, env, sid); !errors.Is(err, state.ErrRestore) {
+		t.Errorf("rollback to a broken state: %v, want state.ErrRestore", err)
 	}
 	if got := run(t, e, env, "cat /f; echo more >> /f; cat /f"); got != "one\none\nmore\n" {
 		t.Errorf("source env after failed restores: %q", got)
 	}
-	if _, err := e.Branch(ctx, branch.Source{State: "s-nonexistent"}, 1); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := e.Branch(ctx, branch.Source{State: "s-nonexistent"}, 1); !errors.Is(err, state.ErrUnknownState) {
 		t.Errorf("branch of unknown state: %v", err)
 	}
-	if _, err := e.Branch(ctx, branch.Source{State: sid}, 0); !errors.Is(err, branch.ErrBadRequest) {
+	if _, err := e.Branch(ctx, branch.Source{State: sid}, 0); !errors.Is(err, state.ErrInvalid) {
 		t.Errorf("branch n=0: %v", err)
 	}
 }
@@ -393,7 +394,7 @@ func TestReleaseAndGC(t *testing.T) {
 		t.Fatal(err)
 	}
 	after, _ := e.Usage()
-	if _, err := e.State(csid); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := e.State(csid); !errors.Is(err, state.ErrUnknownState) {
 		t.Errorf("state of a closed lineage survived GC: %v", err)
 	}
 	if after.Manifest.States != 0 || after.Images.HotCount+after.Images.ColdCount != 0 {
@@ -579,7 +580,7 @@ func TestPromote(t *testing.T) {
 	if got := run(t, e, parent, "cat /f; echo $D"); got != "drafted\n1\n" || parent.Head() != sid {
 		t.Errorf("parent after promote: %q head %s want %s", got, parent.Head(), sid)
 	}
-	if _, err := e.Env(draft.ID); !errors.Is(err, branch.ErrUnknownEnv) {
+	if _, err := e.Env(draft.ID); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("promoted draft still open: %v", err)
 	}
 }
@@ -606,8 +607,8 @@ func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
 	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.TakeCheckpointError(); !errors.Is(err, branch.ErrCheckpoint) {
-		t.Fatalf("checkpoint %s with a ghost over the limit: %v, want branch.ErrCheckpoint", failing, err)
+	if err := env.TakeCheckpointError(); !errors.Is(err, state.ErrCheckpoint) {
+		t.Fatalf("checkpoint %s with a ghost over the limit: %v, want state.ErrCheckpoint", failing, err)
 	}
 	run(t, e, env, "kill $(pidof sleep); wait 2>/dev/null; true")
 	sid, kind, err := e.CheckpointAsync(env, branch.None)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // failedStates remembers why the checkpoints of recent states failed: a
@@ -48,7 +49,7 @@ func (f *failedStates) get(sid string) error {
 }
 
 // StateFailure returns why the checkpoint of state sid failed, when it
-// did (recently); nil otherwise. The error wraps ErrCheckpoint and, when
+// did (recently); nil otherwise. The error wraps state.ErrCheckpoint and, when
 // the sandbox's own state was the cause, cr.ErrAgentState or
 // sandbox.ErrBroken.
 func (e *Engine) StateFailure(sid string) error { return e.failed.get(sid) }
@@ -59,11 +60,11 @@ func agentCaused(err error) bool {
 }
 
 // unknownState is the error of a look-up of sid that the manifest does
-// not have: ErrUnknownState, wrapping its checkpoint's failure when that
+// not have: state.ErrUnknownState, wrapping its checkpoint's failure when that
 // is why.
 func (e *Engine) unknownState(sid string) error {
 	if ferr := e.failed.get(sid); ferr != nil {
-		return fmt.Errorf("%w: %s never came to be: %w", ErrUnknownState, sid, ferr)
+		return fmt.Errorf("%w: %s never came to be: %w", state.ErrUnknownState, sid, ferr)
 	}
-	return fmt.Errorf("%w: %s", ErrUnknownState, sid)
+	return fmt.Errorf("%w: %s", state.ErrUnknownState, sid)
 }

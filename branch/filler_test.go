@@ -14,6 +14,7 @@ import (
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // smallPool is an engine on a 1 GiB btrfs pool whose sandboxes may write
@@ -293,7 +294,7 @@ func TestFillersOverTheirShare(t *testing.T) {
 // pool can take its whole quota beside what every open env may still
 // write (docs/engine.md, "Disk reservation"). On a 1 GiB pool with 300 MiB
 // quotas two envs fit and a third, and a branch of 2, are refused with
-// ErrNoSpace naming the reservation; the two fill their quotas and the
+// state.ErrNoSpace naming the reservation; the two fill their quotas and the
 // pool stays under its high mark, so their checkpoints and steps go on;
 // once one closes, a new env is admitted again.
 func TestDiskReservation(t *testing.T) {
@@ -308,13 +309,13 @@ func TestDiskReservation(t *testing.T) {
 		}
 		envs = append(envs, env)
 	}
-	if env, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, branch.ErrNoSpace) || !strings.Contains(err.Error(), "reserved") {
-		t.Fatalf("a third env: %v, want ErrNoSpace for the reservation", err)
+	if env, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, state.ErrNoSpace) || !strings.Contains(err.Error(), "reserved") {
+		t.Fatalf("a third env: %v, want state.ErrNoSpace for the reservation", err)
 	} else if env != nil {
 		e.CloseEnv(ctx, env)
 	}
-	if _, err := e.Branch(ctx, branch.Source{Env: envs[0]}, 2); !errors.Is(err, branch.ErrNoSpace) {
-		t.Fatalf("a branch of 2: %v, want ErrNoSpace", err)
+	if _, err := e.Branch(ctx, branch.Source{Env: envs[0]}, 2); !errors.Is(err, state.ErrNoSpace) {
+		t.Fatalf("a branch of 2: %v, want state.ErrNoSpace", err)
 	}
 	for _, env := range envs {
 		res := execOK(t, e, env, filler)
@@ -339,7 +340,7 @@ func TestDiskReservation(t *testing.T) {
 		syncPool(t, r.snap)
 		var err error
 		env, _, err = e.NewEnv(ctx, "busybox")
-		if err != nil && !errors.Is(err, branch.ErrNoSpace) {
+		if err != nil && !errors.Is(err, state.ErrNoSpace) {
 			t.Fatal(err)
 		}
 		return err == nil

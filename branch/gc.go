@@ -11,6 +11,7 @@ import (
 	"github.com/arbor-env/arbor/cr/imgcache"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
+	"github.com/arbor-env/arbor/state"
 )
 
 // DefaultRetain is the retention of a closed env's states that the
@@ -67,16 +68,16 @@ func (e *Engine) unhold(sid string) {
 	e.mu.Unlock()
 }
 
-// manifestErr words a manifest's missing state as ErrUnknownState.
+// manifestErr words a manifest's missing state as state.ErrUnknownState.
 func manifestErr(err error) error {
 	if errors.Is(err, manifest.ErrNotFound) {
-		return fmt.Errorf("%w: %v", ErrUnknownState, err)
+		return fmt.Errorf("%w: %v", state.ErrUnknownState, err)
 	}
 	return err
 }
 
 // Release marks states as no longer wanted, all of them or (one is
-// unknown: ErrUnknownState) none. A released state has no retention: GC
+// unknown: state.ErrUnknownState) none. A released state has no retention: GC
 // removes it as soon as nothing keeps it (an open env's lineage, a pin, a
 // pending branch, a warm copy). Releasing a state an open env still needs
 // is harmless: it stays until that env closes, and then goes at once.
@@ -90,7 +91,7 @@ func (e *Engine) Release(ids ...string) error {
 
 // Pin keeps states (and their ancestors) until Unpin, through the close of
 // their env and past its retention; all or (one is unknown:
-// ErrUnknownState) none.
+// state.ErrUnknownState) none.
 func (e *Engine) Pin(ids ...string) error { return manifestErr(e.man.Pin(ids...)) }
 
 // Unpin undoes Pin; the states are then kept only as the rest of the
@@ -158,7 +159,7 @@ func (e *Engine) gcLoop(ctx context.Context) {
 		}
 		wait = e.o.GCInterval
 		switch {
-		case ctx.Err() != nil, errors.Is(err, ErrClosed):
+		case ctx.Err() != nil, errors.Is(err, state.ErrClosed):
 			return
 		case err != nil:
 			e.log.Warn("garbage collection", slog.Any("err", err))
@@ -270,7 +271,7 @@ func (e *Engine) gcDecide(ctx context.Context, evict *eviction) (g manifest.Garb
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return g, p, nil, false, ErrClosed
+		return g, p, nil, false, state.ErrClosed
 	}
 	p = manifest.Policy{Now: e.now(), Retain: e.o.Retain, MaxStates: e.o.GCBatch, MaxArtifacts: 2 * e.o.GCBatch}
 	if evict != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // isolationInside is what a sandbox's shell sees of its own hardening.
@@ -102,7 +103,7 @@ func TestRestoreRefusesTamperedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Children[0] != nil || !errors.Is(res.Errors[0], branch.ErrRestore) || !errors.Is(res.Errors[0], sandbox.ErrIsolation) {
+	if res.Children[0] != nil || !errors.Is(res.Errors[0], state.ErrRestore) || !errors.Is(res.Errors[0], sandbox.ErrIsolation) {
 		t.Fatalf("branch with a tampered record: child %v, err %v; want no child and a restore error wrapping ErrIsolation", res.Children[0], res.Errors[0])
 	}
 	t.Logf("refused: %v", res.Errors[0])

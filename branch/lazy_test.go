@@ -18,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // lazyMB is what the lazy restore tests' process holds.
@@ -178,7 +179,7 @@ func TestLazyBranch(t *testing.T) {
 // TestLazyBranchDaemonKilled: a branch whose lazy-pages daemon is killed
 // while CRIU restores (at post-restore, once it holds the tree's
 // userfaultfds; at post-resume, the tree running) gets a clean error for
-// that child wrapping ErrRestore and criu.ErrLazyPages, and no child: no
+// that child wrapping state.ErrRestore and criu.ErrLazyPages, and no child: no
 // env, no sandbox volume left, no daemon; a branch after it works.
 func TestLazyBranchDaemonKilled(t *testing.T) {
 	r, _, sid := lazyRig(t)
@@ -202,8 +203,8 @@ func TestLazyBranchDaemonKilled(t *testing.T) {
 			if !killed {
 				t.Fatalf("no %s notification (child: %v)", stage, res.Errors[0])
 			}
-			if res.Children[0] != nil || !errors.Is(res.Errors[0], branch.ErrRestore) || !errors.Is(res.Errors[0], criu.ErrLazyPages) {
-				t.Fatalf("branch with its daemon killed at %s: child %v, err %v; want no child, ErrRestore and ErrLazyPages", stage, res.Children[0], res.Errors[0])
+			if res.Children[0] != nil || !errors.Is(res.Errors[0], state.ErrRestore) || !errors.Is(res.Errors[0], criu.ErrLazyPages) {
+				t.Fatalf("branch with its daemon killed at %s: child %v, err %v; want no child, state.ErrRestore and ErrLazyPages", stage, res.Children[0], res.Errors[0])
 			}
 			t.Logf("reported: %v", res.Errors[0])
 			if n := len(r.e.Envs()); n != envs {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sort"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // The defaults of prepared copies (docs/engine.md, "Prepared copies").
@@ -76,16 +78,16 @@ type PrepareStats struct {
 // Options.PrepareTTL more. The copies of all states together are bounded
 // by Options.PrepareCopies: what does not fit is reported in
 // PrepareResult.Refused, and when nothing asked for fits Prepare fails
-// with ErrOverBudget. An unknown state fails the whole call
-// (ErrUnknownState) before anything is queued. With wait, Prepare returns
+// with state.ErrOverBudget. An unknown state fails the whole call
+// (state.ErrUnknownState) before anything is queued. With wait, Prepare returns
 // once the copies of the named states are restored (or failed), or ctx
 // ends (its error, with what was prepared by then).
 func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait bool) (PrepareResult, error) {
 	if len(stateIDs) == 0 {
-		return PrepareResult{}, fmt.Errorf("%w: prepare needs at least one state id", ErrBadRequest)
+		return PrepareResult{}, fmt.Errorf("%w: prepare needs at least one state id", state.ErrInvalid)
 	}
 	if n < 1 {
-		return PrepareResult{}, fmt.Errorf("%w: prepare n=%d, want at least 1", ErrBadRequest, n)
+		return PrepareResult{}, fmt.Errorf("%w: prepare n=%d, want at least 1", state.ErrInvalid, n)
 	}
 	ids := make([]string, 0, len(stateIDs))
 	seen := map[string]bool{}
@@ -99,7 +101,7 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 	// refused at once, not waited for as Admit does, since this is a hint.
 	if full := e.underPressure(); full != "" {
 		return PrepareResult{}, fmt.Errorf("%w: %s, under disk pressure (over %.0f%% until back under %.0f%%): nothing prepared",
-			ErrNoSpace, full, 100*e.o.HighWater, 100*e.o.LowWater)
+			state.ErrNoSpace, full, 100*e.o.HighWater, 100*e.o.LowWater)
 	}
 	// Looked up and registered under the GC lock, so that no pass falls
 	// between the look-up and the entry that keeps the state.
@@ -114,7 +116,7 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 	if e.closed {
 		e.mu.Unlock()
 		e.gcMu.RUnlock()
-		return PrepareResult{}, ErrClosed
+		return PrepareResult{}, state.ErrClosed
 	}
 	total := 0
 	for _, p := range e.prep {
@@ -163,7 +165,7 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 	e.gcMu.RUnlock()
 	if added == 0 && len(refused) > 0 {
 		return PrepareResult{Refused: refused}, fmt.Errorf("%w: %d prepared copies of at most %d are in use; none of the %d asked for fits",
-			ErrOverBudget, total, e.o.PrepareCopies, asked)
+			state.ErrOverBudget, total, e.o.PrepareCopies, asked)
 	}
 	for _, f := range fills {
 		e.fillWarm(f.sid, f.k, f.p)
@@ -177,7 +179,7 @@ func (e *Engine) Prepare(ctx context.Context, stateIDs []string, n int, wait boo
 	closed := e.closed
 	e.mu.Unlock()
 	if closed && err == nil {
-		return PrepareResult{}, ErrClosed // woken by Close: nothing is prepared
+		return PrepareResult{}, state.ErrClosed // woken by Close: nothing is prepared
 	}
 	res := PrepareResult{Prepared: map[string]int{}, Ready: map[string]int{}}
 	if len(refused) > 0 {

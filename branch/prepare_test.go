@@ -10,6 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 func usage(t *testing.T, e *branch.Engine) branch.Usage {
@@ -63,8 +64,8 @@ func TestPreparePastState(t *testing.T) {
 	env, sids := numbered(t, e, 2) // sids[1]: /f = 1; sids[2], the head: /f = 2
 	past := sids[1]
 
-	if _, err := e.Prepare(ctx, []string{"no-such-state"}, 1, false); !errors.Is(err, branch.ErrUnknownState) {
-		t.Fatalf("prepare of an unknown state: %v, want ErrUnknownState", err)
+	if _, err := e.Prepare(ctx, []string{"no-such-state"}, 1, false); !errors.Is(err, state.ErrUnknownState) {
+		t.Fatalf("prepare of an unknown state: %v, want state.ErrUnknownState", err)
 	}
 	res, err := e.Prepare(ctx, []string{past}, 2, true)
 	if err != nil {
@@ -92,8 +93,8 @@ func TestPreparePastState(t *testing.T) {
 		t.Fatalf("prepare over the budget: %+v, want 1 prepared and ready, 1 refused", res)
 	}
 	res, err = e.Prepare(ctx, []string{sids[0]}, 1, false)
-	if !errors.Is(err, branch.ErrOverBudget) || res.Refused[sids[0]] != 1 {
-		t.Fatalf("prepare with the budget used up: %+v, %v; want ErrOverBudget, 1 refused", res, err)
+	if !errors.Is(err, state.ErrOverBudget) || res.Refused[sids[0]] != 1 {
+		t.Fatalf("prepare with the budget used up: %+v, %v; want state.ErrOverBudget, 1 refused", res, err)
 	}
 	if u := usage(t, e); u.Prepare.Refused != 2 || u.Prepare.Ready != 3 {
 		t.Fatalf("prepare stats %+v, want 3 ready and 2 refused", u.Prepare)
@@ -167,12 +168,12 @@ func TestPreparePastState(t *testing.T) {
 	if err := e.GC(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.State(head); !errors.Is(err, branch.ErrUnknownState) {
-		t.Fatalf("state %s after its prepared copies expired and GC ran: %v, want ErrUnknownState", head, err)
+	if _, err := e.State(head); !errors.Is(err, state.ErrUnknownState) {
+		t.Fatalf("state %s after its prepared copies expired and GC ran: %v, want state.ErrUnknownState", head, err)
 	}
 	// A collected state can no longer be prepared.
-	if _, err := e.Prepare(ctx, []string{head}, 1, false); !errors.Is(err, branch.ErrUnknownState) {
-		t.Fatalf("prepare of a collected state: %v, want ErrUnknownState", err)
+	if _, err := e.Prepare(ctx, []string{head}, 1, false); !errors.Is(err, state.ErrUnknownState) {
+		t.Fatalf("prepare of a collected state: %v, want state.ErrUnknownState", err)
 	}
 }
 
@@ -324,7 +325,7 @@ func TestPrepareExpiredBeforeItsTurn(t *testing.T) {
 // TestPrepareUnderDiskPressure: once a watched file system is over its
 // high mark the GC drops every prepared copy (they are for speed only,
 // and hold their states and clones) before it evicts anything, and
-// prepare answers ErrNoSpace until the pool is back under its low mark.
+// prepare answers state.ErrNoSpace until the pool is back under its low mark.
 func TestPrepareUnderDiskPressure(t *testing.T) {
 	r := retainRig(t, time.Hour, func(o *branch.Options) {
 		o.GCInterval = 50 * time.Millisecond
@@ -354,8 +355,8 @@ func TestPrepareUnderDiskPressure(t *testing.T) {
 		t.Errorf("warm copies under pressure: %d, want 0", u.Warm)
 	}
 	exists(t, e, "the open env's states under pressure", sids...)
-	if _, err := e.Prepare(ctx, []string{sids[0]}, 1, false); !errors.Is(err, branch.ErrNoSpace) {
-		t.Errorf("prepare under pressure: %v, want ErrNoSpace", err)
+	if _, err := e.Prepare(ctx, []string{sids[0]}, 1, false); !errors.Is(err, state.ErrNoSpace) {
+		t.Errorf("prepare under pressure: %v, want state.ErrNoSpace", err)
 	}
 	full.Store(false)
 	waitUsage(t, e, "the pool back under its low mark", func(u branch.Usage) bool {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // The watermarks' defaults (docs/engine.md, "Disk pressure").
@@ -25,7 +26,7 @@ const (
 	// DefaultLowWater is the share eviction brings it back under.
 	DefaultLowWater = 0.80
 	// DefaultPressureWait is how long a reset or branch above the high
-	// mark waits for eviction before it is refused with ErrNoSpace.
+	// mark waits for eviction before it is refused with state.ErrNoSpace.
 	DefaultPressureWait = 2 * time.Second
 )
 
@@ -77,7 +78,7 @@ type PressureStats struct {
 	// Evicted counts states deleted by passes under pressure whose
 	// retention had not ended (or that GC would have deleted anyway).
 	Evicted int64
-	// Refused counts resets and branches refused with ErrNoSpace.
+	// Refused counts resets and branches refused with state.ErrNoSpace.
 	Refused int64
 	// Shrunk counts hot image bytes moved to disk under tmpfs pressure.
 	Shrunk int64
@@ -313,7 +314,7 @@ func (e *Engine) underPressure() string {
 // Admit lets a new env (reset, branch) start unless a watched file system
 // is at or above the high mark: then it nudges the GC and waits up to
 // Options.PressureWait for eviction to bring it under, and refuses with
-// ErrNoSpace if it does not. NewEnv and Branch call it; so does a task's
+// state.ErrNoSpace if it does not. NewEnv and Branch call it; so does a task's
 // reset that hands out a ready env of its pool. Steps and checkpoints are
 // never refused.
 func (e *Engine) Admit(ctx context.Context) error {
@@ -347,7 +348,7 @@ func (e *Engine) admit(ctx context.Context, n int) (release func(), err error) {
 			e.pr.mu.Lock()
 			e.pr.stats.Refused++
 			e.pr.mu.Unlock()
-			return func() {}, fmt.Errorf("%w: %s, over the high mark of %.0f%% after eviction", ErrNoSpace, strings.Join(full, ", "), 100*e.o.HighWater)
+			return func() {}, fmt.Errorf("%w: %s, over the high mark of %.0f%% after eviction", state.ErrNoSpace, strings.Join(full, ", "), 100*e.o.HighWater)
 		}
 		select {
 		case <-ctx.Done():

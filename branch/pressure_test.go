@@ -10,6 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestDiskPressure: with the pool reported over its high mark (a fake
@@ -17,7 +18,7 @@ import (
 // the GC evicts closed lineages' states within their retention, the
 // env closed first first, down to the low mark; never an open env's
 // lineage or a pinned state. While nothing more can go, resets and
-// branches are refused with ErrNoSpace and steps and checkpoints go on;
+// branches are refused with state.ErrNoSpace and steps and checkpoints go on;
 // once the pool is under the mark again, they are admitted.
 func TestDiskPressure(t *testing.T) {
 	r := retainRig(t, time.Hour, func(o *branch.Options) {
@@ -71,11 +72,11 @@ func TestDiskPressure(t *testing.T) {
 	branchtest.WaitFor(t, "cs[2] evicted", func() bool { return gone(e, cs[2]) })
 	waitPasses(t, e, 3)
 	exists(t, e, "open lineage and pinned states under pressure", append(as, cs[:2]...)...)
-	if _, err := e.Branch(ctx, branch.Source{State: cs[1]}, 1); !errors.Is(err, branch.ErrNoSpace) {
-		t.Errorf("branch over the high mark: %v, want ErrNoSpace", err)
+	if _, err := e.Branch(ctx, branch.Source{State: cs[1]}, 1); !errors.Is(err, state.ErrNoSpace) {
+		t.Errorf("branch over the high mark: %v, want state.ErrNoSpace", err)
 	}
-	if _, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, branch.ErrNoSpace) {
-		t.Errorf("new env over the high mark: %v, want ErrNoSpace", err)
+	if _, _, err := e.NewEnv(ctx, "busybox"); !errors.Is(err, state.ErrNoSpace) {
+		t.Errorf("new env over the high mark: %v, want state.ErrNoSpace", err)
 	}
 	run(t, e, a, "echo 3 > /f")
 	if _, err := e.Checkpoint(ctx, a, branch.Full); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Recovered says at which state an environment was brought back after the
@@ -25,7 +26,7 @@ type Recovered struct {
 
 // LostEnv is an environment of an earlier run that Open could not restore
 // (no committed state, a restore that failed); it is closed in the
-// manifest and its id answers ErrLost.
+// manifest and its id answers state.ErrLost.
 type LostEnv struct {
 	ID, Image, Origin string
 	// Head is the state a restore was tried from ("" when there was none).
@@ -141,7 +142,7 @@ func (e *Engine) markLost(rec manifest.Env, cause error) {
 	e.mu.Unlock()
 }
 
-// ForgetLost drops a lost environment (ErrUnknownEnv if id is not one):
+// ForgetLost drops a lost environment (state.ErrUnknownEnv if id is not one):
 // it is no longer reported and its states are released.
 func (e *Engine) ForgetLost(ctx context.Context, id string) error {
 	e.mu.Lock()
@@ -149,7 +150,7 @@ func (e *Engine) ForgetLost(ctx context.Context, id string) error {
 	delete(e.lost, id)
 	e.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: %s is not a lost env", ErrUnknownEnv, id)
+		return fmt.Errorf("%w: %s is not a lost env", state.ErrUnknownEnv, id)
 	}
 	if err := e.man.ReleaseEnvAt(id, e.now()); err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // crashAtEnv names the checkpoint phase at which the recovery helper
@@ -70,7 +71,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 				if err := e.ForgetLost(context.Background(), envID); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := e.Env(envID); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Lost()) != 0 {
+				if _, err := e.Env(envID); !errors.Is(err, state.ErrUnknownEnv) || len(e.Lost()) != 0 {
 					t.Errorf("after ForgetLost: Env = %v, Lost = %+v; want unknown and none", err, e.Lost())
 				}
 				return
@@ -115,15 +116,15 @@ func TestRecoverAfterCrash(t *testing.T) {
 func checkLost(t *testing.T, e *branch.Engine, envID string) {
 	t.Helper()
 	_, err := e.Env(envID)
-	if !errors.Is(err, branch.ErrLost) {
-		t.Fatalf("Env(%s) = %v, want ErrLost", envID, err)
+	if !errors.Is(err, state.ErrLost) {
+		t.Fatalf("Env(%s) = %v, want state.ErrLost", envID, err)
 	}
 	lost := e.Lost()
 	if len(lost) != 1 || lost[0].ID != envID || lost[0].Err == nil || lost[0].Labels["owner"] != "helper" {
 		t.Fatalf("Lost() = %+v, want env %s with its error and labels", lost, envID)
 	}
 	if !strings.Contains(err.Error(), lost[0].Err.Error()) {
-		t.Errorf("ErrLost %q does not say why (%v)", err, lost[0].Err)
+		t.Errorf("state.ErrLost %q does not say why (%v)", err, lost[0].Err)
 	}
 	for _, env := range e.Envs() {
 		if env.ID == envID {
@@ -394,7 +395,7 @@ func TestNoRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(context.Background()) })
-	if _, err := e.Env(out["ENV"][0]); !errors.Is(err, branch.ErrUnknownEnv) || len(e.Envs()) != 0 || len(e.Lost()) != 0 {
+	if _, err := e.Env(out["ENV"][0]); !errors.Is(err, state.ErrUnknownEnv) || len(e.Envs()) != 0 || len(e.Lost()) != 0 {
 		t.Fatalf("NoRecover: Env = %v, %d envs, lost %+v; want the env closed", err, len(e.Envs()), e.Lost())
 	}
 	res, err := e.Branch(context.Background(), branch.Source{State: out["COMMITTED"][0]}, 1)

@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // restored is a sandbox brought back from a state, with its root volume.
@@ -60,7 +61,7 @@ func (e *Engine) restore(ctx context.Context, sid, name string) (restored, error
 func (e *Engine) restoreFrom(ctx context.Context, sid, name string, ahead *aheadClones) (r restored, err error) {
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("%w: state %s: %w", ErrRestore, sid, err)
+			err = fmt.Errorf("%w: state %s: %w", state.ErrRestore, sid, err)
 		}
 	}()
 	ph := e.stats.phases.start()
@@ -314,7 +315,7 @@ type BranchResult struct {
 func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, error) {
 	start := time.Now()
 	if n < 1 {
-		return nil, fmt.Errorf("%w: branch n=%d, want at least 1", ErrBadRequest, n)
+		return nil, fmt.Errorf("%w: branch n=%d, want at least 1", state.ErrInvalid, n)
 	}
 	release, err := e.admit(ctx, n)
 	if err != nil {
@@ -582,7 +583,7 @@ func (e *Engine) swapIn(ctx context.Context, env *Env, r restored, st manifest.S
 // adopted state id.
 func (e *Engine) Promote(ctx context.Context, child *Env) (string, error) {
 	if child.Origin == "" {
-		return "", fmt.Errorf("%w: env %s was not branched from another env", ErrBadRequest, child.ID)
+		return "", fmt.Errorf("%w: env %s was not branched from another env", state.ErrInvalid, child.ID)
 	}
 	origin, err := e.Env(child.Origin)
 	if err != nil {
@@ -658,7 +659,7 @@ func (e *Engine) StateFiles(sid string) (dir string, release func(), err error) 
 	a, err := e.man.GetArtifact(st.FS)
 	if err != nil {
 		release()
-		return "", nil, fmt.Errorf("%w: state %s: its file snapshot: %w", ErrUnknownState, sid, err)
+		return "", nil, fmt.Errorf("%w: state %s: its file snapshot: %w", state.ErrUnknownState, sid, err)
 	}
 	return e.o.Snap.Path(a.Location), release, nil
 }

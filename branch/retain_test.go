@@ -15,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 func execOpts() sandbox.ExecOptions { return sandbox.ExecOptions{Timeout: 20 * time.Second} }
@@ -84,7 +85,7 @@ func branchCheck(t *testing.T, e *branch.Engine, sid, want string) string {
 // gone reports whether every state of sids is unknown to e.
 func gone(e *branch.Engine, sids ...string) bool {
 	for _, sid := range sids {
-		if _, err := e.State(sid); !errors.Is(err, branch.ErrUnknownState) {
+		if _, err := e.State(sid); !errors.Is(err, state.ErrUnknownState) {
 			return false
 		}
 	}
@@ -160,8 +161,8 @@ func TestRetention(t *testing.T) {
 	if u.GC.States < int64(len(sids)) || u.GC.Artifacts < int64(2*len(sids)) || u.GC.Passes < 2 || u.GC.Errors != 0 {
 		t.Errorf("GC stats %+v, want at least %d states and %d artifacts deleted, no errors", u.GC, len(sids), 2*len(sids))
 	}
-	if _, err := e.Branch(ctx, branch.Source{State: sids[1]}, 1); !errors.Is(err, branch.ErrUnknownState) {
-		t.Errorf("branch from a state past its retention: %v, want ErrUnknownState", err)
+	if _, err := e.Branch(ctx, branch.Source{State: sids[1]}, 1); !errors.Is(err, state.ErrUnknownState) {
+		t.Errorf("branch from a state past its retention: %v, want state.ErrUnknownState", err)
 	}
 }
 
@@ -193,8 +194,8 @@ func TestPinOutlivesRetention(t *testing.T) {
 	if err := e.Pin(sids[2]); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Pin("s-nosuch"); !errors.Is(err, branch.ErrUnknownState) {
-		t.Errorf("pin of an unknown state: %v, want ErrUnknownState", err)
+	if err := e.Pin("s-nosuch"); !errors.Is(err, state.ErrUnknownState) {
+		t.Errorf("pin of an unknown state: %v, want state.ErrUnknownState", err)
 	}
 	if err := e.CloseEnv(ctx, env); err != nil {
 		t.Fatal(err)
@@ -221,8 +222,8 @@ func TestReleaseOpenHead(t *testing.T) {
 	if err := e.Release(sids[1], sids[2]); err != nil {
 		t.Fatalf("release of an open env's head and its parent: %v", err)
 	}
-	if err := e.Release(sids[1], "s-nosuch"); !errors.Is(err, branch.ErrUnknownState) {
-		t.Errorf("release naming an unknown state: %v, want ErrUnknownState", err)
+	if err := e.Release(sids[1], "s-nosuch"); !errors.Is(err, state.ErrUnknownState) {
+		t.Errorf("release naming an unknown state: %v, want state.ErrUnknownState", err)
 	}
 	if err := e.GC(ctx); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // The differential turn fuzzer (docs/inspector.md, "What a restore brings
@@ -534,7 +535,7 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live
 	if err == nil {
 		err = res.Errors[0]
 	}
-	if errors.Is(err, branch.ErrRestore) {
+	if errors.Is(err, state.ErrRestore) {
 		// The state does not restore: a skip paired artifacts that
 		// cannot go together (CRIU: "File ... has bad size").
 		return "    the branch does not restore: " + strings.ReplaceAll(err.Error(), "\n", "\n    ")

@@ -14,6 +14,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr/btrfs"
+	"github.com/arbor-env/arbor/state"
 )
 
 // soakTurns is the turns each worker of TestSoak runs: ARBOR_SOAK_TURNS
@@ -71,7 +72,7 @@ func TestSoak(t *testing.T) {
 	admitted := func(f func() error) error {
 		for range 30 {
 			err := f()
-			if !errors.Is(err, branch.ErrNoSpace) {
+			if !errors.Is(err, state.ErrNoSpace) {
 				return err
 			}
 			mu.Lock()

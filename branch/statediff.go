@@ -5,13 +5,14 @@ import (
 	"fmt"
 
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/state"
 )
 
 // StateChanges lists the paths whose files differ between state base and
 // state target (their filesystem snapshots, as the backend compares them:
 // cr.Snapshotter.Changes), for the web view's diff (docs/ui.md). Both
 // states are kept from the GC while it runs; an unknown one is
-// ErrUnknownState.
+// state.ErrUnknownState.
 func (e *Engine) StateChanges(ctx context.Context, base, target string) ([]cr.Change, error) {
 	e.gcMu.RLock()
 	e.hold(base)
@@ -28,7 +29,7 @@ func (e *Engine) StateChanges(ctx context.Context, base, target string) ([]cr.Ch
 		a, err := e.man.GetArtifact(st.FS)
 		if err != nil {
 			e.gcMu.RUnlock()
-			return nil, fmt.Errorf("%w: state %s: its file snapshot: %w", ErrUnknownState, sid, err)
+			return nil, fmt.Errorf("%w: state %s: its file snapshot: %w", state.ErrUnknownState, sid, err)
 		}
 		locs[i] = a.Location
 	}

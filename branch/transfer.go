@@ -19,6 +19,7 @@ import (
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/cr/transfer"
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/state"
 )
 
 // ImportHold is how long an imported state is kept beyond what the
@@ -495,7 +496,7 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 		return "", nil, err
 	}
 	if env.ckptErr != nil || env.mustFull || env.head == "" {
-		return "", nil, fmt.Errorf("%w: env %s has no committed state equal to it (its last checkpoint failed)", ErrCheckpoint, env.ID)
+		return "", nil, fmt.Errorf("%w: env %s has no committed state equal to it (its last checkpoint failed)", state.ErrCheckpoint, env.ID)
 	}
 	sb := env.sb
 	// As a checkpoint freezes: the server's connection into the shell
@@ -542,7 +543,7 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 // crash recovery restores an env. On failure the record is closed again.
 func (e *Engine) AdoptImported(ctx context.Context, id, head, image string, labels map[string]string) (env *Env, err error) {
 	if _, err := e.Env(id); err == nil {
-		return nil, fmt.Errorf("%w: env %s is open here already", ErrBadRequest, id)
+		return nil, fmt.Errorf("%w: env %s is open here already", state.ErrInvalid, id)
 	}
 	st, err := e.State(head)
 	if err != nil {
@@ -558,7 +559,7 @@ func (e *Engine) AdoptImported(ctx context.Context, id, head, image string, labe
 	case err != nil:
 		return nil, err
 	case !rec.Imported || !rec.Closed:
-		return nil, fmt.Errorf("%w: env %s was not imported from another node", ErrBadRequest, id)
+		return nil, fmt.Errorf("%w: env %s was not imported from another node", state.ErrInvalid, id)
 	}
 	if labels == nil {
 		labels = rec.Labels
@@ -599,10 +600,10 @@ func (e *Engine) AdoptImported(ctx context.Context, id, head, image string, labe
 func (e *Engine) CommittedHead(id string) (string, error) {
 	rec, err := e.man.GetEnv(id)
 	if err != nil || rec.Closed {
-		return "", fmt.Errorf("%w: %s", ErrUnknownEnv, id)
+		return "", fmt.Errorf("%w: %s", state.ErrUnknownEnv, id)
 	}
 	if rec.Head == "" {
-		return "", fmt.Errorf("%w: env %s has no committed state yet", ErrUnknownState, id)
+		return "", fmt.Errorf("%w: env %s has no committed state yet", state.ErrUnknownState, id)
 	}
 	return rec.Head, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/state"
 )
 
 // ship exports state sid from one engine straight into another's Import
@@ -77,7 +78,7 @@ func fsBytes(st branch.TransferStats) (n int64, base string) {
 // state, no artifact record, no snapshot, no image, no receive folder.
 func assertNothingOf(t *testing.T, r *rig, sid, fsID, procID string) {
 	t.Helper()
-	if _, err := r.e.State(sid); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := r.e.State(sid); !errors.Is(err, state.ErrUnknownState) {
 		t.Errorf("state %s after a refused import: %v", sid, err)
 	}
 	h := r.e.Holds(branch.Offer{State: sid, Artifacts: []string{fsID, procID}})

@@ -18,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TransferPrefix is where a node serves state transfers, on its
@@ -190,13 +191,13 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func errCode(err error) int {
 	switch {
-	case errors.Is(err, branch.ErrUnknownEnv), errors.Is(err, coordinator.ErrUnknownEnv):
+	case errors.Is(err, state.ErrUnknownEnv), errors.Is(err, state.ErrUnknownEnv):
 		return http.StatusNotFound
-	case errors.Is(err, branch.ErrBadRequest), errors.Is(err, coordinator.ErrBadRequest):
+	case errors.Is(err, state.ErrInvalid), errors.Is(err, state.ErrInvalid):
 		return http.StatusConflict
-	case errors.Is(err, coordinator.ErrTooManyEnvs):
+	case errors.Is(err, state.ErrTooManyEnvs):
 		return http.StatusServiceUnavailable
-	case errors.Is(err, branch.ErrUnknownState):
+	case errors.Is(err, state.ErrUnknownState):
 		return http.StatusNotFound
 	case errors.Is(err, branch.ErrUnsupported):
 		return http.StatusNotImplemented

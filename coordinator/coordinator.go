@@ -15,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator/trail"
 	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Options configure a Coordinator. Zero values take the defaults.
@@ -361,7 +362,7 @@ func (c *Coordinator) forget(id string) {
 // answered as one nobody handed out.
 func (c *Coordinator) lookup(ctx context.Context, id string) (*branch.Env, *entry, error) {
 	if id == "" {
-		return nil, nil, fmt.Errorf("%w: env_id: required string is missing", ErrInvalidParams)
+		return nil, nil, fmt.Errorf("%w: env_id: required string is missing", state.ErrInvalidParams)
 	}
 	t := tenant.From(ctx)
 	c.mu.Lock()
@@ -375,11 +376,11 @@ func (c *Coordinator) lookup(ctx context.Context, id string) (*branch.Env, *entr
 		return nil, nil, lostError(l)
 	}
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: no open env %q", ErrUnknownEnv, id)
+		return nil, nil, fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, id)
 	}
 	if _, err := c.e.Env(id); err != nil {
 		c.forget(id)
-		return nil, nil, fmt.Errorf("%w: env %q is closed", ErrUnknownEnv, id)
+		return nil, nil, fmt.Errorf("%w: env %q is closed", state.ErrUnknownEnv, id)
 	}
 	m.used.Store(time.Now().UnixNano())
 	return m.env, m, nil
@@ -408,11 +409,11 @@ func (c *Coordinator) reserve(n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return state.ErrShuttingDown
 	}
 	if have := len(c.envs) + c.reserved; have+n > c.o.MaxEnvs {
 		return fmt.Errorf("%w: %d envs open or being made, %d more would pass the limit of %d; close some",
-			ErrTooManyEnvs, have, n, c.o.MaxEnvs)
+			state.ErrTooManyEnvs, have, n, c.o.MaxEnvs)
 	}
 	c.reserved += n
 	return nil
@@ -449,7 +450,7 @@ type ResetResult struct {
 // Reset starts an episode (of a task or an image) and hands out its env.
 func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult, error) {
 	if req.Image == "" && req.Task == "" && req.Dataset == "" {
-		return nil, fmt.Errorf("%w: reset needs image, task or dataset", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: reset needs image, task or dataset", state.ErrInvalidParams)
 	}
 	if err := c.reserve(1); err != nil {
 		return nil, err
@@ -557,7 +558,7 @@ func (c *Coordinator) closeIdle(idle map[string]int64) {
 		c.mu.Unlock()
 		if ok && m.used.Load() == seen {
 			c.log.Info("closing idle env", slog.String("env", id), slog.Duration("idle_ttl", c.o.IdleTTL))
-			if err := c.close(c.ctx, m.env, EventClose); err != nil && !errors.Is(err, branch.ErrClosed) {
+			if err := c.close(c.ctx, m.env, EventClose); err != nil && !errors.Is(err, state.ErrClosed) {
 				c.log.Warn("close idle env", slog.String("env", id), slog.Any("err", err))
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestTurnKinds: a turn is checkpointed with the kind its classification
@@ -88,8 +89,8 @@ func TestTurnAfterFailedCheckpoint(t *testing.T) {
 		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
 	waited := c.WaitTurn(ctx, r.Env.ID)
-	if !errors.Is(waited, branch.ErrCheckpoint) {
-		t.Fatalf("WaitTurn on a checkpoint that fails: %v, want branch.ErrCheckpoint", waited)
+	if !errors.Is(waited, state.ErrCheckpoint) {
+		t.Fatalf("WaitTurn on a checkpoint that fails: %v, want state.ErrCheckpoint", waited)
 	}
 	t1 := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
 	if t1.Kind != branch.Full || t1.CheckpointError == nil || t1.CheckpointError.Error() != waited.Error() {
@@ -197,7 +198,7 @@ func TestBoundary(t *testing.T) {
 	if _, err := engine.State(b.StateID); err != nil {
 		t.Errorf("state %s not committed after WaitTurn: %v", b.StateID, err)
 	}
-	if _, err := c.Boundary(ctx, "e-nope"); !errors.Is(err, ErrUnknownEnv) {
+	if _, err := c.Boundary(ctx, "e-nope"); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("boundary of an unknown env: %v", err)
 	}
 }
@@ -219,8 +220,8 @@ func TestTurnAfterRealCheckpointFailure(t *testing.T) {
 	if next.CheckpointError == nil || next.Kind != branch.Full {
 		t.Fatalf("turn after a failed dump: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
 	}
-	if !errors.Is(next.CheckpointError, branch.ErrCheckpoint) {
-		t.Errorf("checkpoint error %v is not branch.ErrCheckpoint", next.CheckpointError)
+	if !errors.Is(next.CheckpointError, state.ErrCheckpoint) {
+		t.Errorf("checkpoint error %v is not state.ErrCheckpoint", next.CheckpointError)
 	}
 	if _, err := engine.State(ghost.StateID); err == nil {
 		t.Errorf("the failed state %s is in the manifest", ghost.StateID)
@@ -290,7 +291,7 @@ func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if !errors.Is(a.r.CheckpointError, branch.ErrCheckpoint) || a.r.Kind != branch.Full {
+	if !errors.Is(a.r.CheckpointError, state.ErrCheckpoint) || a.r.Kind != branch.Full {
 		t.Errorf("boundary after a failed checkpoint: error %v, kind %s; want the failure and full", a.r.CheckpointError, a.r.Kind)
 	}
 }
@@ -337,10 +338,10 @@ func TestSettleFailedState(t *testing.T) {
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	ghost := bash(t, c, r.Env.ID, ghostCmd)
 	_, err := c.Branch(ctx, BranchRequest{StateID: ghost.StateID, N: 1})
-	if pe := ProtoError(err); pe == nil || pe.Code != protocol.CodeEnvError || pe.Retryable || pe.Infra {
+	if pe := protocol.ErrorOf(err); pe == nil || pe.Code != protocol.CodeEnvError || pe.Retryable || pe.Infra {
 		t.Errorf("branch from a state whose checkpoint failed: %v (%+v), want env_error, neither retryable nor infra", err, pe)
 	}
-	if !errors.Is(err, branch.ErrCheckpoint) {
+	if !errors.Is(err, state.ErrCheckpoint) {
 		t.Errorf("branch from a failed state: %v does not say the checkpoint failed", err)
 	}
 	// The rollback tool to it: the agent's mistake, in the observation.
@@ -349,7 +350,7 @@ func TestSettleFailedState(t *testing.T) {
 		t.Errorf("rollback tool to a state whose checkpoint failed: %+v %v, want rejected", rb, err)
 	}
 	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
-	if !errors.Is(next.CheckpointError, branch.ErrCheckpoint) || next.Kind != branch.Full {
+	if !errors.Is(next.CheckpointError, state.ErrCheckpoint) || next.Kind != branch.Full {
 		t.Errorf("the failed state's env, next turn: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
 	}
 }
@@ -376,7 +377,7 @@ func TestCheckpointAfterFailedCheckpoint(t *testing.T) {
 	if st, err := engine.State(sid); err != nil || st.Kind != branch.Full {
 		t.Errorf("forced state %s: %+v %v, want committed full", sid, st, err)
 	}
-	if next := bash(t, c, r.Env.ID, "true"); !errors.Is(next.CheckpointError, branch.ErrCheckpoint) {
+	if next := bash(t, c, r.Env.ID, "true"); !errors.Is(next.CheckpointError, state.ErrCheckpoint) {
 		t.Errorf("the turn after: checkpoint error %v, want the earlier failure", next.CheckpointError)
 	}
 }

@@ -13,9 +13,8 @@
 //     per-env FIFO of operations (Ticket). Envs it did not hand out (a task
 //     pool's templates and warm copies, throwaway forks) are not in its
 //     registry, so no caller can name them.
-//   - the errors: its sentinels, and ProtoError, the one mapping of any
-//     error (its own, the task pool's, the engine's, the sandbox's) to a
-//     protocol code with its infra and retryable flags.
+//   - its errors are state's sentinels (package state), wrapped with
+//     what happened; the wire turns them into codes (protocol.ErrorOf).
 //   - what a person watching sees (the web view, package server/ui): the
 //     feed of changes (Subscribe; feed.go), the turn log, the one record
 //     of each turn's command and exit code (notes.go), the lineage trees

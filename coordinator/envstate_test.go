@@ -12,6 +12,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestAgentOutcomes: what an agent does to its own sandbox is its outcome
@@ -49,7 +50,7 @@ func TestAgentOutcomes(t *testing.T) {
 			sandboxtest.InstallForger(t, r.Env.Sandbox().Root())
 			check := func(op, want string, err error) {
 				t.Helper()
-				pe := ProtoError(err)
+				pe := protocol.ErrorOf(err)
 				got := ""
 				if pe != nil {
 					got = pe.Code
@@ -103,28 +104,28 @@ func holdDeleted(mib int) string {
 // is that failure (checkpoint_failed), infra but not retryable.
 func TestProtoErrorAgentState(t *testing.T) {
 	agent := fmt.Errorf("%w: the sandbox holds a deleted file", cr.ErrAgentState)
-	infra := fmt.Errorf("%w: state s1 of env e1: criu dump: operation failed", branch.ErrCheckpoint)
+	infra := fmt.Errorf("%w: state s1 of env e1: criu dump: operation failed", state.ErrCheckpoint)
 	tests := []struct {
 		name             string
 		err              error
 		code             string
 		infra, retryable bool
 	}{
-		{name: "checkpoint", err: fmt.Errorf("%w: state s1: %w", branch.ErrCheckpoint, agent), code: protocol.CodeEnvError},
-		{name: "restore", err: fmt.Errorf("%w: state s1: %w", branch.ErrRestore, fmt.Errorf("%w: socket removed", sandbox.ErrBroken)), code: protocol.CodeEnvError},
+		{name: "checkpoint", err: fmt.Errorf("%w: state s1: %w", state.ErrCheckpoint, agent), code: protocol.CodeEnvError},
+		{name: "restore", err: fmt.Errorf("%w: state s1: %w", state.ErrRestore, fmt.Errorf("%w: socket removed", sandbox.ErrBroken)), code: protocol.CodeEnvError},
 		{name: "impostor", err: fmt.Errorf("%w: %w: served by pid 9", sandbox.ErrBroken, sandbox.ErrImpostor), code: protocol.CodeEnvError},
 		{name: "over its share of the pool", err: fmt.Errorf("%w: env e1 held 305 MiB", branch.ErrOverShare), code: protocol.CodeEnvError},
 		{name: "verifier's fork", err: fmt.Errorf("%w: fork: %w", envpool.ErrVerifier, agent), code: protocol.CodeEnvError},
-		{name: "failed state, agent", err: fmt.Errorf("%w: s1 never came to be: %w", branch.ErrUnknownState, fmt.Errorf("%w: %w", branch.ErrCheckpoint, agent)), code: protocol.CodeEnvError},
-		{name: "failed state, server", err: fmt.Errorf("%w: s1 never came to be: %w", branch.ErrUnknownState, infra), code: protocol.CodeCheckpointFail, infra: true},
-		{name: "unknown state", err: fmt.Errorf("%w: s1", branch.ErrUnknownState), code: protocol.CodeUnknownState},
+		{name: "failed state, agent", err: fmt.Errorf("%w: s1 never came to be: %w", state.ErrUnknownState, fmt.Errorf("%w: %w", state.ErrCheckpoint, agent)), code: protocol.CodeEnvError},
+		{name: "failed state, server", err: fmt.Errorf("%w: s1 never came to be: %w", state.ErrUnknownState, infra), code: protocol.CodeCheckpointFail, infra: true},
+		{name: "unknown state", err: fmt.Errorf("%w: s1", state.ErrUnknownState), code: protocol.CodeUnknownState},
 		{name: "checkpoint, server", err: infra, code: protocol.CodeCheckpointFail, infra: true, retryable: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			pe := ProtoError(tt.err)
+			pe := protocol.ErrorOf(tt.err)
 			if pe.Code != tt.code || pe.Infra != tt.infra || pe.Retryable != tt.retryable {
-				t.Errorf("ProtoError(%v) = %+v, want %s infra=%v retryable=%v", tt.err, pe, tt.code, tt.infra, tt.retryable)
+				t.Errorf("protocol.ErrorOf(%v) = %+v, want %s infra=%v retryable=%v", tt.err, pe, tt.code, tt.infra, tt.retryable)
 			}
 			if !errors.Is(pe, &protocol.Error{Code: tt.code}) {
 				t.Errorf("errors.Is on the code %s fails", tt.code)

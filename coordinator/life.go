@@ -8,6 +8,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Checkpoint takes a full checkpoint of env now (high priority) and
@@ -75,15 +76,15 @@ type BranchResult struct {
 // holds the source env's ticket.
 func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchResult, error) {
 	if (req.EnvID == "") == (req.StateID == "") {
-		return nil, fmt.Errorf("%w: branch needs exactly one of env_id and state_id", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: branch needs exactly one of env_id and state_id", state.ErrInvalidParams)
 	}
 	if req.N < 1 {
-		return nil, fmt.Errorf("%w: n: want at least 1, got %d", ErrInvalidParams, req.N)
+		return nil, fmt.Errorf("%w: n: want at least 1, got %d", state.ErrInvalidParams, req.N)
 	}
 	if req.N > c.o.MaxEnvs {
 		// No wait can make room for more children than the server may
 		// ever hold: out of range, not a retryable too_many_envs.
-		return nil, fmt.Errorf("%w: n: want at most %d (the server's max_envs), got %d", ErrInvalidParams, c.o.MaxEnvs, req.N)
+		return nil, fmt.Errorf("%w: n: want at most %d (the server's max_envs), got %d", state.ErrInvalidParams, c.o.MaxEnvs, req.N)
 	}
 	src := branch.Source{State: req.StateID}
 	var parent *entry
@@ -193,11 +194,11 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 	c.observePending(m)
 	origin = child.Origin
 	if origin == "" {
-		return "", "", fmt.Errorf("%w: env %s was not branched from an env: nothing to promote it into", ErrBadRequest, child.ID)
+		return "", "", fmt.Errorf("%w: env %s was not branched from an env: nothing to promote it into", state.ErrInvalid, child.ID)
 	}
 	_, om, err := c.lookup(ctx, origin)
 	if err != nil {
-		return "", "", fmt.Errorf("%w: origin env %s of %s is not open", ErrBadRequest, origin, child.ID)
+		return "", "", fmt.Errorf("%w: origin env %s of %s is not open", state.ErrInvalid, origin, child.ID)
 	}
 	before := child.Head()
 	if sid, err = c.e.Promote(ctx, child); err != nil {
@@ -270,9 +271,9 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (
 	c.observePending(m)
 	ev, err := c.tasks.Evaluate(ctx, env, m.task, m.seed)
 	if err != nil {
-		if finish && !ProtoError(err).Infra {
-			// A verifier_error or the agent's own state: the episode is
-			// over all the same.
+		if finish && (errors.Is(err, state.ErrVerifierOutput) || errors.Is(err, state.ErrAgent) || errors.Is(err, state.ErrNoVerifier)) {
+			// Because of the task or the agent's own state: the episode
+			// is over all the same.
 			c.close(ctx, env, EventFinish)
 		}
 		return Evaluation{}, err
@@ -345,7 +346,7 @@ func (c *Coordinator) States(ctx context.Context, envID string) (string, []State
 	}
 	head := env.Head()
 	l, err := c.e.Lineage(head)
-	if errors.Is(err, branch.ErrUnknownState) {
+	if errors.Is(err, state.ErrUnknownState) {
 		// The head's checkpoint is still running: wait for it. (A failure
 		// the head already survived stays for the next turn to report.)
 		if head, _, err = c.Head(ctx, envID); err != nil {
@@ -369,7 +370,7 @@ func (c *Coordinator) States(ctx context.Context, envID string) (string, []State
 // Release drops states a client will never branch from again (protocol
 // release); Pin keeps states until Unpin, through their env's close and
 // past its retention (docs/engine.md, "Retention"). Each is all or nothing:
-// an unknown id (ErrUnknownState) changes none. A state id a step returned
+// an unknown id (state.ErrUnknownState) changes none. A state id a step returned
 // may be named at once: its checkpoint is waited for first, as for branch.
 func (c *Coordinator) Release(ctx context.Context, ids []string) error {
 	return c.onStates(ctx, "release", ids, c.e.Release)
@@ -392,11 +393,11 @@ func (c *Coordinator) Unpin(ctx context.Context, ids []string) error {
 // for branch.
 func (c *Coordinator) Prepare(ctx context.Context, ids []string, n int, wait bool) (branch.PrepareResult, error) {
 	if len(ids) == 0 {
-		return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)
+		return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: want at least one", state.ErrInvalidParams)
 	}
 	for _, id := range ids {
 		if id == "" {
-			return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: empty id", ErrInvalidParams)
+			return branch.PrepareResult{}, fmt.Errorf("%w: state_ids: empty id", state.ErrInvalidParams)
 		}
 		if err := c.settle(ctx, id); err != nil {
 			return branch.PrepareResult{}, err
@@ -414,11 +415,11 @@ func (c *Coordinator) Prepare(ctx context.Context, ids []string, n int, wait boo
 // not have comes first.
 func (c *Coordinator) onStates(ctx context.Context, op string, ids []string, f func(...string) error) error {
 	if len(ids) == 0 {
-		return fmt.Errorf("%w: state_ids: want at least one", ErrInvalidParams)
+		return fmt.Errorf("%w: state_ids: want at least one", state.ErrInvalidParams)
 	}
 	for _, id := range ids {
 		if id == "" {
-			return fmt.Errorf("%w: state_ids: empty id", ErrInvalidParams)
+			return fmt.Errorf("%w: state_ids: empty id", state.ErrInvalidParams)
 		}
 		if err := c.settle(ctx, id); err != nil {
 			return err
@@ -426,7 +427,7 @@ func (c *Coordinator) onStates(ctx context.Context, op string, ids []string, f f
 	}
 	for _, id := range ids {
 		if c.foreignState(ctx, id) {
-			return fmt.Errorf("%w: %s states %v: state %s: %v", branch.ErrUnknownState, op, ids, id, manifest.ErrNotFound)
+			return fmt.Errorf("%w: %s states %v: state %s: %v", state.ErrUnknownState, op, ids, id, manifest.ErrNotFound)
 		}
 		if _, err := c.e.State(id); err != nil {
 			break // the engine names it

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 func sandboxOpts() sandbox.ExecOptions { return sandbox.ExecOptions{Timeout: 10 * time.Second} }
@@ -70,7 +70,7 @@ func TestBranchChildren(t *testing.T) {
 	if tk, ok := c.Task(orphan.ID); !ok || tk.Name != "count" {
 		t.Errorf("child of the post-setup state: task %+v %v, want count", tk, ok)
 	}
-	if _, _, err := c.Promote(ctx, orphan.ID); !errors.Is(err, ErrBadRequest) {
+	if _, _, err := c.Promote(ctx, orphan.ID); !errors.Is(err, state.ErrInvalid) {
 		t.Errorf("promote of a child without origin: %v", err)
 	}
 	if err := c.Discard(ctx, orphan.ID); err != nil {
@@ -90,14 +90,14 @@ func TestBranchChildren(t *testing.T) {
 		if c.Has(id) {
 			t.Errorf("env %s still registered after promote/discard", id)
 		}
-		if _, err := engine.Env(id); !errors.Is(err, branch.ErrUnknownEnv) {
+		if _, err := engine.Env(id); !errors.Is(err, state.ErrUnknownEnv) {
 			t.Errorf("env %s still open in the engine: %v", id, err)
 		}
 	}
 	if got := bash(t, c, parent, "cat /work/n").Result.Stdout; string(got) != "3\n" {
 		t.Errorf("parent after promote: n = %q, want 3", got)
 	}
-	if _, _, err := c.Promote(ctx, parent); !errors.Is(err, ErrBadRequest) {
+	if _, _, err := c.Promote(ctx, parent); !errors.Is(err, state.ErrInvalid) {
 		t.Errorf("promote of a reset env: %v", err)
 	}
 }
@@ -125,20 +125,20 @@ func TestInternalEnvsInvisible(t *testing.T) {
 			continue
 		}
 		hidden++
-		if _, err := c.Turn(ctx, env.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
-			t.Errorf("turn on the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		if _, err := c.Turn(ctx, env.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, state.ErrUnknownEnv) {
+			t.Errorf("turn on the pool's env %s: %v, want state.ErrUnknownEnv", env.ID, err)
 		}
-		if _, err := c.Branch(ctx, BranchRequest{EnvID: env.ID, N: 1}); !errors.Is(err, ErrUnknownEnv) {
-			t.Errorf("branch of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		if _, err := c.Branch(ctx, BranchRequest{EnvID: env.ID, N: 1}); !errors.Is(err, state.ErrUnknownEnv) {
+			t.Errorf("branch of the pool's env %s: %v, want state.ErrUnknownEnv", env.ID, err)
 		}
-		if _, _, err := c.Promote(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
-			t.Errorf("promote of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		if _, _, err := c.Promote(ctx, env.ID); !errors.Is(err, state.ErrUnknownEnv) {
+			t.Errorf("promote of the pool's env %s: %v, want state.ErrUnknownEnv", env.ID, err)
 		}
-		if _, err := c.Evaluate(ctx, env.ID, false); !errors.Is(err, ErrUnknownEnv) {
-			t.Errorf("evaluate of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		if _, err := c.Evaluate(ctx, env.ID, false); !errors.Is(err, state.ErrUnknownEnv) {
+			t.Errorf("evaluate of the pool's env %s: %v, want state.ErrUnknownEnv", env.ID, err)
 		}
-		if err := c.Discard(ctx, env.ID); !errors.Is(err, ErrUnknownEnv) {
-			t.Errorf("discard of the pool's env %s: %v, want ErrUnknownEnv", env.ID, err)
+		if err := c.Discard(ctx, env.ID); !errors.Is(err, state.ErrUnknownEnv) {
+			t.Errorf("discard of the pool's env %s: %v, want state.ErrUnknownEnv", env.ID, err)
 		}
 		if _, err := engine.Env(env.ID); err != nil {
 			t.Errorf("the pool's env %s is gone after the coordinator refused to touch it: %v", env.ID, err)
@@ -171,13 +171,13 @@ func TestIdleTTL(t *testing.T) {
 	if c.Has(idle.ID) {
 		t.Error("idle env still registered")
 	}
-	if _, err := engine.Env(idle.ID); !errors.Is(err, branch.ErrUnknownEnv) {
+	if _, err := engine.Env(idle.ID); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("idle env still open: %v", err)
 	}
 	if !c.Has(used.ID) {
 		t.Error("env used a minute ago was closed")
 	}
-	if _, err := c.Turn(context.Background(), idle.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, ErrUnknownEnv) {
+	if _, err := c.Turn(context.Background(), idle.ID, Action{Tool: "bash", Cmd: "true"}); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("turn on the closed env: %v", err)
 	}
 
@@ -217,21 +217,21 @@ func TestLimitsAndErrors(t *testing.T) {
 	c := newCoordinator(t, Options{Classify: Full, MaxEnvs: 2})
 	ctx := context.Background()
 	r := reset(t, c, ResetRequest{Image: "busybox"})
-	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 2}); !errors.Is(err, ErrTooManyEnvs) {
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 2}); !errors.Is(err, state.ErrTooManyEnvs) {
 		t.Errorf("branch past MaxEnvs: %v", err)
 	}
 	// More children than MaxEnvs can never be made: out of range.
-	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 3}); !errors.Is(err, ErrInvalidParams) {
-		t.Errorf("branch of more than MaxEnvs children: %v, want ErrInvalidParams", err)
+	if _, err := c.Branch(ctx, BranchRequest{EnvID: r.Env.ID, N: 3}); !errors.Is(err, state.ErrInvalidParams) {
+		t.Errorf("branch of more than MaxEnvs children: %v, want state.ErrInvalidParams", err)
 	}
-	if _, err := c.Reset(ctx, ResetRequest{Task: "nope"}); ProtoError(err).Code != "unknown_task" {
+	if _, err := c.Reset(ctx, ResetRequest{Task: "nope"}); protocol.ErrorOf(err).Code != "unknown_task" {
 		t.Errorf("unknown task: %v", err)
 	}
 	_, err := c.Reset(ctx, ResetRequest{Image: "nope"})
-	if pe := ProtoError(err); pe == nil || pe.Code != "bad_request" || pe.Infra {
+	if pe := protocol.ErrorOf(err); pe == nil || pe.Code != "bad_request" || pe.Infra {
 		t.Errorf("unknown image: %v (%+v), want bad_request, not infra", err, pe)
 	}
-	if _, err := c.Reset(ctx, ResetRequest{}); !errors.Is(err, ErrInvalidParams) {
+	if _, err := c.Reset(ctx, ResetRequest{}); !errors.Is(err, state.ErrInvalidParams) {
 		t.Errorf("reset of nothing: %v", err)
 	}
 }
@@ -256,18 +256,18 @@ func TestReleasedState(t *testing.T) {
 	if err := engine.GC(ctx); err != nil { // the engine keeps no retention here
 		t.Fatal(err)
 	}
-	if _, err := engine.State(s1); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := engine.State(s1); !errors.Is(err, state.ErrUnknownState) {
 		t.Fatalf("state %s of a closed env is still there (%v): the test needs it released", s1, err)
 	}
-	restoreErr := fmt.Errorf("%w: get state %s: not found", branch.ErrRestore, s1)
-	if pe := ProtoError(c.released(s1, restoreErr)); pe.Code != "unknown_state" || pe.Infra || pe.Retryable {
+	restoreErr := fmt.Errorf("%w: get state %s: not found", state.ErrRestore, s1)
+	if pe := protocol.ErrorOf(c.released(s1, restoreErr)); pe.Code != "unknown_state" || pe.Infra || pe.Retryable {
 		t.Errorf("restore of a released state: %+v, want unknown_state, not infra", pe)
 	}
-	if pe := ProtoError(c.released("", restoreErr)); pe.Code != "restore_failed" {
+	if pe := protocol.ErrorOf(c.released("", restoreErr)); pe.Code != "restore_failed" {
 		t.Errorf("restore failure of an env's current state (no state id): %+v, want restore_failed", pe)
 	}
 	live := pool.Stats().Tasks[0].State
-	if pe := ProtoError(c.released(live, fmt.Errorf("%w: criu said no", branch.ErrRestore))); pe.Code != "restore_failed" || !pe.Infra {
+	if pe := protocol.ErrorOf(c.released(live, fmt.Errorf("%w: criu said no", state.ErrRestore))); pe.Code != "restore_failed" || !pe.Infra {
 		t.Errorf("restore failure of a live state: %+v, want restore_failed, infra", pe)
 	}
 }
@@ -335,10 +335,10 @@ func TestPinAndRelease(t *testing.T) {
 		t.Fatalf("pin of the state a step just returned: %v", err)
 	}
 	for name, f := range map[string]func(context.Context, []string) error{"pin": c.Pin, "unpin": c.Unpin, "release": c.Release} {
-		if pe := ProtoError(f(ctx, []string{s1, "s-nosuch"})); pe == nil || pe.Code != protocol.CodeUnknownState {
+		if pe := protocol.ErrorOf(f(ctx, []string{s1, "s-nosuch"})); pe == nil || pe.Code != protocol.CodeUnknownState {
 			t.Errorf("%s naming an unknown state: %+v, want unknown_state", name, pe)
 		}
-		if pe := ProtoError(f(ctx, nil)); pe == nil || pe.Code != protocol.CodeInvalidParams {
+		if pe := protocol.ErrorOf(f(ctx, nil)); pe == nil || pe.Code != protocol.CodeInvalidParams {
 			t.Errorf("%s of no states: %+v, want invalid_params", name, pe)
 		}
 	}
@@ -360,7 +360,7 @@ func TestPinAndRelease(t *testing.T) {
 	if err := engine.GC(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.State(s1); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := engine.State(s1); !errors.Is(err, state.ErrUnknownState) {
 		t.Errorf("unpinned state of a closed env after GC: %v, want unknown", err)
 	}
 }

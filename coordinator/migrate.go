@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"fmt"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // Adopt takes over env id, migrated here from another node of a cluster
@@ -13,7 +15,7 @@ import (
 // Its hooks record it here (a cluster node rewrites its placement).
 func (c *Coordinator) Adopt(ctx context.Context, id, head, image string, labels map[string]string) error {
 	if c.Has(id) {
-		return fmt.Errorf("%w: env %s is handed out here already", ErrBadRequest, id)
+		return fmt.Errorf("%w: env %s is handed out here already", state.ErrInvalid, id)
 	}
 	if err := c.reserve(1); err != nil {
 		return err

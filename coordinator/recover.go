@@ -10,7 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/internal/tenant"
-	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // The labels the coordinator keeps on every env it hands out
@@ -167,7 +167,7 @@ func (c *Coordinator) dropLost(id string) bool {
 
 // lostError is the answer to an operation on a lost env.
 func lostError(l branch.LostEnv) error {
-	return fmt.Errorf("%w: env %s was open when the server stopped and could not be restored: %v", branch.ErrLost, l.ID, l.Err)
+	return fmt.Errorf("%w: env %s was open when the server stopped and could not be restored: %v", state.ErrLost, l.ID, l.Err)
 }
 
 // revivedError reports a turn whose env's sandbox died and was restored,
@@ -177,6 +177,6 @@ func revivedError(err error, m *entry) error {
 	if !errors.As(err, &rv) {
 		return err
 	}
-	return protocol.Errorf(protocol.CodeSandboxFailed, "the sandbox of env %s died (%v); the env was restored to state %s (turn %d): the step did not run",
+	return state.Errorf(state.ErrInfra, "the sandbox of env %s died (%v); the env was restored to state %s (turn %d): the step did not run",
 		rv.Env, rv.Cause, rv.State, rv.Turn-m.base)
 }

@@ -10,7 +10,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/server/protocol"
 )
 
 // lostHelperDir, set, makes TestLostOrphanForgotten the helper process
@@ -83,4 +85,13 @@ func lostHelper(t *testing.T, dir string) {
 	}
 	os.Stdout.WriteString("LOST_ENV " + env.ID + "\n")
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+}
+
+// TestRevivedErrorCode: a turn words a revived sandbox as sandbox_failed,
+// naming the state it was restored to, whatever killed it.
+func TestRevivedErrorCode(t *testing.T) {
+	err := revivedError(&branch.RevivedError{Env: "e-1", State: "s-1", Turn: 3, Cause: errors.New("oom")}, &entry{base: 1})
+	if pe := protocol.ErrorOf(err); pe.Code != protocol.CodeSandboxFailed || !pe.Infra || !pe.Retryable || !strings.Contains(pe.Message, "state s-1 (turn 2)") {
+		t.Errorf("revived: %+v", pe)
+	}
 }

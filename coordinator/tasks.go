@@ -8,6 +8,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TaskInfo is what the coordinator knows of an env's task.
@@ -101,10 +102,10 @@ var _ Tasks = Images{}
 // Reset implements Tasks.
 func (p Images) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
 	if req.Task != "" {
-		return nil, fmt.Errorf("%w: %q (this server has no tasks)", ErrUnknownTask, req.Task)
+		return nil, fmt.Errorf("%w: %q (this server has no tasks)", state.ErrUnknownTask, req.Task)
 	}
 	if req.Image == "" {
-		return nil, fmt.Errorf("%w: reset needs an image or a task", ErrBadRequest)
+		return nil, fmt.Errorf("%w: reset needs an image or a task", state.ErrInvalid)
 	}
 	env, sid, err := p.E.NewEnv(ctx, req.Image)
 	if err != nil {
@@ -115,7 +116,7 @@ func (p Images) Reset(ctx context.Context, req ResetRequest) (*Reset, error) {
 
 // Evaluate implements Tasks: without tasks there is no verifier.
 func (Images) Evaluate(_ context.Context, env *branch.Env, _ TaskInfo, _ int64) (Evaluation, error) {
-	return Evaluation{}, fmt.Errorf("%w: env %s runs image %s without a task", ErrNoVerifier, env.ID, env.Image)
+	return Evaluation{}, fmt.Errorf("%w: env %s runs image %s without a task", state.ErrNoVerifier, env.ID, env.Image)
 }
 
 // TaskOfState implements Tasks.
@@ -127,7 +128,7 @@ func (Images) TaskNames() []string { return nil }
 // List implements Tasks: there are none.
 func (Images) List(dataset, _ string, _ int) (TaskPage, error) {
 	if dataset != "" {
-		return TaskPage{}, fmt.Errorf("%w: no dataset %q (this server has no tasks)", ErrUnknownTask, dataset)
+		return TaskPage{}, fmt.Errorf("%w: no dataset %q (this server has no tasks)", state.ErrUnknownTask, dataset)
 	}
 	return TaskPage{}, nil
 }
@@ -184,7 +185,7 @@ func (a envpoolTasks) List(dataset, cursor string, limit int) (TaskPage, error) 
 	if cursor != "" {
 		n, err := strconv.Atoi(cursor)
 		if err != nil || n < 0 {
-			return TaskPage{}, fmt.Errorf("%w: cursor %q is not one a page returned", ErrBadRequest, cursor)
+			return TaskPage{}, fmt.Errorf("%w: cursor %q is not one a page returned", state.ErrInvalid, cursor)
 		}
 		from = n
 	}
@@ -211,7 +212,7 @@ func (a envpoolTasks) List(dataset, cursor string, limit int) (TaskPage, error) 
 		}
 	}
 	if d == nil {
-		return TaskPage{}, fmt.Errorf("%w: no dataset %q", ErrUnknownTask, dataset)
+		return TaskPage{}, fmt.Errorf("%w: no dataset %q", state.ErrUnknownTask, dataset)
 	}
 	to := min(from+limit, d.Len())
 	for i := from; i < to; i++ {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Tenants (docs/security.md, "Tenants"): every env handed out belongs to
@@ -109,7 +109,7 @@ func (c *Coordinator) foreignState(ctx context.Context, sid string) bool {
 // answers a look-up of an id nobody made (branch, rollback, prepare).
 func (c *Coordinator) ownState(ctx context.Context, sid string) error {
 	if c.foreignState(ctx, sid) {
-		return fmt.Errorf("%w: %s", branch.ErrUnknownState, sid)
+		return fmt.Errorf("%w: %s", state.ErrUnknownState, sid)
 	}
 	return nil
 }
@@ -153,12 +153,12 @@ func (c *Coordinator) SeesEvent(ctx context.Context, ev Event) bool {
 	return false
 }
 
-// OwnEnv answers ErrUnknownEnv, worded as lookup words an env nobody
+// OwnEnv answers state.ErrUnknownEnv, worded as lookup words an env nobody
 // handed out, when ctx's tenant does not see env id: for what a caller
 // keeps of envs outside the coordinator (the server's keyed steps).
 func (c *Coordinator) OwnEnv(ctx context.Context, id string) error {
 	if !c.Sees(ctx, id) {
-		return fmt.Errorf("%w: no open env %q", ErrUnknownEnv, id)
+		return fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, id)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator/trail"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Trajectories: every turn's action and observation is recorded with the
@@ -123,7 +124,7 @@ func (c *Coordinator) sweepTrail() int {
 			return true
 		}
 		_, err := c.e.State(sid)
-		return !errors.Is(err, branch.ErrUnknownState)
+		return !errors.Is(err, state.ErrUnknownState)
 	})
 	if err != nil {
 		c.log.Warn("sweep trajectories", slog.Any("err", err))
@@ -320,10 +321,10 @@ type TrajectoryTurn struct {
 // verdict on its state. The caller holds envID's ticket. A state id a
 // step just returned may be named at once (its checkpoint is waited
 // for, as for branch); a state the engine does not hold is
-// ErrUnknownState.
+// state.ErrUnknownState.
 func (c *Coordinator) Trajectory(ctx context.Context, envID, stateID string) (*Trajectory, error) {
 	if (envID == "") == (stateID == "") {
-		return nil, fmt.Errorf("%w: trajectory needs exactly one of env_id and state_id", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: trajectory needs exactly one of env_id and state_id", state.ErrInvalidParams)
 	}
 	out := &Trajectory{EnvID: envID, StateID: stateID}
 	var pending []trail.Turn
@@ -343,12 +344,12 @@ func (c *Coordinator) Trajectory(ctx context.Context, envID, stateID string) (*T
 	} else if err := c.settle(ctx, stateID); err != nil {
 		return nil, err
 	} else if c.foreignState(ctx, stateID) {
-		return nil, fmt.Errorf("%w: no state %q", ErrUnknownState, stateID)
+		return nil, fmt.Errorf("%w: no state %q", state.ErrUnknownState, stateID)
 	}
 	line, err := c.e.Lineage(out.StateID)
 	if err != nil {
-		if errors.Is(err, branch.ErrUnknownState) {
-			return nil, fmt.Errorf("%w: no state %q", ErrUnknownState, out.StateID)
+		if errors.Is(err, state.ErrUnknownState) {
+			return nil, fmt.Errorf("%w: no state %q", state.ErrUnknownState, out.StateID)
 		}
 		return nil, err
 	}

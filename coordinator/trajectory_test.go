@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // cmds lists a trajectory's commands, oldest first.
@@ -79,7 +80,7 @@ func TestTrajectoryTurnsWithoutCheckpoint(t *testing.T) {
 	if got := cmds(t, c, a, ""); !slices.Equal(got, wantChild) {
 		t.Errorf("after the promote: %q, want %q", got, wantChild)
 	}
-	if _, err := c.Trajectory(ctx, "", "s-nosuch"); !errors.Is(err, ErrUnknownState) {
+	if _, err := c.Trajectory(ctx, "", "s-nosuch"); !errors.Is(err, state.ErrUnknownState) {
 		t.Errorf("unknown state: %v", err)
 	}
 	if err := c.Pin(ctx, []string{forced}); err != nil {
@@ -116,7 +117,7 @@ func TestTrajectoryTurnsWithoutCheckpoint(t *testing.T) {
 	if err := engine.GC(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.State(forced); !errors.Is(err, branch.ErrUnknownState) {
+	if _, err := engine.State(forced); !errors.Is(err, state.ErrUnknownState) {
 		t.Fatalf("state %s survived the GC: %v", forced, err)
 	}
 	if n := c2.sweepTrail(); n == 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/state"
 )
 
 // maxTreeNodes bounds one tree (Tree.Truncated says when it cut).
@@ -123,7 +124,7 @@ type famEnv struct {
 // scope is answered as an unknown one.
 func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
 	if (scope.Env == "") == (scope.Task == "") {
-		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", state.ErrInvalidParams)
 	}
 	recs, err := c.e.EnvRecords()
 	if err != nil {
@@ -150,7 +151,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	var ids []string
 	if scope.Env != "" {
 		if _, ok := byID[scope.Env]; !ok && open[scope.Env].Env == nil {
-			return nil, fmt.Errorf("%w: no env %q", ErrUnknownEnv, scope.Env)
+			return nil, fmt.Errorf("%w: no env %q", state.ErrUnknownEnv, scope.Env)
 		}
 		ids = family(scope.Env, byID, served)
 	} else {

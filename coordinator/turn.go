@@ -12,6 +12,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Action is one turn's command.
@@ -317,7 +318,7 @@ func (c *Coordinator) WaitTurn(ctx context.Context, envID string) error {
 	m, ok := c.envs[envID]
 	c.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: no open env %q", ErrUnknownEnv, envID)
+		return fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, envID)
 	}
 	if _, err := c.e.WaitCheckpoint(ctx, m.env); err != nil {
 		return err
@@ -358,7 +359,7 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 			m.failed = ckErr
 		}
 		c.mu.Unlock()
-		return fmt.Errorf("%w: state %s: its checkpoint failed: %w", ErrUnknownState, sid, ckErr)
+		return fmt.Errorf("%w: state %s: its checkpoint failed: %w", state.ErrUnknownState, sid, ckErr)
 	}
 	return nil // unknown: the caller reports it
 }
@@ -369,13 +370,13 @@ func (c *Coordinator) settle(ctx context.Context, sid string) error {
 // restores and a rollback looks its state up under the GC lock
 // (docs/engine.md, "Retention"), so this is a fallback.
 func (c *Coordinator) released(sid string, err error) error {
-	if sid == "" || !errors.Is(err, branch.ErrRestore) {
+	if sid == "" || !errors.Is(err, state.ErrRestore) {
 		return err
 	}
-	if _, serr := c.e.State(sid); !errors.Is(serr, branch.ErrUnknownState) {
+	if _, serr := c.e.State(sid); !errors.Is(serr, state.ErrUnknownState) {
 		return err
 	}
-	return fmt.Errorf("%w: state %s was released while it was being restored: %w", ErrUnknownState, sid, err)
+	return fmt.Errorf("%w: state %s was released while it was being restored: %w", state.ErrUnknownState, sid, err)
 }
 
 // Seen reports whether sid is a state env may address: an ancestor of its
@@ -416,7 +417,7 @@ func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restore
 		return nil, err
 	}
 	if sid == "" {
-		return nil, fmt.Errorf("%w: state_id: required string is missing", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: state_id: required string is missing", state.ErrInvalidParams)
 	}
 	if err := c.settle(ctx, sid); err != nil {
 		return nil, err
@@ -452,7 +453,7 @@ func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entr
 		out.StateID, out.Turn = env.Head(), env.Turn()-m.base
 		return out, nil
 	}
-	if err := c.settle(ctx, a.StateID); errors.Is(err, ErrUnknownState) {
+	if err := c.settle(ctx, a.StateID); errors.Is(err, state.ErrUnknownState) {
 		return reject("rollback: " + err.Error())
 	} else if err != nil {
 		return nil, err

@@ -1,6 +1,10 @@
 package cr
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/arbor-env/arbor/state"
+)
 
 // ErrUnavailable is wrapped by a backend that cannot run on this host (tool
 // missing, kernel module absent, not root) so callers can pick another.
@@ -26,4 +30,4 @@ var ErrNotEmpty = errors.New("contains nested volumes")
 // restore that cannot write that file back under the sandbox's own disk
 // quota). The failure is the agent's outcome, not the server's
 // (docs/protocol.md, Errors: env_error).
-var ErrAgentState = errors.New("the sandbox holds state that cannot be checkpointed")
+var ErrAgentState = state.New(state.ErrAgent, "the sandbox holds state that cannot be checkpointed")

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/arbor-env/arbor/state"
 	"gopkg.in/yaml.v3"
 )
 
@@ -200,7 +201,7 @@ func (d *Dataset) Index(name string) (int, bool) {
 // "DATASET/NAME". A broken instance is an error naming it.
 func (d *Dataset) Instance(i int) (Task, error) {
 	if i < 0 || i >= len(d.refs) {
-		return Task{}, fmt.Errorf("%w: dataset %s has %d instances, no index %d", ErrUnknownTask, d.Name, len(d.refs), i)
+		return Task{}, fmt.Errorf("%w: dataset %s has %d instances, no index %d", state.ErrUnknownTask, d.Name, len(d.refs), i)
 	}
 	ref := d.refs[i]
 	b := make([]byte, ref.n)

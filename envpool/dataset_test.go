@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/state"
 )
 
 // writeDataset makes a dataset of n instances in a new directory: each
@@ -182,13 +183,13 @@ func TestDatasetEpisodes(t *testing.T) {
 	for _, req := range []envpool.ResetRequest{
 		{Task: "squares/nope"}, {Task: "nope/sq-00001"}, {Dataset: "nope", Seed: 1},
 	} {
-		if _, err := p.Reset(ctx, req); !errors.Is(err, envpool.ErrUnknownTask) {
+		if _, err := p.Reset(ctx, req); !errors.Is(err, state.ErrUnknownTask) {
 			t.Errorf("reset %+v: %v, want unknown task", req, err)
 		}
 	}
 	big := 20
 	for _, req := range []envpool.ResetRequest{{Dataset: "squares", Index: &big}, {Dataset: "squares"}, {Dataset: "squares", Task: "x", Seed: 1}} {
-		if _, err := p.Reset(ctx, req); !errors.Is(err, envpool.ErrBadRequest) {
+		if _, err := p.Reset(ctx, req); !errors.Is(err, state.ErrInvalid) {
 			t.Errorf("reset %+v: %v, want bad request", req, err)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // MaxOutputs bounds the paths a task may name as the agent's outputs.
@@ -124,12 +126,6 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// ErrVerifierOutput: the verifier ran but its result is no reward under
-// the task's rules (garbage where a number or a rubric was due, a reward
-// outside the task's range). It is the task's fault, reported as
-// verifier_error: never a silent 0, never a reward out of range.
-var ErrVerifierOutput = errors.New("verifier_error")
-
 // Score is a verifier's result read as a reward.
 type Score struct {
 	Reward float64
@@ -142,7 +138,7 @@ type Score struct {
 
 // Score turns a verifier's stdout, exit status and timeout into the
 // task's reward (docs/tasks.md, "Reward"). A result that is no reward
-// under the task's rules is an error wrapping ErrVerifierOutput.
+// under the task's rules is an error wrapping state.ErrVerifierOutput.
 func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 	lo, hi := t.Range()
 	if timedOut {
@@ -152,7 +148,7 @@ func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 	last := strings.TrimSpace(lines[len(lines)-1])
 	inRange := func(s Score) (Score, error) {
 		if s.Reward < lo || s.Reward > hi {
-			return Score{}, fmt.Errorf("%w: reward %v outside the task's range [%v, %v]", ErrVerifierOutput, s.Reward, lo, hi)
+			return Score{}, fmt.Errorf("%w: reward %v outside the task's range [%v, %v]", state.ErrVerifierOutput, s.Reward, lo, hi)
 		}
 		return s, nil
 	}
@@ -168,7 +164,7 @@ func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 	case RewardStdout:
 		v, err := parseReward(last)
 		if err != nil {
-			return Score{}, fmt.Errorf("%w: the last line of stdout is %q, not a number", ErrVerifierOutput, clip(last, 80))
+			return Score{}, fmt.Errorf("%w: the last line of stdout is %q, not a number", state.ErrVerifierOutput, clip(last, 80))
 		}
 		return inRange(Score{Reward: v, From: "stdout"})
 	case RewardRubric:
@@ -185,7 +181,7 @@ func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 	if v, err := parseReward(last); err == nil {
 		return inRange(Score{Reward: v, From: "stdout"})
 	} else if last != "" && looksNumeric(last) {
-		return Score{}, fmt.Errorf("%w: the last line of stdout %q is %v", ErrVerifierOutput, clip(last, 80), err)
+		return Score{}, fmt.Errorf("%w: the last line of stdout %q is %v", state.ErrVerifierOutput, clip(last, 80), err)
 	}
 	return byStatus(), nil
 }
@@ -195,7 +191,7 @@ func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 func (t Task) rubricParts(line string) (map[string]float64, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(line), &raw); err != nil || raw == nil {
-		return nil, fmt.Errorf("%w: the last line of stdout %q is not a JSON object of the rubric's components", ErrVerifierOutput, clip(line, 80))
+		return nil, fmt.Errorf("%w: the last line of stdout %q is not a JSON object of the rubric's components", state.ErrVerifierOutput, clip(line, 80))
 	}
 	parts := make(map[string]float64, len(raw))
 	var errs []string
@@ -219,7 +215,7 @@ func (t Task) rubricParts(line string) (map[string]float64, error) {
 	}
 	if len(errs) > 0 {
 		slices.Sort(errs)
-		return nil, fmt.Errorf("%w: rubric components: %s", ErrVerifierOutput, strings.Join(errs, "; "))
+		return nil, fmt.Errorf("%w: rubric components: %s", state.ErrVerifierOutput, strings.Join(errs, "; "))
 	}
 	return parts, nil
 }

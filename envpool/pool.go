@@ -20,6 +20,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
+	"github.com/arbor-env/arbor/state"
 )
 
 // PoolOptions configure a Pool. Zero values take the defaults.
@@ -263,7 +264,7 @@ func (p *Pool) slot(ctx context.Context, name string) (s *taskSlot, release func
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, nil, ErrClosed
+		return nil, nil, state.ErrShuttingDown
 	}
 	s, ok := p.slots[name]
 	if !ok {
@@ -308,11 +309,11 @@ func (p *Pool) instanceTask(name string) (Task, error) {
 	ds, inst, ok := splitInstance(name)
 	d := p.datasets[ds]
 	if !ok || d == nil {
-		return Task{}, fmt.Errorf("%w: %q (tasks: %s; datasets: %s)", ErrUnknownTask, name, strings.Join(p.taskNames(), ", "), strings.Join(p.datasetNames(), ", "))
+		return Task{}, fmt.Errorf("%w: %q (tasks: %s; datasets: %s)", state.ErrUnknownTask, name, strings.Join(p.taskNames(), ", "), strings.Join(p.datasetNames(), ", "))
 	}
 	i, ok := d.Index(inst)
 	if !ok {
-		return Task{}, fmt.Errorf("%w: dataset %s has no instance %q", ErrUnknownTask, ds, inst)
+		return Task{}, fmt.Errorf("%w: dataset %s has no instance %q", state.ErrUnknownTask, ds, inst)
 	}
 	return d.Instance(i)
 }
@@ -595,7 +596,7 @@ type Reset struct {
 // one is restored on demand. For an image alone it is a fresh environment.
 func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error) {
 	if p.isClosed() {
-		return nil, ErrClosed
+		return nil, state.ErrShuttingDown
 	}
 	var (
 		env  *branch.Env
@@ -603,7 +604,7 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 	)
 	if req.Dataset != "" {
 		if req.Task != "" {
-			return nil, fmt.Errorf("%w: reset names a task and a dataset", ErrBadRequest)
+			return nil, fmt.Errorf("%w: reset names a task and a dataset", state.ErrInvalid)
 		}
 		if req.Task, err = p.pick(req.Dataset, req.Index, req.Seed); err != nil {
 			return nil, err
@@ -617,7 +618,7 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 		}
 		defer release()
 		if req.Image != "" && req.Image != s.task.Image {
-			return nil, fmt.Errorf("%w: task %s runs on image %s, not %s", ErrBadRequest, s.task.Name, s.task.Image, req.Image)
+			return nil, fmt.Errorf("%w: task %s runs on image %s, not %s", state.ErrInvalid, s.task.Name, s.task.Image, req.Image)
 		}
 		task = s.task
 		// A ready env of the pool is a new env too: refused under disk
@@ -643,7 +644,7 @@ func (p *Pool) Reset(ctx context.Context, req ResetRequest) (_ *Reset, err error
 			return nil, fmt.Errorf("reset image %s: %w", req.Image, err)
 		}
 	default:
-		return nil, fmt.Errorf("%w: reset needs a task or an image", ErrBadRequest)
+		return nil, fmt.Errorf("%w: reset needs a task or an image", state.ErrInvalid)
 	}
 	defer func() {
 		if err != nil {
@@ -684,22 +685,22 @@ func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, e
 func (p *Pool) pick(ds string, index *int, seed int64) (string, error) {
 	d := p.datasets[ds]
 	if d == nil {
-		return "", fmt.Errorf("%w: no dataset %q (datasets: %s)", ErrUnknownTask, ds, strings.Join(p.datasetNames(), ", "))
+		return "", fmt.Errorf("%w: no dataset %q (datasets: %s)", state.ErrUnknownTask, ds, strings.Join(p.datasetNames(), ", "))
 	}
 	if d.Len() == 0 {
-		return "", fmt.Errorf("%w: dataset %s has no instances", ErrUnknownTask, ds)
+		return "", fmt.Errorf("%w: dataset %s has no instances", state.ErrUnknownTask, ds)
 	}
 	i := 0
 	switch {
 	case index != nil:
 		i = *index
 		if i < 0 || i >= d.Len() {
-			return "", fmt.Errorf("%w: dataset %s has %d instances, no index %d", ErrBadRequest, ds, d.Len(), i)
+			return "", fmt.Errorf("%w: dataset %s has %d instances, no index %d", state.ErrInvalid, ds, d.Len(), i)
 		}
 	case seed != 0:
 		i = int(uint64(seed) % uint64(d.Len()))
 	default:
-		return "", fmt.Errorf("%w: reset of dataset %s needs an index or a seed", ErrBadRequest, ds)
+		return "", fmt.Errorf("%w: reset of dataset %s needs an index or a seed", state.ErrInvalid, ds)
 	}
 	return ds + "/" + d.Names(i, 1)[0], nil
 }
@@ -758,7 +759,7 @@ type Evaluation struct {
 // agent's processes (the weaker model docs/tasks.md describes).
 //
 // A verifier that fails or times out is a reward; a result the task's
-// reward rules refuse is ErrVerifierOutput; a fork or sandbox that fails
+// reward rules refuse is state.ErrVerifierOutput; a fork or sandbox that fails
 // is ErrVerifier, never a reward.
 func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed int64) (Evaluation, error) {
 	if task.Verifier == "" {
@@ -766,7 +767,7 @@ func (p *Pool) Evaluate(ctx context.Context, env *branch.Env, task Task, seed in
 		if name == "" {
 			name = "image " + task.Image
 		}
-		return Evaluation{}, fmt.Errorf("%w: %s", ErrNoVerifier, name)
+		return Evaluation{}, fmt.Errorf("%w: %s", state.ErrNoVerifier, name)
 	}
 	if task.trusted() {
 		return p.grade(ctx, env, task, seed)
@@ -1074,7 +1075,7 @@ func (p *Pool) closeQuietly(env *branch.Env, what string) {
 	if env == nil {
 		return
 	}
-	if err := p.e.CloseEnv(context.Background(), env); err != nil && !errors.Is(err, branch.ErrClosed) {
+	if err := p.e.CloseEnv(context.Background(), env); err != nil && !errors.Is(err, state.ErrClosed) {
 		p.log.Warn("close "+what, slog.String("env", env.ID), slog.Any("err", err))
 	}
 }

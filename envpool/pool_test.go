@@ -15,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 func quiet() *slog.Logger { return branchtest.Logger() }
@@ -167,19 +168,19 @@ func TestPoolResetEvaluate(t *testing.T) {
 	if err := e.CloseEnv(ctx, rs.Env); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Evaluate(ctx, rs.Env, rs.Task, 0); !errors.Is(err, branch.ErrClosed) {
-		t.Errorf("evaluate of a closed env: %v, want branch.ErrClosed", err)
+	if _, err := p.Evaluate(ctx, rs.Env, rs.Task, 0); !errors.Is(err, state.ErrClosed) {
+		t.Errorf("evaluate of a closed env: %v, want state.ErrClosed", err)
 	}
-	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}, 0); !errors.Is(err, envpool.ErrNoVerifier) {
+	if _, err := p.Evaluate(ctx, env, envpool.Task{Image: "busybox"}, 0); !errors.Is(err, state.ErrNoVerifier) {
 		t.Errorf("evaluate without verifier: %v", err)
 	}
-	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "nope"}); !errors.Is(err, envpool.ErrUnknownTask) || !strings.Contains(err.Error(), "hello") {
+	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "nope"}); !errors.Is(err, state.ErrUnknownTask) || !strings.Contains(err.Error(), "hello") {
 		t.Errorf("unknown task: %v", err)
 	}
-	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello", Image: "debian"}); !errors.Is(err, envpool.ErrBadRequest) {
+	if _, err := p.Reset(ctx, envpool.ResetRequest{Task: "hello", Image: "debian"}); !errors.Is(err, state.ErrInvalid) {
 		t.Errorf("task with another image: %v", err)
 	}
-	if _, err := p.Reset(ctx, envpool.ResetRequest{}); !errors.Is(err, envpool.ErrBadRequest) {
+	if _, err := p.Reset(ctx, envpool.ResetRequest{}); !errors.Is(err, state.ErrInvalid) {
 		t.Errorf("empty reset: %v", err)
 	}
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/state"
 )
 
 func TestLoadTask(t *testing.T) {
@@ -181,7 +182,7 @@ func TestReward(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.task.Score(tt.stdout, tt.exit, tt.timedOut)
 			if tt.wantErr {
-				if !errors.Is(err, envpool.ErrVerifierOutput) {
+				if !errors.Is(err, state.ErrVerifierOutput) {
 					t.Errorf("Score(%q, %d) = %+v, %v; want a verifier_error", tt.stdout, tt.exit, got, err)
 				} else {
 					t.Logf("%v", err)

@@ -1,20 +1,24 @@
 package image
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/arbor-env/arbor/state"
+)
 
 // ErrNotFound is wrapped when the named image does not exist.
-var ErrNotFound = errors.New("image not found")
+var ErrNotFound = state.New(state.ErrNotFound, "image not found")
 
 // ErrExists is wrapped when an image of that name already exists.
 var ErrExists = errors.New("image already exists")
 
 // ErrInvalidName is wrapped when an image name is not a plain, lower-case
 // name (letters, digits, '.', '_', '-', not starting with '.').
-var ErrInvalidName = errors.New("invalid image name")
+var ErrInvalidName = state.New(state.ErrInvalid, "invalid image name")
 
 // ErrUnknownRecipe is wrapped when Build is asked for an image it has no
 // recipe for.
-var ErrUnknownRecipe = errors.New("no build recipe for image")
+var ErrUnknownRecipe = state.New(state.ErrInvalid, "no build recipe for image")
 
 // ErrMissingTool is wrapped when a host tool a build needs is absent; the
 // remedy is "make deps".
@@ -23,12 +27,12 @@ var ErrMissingTool = errors.New("host tool missing (run make deps)")
 // ErrBadLayer is wrapped when an image layer is not a valid changeset: not
 // a tar stream, truncated, its content not matching its digest, or holding
 // what an image may not (device nodes).
-var ErrBadLayer = errors.New("bad image layer")
+var ErrBadLayer = state.New(state.ErrInvalid, "bad image layer")
 
 // ErrNoShell is wrapped when an image has no /bin/sh: the persistent shell
 // of every sandbox needs one.
-var ErrNoShell = errors.New("image has no shell")
+var ErrNoShell = state.New(state.ErrInvalid, "image has no shell")
 
 // ErrPull is wrapped when an image cannot be fetched from its registry:
 // unknown host, refused credentials, no such repository or tag.
-var ErrPull = errors.New("pull image")
+var ErrPull = state.New(state.ErrInvalid, "pull image")

@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/arbor-env/arbor/server/protocol"
+
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
 )
@@ -155,7 +157,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, err = c.Env(envID)
 	}
 	if err != nil {
-		writeError(w, http.StatusNotFound, coordinator.ProtoError(err).Code, err.Error())
+		writeError(w, http.StatusNotFound, protocol.ErrorOf(err).Code, err.Error())
 		return
 	}
 	p.mu.Lock()
@@ -218,7 +220,7 @@ func (p *Proxy) hold(resp *http.Response) error {
 		// header and logged, never hidden.
 		p.stats.failures.Add(1)
 		p.o.Logger.Error("turn checkpoint failed", slog.String("env", b.envID), slog.Any("err", b.err))
-		resp.Header.Set(HeaderCheckpoint, "failed: "+coordinator.ProtoError(b.err).Code+": "+b.err.Error())
+		resp.Header.Set(HeaderCheckpoint, "failed: "+protocol.ErrorOf(b.err).Code+": "+b.err.Error())
 		return nil
 	}
 	resp.Header.Set(HeaderState, b.sid)

@@ -20,6 +20,7 @@ import (
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/llmproxy"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // upstream is a fake LLM API on loopback: /chat answers JSON, /stream
@@ -360,7 +361,7 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 	if h := rp.resp.Header.Get(llmproxy.HeaderCheckpoint); !strings.HasPrefix(h, "failed: env_error: ") {
 		t.Errorf("%s of the boundary whose checkpoint failed: %q, want the failure", llmproxy.HeaderCheckpoint, h)
 	}
-	if !errors.Is(step.CheckpointError, branch.ErrCheckpoint) || step.Kind != branch.Full {
+	if !errors.Is(step.CheckpointError, state.ErrCheckpoint) || step.Kind != branch.Full {
 		t.Errorf("the step after the failed boundary: error %v, kind %s; want the failure and full", step.CheckpointError, step.Kind)
 	}
 }

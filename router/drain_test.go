@@ -11,11 +11,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/cluster/etcdtest"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestDrain drains a node under load: every env of node a moves to node
@@ -270,7 +270,7 @@ func TestComebackAfterFailover(t *testing.T) {
 	}
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		_, err := a.eng.Env(env)
-		if errors.Is(err, branch.ErrUnknownEnv) {
+		if errors.Is(err, state.ErrUnknownEnv) {
 			break
 		}
 		if time.Now().After(end) {

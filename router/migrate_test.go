@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster/etcdtest"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestMigrate moves an env mid-episode from one real node to the other
@@ -144,7 +144,7 @@ func TestMigrate(t *testing.T) {
 	if n := placement(t, cli, env); n != dst.id {
 		t.Errorf("placement after migrate: %q, want %s", n, dst.id)
 	}
-	if _, err := src.eng.Env(env); !errors.Is(err, branch.ErrUnknownEnv) {
+	if _, err := src.eng.Env(env); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("the source still has the env: %v", err)
 	}
 	if _, err := dst.eng.Env(env); err != nil {

@@ -40,10 +40,10 @@ import (
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/cluster"
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Options configure a Router.
@@ -408,7 +408,7 @@ func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 	if node == "" {
 		// Worded as a node words it (coordinator.lookup), so that an env
 		// nobody made and another tenant's read alike.
-		return "", coordinator.ProtoError(fmt.Errorf("%w: no open env %q", coordinator.ErrUnknownEnv, env))
+		return "", protocol.ErrorOf(fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, env))
 	}
 	return node, nil
 }

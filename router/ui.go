@@ -22,6 +22,7 @@ import (
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/ui"
+	"github.com/arbor-env/arbor/state"
 )
 
 // UISource is the web view of the whole cluster (docs/ui.md): the nodes'
@@ -52,7 +53,7 @@ func (s *uiSource) get(ctx context.Context, n cluster.NodeInfo, path string, v a
 }
 
 // do sends GET path to node n's view and checks the status: a 404 is
-// coordinator.ErrUnknownEnv, a 400 ErrInvalidParams (the node's message
+// state.ErrUnknownEnv, a 400 ErrInvalidParams (the node's message
 // kept), anything else but 200 an error naming the node.
 func (s *uiSource) do(ctx context.Context, n cluster.NodeInfo, path string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.Addr+path, nil)
@@ -76,9 +77,9 @@ func (s *uiSource) do(ctx context.Context, n cluster.NodeInfo, path string) (*ht
 	text := strings.TrimSpace(string(msg))
 	switch resp.StatusCode {
 	case http.StatusNotFound:
-		return nil, fmt.Errorf("%w: %s", coordinator.ErrUnknownEnv, text)
+		return nil, fmt.Errorf("%w: %s", state.ErrUnknownEnv, text)
 	case http.StatusBadRequest:
-		return nil, fmt.Errorf("%w: %s", coordinator.ErrInvalidParams, text)
+		return nil, fmt.Errorf("%w: %s", state.ErrInvalidParams, text)
 	}
 	return nil, fmt.Errorf("node %s: %s %s: %s", n.ID, path, resp.Status, text)
 }
@@ -135,14 +136,14 @@ func (s *uiSource) Envs(ctx context.Context) (ui.EnvsAnswer, error) {
 // every node, merged: an env or state a node lists is listed once.
 func (s *uiSource) Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
 	if (scope.Env == "") == (scope.Task == "") {
-		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", coordinator.ErrInvalidParams)
+		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", state.ErrInvalidParams)
 	}
 	q := url.Values{}
 	if scope.Env != "" {
 		q.Set("env", scope.Env)
 		node, err := s.r.envNode(ctx, scope.Env)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", coordinator.ErrUnknownEnv, err)
+			return nil, fmt.Errorf("%w: %v", state.ErrUnknownEnv, err)
 		}
 		n, ok := s.r.view.Node(node)
 		if !ok {

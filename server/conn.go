@@ -14,7 +14,6 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -265,7 +264,7 @@ func (c *conn) respond(msgid uint32, method string, result any, err error) {
 	var pe *protocol.Error
 	code := "ok"
 	if err != nil {
-		pe = coordinator.ProtoError(err)
+		pe = protocol.ErrorOf(err)
 		code = pe.Code
 		lvl := slog.LevelDebug
 		if pe.Infra {

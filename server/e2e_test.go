@@ -14,6 +14,7 @@ import (
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 func dial(t testing.TB, addr string, o *arbor.Options) *arbor.Client {
@@ -392,7 +393,7 @@ func TestIdleEnvClosed(t *testing.T) {
 	if _, err := c.Step(ctx, r.EnvID, arbor.Bash("true", 0)); !errors.Is(err, arbor.ErrUnknownEnv) {
 		t.Errorf("step on the idle-closed env: %v, want unknown_env", err)
 	}
-	if _, err := engine.Env(r.EnvID); !errors.Is(err, branch.ErrUnknownEnv) {
+	if _, err := engine.Env(r.EnvID); !errors.Is(err, state.ErrUnknownEnv) {
 		t.Errorf("the engine still has the idle env: %v", err)
 	}
 }

@@ -254,7 +254,7 @@ func (s *Server) branch(ctx context.Context, p *protocol.BranchParams) (*protoco
 			if out.Errors == nil {
 				out.Errors = make([]*protocol.Error, p.N)
 			}
-			out.Errors[i] = coordinator.ProtoError(res.Errors[i])
+			out.Errors[i] = protocol.ErrorOf(res.Errors[i])
 			continue
 		}
 		out.EnvIDs[i] = c.ID
@@ -359,7 +359,7 @@ func (r *request) envs(ctx context.Context, _ *protocol.EnvsParams) (any, error)
 	}
 	for _, l := range c.Lost(ctx) {
 		out.Envs = append(out.Envs, protocol.EnvInfo{EnvID: l.ID, Image: l.Image, Task: l.Task.Name, Head: l.Head,
-			Lost: coordinator.ProtoError(l.Err).Message})
+			Lost: protocol.ErrorOf(l.Err).Message})
 	}
 	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].EnvID < out.Envs[j].EnvID })
 	return out, nil
@@ -450,7 +450,7 @@ func (r *request) stepBatch(ctx context.Context, _ *protocol.StepBatchParams) (a
 			it.release()
 			br := protocol.BatchItemResult{MsgID: r.msgid, Index: i, EnvID: it.envID, Result: res}
 			if err != nil {
-				br.Error, br.Result = coordinator.ProtoError(err), nil
+				br.Error, br.Result = protocol.ErrorOf(err), nil
 			}
 			out.Results[i] = br
 			r.c.notify(protocol.NotifyStepBatch, br)

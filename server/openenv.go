@@ -20,11 +20,10 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // The OpenEnv endpoint (docs/openenv.md): every task of the coordinator
@@ -372,7 +371,7 @@ func (c *oeConn) closeEnv(ctx context.Context, id string) {
 	err := c.s.closeEnv(ctx, id)
 	release()
 	c.s.oe.drop(id)
-	if err != nil && coordinator.ProtoError(err).Code != protocol.CodeUnknownEnv {
+	if err != nil && protocol.ErrorOf(err).Code != protocol.CodeUnknownEnv {
 		c.log.Warn("close env", slog.String("env", id), slog.Any("err", err))
 	}
 }
@@ -517,7 +516,7 @@ func (c *oeConn) serve(ctx context.Context, m oeMessage) (data any, err error) {
 func (c *oeConn) respond(method, typ string, data any, err error) {
 	code := "ok"
 	if err != nil {
-		pe := coordinator.ProtoError(err)
+		pe := protocol.ErrorOf(err)
 		code, typ = pe.Code, "error"
 		ed := oeErrorData(pe)
 		var se *oeStepError
@@ -822,11 +821,11 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 	c.over = true
 	ev, err := c.s.evaluate(ctx, c.env, false)
-	if errors.Is(err, coordinator.ErrNoVerifier) || errors.Is(err, envpool.ErrNoVerifier) {
+	if errors.Is(err, state.ErrNoVerifier) || errors.Is(err, state.ErrNoVerifier) {
 		return oeResult{Observation: obs, Done: true}, nil
 	}
 	if err != nil {
-		pe := *coordinator.ProtoError(err)
+		pe := *protocol.ErrorOf(err)
 		pe.Message = fmt.Sprintf("the episode ended at state %s (turn %d) but its reward could not be computed: %s", c.stateID, c.turn, pe.Message)
 		return nil, &oeStepError{stateID: c.stateID, turn: c.turn, err: &pe}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server/protocol"
 )
 
@@ -119,7 +118,7 @@ func (x *oeProxy) shut(code int, reason string) {
 
 // fail answers err as an error message and closes the connection.
 func (x *oeProxy) fail(err error) {
-	pe := coordinator.ProtoError(err)
+	pe := protocol.ErrorOf(err)
 	x.s.m.requests.WithLabelValues("openenv_unknown", pe.Code).Inc()
 	x.log.Warn("openenv proxy", slog.String("code", pe.Code), slog.String("err", pe.Message))
 	x.write(websocket.TextMessage, mustEncodeError(pe))

@@ -8,11 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestPrepare drives prepare over a websocket: hello lists it; bad params
@@ -90,7 +89,7 @@ func TestPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pe := coordinator.ProtoError(fmt.Errorf("prepare: %w", branch.ErrOverBudget))
+	pe := protocol.ErrorOf(fmt.Errorf("prepare: %w", state.ErrOverBudget))
 	if !errors.Is(pe, arbor.ErrOverBudget) || !pe.Retryable || pe.Infra {
 		t.Errorf("the engine's over-budget error answers %+v, want over_budget, retryable, not infra", pe)
 	}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestReleasePinUnpin drives release, pin and unpin over a websocket (the
@@ -81,7 +81,7 @@ func TestReleasePinUnpin(t *testing.T) {
 	// The background GC, nudged by the close, removes s2; s1 stays pinned.
 	branchtest.WaitFor(t, "the closed env's unpinned states removed", func() bool {
 		_, err := engine.State(s2)
-		return errors.Is(err, branch.ErrUnknownState)
+		return errors.Is(err, state.ErrUnknownState)
 	})
 	if _, err := engine.State(s1); err != nil {
 		t.Fatalf("pinned state after its env closed: %v", err)
@@ -104,7 +104,7 @@ func TestReleasePinUnpin(t *testing.T) {
 	}
 	branchtest.WaitFor(t, "the unpinned state removed", func() bool {
 		_, err := engine.State(s1)
-		return errors.Is(err, branch.ErrUnknownState)
+		return errors.Is(err, state.ErrUnknownState)
 	})
 	if err := c.Pin(ctx, s1); !errors.Is(err, arbor.ErrUnknownState) {
 		t.Errorf("pin of a removed state: %v, want unknown_state", err)

@@ -7,9 +7,10 @@ import (
 	"net/http"
 	"unicode/utf8"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // The web view's diff of two states (GET /ui/api/diff?a=STATE&b=STATE,
@@ -118,15 +119,15 @@ func (d *stateDiffs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		code := http.StatusInternalServerError
 		switch {
-		case errors.Is(err, coordinator.ErrUnknownState), errors.Is(err, branch.ErrUnknownState):
+		case errors.Is(err, state.ErrUnknownState), errors.Is(err, state.ErrUnknownState):
 			code = http.StatusNotFound
-		case errors.Is(err, coordinator.ErrInvalidParams):
+		case errors.Is(err, state.ErrInvalidParams):
 			code = http.StatusBadRequest
 		}
 		if code == http.StatusInternalServerError {
 			d.log.Warn("state diff", slog.String("a", a), slog.String("b", b), slog.Any("err", err))
 		}
-		http.Error(w, coordinator.ProtoError(err).Message, code)
+		http.Error(w, protocol.ErrorOf(err).Message, code)
 		return
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -14,7 +14,7 @@ var (
 	// ErrNotFound: no such env, state, task or image.
 	ErrNotFound = errors.New("not found")
 	// ErrInvalid: the request is well formed but makes no sense here.
-	ErrInvalid = errors.New("invalid request")
+	ErrInvalid = errors.New("bad request")
 	// ErrUnavailable: the server (or the part of it asked) is stopping
 	// or cannot be reached; retry elsewhere or later.
 	ErrUnavailable = errors.New("unavailable")
@@ -47,8 +47,12 @@ var (
 	// ErrTooLarge: a frame, command or field is over a limit.
 	ErrTooLarge = New(ErrInvalid, "too large")
 
-	// ErrShuttingDown: the server or one of its parts was closed.
+	// ErrShuttingDown: the server or one of its parts (the coordinator,
+	// the task pool) was closed.
 	ErrShuttingDown = New(ErrUnavailable, "shutting down")
+	// ErrClosed: the env was closed under the request (close, idle TTL,
+	// its share) or the engine is stopping.
+	ErrClosed = New(ErrUnavailable, "closed")
 
 	ErrTooManyEnvs = New(ErrQuota, "too many envs")
 	// ErrNoSpace: a watched file system is over its high mark after
@@ -66,10 +70,18 @@ var (
 	// and could not be brought back.
 	ErrLost = New(ErrUnrestorable, "environment lost in a restart")
 
+	// ErrHarness: the task's own machinery (its setup, its verifier)
+	// could not run, whatever stopped it: infra, before any more precise
+	// cause (a verifier whose fork failed to restore could not run).
+	ErrHarness = New(ErrInfra, "task harness could not run")
+	// ErrNoVerifier: evaluate on an env whose task has no verifier.
+	ErrNoVerifier = New(ErrInvalid, "task has no verifier")
+
 	// ErrVerifierOutput: the verifier ran but its answer is no reward
-	// (garbage, out of range): the task's fault, neither the agent's nor
-	// the machinery's.
-	ErrVerifierOutput = errors.New("verifier output is not a reward")
+	// (garbage where a number or a rubric was due, a reward out of the
+	// task's range): the task's fault, neither the agent's nor the
+	// machinery's; never a silent 0.
+	ErrVerifierOutput = errors.New("verifier_error")
 )
 
 // sentinel is an error of fixed text inside a category.

@@ -1,6 +1,10 @@
 package watch
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/arbor-env/arbor/state"
+)
 
 // Sentinel errors of the inspector; test with errors.Is.
 var (
@@ -9,5 +13,5 @@ var (
 	// ErrUnknownEnv: the environment is not tracked.
 	ErrUnknownEnv = errors.New("inspector: unknown environment")
 	// ErrClosed: the inspector was closed.
-	ErrClosed = errors.New("inspector: closed")
+	ErrClosed = state.New(state.ErrUnavailable, "inspector: closed")
 )

@@ -24,7 +24,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/arbor-env/arbor/server/protocol"
+
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/state"
 )
 
 //go:embed static
@@ -34,7 +37,7 @@ var static embed.FS
 // feed (Local), or a cluster's, merged from its nodes (package router).
 type Source interface {
 	Envs(ctx context.Context) (EnvsAnswer, error)
-	// Tree fails with coordinator.ErrInvalidParams or ErrUnknownEnv
+	// Tree fails with state.ErrInvalidParams or ErrUnknownEnv
 	// (wrapped) for a bad or unknown scope.
 	Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error)
 	Health(ctx context.Context) (coordinator.Health, error)
@@ -205,7 +208,7 @@ func (l local) Envs(ctx context.Context) (EnvsAnswer, error) {
 	}
 	for _, l := range l.c.Lost(ctx) {
 		out.Envs = append(out.Envs, EnvRow{ID: l.ID, Task: l.Task.Name, Image: l.Image, Head: l.Head,
-			Lost: coordinator.ProtoError(l.Err).Message})
+			Lost: protocol.ErrorOf(l.Err).Message})
 	}
 	sort.Slice(out.Envs, func(i, j int) bool { return out.Envs[i].ID < out.Envs[j].ID })
 	sort.Strings(out.Tasks)
@@ -239,12 +242,12 @@ func (u *UI) tree(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	t, err := u.src.Tree(r.Context(), coordinator.TreeScope{Env: q.Get("env"), Task: q.Get("task")})
 	if err != nil {
-		pe := coordinator.ProtoError(err)
+		pe := protocol.ErrorOf(err)
 		code := http.StatusInternalServerError
 		switch {
-		case errors.Is(err, coordinator.ErrInvalidParams):
+		case errors.Is(err, state.ErrInvalidParams):
 			code = http.StatusBadRequest
-		case errors.Is(err, coordinator.ErrUnknownEnv):
+		case errors.Is(err, state.ErrUnknownEnv):
 			code = http.StatusNotFound
 		}
 		http.Error(w, pe.Message, code)
