@@ -10,7 +10,7 @@ import (
 var (
 	// ErrUnavailable: eBPF cannot be used on this host (not root, no BTF,
 	// the verifier refused the programs, not amd64).
-	ErrUnavailable = errors.New("eBPF tracker unavailable")
+	ErrUnavailable = state.New(state.ErrUnavailable, "eBPF tracker unavailable")
 	// ErrClosed: the tracker was closed.
 	ErrClosed = state.New(state.ErrUnavailable, "eBPF tracker closed")
 	// ErrFlushed: Read consumed every event that was pending when Flush

@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -14,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // spread places n branch children over nodes by load, one at a time on
@@ -148,7 +148,7 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 			}
 			if k > 0 {
 				if err := msgpack.Unmarshal(raw, &out); err != nil {
-					return nil, protocol.Errorf(protocol.CodeInternal, "node %s: decode branch: %v", src, err)
+					return nil, fmt.Errorf("node %s: decode branch: %v", src, err)
 				}
 				errs = out.Errors
 				if errs == nil {
@@ -162,7 +162,7 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 			} else {
 				var cp protocol.CheckpointResult
 				if err := msgpack.Unmarshal(raw, &cp); err != nil {
-					return nil, protocol.Errorf(protocol.CodeInternal, "node %s: decode checkpoint: %v", src, err)
+					return nil, fmt.Errorf("node %s: decode checkpoint: %v", src, err)
 				}
 				out.StateID = cp.StateID
 			}
@@ -199,7 +199,7 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 				r.log.Warn("branch children on another node failed", slog.String("node", pt.node), slog.String("state", out.StateID), slog.Any("err", pt.err))
 				for range pt.n {
 					out.EnvIDs = append(out.EnvIDs, "")
-					errs = append(errs, asProto(pt.err))
+					errs = append(errs, protocol.ErrorOf(pt.err))
 				}
 				if firstErr == nil {
 					firstErr = pt.err
@@ -224,9 +224,9 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 		}
 		if made == 0 {
 			if firstErr == nil {
-				firstErr = protocol.Errorf(protocol.CodeRestoreFailed, "branch of %s: no child was made", out.StateID)
+				firstErr = state.Errorf(state.ErrRestore, "branch of %s: no child was made", out.StateID)
 			}
-			return nil, asProto(firstErr)
+			return nil, protocol.ErrorOf(firstErr)
 		}
 		if countErrs(errs) > 0 {
 			out.Errors = errs
@@ -252,7 +252,7 @@ func (r *Router) branchOn(ctx context.Context, src, to, sid string, n int) (prot
 	}
 	st, err := r.ship.Ship(ctx, from.Transfer, dst.Transfer, sid)
 	if err != nil {
-		return res, protocol.Errorf(protocol.CodeRestoreFailed, "ship state %s from node %s to node %s: %v", sid, src, to, err)
+		return res, state.Errorf(state.ErrRestore, "ship state %s from node %s to node %s: %v", sid, src, to, err)
 	}
 	if !st.Held {
 		r.log.Info("shipped state", slog.String("state", sid), slog.String("from", src), slog.String("to", to),
@@ -295,6 +295,5 @@ func (r *Router) addPending(plan map[string]int, d int) {
 }
 
 func isUnknownEnv(err error) bool {
-	var pe *protocol.Error
-	return errors.As(err, &pe) && pe.Code == protocol.CodeUnknownEnv
+	return protocol.CodeOf(err) == protocol.CodeUnknownEnv
 }

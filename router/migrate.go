@@ -13,6 +13,7 @@ import (
 
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // move is an env being migrated: the requests for it that arrive
@@ -43,7 +44,7 @@ func (r *Router) moving(env string) (wait func(ctx context.Context) error, sent 
 				case <-ch:
 				case <-ctx.Done():
 					once.Do(func() { close(next) })
-					return protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+					return state.Errorf(state.ErrShuttingDown, "router is shutting down")
 				}
 			}
 			return nil
@@ -108,7 +109,7 @@ func (r *Router) migrateFrom(ctx context.Context, p protocol.MigrateParams, src 
 		return fail(unavailable(src, "it is not in the cluster registry"))
 	}
 	if from.Transfer == "" {
-		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers: its envs cannot migrate", src))
+		return fail(state.Errorf(state.ErrInvalid, "node %s serves no state transfers: its envs cannot migrate", src))
 	}
 	var to cluster.NodeInfo
 	if p.Node != "" {
@@ -123,14 +124,14 @@ func (r *Router) migrateFrom(ctx context.Context, p protocol.MigrateParams, src 
 			}
 		}
 		if !ok {
-			return fail(protocol.Errorf(protocol.CodeTooManyEnvs, "no other live node can take env %s", p.EnvID))
+			return fail(state.Errorf(state.ErrTooManyEnvs, "no other live node can take env %s", p.EnvID))
 		}
 	}
 	if to.ID == src {
-		return fail(protocol.Errorf(protocol.CodeBadRequest, "env %s is on node %s already", p.EnvID, src))
+		return fail(state.Errorf(state.ErrInvalid, "env %s is on node %s already", p.EnvID, src))
 	}
 	if to.Transfer == "" || to.Draining {
-		return fail(protocol.Errorf(protocol.CodeBadRequest, "node %s serves no state transfers or is draining", to.ID))
+		return fail(state.Errorf(state.ErrInvalid, "node %s serves no state transfers or is draining", to.ID))
 	}
 	return func(ctx context.Context) (any, error) {
 		start := time.Now()
@@ -143,7 +144,7 @@ func (r *Router) migrateFrom(ctx context.Context, p protocol.MigrateParams, src 
 		r.mu.Lock()
 		if r.moves[p.EnvID] != nil {
 			r.mu.Unlock()
-			return nil, protocol.Errorf(protocol.CodeBadRequest, "env %s is being migrated already", p.EnvID)
+			return nil, state.Errorf(state.ErrInvalid, "env %s is being migrated already", p.EnvID)
 		}
 		r.moves[p.EnvID] = m
 		r.mu.Unlock()
@@ -172,10 +173,10 @@ func (r *Router) migrateFrom(ctx context.Context, p protocol.MigrateParams, src 
 // it was.
 func migrateErr(err error) error {
 	var pe *protocol.Error
-	if errors.As(err, &pe) {
-		return pe
+	if errors.As(err, &pe) || protocol.CodeOf(err) != protocol.CodeInternal {
+		return err
 	}
-	return protocol.Errorf(protocol.CodeRestoreFailed, "migration failed, the env stays on its node: %v", err)
+	return state.Errorf(state.ErrRestore, "migration failed, the env stays on its node: %v", err)
 }
 
 // redirect resends a request answered unknown_env by node when the env's
@@ -185,8 +186,7 @@ func migrateErr(err error) error {
 // keeps its place.
 func (r *Router) redirect(ctx context.Context, env, node, method string, params msgpack.RawMessage, raw msgpack.RawMessage, err error,
 	wait func(context.Context) error) (msgpack.RawMessage, error) {
-	var pe *protocol.Error
-	if !errors.As(err, &pe) || pe.Code != protocol.CodeUnknownEnv {
+	if protocol.CodeOf(err) != protocol.CodeUnknownEnv {
 		return raw, err
 	}
 	now, gerr := r.view.FreshEnvNode(ctx, env)
@@ -217,7 +217,7 @@ func (r *Router) failover(ctx context.Context, env, dead string) (string, error)
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return "", protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+			return "", state.Errorf(state.ErrShuttingDown, "router is shutting down")
 		}
 		if now, err := r.view.FreshEnvNode(ctx, env); err == nil && now != dead {
 			if _, live := r.view.Node(now); live {

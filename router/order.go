@@ -3,7 +3,7 @@ package router
 import (
 	"context"
 
-	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // envOrder keeps the order of one env's requests across a change of its
@@ -55,7 +55,7 @@ func (r *Router) sequence(env, node string) (wait func(context.Context) error, r
 		case <-prev:
 			return nil
 		case <-ctx.Done():
-			return protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+			return state.Errorf(state.ErrShuttingDown, "router is shutting down")
 		}
 	}
 	resolve = func() {

@@ -209,8 +209,8 @@ func (r *Router) client(ctx context.Context, id string) (*arbor.Client, error) {
 }
 
 // unavailable is the error of a request whose node cannot be reached.
-func unavailable(node, why string) *protocol.Error {
-	return protocol.Errorf(protocol.CodeNodeUnavailable, "node %s is unavailable: %s", node, why)
+func unavailable(node, why string) error {
+	return state.Errorf(protocol.ErrNodeUnavailable, "node %s is unavailable: %s", node, why)
 }
 
 // answer is a function that waits for a request's answer.
@@ -253,9 +253,9 @@ func (s *sent) wait(ctx context.Context) (msgpack.RawMessage, error) {
 	case errors.Is(err, arbor.ErrClosed):
 		return nil, unavailable(s.node, "its connection dropped while the request ran (it may or may not have run)")
 	case ctx.Err() != nil:
-		return nil, protocol.Errorf(protocol.CodeShuttingDown, "router is shutting down")
+		return nil, state.Errorf(state.ErrShuttingDown, "router is shutting down")
 	default:
-		return nil, protocol.Errorf(protocol.CodeInternal, "node %s: %v", s.node, err)
+		return nil, fmt.Errorf("node %s: %v", s.node, err)
 	}
 }
 
@@ -357,7 +357,7 @@ func (r *Router) Forward(ctx context.Context, msgid uint32, method string, param
 		}
 		nodes := r.view.Nodes()
 		if len(nodes) == 0 {
-			return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "no node is registered"))
+			return fail(state.Errorf(protocol.ErrNodeUnavailable, "no node is registered"))
 		}
 		return r.forward(ctx, nodes[0].ID, method, params)
 	case protocol.MethodPrepare:
@@ -396,14 +396,14 @@ func (r *Router) Forward(ctx context.Context, msgid uint32, method string, param
 			return r.stepBatch(ctx, msgid, p.Items, notify)(ctx)
 		}
 	}
-	return fail(protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q", method))
+	return fail(state.Errorf(protocol.ErrUnknownMethod, "unknown method %q", method))
 }
 
 // envNode is the live node holding env.
 func (r *Router) envNode(ctx context.Context, env string) (string, error) {
 	node, err := r.view.EnvNode(ctx, env)
 	if err != nil {
-		return "", protocol.Errorf(protocol.CodeNodeUnavailable, "cluster registry: %v", err)
+		return "", state.Errorf(protocol.ErrNodeUnavailable, "cluster registry: %v", err)
 	}
 	if node == "" {
 		// Worded as a node words it (coordinator.lookup), so that an env
@@ -466,10 +466,10 @@ func (r *Router) toEnv(ctx context.Context, env, method string, params msgpack.R
 }
 
 // stateNode is a live node holding the state's artifacts.
-func (r *Router) stateNode(ctx context.Context, state string) (string, error) {
-	nodes, err := r.view.StateNodes(ctx, state)
+func (r *Router) stateNode(ctx context.Context, sid string) (string, error) {
+	nodes, err := r.view.StateNodes(ctx, sid)
 	if err != nil {
-		return "", protocol.Errorf(protocol.CodeNodeUnavailable, "cluster registry: %v", err)
+		return "", state.Errorf(protocol.ErrNodeUnavailable, "cluster registry: %v", err)
 	}
 	for _, n := range nodes {
 		if _, ok := r.view.Node(n); ok {
@@ -478,7 +478,7 @@ func (r *Router) stateNode(ctx context.Context, state string) (string, error) {
 	}
 	// State keys live under their node's lease: none means no live node
 	// holds it.
-	return "", protocol.Errorf(protocol.CodeUnknownState, "no live node holds state %q", state)
+	return "", state.Errorf(state.ErrUnknownState, "no live node holds state %q", sid)
 }
 
 // reset places a reset on the least loaded live node that offers the
@@ -496,9 +496,9 @@ func (r *Router) reset(ctx context.Context, p protocol.ResetParams, params msgpa
 		if p.Task != "" && len(r.view.Nodes()) > 0 {
 			// Live nodes, none with the task: as a single server would
 			// answer (a node that had it and died is not told apart).
-			return fail(protocol.Errorf(protocol.CodeUnknownTask, "no live node offers task %q", p.Task))
+			return fail(state.Errorf(state.ErrUnknownTask, "no live node offers task %q", p.Task))
 		}
-		return fail(protocol.Errorf(protocol.CodeNodeUnavailable, "cannot place the reset: no node is registered"))
+		return fail(state.Errorf(protocol.ErrNodeUnavailable, "cannot place the reset: no node is registered"))
 	}
 	var last error
 	for _, n := range cands {
@@ -555,7 +555,7 @@ func (r *Router) envs(ctx context.Context) answer {
 			}
 			var part protocol.EnvsResult
 			if err := msgpack.Unmarshal(raw, &part); err != nil {
-				return nil, protocol.Errorf(protocol.CodeInternal, "node %s: decode envs: %v", s.node, err)
+				return nil, fmt.Errorf("node %s: decode envs: %v", s.node, err)
 			}
 			out.Envs = append(out.Envs, part.Envs...)
 		}
@@ -644,14 +644,13 @@ func (r *Router) prepare(ctx context.Context, p protocol.PrepareParams) answer {
 			var res protocol.PrepareResult
 			if err == nil {
 				if err = msgpack.Unmarshal(raw, &res); err != nil {
-					err = protocol.Errorf(protocol.CodeInternal, "node %s: decode prepare: %v", s.node, err)
+					err = fmt.Errorf("node %s: decode prepare: %v", s.node, err)
 				}
 			}
-			var pe *protocol.Error
 			switch {
 			case err == nil:
 				ok++
-			case errors.As(err, &pe) && pe.Code == protocol.CodeOverBudget:
+			case protocol.CodeOf(err) == protocol.CodeOverBudget:
 				over = err
 				// The node's answer carries no counts: all its states
 				// read as refused, none prepared.
@@ -697,7 +696,7 @@ func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.B
 	results := make([]protocol.BatchItemResult, len(items))
 	var mu sync.Mutex // results, between notifications and the final answer
 	itemErr := func(i int, err error) {
-		results[i] = protocol.BatchItemResult{Index: i, EnvID: items[i].EnvID, Error: asProto(err)}
+		results[i] = protocol.BatchItemResult{Index: i, EnvID: items[i].EnvID, Error: protocol.ErrorOf(err)}
 	}
 	groups := map[string][]int{}
 	var order []string
@@ -758,7 +757,7 @@ func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.B
 						return err
 					}
 					if err := msgpack.Unmarshal(raw, &res); err != nil {
-						return protocol.Errorf(protocol.CodeInternal, "node %s: decode step_batch: %v", pt.s.node, err)
+						return fmt.Errorf("node %s: decode step_batch: %v", pt.s.node, err)
 					}
 					return nil
 				}, slog.String("method", protocol.MethodStepBatch), slog.String("node", pt.s.node))
@@ -785,15 +784,6 @@ func (r *Router) stepBatch(ctx context.Context, msgid uint32, items []protocol.B
 		wg.Wait()
 		return protocol.StepBatchResult{Results: results}, nil
 	}
-}
-
-// asProto is err as a protocol error.
-func asProto(err error) *protocol.Error {
-	var pe *protocol.Error
-	if errors.As(err, &pe) {
-		return pe
-	}
-	return protocol.Errorf(protocol.CodeInternal, "%v", err)
 }
 
 // Capabilities are the cluster's, for hello: the tasks any live node
@@ -843,7 +833,7 @@ func (r *Router) OpenEnvNode(ctx context.Context, task, session string) (addr, t
 		r.mu.Unlock()
 		cands := r.view.Place(task, pending)
 		if len(cands) == 0 {
-			return "", "", nil, protocol.Errorf(protocol.CodeUnknownTask, "no live node offers task %q", task)
+			return "", "", nil, state.Errorf(state.ErrUnknownTask, "no live node offers task %q", task)
 		}
 		id = cands[0].ID
 		r.mu.Lock()

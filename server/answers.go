@@ -11,6 +11,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/ctl"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // answerBudget bounds the server's memory for answers, all connections
@@ -96,10 +97,8 @@ func (b *answerBudget) acquire(ctx context.Context, n int64) error {
 			}
 		case <-ctx.Done():
 			if ctx.Err() == context.DeadlineExceeded {
-				e := protocol.Errorf(protocol.CodeTooManyReqs, "the server's memory for answers is in use (%d MiB of %d MiB held by answers clients have not read or requests running; this one may need %d MiB): retry later",
+				return state.Errorf(state.ErrBusy, "the server's memory for answers is in use (%d MiB of %d MiB held by answers clients have not read or requests running; this one may need %d MiB): retry later",
 					used>>20, b.max>>20, n>>20)
-				e.Retryable = true
-				return e
 			}
 			return ctx.Err()
 		}

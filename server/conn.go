@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // conn is one websocket connection.
@@ -280,7 +282,7 @@ func (c *conn) respond(msgid uint32, method string, result any, err error) {
 	b, merr := protocol.EncodeResponse(msgid, pe, result)
 	if merr != nil {
 		c.log.Error("encode response", slog.String("method", method), slog.Any("err", merr))
-		b, _ = protocol.EncodeResponse(msgid, protocol.Errorf(protocol.CodeInternal, "encode response: %v", merr), nil)
+		b, _ = protocol.EncodeResponse(msgid, protocol.ErrorOf(fmt.Errorf("encode response: %v", merr)), nil)
 	}
 	c.send(b)
 }
@@ -342,7 +344,7 @@ func (c *conn) readLoop() {
 			return // over the hard limit: the connection is dropped
 		}
 		if err != nil {
-			e := protocol.Errorf(protocol.CodeTooLarge, "frame over the %d byte limit", max)
+			e := state.Errorf(state.ErrTooLarge, "frame over the %d byte limit", max)
 			if id, method, ok := protocol.PeekRequest(b); ok {
 				c.respond(id, method, nil, e)
 			} else {
@@ -351,13 +353,13 @@ func (c *conn) readLoop() {
 			continue
 		}
 		if mt != websocket.BinaryMessage {
-			c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeMalformed, "text frame: send one msgpack message per binary frame"))
+			c.notify(protocol.NotifyError, state.Errorf(protocol.ErrMalformed, "text frame: send one msgpack message per binary frame"))
 			continue
 		}
 		// dispatch recovers a panic of a request it started; this one is
 		// of the decoding before.
 		if err := panics.Call(c.log, func() error { c.dispatch(b); return nil }); err != nil {
-			c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeInternal, "%v", err))
+			c.notify(protocol.NotifyError, fmt.Errorf("%v", err))
 		}
 	}
 }
@@ -367,7 +369,7 @@ func (c *conn) readLoop() {
 func (c *conn) dispatch(b []byte) {
 	f, err := protocol.DecodeFrame(b)
 	if err != nil {
-		e := protocol.Errorf(protocol.CodeMalformed, "%v", err)
+		e := state.Errorf(protocol.ErrMalformed, "%v", err)
 		if id, method, ok := protocol.PeekRequest(b); ok {
 			c.respond(id, method, nil, e)
 		} else {
@@ -376,33 +378,33 @@ func (c *conn) dispatch(b []byte) {
 		return
 	}
 	if f.Type != protocol.Request {
-		c.notify(protocol.NotifyError, protocol.Errorf(protocol.CodeMalformed, "message type %d: clients send requests (type 0) only", f.Type))
+		c.notify(protocol.NotifyError, state.Errorf(protocol.ErrMalformed, "message type %d: clients send requests (type 0) only", f.Type))
 		return
 	}
 	h, ok := handlers[f.Method]
 	if !ok {
-		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeUnknownMethod, "unknown method %q (protocol v%d has %s)",
+		c.respond(f.MsgID, f.Method, nil, state.Errorf(protocol.ErrUnknownMethod, "unknown method %q (protocol v%d has %s)",
 			f.Method, protocol.Version, strings.Join(protocol.Methods, ", ")))
 		return
 	}
 	if !c.authed.Load() && f.Method != protocol.MethodHello {
-		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeUnauthorized, "this server needs a token: send hello {token} first or an Authorization: Bearer header"))
+		c.respond(f.MsgID, f.Method, nil, state.Errorf(protocol.ErrUnauthorized, "this server needs a token: send hello {token} first or an Authorization: Bearer header"))
 		return
 	}
 	if !c.claim(f.MsgID) {
-		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeBadRequest, "msgid %d is already in flight on this connection: give every pending request an id of its own", f.MsgID))
+		c.respond(f.MsgID, f.Method, nil, state.Errorf(state.ErrInvalid, "msgid %d is already in flight on this connection: give every pending request an id of its own", f.MsgID))
 		return
 	}
 	if n := c.inFlight.Add(1); n > int64(c.s.o.MaxInFlight) {
 		c.inFlight.Add(-1)
 		c.unclaim(f.MsgID)
-		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeTooManyReqs, "%d requests in flight on this connection, the limit is %d", n-1, c.s.o.MaxInFlight))
+		c.respond(f.MsgID, f.Method, nil, state.Errorf(state.ErrBusy, "%d requests in flight on this connection, the limit is %d", n-1, c.s.o.MaxInFlight))
 		return
 	}
 	if !c.s.begin() {
 		c.inFlight.Add(-1)
 		c.unclaim(f.MsgID)
-		c.respond(f.MsgID, f.Method, nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
+		c.respond(f.MsgID, f.Method, nil, state.Errorf(state.ErrShuttingDown, "server is shutting down"))
 		return
 	}
 	req := &request{c: c, msgid: f.MsgID, method: f.Method}
@@ -459,7 +461,7 @@ func (c *conn) run(h handler, req *request, release func()) (result any, err err
 		req.wait()
 	}
 	if !c.room(s.ctx) {
-		return nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down")
+		return nil, state.Errorf(state.ErrShuttingDown, "server is shutting down")
 	}
 	// The most this answer can take is reserved while it runs; its frame,
 	// once queued, counts instead (answerBudget).

@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // request is one request being served.
@@ -122,7 +123,7 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 	if tok := p.Token; !r.c.authed.Load() {
 		t, ok := s.authenticate(tok)
 		if !ok || tok == "" {
-			return nil, protocol.Errorf(protocol.CodeUnauthorized, "wrong or missing token")
+			return nil, state.Errorf(protocol.ErrUnauthorized, "wrong or missing token")
 		}
 		r.c.who.Store(&who{t: t, token: tok})
 		r.c.authed.Store(true)
@@ -304,7 +305,7 @@ func (r *request) promote(ctx context.Context, p *protocol.PromoteParams) (any, 
 // migrate is a cluster router's (docs/cluster.md, "Live migration"): a
 // single server has no other node to move an env to.
 func (r *request) migrate(ctx context.Context, p *protocol.MigrateParams) (any, error) {
-	return nil, protocol.Errorf(protocol.CodeBadRequest, "migrate moves an env between the nodes of a cluster: send it to an arbor router (docs/cluster.md)")
+	return nil, state.Errorf(state.ErrInvalid, "migrate moves an env between the nodes of a cluster: send it to an arbor router (docs/cluster.md)")
 }
 
 func (r *request) discard(ctx context.Context, p *protocol.EnvParams) (any, error) {
@@ -422,7 +423,7 @@ func recovered(r *coordinator.Recovered) *protocol.Recovered {
 // in item order.
 func batchEnvs(s *Server, r *request, p *protocol.StepBatchParams) ([]string, error) {
 	if len(p.Items) > s.o.MaxBatch {
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "items: %d items, the limit is %d", len(p.Items), s.o.MaxBatch)
+		return nil, state.Errorf(state.ErrInvalidParams, "items: %d items, the limit is %d", len(p.Items), s.o.MaxBatch)
 	}
 	r.batch = make([]batchItem, len(p.Items))
 	for i, it := range p.Items {

@@ -240,11 +240,11 @@ func (o *oeSessions) attach(env string, c *oeConn, sees func(string) bool) (oeHo
 	h, ok := o.held[env]
 	switch {
 	case !ok || !sees(env):
-		return oeHold{}, protocol.Errorf(protocol.CodeUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until their connection ends", env)
+		return oeHold{}, state.Errorf(state.ErrUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until their connection ends", env)
 	case h.task != c.task:
-		return oeHold{}, protocol.Errorf(protocol.CodeBadRequest, "session %q runs task %q, not %q: attach at /openenv/%s/ws", env, h.task, c.task, h.task)
+		return oeHold{}, state.Errorf(state.ErrInvalid, "session %q runs task %q, not %q: attach at /openenv/%s/ws", env, h.task, c.task, h.task)
 	case h.attached:
-		return oeHold{}, protocol.Errorf(protocol.CodeBadRequest, "session %q is driven by another connection (one connection per session)", env)
+		return oeHold{}, state.Errorf(state.ErrInvalid, "session %q is driven by another connection (one connection per session)", env)
 	}
 	h.conn, h.attached = c, true
 	return *h, nil
@@ -445,21 +445,21 @@ type oeMessage struct {
 // (close).
 func (c *oeConn) handle(f oeFrame) bool {
 	if f.err != nil {
-		c.respond("", "", nil, protocol.Errorf(protocol.CodeTooLarge, "message over the %d byte limit", c.s.o.MaxFrameBytes))
+		c.respond("", "", nil, state.Errorf(state.ErrTooLarge, "message over the %d byte limit", c.s.o.MaxFrameBytes))
 		return true
 	}
 	var m oeMessage
 	if err := json.Unmarshal(f.b, &m); err != nil {
-		c.respond("", "", nil, protocol.Errorf(protocol.CodeMalformed, "not a JSON message {\"type\": ..., \"data\": ...}: %v", err))
+		c.respond("", "", nil, state.Errorf(protocol.ErrMalformed, "not a JSON message {\"type\": ..., \"data\": ...}: %v", err))
 		return true
 	}
 	if !slices.Contains(oeTypes, m.Type) {
-		c.respond("", "", nil, protocol.Errorf(protocol.CodeUnknownMethod, "unknown message type %q (OpenEnv's reset, step, state, close; Arbor's %s)",
+		c.respond("", "", nil, state.Errorf(protocol.ErrUnknownMethod, "unknown message type %q (OpenEnv's reset, step, state, close; Arbor's %s)",
 			m.Type, strings.Join(oeTypes[4:], ", ")))
 		return true
 	}
 	if !c.s.begin() {
-		c.respond(m.Type, "", nil, protocol.Errorf(protocol.CodeShuttingDown, "server is shutting down"))
+		c.respond(m.Type, "", nil, state.Errorf(state.ErrShuttingDown, "server is shutting down"))
 		return true
 	}
 	defer c.s.ops.Done()
@@ -537,7 +537,7 @@ func (c *oeConn) respond(method, typ string, data any, err error) {
 	b, merr := oeEncode(typ, data)
 	if merr != nil {
 		c.log.Error("encode openenv answer", slog.String("type", method), slog.Any("err", merr))
-		b, _ = oeEncode("error", oeErrorData(protocol.Errorf(protocol.CodeInternal, "encode answer: %v", merr)))
+		b, _ = oeEncode("error", oeErrorData(protocol.ErrorOf(fmt.Errorf("encode answer: %v", merr))))
 	}
 	c.ws.SetWriteDeadline(time.Now().Add(c.s.o.WriteWait))
 	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
@@ -627,7 +627,7 @@ func oeFields(raw json.RawMessage, required string) (map[string]any, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		if required != "" {
-			return nil, protocol.Errorf(protocol.CodeInvalidParams, "data: want %s, got nothing", required)
+			return nil, state.Errorf(state.ErrInvalidParams, "data: want %s, got nothing", required)
 		}
 		return map[string]any{}, nil
 	}
@@ -635,7 +635,7 @@ func oeFields(raw json.RawMessage, required string) (map[string]any, error) {
 	d.UseNumber()
 	var v any
 	if err := d.Decode(&v); err != nil {
-		return nil, protocol.Errorf(protocol.CodeMalformed, "data: %v", err)
+		return nil, state.Errorf(protocol.ErrMalformed, "data: %v", err)
 	}
 	m, ok := v.(map[string]any)
 	if !ok {
@@ -643,7 +643,7 @@ func oeFields(raw json.RawMessage, required string) (map[string]any, error) {
 		if what == "" {
 			what = "an object"
 		}
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "data: want %s, got %s", what, jsonKind(v))
+		return nil, state.Errorf(state.ErrInvalidParams, "data: want %s, got %s", what, jsonKind(v))
 	}
 	return m, nil
 }
@@ -670,7 +670,7 @@ func jsonKind(v any) string {
 func oeDecode(fields map[string]any, p protocol.Params) error {
 	raw, err := msgpack.Marshal(fromJSON(fields))
 	if err != nil {
-		return protocol.Errorf(protocol.CodeInvalidParams, "data: %v", err)
+		return state.Errorf(state.ErrInvalidParams, "data: %v", err)
 	}
 	return protocol.DecodeParams(raw, p)
 }
@@ -702,7 +702,7 @@ func fromJSON(v any) any {
 
 func (c *oeConn) needEnv() error {
 	if c.env == "" {
-		return protocol.Errorf(protocol.CodeBadRequest, "no env yet: send reset first")
+		return state.Errorf(state.ErrInvalid, "no env yet: send reset first")
 	}
 	return nil
 }
@@ -736,7 +736,7 @@ func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
 	}
 	episode, _ := f["episode_id"].(string)
 	if v, ok := f["episode_id"]; ok && v != nil && episode == "" {
-		return nil, protocol.Errorf(protocol.CodeInvalidParams, "episode_id: want a non-empty string, got %s", jsonKind(v))
+		return nil, state.Errorf(state.ErrInvalidParams, "episode_id: want a non-empty string, got %s", jsonKind(v))
 	}
 	if c.env != "" {
 		c.closeEnv(ctx, c.env)
@@ -766,7 +766,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 		return nil, err
 	}
 	if c.over {
-		return nil, protocol.Errorf(protocol.CodeBadRequest, "the episode is over (turn %d): send reset for a new one, or rollback", c.turn)
+		return nil, state.Errorf(state.ErrInvalid, "the episode is over (turn %d): send reset for a new one, or rollback", c.turn)
 	}
 	f, err := oeFields(raw, "the action, an object {tool, ...}")
 	if err != nil {
@@ -784,7 +784,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 		s, _ := b64.(string)
 		b, err := base64.StdEncoding.DecodeString(s)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeInvalidParams, "action.content_b64: want base64, %v", err)
+			return nil, state.Errorf(state.ErrInvalidParams, "action.content_b64: want base64, %v", err)
 		}
 		f["content"] = b
 		delete(f, "content_b64")

@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // OpenEnvPlacer is what a Forwarder implements for its server to serve
@@ -94,9 +95,9 @@ func dialNode(ctx context.Context, addr, token, task, session string) (*websocke
 	ws, resp, err := websocket.DefaultDialer.DialContext(ctx, u, h)
 	if err != nil {
 		if resp != nil && resp.StatusCode == http.StatusNotFound {
-			return nil, protocol.Errorf(protocol.CodeUnknownTask, "the node at %s has no task %q", addr, task)
+			return nil, state.Errorf(state.ErrUnknownTask, "the node at %s has no task %q", addr, task)
 		}
-		return nil, protocol.Errorf(protocol.CodeNodeUnavailable, "node %s is unavailable: %v", addr, err)
+		return nil, state.Errorf(protocol.ErrNodeUnavailable, "node %s is unavailable: %v", addr, err)
 	}
 	return ws, nil
 }
@@ -125,8 +126,8 @@ func (x *oeProxy) fail(err error) {
 	x.shut(websocket.CloseNormalClosure, "")
 }
 
-func mustEncodeError(pe *protocol.Error) []byte {
-	b, _ := oeEncode("error", oeErrorData(pe))
+func mustEncodeError(err error) []byte {
+	b, _ := oeEncode("error", oeErrorData(protocol.ErrorOf(err)))
 	return b
 }
 
@@ -161,7 +162,7 @@ func (x *oeProxy) fromClient() {
 		b, err := readFrame(r, x.s.o.MaxFrameBytes)
 		if errors.Is(err, errFrameTooLarge) {
 			x.s.m.requests.WithLabelValues("openenv_unknown", protocol.CodeTooLarge).Inc()
-			if !x.write(websocket.TextMessage, mustEncodeError(protocol.Errorf(protocol.CodeTooLarge, "message over the %d byte limit", x.s.o.MaxFrameBytes))) {
+			if !x.write(websocket.TextMessage, mustEncodeError(state.Errorf(state.ErrTooLarge, "message over the %d byte limit", x.s.o.MaxFrameBytes))) {
 				return
 			}
 			continue
@@ -222,5 +223,5 @@ func (x *oeProxy) nodeLost(err error) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		why = "it stopped answering"
 	}
-	x.fail(protocol.Errorf(protocol.CodeNodeUnavailable, "the connection to the env's node dropped (%s): the message in flight may or may not have run there", why))
+	x.fail(state.Errorf(protocol.ErrNodeUnavailable, "the connection to the env's node dropped (%s): the message in flight may or may not have run there", why))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // stepKeys records the results of keyed steps so that a retry (the same
@@ -60,10 +61,10 @@ func (k *stepKeys) lookup(env, key string, a protocol.Action) (*protocol.StepRes
 			continue
 		}
 		if e.action != actionSum(a) {
-			return nil, protocol.Errorf(protocol.CodeBadRequest, "key %q was used for another action on env %s (a request key names one step)", key, env)
+			return nil, state.Errorf(state.ErrInvalid, "key %q was used for another action on env %s (a request key names one step)", key, env)
 		}
 		if e.res == nil {
-			return nil, protocol.Errorf(protocol.CodeBadRequest, "the step with key %q already ran on env %s (turn %d, state %s); its result is no longer kept",
+			return nil, state.Errorf(state.ErrInvalid, "the step with key %q already ran on env %s (turn %d, state %s); its result is no longer kept",
 				key, env, e.turn, e.stateID)
 		}
 		r := *e.res

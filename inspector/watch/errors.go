@@ -9,7 +9,7 @@ import (
 // Sentinel errors of the inspector; test with errors.Is.
 var (
 	// ErrUnavailable: eBPF cannot be used here; NewFallback still works.
-	ErrUnavailable = errors.New("inspector: eBPF unavailable")
+	ErrUnavailable = state.New(state.ErrUnavailable, "inspector: eBPF unavailable")
 	// ErrUnknownEnv: the environment is not tracked.
 	ErrUnknownEnv = errors.New("inspector: unknown environment")
 	// ErrClosed: the inspector was closed.

@@ -79,3 +79,11 @@ func ErrorOf(err error) *Error {
 	}
 	return Errorf(CodeInternal, "%v", err)
 }
+
+// CodeOf is ErrorOf(err)'s code, "" for nil.
+func CodeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ErrorOf(err).Code
+}

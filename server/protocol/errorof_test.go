@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
@@ -92,5 +97,47 @@ func TestErrorOf(t *testing.T) {
 	}
 	if protocol.ErrorOf(nil) != nil {
 		t.Error("protocol.ErrorOf(nil) is not nil")
+	}
+}
+
+// TestCodesMadeOnlyHere: no package but this one makes a wire error
+// (protocol.Errorf, a protocol.Error literal, a code or flag assigned):
+// the layers wrap state's sentinels and ErrorOf's table turns them into
+// codes (docs/architecture.md).
+func TestCodesMadeOnlyHere(t *testing.T) {
+	made := regexp.MustCompile(`protocol\.Errorf\(|protocol\.Error\{|\.(Code|Retryable|Infra) = `)
+	root := filepath.Join("..", "..")
+	n := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "testdata", "node_modules", "protocol":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		n++
+		for i, line := range strings.Split(string(b), "\n") {
+			if made.MatchString(line) && !strings.HasPrefix(strings.TrimSpace(line), "//") {
+				t.Errorf("%s:%d makes a wire error: %s", p, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 100 {
+		t.Fatalf("walked %d Go files under %s: not the module", n, root)
 	}
 }
