@@ -17,9 +17,11 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
+	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/llmproxy"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
@@ -168,40 +170,61 @@ func builtinTask() (envpool.Task, error) {
 	return t, nil
 }
 
-func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
-	log := slog.Default()
-	auth, err := loadAuth(o.token, o.tokensFile)
-	if err != nil {
-		return err
+// serveLimits are serve's flags that need parsing, checked before anything
+// is opened.
+type serveLimits struct {
+	auth                                      tenant.Auth
+	maxFrame, maxUnread                       int64
+	sandbox                                   sandbox.Limits
+	imageBudget, maxCompare, lazy, maxAnswers int64
+}
+
+func (o *serveOptions) limits() (l serveLimits, err error) {
+	if l.auth, err = loadAuth(o.token, o.tokensFile); err != nil {
+		return l, err
 	}
-	if auth.Tokens != nil && o.token == "" && o.cluster.etcd != "" {
+	if l.auth.Tokens != nil && o.token == "" && o.cluster.etcd != "" {
 		// The state transfer endpoint (node to node, router to node)
 		// takes --token only: without one it would be open.
-		return fmt.Errorf("a cluster node with --tokens needs --token too: the admin token of its state transfers (docs/cluster.md, \"Tenants\")")
+		return l, fmt.Errorf("a cluster node with --tokens needs --token too: the admin token of its state transfers (docs/cluster.md, \"Tenants\")")
 	}
-	maxFrame, maxUnread, err := wireLimits(o.maxFrame, o.maxUnread, o.listen, auth)
-	if err != nil {
-		return err
+	if l.maxFrame, l.maxUnread, err = wireLimits(o.maxFrame, o.maxUnread, o.listen, l.auth); err != nil {
+		return l, err
 	}
-	var lim sandbox.Limits
-	if lim.DiskBytes, err = parseDisk(o.disk); err != nil {
-		return err
+	if l.sandbox.DiskBytes, err = parseDisk(o.disk); err != nil {
+		return l, err
 	}
 	if o.diskAdmit != "overcommit" && o.diskAdmit != "reserve" {
-		return fmt.Errorf("--disk-admission %q: want overcommit or reserve", o.diskAdmit)
+		return l, fmt.Errorf("--disk-admission %q: want overcommit or reserve", o.diskAdmit)
 	}
-	imageBudget, err := parseLimit("--image-budget", o.imageBudget)
-	if err != nil {
-		return err
+	if l.imageBudget, err = parseLimit("--image-budget", o.imageBudget); err != nil {
+		return l, err
 	}
 	if o.prepare != "ahead" && o.prepare != "on-demand" {
-		return fmt.Errorf("--prepare %q: want ahead or on-demand", o.prepare)
+		return l, fmt.Errorf("--prepare %q: want ahead or on-demand", o.prepare)
+	}
+	if l.maxCompare, err = parseLimit("--inspector-max-read", o.maxCompare); err != nil {
+		return l, err
+	}
+	if l.lazy, err = parseSize(o.lazy); err != nil {
+		return l, fmt.Errorf("--lazy-restore: %w", err)
+	}
+	if l.maxAnswers, err = parseSize(o.maxAnswers); err != nil {
+		return l, fmt.Errorf("--max-answer-memory: %w", err)
+	}
+	return l, nil
+}
+
+func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
+	log := slog.Default()
+	lim, err := o.limits()
+	if err != nil {
+		return err
 	}
 	catalog, err := loadTasks(o.tasksDir)
 	if err != nil {
 		return err
 	}
-	tasks := catalog.Tasks
 	defer func() {
 		for _, d := range catalog.Datasets {
 			d.Close()
@@ -224,80 +247,16 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
-	snap, err := openSnapshotter(ctx, g)
+	e, snap, closeEngine, err := openEngine(ctx, g, o, lim, log)
 	if err != nil {
 		return err
 	}
-	// Registered before the engine's Close, so it runs after it.
-	defer unmountSnapshotter(snap, log)
-	c, err := criu.New(g.criuPath, log)
-	if err != nil {
-		return fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
-	}
-	defer c.Close()
-	registry, err := o.registry.registry()
+	defer closeEngine()
+	p, closePool, err := openPool(ctx, e, catalog, o, log)
 	if err != nil {
 		return err
 	}
-	registry.PullFrom = pullFromFlag(o.pullFrom)
-	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
-	// The engine takes the launcher's limits for restored sandboxes.
-	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim, AutoBuild: true, Progress: os.Stderr, Logger: log,
-		Recipes: o.recipesDir, Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
-	if l.UserNS, err = o.userNS.config(); err != nil {
-		return err
-	}
-	maxCompare, err := parseLimit("--inspector-max-read", o.maxCompare)
-	if err != nil {
-		return err
-	}
-	in, err := openInspector(o.inspect, maxCompare, log)
-	if err != nil {
-		return err
-	}
-	lazy, err := parseSize(o.lazy)
-	if err != nil {
-		return fmt.Errorf("--lazy-restore: %w", err)
-	}
-	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
-		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lazy, DeltaChain: o.deltaChain, ImageBudget: imageBudget, DiskReserve: o.diskAdmit == "reserve", Logger: log}
-	if in != nil { // not a typed nil in the interface
-		defer in.Close()
-		eo.Inspector = in
-	}
-	e, err := branch.Open(ctx, eo)
-	if err != nil {
-		return fmt.Errorf("open engine: %w", err)
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if cerr := e.Close(cctx); cerr != nil {
-			log.Warn("close engine", slog.Any("err", cerr))
-		}
-	}()
-	for _, t := range tasks {
-		log.Info("task", slog.String("name", t.Name), slog.String("image", t.Image))
-	}
-	for _, d := range catalog.Datasets {
-		log.Info("dataset", slog.String("name", d.Name), slog.Int("instances", d.Len()))
-	}
-	// Lazy: the server answers at once; the tasks are prepared in the
-	// background or on their first reset (a reset waits for its own), a
-	// dataset's instances on their first use, and one whose setup fails
-	// is logged and answers its resets with the failure.
-	p, err := envpool.NewPool(ctx, e, tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log,
-		Lazy: true, OnDemand: o.prepare == "on-demand", Datasets: catalog.Datasets})
-	if err != nil {
-		return fmt.Errorf("prepare tasks: %w", err)
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if cerr := p.Close(cctx); cerr != nil {
-			log.Warn("close pool", slog.Any("err", cerr))
-		}
-	}()
+	defer closePool()
 	// In a cluster the node's registry hears of every env and state
 	// from the coordinator (docs/cluster.md).
 	node, err := o.cluster.connect(ctx, ln.Addr(), log)
@@ -311,7 +270,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log,
 		// Beside the engine's manifest, so trajectories survive a restart
 		// as the states do (docs/protocol.md, "trajectory").
-		Trajectories: filepath.Join(eo.StateDir, "trajectories.db")}
+		Trajectories: filepath.Join(g.stateDir, "engine", "trajectories.db")}
 	if node != nil { // not a typed nil in the interface
 		coo.Hooks = node
 		defer node.Close() // after Leave, a no-op; on an error before it, the lease just expires
@@ -321,25 +280,133 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	defer co.Close()
-	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, snap, auth, log)
+	routes, tr, closeRoutes, err := serveRoutes(o, ln.Addr(), co, snap, node, lim.auth, log)
 	if err != nil {
 		return err
 	}
-	defer stopMCP()
+	defer closeRoutes()
+	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Tokens: lim.auth.Tokens, Handlers: routes, Registry: reg,
+		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(lim.maxFrame), MaxUnreadBytes: int(lim.maxUnread), MaxAnswerBytes: lim.maxAnswers, Logger: log})
+	if err != nil {
+		return err
+	}
+	if tr != nil {
+		tr.UseStepKeys(s)
+	}
+	return runServer(ctx, s, ln, co, node, tr, o, log)
+}
+
+// openEngine opens the engine and what it stands on: the snapshot backend,
+// CRIU, the image store and launcher, the Inspector. closeAll closes them
+// in the reverse order, the engine first and the snapshot backend (its
+// unmount) last; on an error, openEngine has closed what it opened.
+func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serveLimits, log *slog.Logger) (e *branch.Engine, snap cr.Snapshotter, _ func(), err error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	if snap, err = openSnapshotter(ctx, g); err != nil {
+		return nil, nil, nil, err
+	}
+	closers = append(closers, func() { unmountSnapshotter(snap, log) })
+	c, err := criu.New(g.criuPath, log)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
+	}
+	closers = append(closers, func() { c.Close() })
+	registry, err := o.registry.registry()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	registry.PullFrom = pullFromFlag(o.pullFrom)
+	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
+	// The engine takes the launcher's limits for restored sandboxes.
+	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim.sandbox, AutoBuild: true, Progress: os.Stderr, Logger: log,
+		Recipes: o.recipesDir, Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
+	if l.UserNS, err = o.userNS.config(); err != nil {
+		return nil, nil, nil, err
+	}
+	in, err := openInspector(o.inspect, lim.maxCompare, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
+		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lim.lazy, DeltaChain: o.deltaChain, ImageBudget: lim.imageBudget, DiskReserve: o.diskAdmit == "reserve", Logger: log}
+	if in != nil { // not a typed nil in the interface
+		closers = append(closers, func() { in.Close() })
+		eo.Inspector = in
+	}
+	if e, err = branch.Open(ctx, eo); err != nil {
+		return nil, nil, nil, fmt.Errorf("open engine: %w", err)
+	}
+	closers = append(closers, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cerr := e.Close(cctx); cerr != nil {
+			log.Warn("close engine", slog.Any("err", cerr))
+		}
+	})
+	return e, snap, closeAll, nil
+}
+
+// openPool offers the tasks and datasets over the engine. It is lazy: the
+// server answers at once; the tasks are prepared in the background or on
+// their first reset (a reset waits for its own), a dataset's instances on
+// their first use, and one whose setup fails is logged and answers its
+// resets with the failure.
+func openPool(ctx context.Context, e *branch.Engine, catalog envpool.Catalog, o *serveOptions, log *slog.Logger) (*envpool.Pool, func(), error) {
+	for _, t := range catalog.Tasks {
+		log.Info("task", slog.String("name", t.Name), slog.String("image", t.Image))
+	}
+	for _, d := range catalog.Datasets {
+		log.Info("dataset", slog.String("name", d.Name), slog.Int("instances", d.Len()))
+	}
+	p, err := envpool.NewPool(ctx, e, catalog.Tasks, envpool.PoolOptions{Warm: o.warm, Progress: os.Stderr, Logger: log,
+		Lazy: true, OnDemand: o.prepare == "on-demand", Datasets: catalog.Datasets})
+	if err != nil {
+		return nil, nil, fmt.Errorf("prepare tasks: %w", err)
+	}
+	return p, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cerr := p.Close(cctx); cerr != nil {
+			log.Warn("close pool", slog.Any("err", cerr))
+		}
+	}, nil
+}
+
+// serveRoutes are the handlers beside protocol v1 on the listener: the
+// agent tools over MCP (--mcp), the LLM proxy (--llm-upstream) and a
+// cluster node's state transfers (tr, nil outside a cluster). closeAll
+// stops the proxy, then MCP.
+func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, node *cluster.Node, auth tenant.Auth, log *slog.Logger) (routes map[string]http.Handler, tr *cluster.Transfer, closeAll func(), err error) {
+	routes, stopMCP, err := mcpRoutes(o.mcp, addr, co, snap, auth, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closeAll = stopMCP
 	if o.llmUpstream != "" {
 		var lp *llmproxy.Proxy
 		if routes, lp, err = addLLMProxy(routes, co, o.llmUpstream, auth, log); err != nil {
-			return err
+			stopMCP()
+			return nil, nil, nil, err
 		}
-		defer func() {
+		closeAll = func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if cerr := lp.Close(cctx); cerr != nil {
 				log.Warn("close llm proxy", slog.Any("err", cerr))
 			}
-		}()
+			stopMCP()
+		}
 	}
-	var tr *cluster.Transfer
 	if node != nil {
 		// Other nodes ship states here, and this node ships its own, on
 		// the same listener behind the same token (docs/cluster.md,
@@ -350,18 +417,13 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		}
 		routes[cluster.TransferPrefix] = tr.Handler()
 	}
-	maxAnswers, err := parseSize(o.maxAnswers)
-	if err != nil {
-		return fmt.Errorf("--max-answer-memory: %w", err)
-	}
-	s, err := server.New(server.Options{Coordinator: co, Token: o.token, Tokens: auth.Tokens, Handlers: routes, Registry: reg,
-		MaxInFlight: o.maxInFlight, MaxBatch: o.maxBatch, MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), MaxAnswerBytes: maxAnswers, Logger: log})
-	if err != nil {
-		return err
-	}
-	if tr != nil {
-		tr.UseStepKeys(s)
-	}
+	return routes, tr, closeAll, nil
+}
+
+// runServer serves on ln until ctx ends; in a cluster it registers the node
+// first, replicates its states (--replicas), drains on SIGTERM (--drain)
+// and leaves the cluster last.
+func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coordinator.Coordinator, node *cluster.Node, tr *cluster.Transfer, o *serveOptions, log *slog.Logger) error {
 	if node != nil {
 		if err := node.Register(ctx, cluster.CoordinatorLocal(co)); err != nil {
 			return err
@@ -395,7 +457,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 			cancel()
 		}()
 	}
-	err = s.Serve(serveCtx, ln, o.grace)
+	err := s.Serve(serveCtx, ln, o.grace)
 	if node != nil {
 		// The envs are closed with the engine: they do not come back.
 		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,5 +1,5 @@
 // Package launch boots environments: a sandbox on a fresh writable clone
 // of an image. It sits below branch, which checkpoints and restores
 // environments, and envpool, which keeps warm pools of them per task
-// (docs/engine.md, "Packages").
+// (docs/architecture.md).
 package launch
