@@ -13,13 +13,12 @@ import (
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
-
-func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == Full }
 
 // Checkpoint takes a checkpoint of env now (high priority) and returns its
 // state id. Kind None returns the current head without a checkpoint.
-func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, error) {
+func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind state.Kind) (string, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	job, sid, _, err := e.submitCheckpoint(ctx, env, kind, queue.High, false)
@@ -54,7 +53,7 @@ func (env *Env) awaitCheckpoint(ctx context.Context) error {
 // full whatever kind asks, as is an env's first one: this is the one
 // place that rule lives (docs/engine.md, The path of a step). Kind None
 // returns the current head without a checkpoint.
-func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
+func (e *Engine) CheckpointAsync(env *Env, kind state.Kind) (string, state.Kind, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	_, sid, kind, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low, false)
@@ -65,8 +64,8 @@ func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 // caller holds env.mu. With held, the caller has frozen the sandbox,
 // keeps it frozen and settled kind with the Inspector while frozen: the
 // job neither freezes, settles nor thaws.
-func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority, held bool) (*queue.Job, string, Kind, error) {
-	if !validKind(kind) {
+func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind state.Kind, prio queue.Priority, held bool) (*queue.Job, string, state.Kind, error) {
+	if !kind.Valid() {
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", ErrBadRequest, kind)
 	}
 	if err := env.usable(); err != nil {
@@ -83,17 +82,17 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if env.mustFull {
 		// The previous state never came to be: this one holds changes no
 		// state has, whatever the turn's classification saw.
-		kind, env.mustFull = Full, false
+		kind, env.mustFull = state.Full, false
 	}
-	if kind == None && env.head != "" {
+	if kind == state.None && env.head != "" {
 		env.dirty = false
-		return nil, env.head, None, nil
+		return nil, env.head, state.None, nil
 	}
 	parent := env.head
 	if parent == "" {
-		kind = Full // the first state has nothing to share
+		kind = state.Full // the first state has nothing to share
 	}
-	sid := newID("s")
+	sid := state.NewID("s")
 	turn := env.Turn()
 	sb, volume := env.sb, env.volume
 	// A shell delta may stand for the process image only in a turn's
@@ -116,7 +115,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 // found one (docs/engine.md, "Shell delta states"). It undoes everything
 // on failure. held says the caller froze the sandbox (and thaws it) and
 // settled kind while frozen: nothing ran since, so it is not settled again.
-func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta, held bool) (err error) {
+func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind state.Kind, allowDelta, held bool) (err error) {
 	start := time.Now()
 	envID := env.ID
 	in := e.o.Inspector
@@ -154,16 +153,16 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 	// plan records the intents for the artifacts kind needs.
 	plan := func() error {
 		st.Kind = kind
-		if kind == FS || kind == Full {
-			id := newID("f")
+		if kind == state.FS || kind == state.Full {
+			id := state.NewID("f")
 			fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
 			st.FS = id
 		}
 		if delta != nil {
 			st.ShellDelta, st.ShellDigest = delta.Script, delta.Digest
-		} else if kind == Proc || kind == Full {
+		} else if kind == state.Proc || kind == state.Full {
 			st.ShellDelta, st.ShellDigest = "", ""
-			id := newID("p")
+			id := state.NewID("p")
 			procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
 			st.Proc = id
 		}
@@ -195,21 +194,21 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			defer sb.Thaw()
 			st.Timings["freeze"] = time.Since(t)
 		}
-		if in != nil && !held && (kind != Full || allowDelta) {
+		if in != nil && !held && (kind != state.Full || allowDelta) {
 			// A background process may have written or run since the
 			// turn was classified: the inspector re-checks, frozen (for
 			// a full checkpoint only the processes a shell delta would
 			// take from the last image).
 			t = time.Now()
-			k, why, _ := in.Settle(ctx, envID, inspector.Kind(kind), e.target(sb, volume, parentFS, ""))
-			if Kind(k) != kind {
+			k, why, _ := in.Settle(ctx, envID, kind, e.target(sb, volume, parentFS, ""))
+			if k != kind {
 				e.log.Info("checkpoint grew while settling", slog.String("env", envID), slog.String("from", string(kind)),
 					slog.String("to", string(k)), slog.Any("why", why))
-				kind = Kind(k)
+				kind = k
 			}
 			st.Timings["settle"] = time.Since(t)
 		}
-		if in != nil && allowDelta && ps.Proc != "" && (kind == Proc || kind == Full) {
+		if in != nil && allowDelta && ps.Proc != "" && (kind == state.Proc || kind == state.Full) {
 			if d, ok := in.TakeShellDelta(envID); ok {
 				delta = &d
 			}
@@ -262,13 +261,13 @@ func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, 
 			if fsArt != nil {
 				fsNow = fsArt.Location
 			}
-			k := inspector.Kind(kind)
+			k := kind
 			if delta != nil {
 				// The processes' part is the delta, which TakeShellDelta
 				// made the shell's baseline; the image stays the base.
-				k = inspector.None
+				k = state.None
 				if fsArt != nil {
-					k = inspector.FS
+					k = state.FS
 				}
 			}
 			if err := in.Checkpointed(envID, k, e.target(sb, volume, fsNow, "")); err != nil {
@@ -457,7 +456,7 @@ func (e *Engine) StateBytes(line []manifest.State) (own []int64, total int64) {
 	}
 	own = make([]int64, len(line))
 	for i, st := range line {
-		if st.Kind == FS || st.Kind == Full {
+		if st.Kind == state.FS || st.Kind == state.Full {
 			own[i] += bytes(st.FS)
 		}
 		if st.Dumped() {

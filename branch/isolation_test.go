@@ -11,6 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // isolationInside is what a sandbox's shell sees of its own hardening.
@@ -35,7 +36,7 @@ func TestBranchKeepsIsolation(t *testing.T) {
 	if err != nil || st.Seccomp != 2 || st.NoNewPrivs != 1 || st.CapBnd != 0xa80425fb {
 		t.Fatalf("parent is not hardened: %v %v\n%s", st, err, want)
 	}
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestRestoreRefusesTamperedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // restored is a sandbox brought back from a state, with its root volume.
@@ -354,7 +355,7 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	warm := e.takeWarm(sid, n)
 	ids := make([]string, n)
 	for i := len(warm); i < n; i++ {
-		ids[i] = launch.NewID()
+		ids[i] = state.NewID("")
 	}
 	// Two or more cold children of a branch somebody waits for: their
 	// roots are cloned ahead, where the backend allows it (a background
@@ -423,7 +424,7 @@ func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 			return head, nil
 		}
 	}
-	return e.Checkpoint(ctx, env, Full)
+	return e.Checkpoint(ctx, env, state.Full)
 }
 
 // handoff passes a branch child from the queue job that restores it to

@@ -14,6 +14,7 @@ import (
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 func dial(t testing.TB, addr string, o *arbor.Options) *arbor.Client {
@@ -229,7 +230,7 @@ func TestEpisode(t *testing.T) {
 func TestConcurrentEnvs(t *testing.T) {
 	// Files-only checkpoints keep 64 envs cheap, and exercise the
 	// coordinator's non-full path.
-	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: classifyAs(branch.FS)})
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: classifyAs(state.FS)})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	const n = 64
