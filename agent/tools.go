@@ -15,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Options configure Tools. Zero values take the defaults.
@@ -275,7 +276,7 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 		return nil, err
 	}
 	defer unlock()
-	r, err := s.run(ctx, a.Cmd, coordinator.Action{Tool: protocol.ToolBash, Cmd: a.Cmd, Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
+	r, err := s.run(ctx, a.Cmd, coordinator.Action{Tool: state.ToolBash, Cmd: a.Cmd, Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +325,7 @@ type ReadFileResult struct {
 
 // ReadFile returns a file's content. It makes no state.
 func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult, error) {
-	r, err := s.file(ctx, "read_file "+a.Path, coordinator.Action{Tool: protocol.ToolReadFile, Path: a.Path,
+	r, err := s.file(ctx, "read_file "+a.Path, coordinator.Action{Tool: state.ToolReadFile, Path: a.Path,
 		Timeout: 30 * time.Second, MaxOutput: s.t.o.MaxReadBytes, ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -350,7 +351,7 @@ type WriteFileResult struct {
 // WriteFile replaces a file's content.
 func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileResult, error) {
 	label := fmt.Sprintf("write_file %s (%d bytes)", a.Path, len(a.Content))
-	r, err := s.file(ctx, label, coordinator.Action{Tool: protocol.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
+	r, err := s.file(ctx, label, coordinator.Action{Tool: state.ToolWriteFile, Path: a.Path, Content: []byte(a.Content),
 		Timeout: 60 * time.Second, MaxOutput: 4 << 10})
 	if err != nil {
 		return nil, err
@@ -505,7 +506,7 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 		return nil, err
 	}
 	onPath := s.lineage()
-	r, err := s.t.c.Turn(ctx, s.env.ID, coordinator.Action{Tool: protocol.ToolRollback, StateID: a.StateID})
+	r, err := s.t.c.Turn(ctx, s.env.ID, coordinator.Action{Tool: state.ToolRollback, StateID: a.StateID})
 	if err != nil {
 		return nil, coordError("rollback", err)
 	}
@@ -637,7 +638,7 @@ func (s *Session) changes(ctx context.Context, child *branch.Env, from string) (
 	if err != nil {
 		return nil, false, "cannot list changed files: " + err.Error()
 	}
-	sid, err := e.Checkpoint(ctx, child, branch.FS)
+	sid, err := e.Checkpoint(ctx, child, state.FS)
 	if err != nil {
 		return nil, false, "cannot list changed files: " + err.Error()
 	}

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Turn is one action of a played trace, as one mode saw it.
@@ -113,7 +113,7 @@ func (r *rig) playServer(ctx context.Context, h *serverHandle, tr Trace, think t
 		turns[i] = Turn{Index: i, Setup: setup, Label: a.Label(), Expect: a.Expect, Class: res.Info.Checkpoint,
 			StateID: res.Info.StateID, StepMS: ms(recv[i].Sub(send)), ExecMS: res.Obs.DurationS * 1000}
 		if probeTurns {
-			if _, err := h.e.Checkpoint(ctx, env, branch.None); err != nil {
+			if _, err := h.e.Checkpoint(ctx, env, state.None); err != nil {
 				return envID, nil, fmt.Errorf("wait for checkpoint of turn %d: %w", i, err)
 			}
 			if turns[i].ref, err = probe(ctx, env.Sandbox()); err != nil {
@@ -122,12 +122,12 @@ func (r *rig) playServer(ctx context.Context, h *serverHandle, tr Trace, think t
 		}
 	}
 	// Wait for the last checkpoint, then read every checkpoint's timing.
-	if _, err := h.e.Checkpoint(ctx, env, branch.None); err != nil {
+	if _, err := h.e.Checkpoint(ctx, env, state.None); err != nil {
 		return envID, nil, fmt.Errorf("wait for last checkpoint: %w", err)
 	}
 	for i := range turns {
 		t := &turns[i]
-		if t.Class == string(branch.None) || t.StateID == "" {
+		if t.Class == string(state.None) || t.StateID == "" {
 			continue
 		}
 		st, err := h.e.State(t.StateID)
@@ -269,7 +269,7 @@ func (r *rig) recoverFSOnly(ctx context.Context, turns []Turn, snaps []string) e
 	for i := range turns {
 		t := &turns[i]
 		start := time.Now()
-		id := launch.NewID()
+		id := state.NewID("")
 		vol := launch.VolumePrefix + "fsonly-" + id
 		if err := r.snap.Clone(ctx, snaps[i], vol); err != nil {
 			return fmt.Errorf("clone %s: %w", snaps[i], err)

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TreeResult is one branching factor of the tree rollouts, grown the
@@ -133,7 +133,7 @@ func (r *rig) treeBranch(ctx context.Context, h *serverHandle, tr Trace, o TreeO
 	}
 	// The prefix's states must exist before branching from their ids.
 	if env, err := h.e.Env(rr.EnvID); err == nil {
-		h.e.Checkpoint(ctx, env, branch.None)
+		h.e.Checkpoint(ctx, env, state.None)
 	}
 	start := time.Now()
 	for round := 0; round < o.L; round++ {

@@ -47,7 +47,7 @@ func TestHeldDeletedFileUnderGhostLimit(t *testing.T) {
 	e, env := busyboxEnv(t)
 	ctx := context.Background()
 	run(t, e, env, holdDeleted(2))
-	sid, _, err := e.CheckpointAsync(env, branch.Proc)
+	sid, _, err := e.CheckpointAsync(env, state.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestHeldDeletedFileOverGhostLimit(t *testing.T) {
 	e, env := busyboxEnv(t)
 	ctx := context.Background()
 	run(t, e, env, branchtest.GhostHolder)
-	sid, _, err := e.CheckpointAsync(env, branch.Proc)
+	sid, _, err := e.CheckpointAsync(env, state.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestControlPathsHarmless(t *testing.T) {
 			sandboxtest.InstallForger(t, env.Sandbox().Root())
 			run(t, e, env, "cd /tmp; "+tt.cmd)
 			// A checkpoint detaches; the server connects again after it.
-			if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+			if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 				t.Fatalf("checkpoint: %v", err)
 			}
 			if got := run(t, e, env, "echo still; pwd"); got != "still\n/tmp\n" {
@@ -176,7 +176,7 @@ func TestShellRemoved(t *testing.T) {
 	if _, err := env.Sandbox().KillAllButInit(ctx); !errors.Is(err, sandbox.ErrBroken) {
 		t.Errorf("KillAllButInit with no shell to start: %v; want sandbox.ErrBroken", err)
 	}
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Errorf("checkpoint of the env with no shell: %v", err)
 	}
 }
@@ -191,7 +191,7 @@ func TestHeldFileDirectoryReplaced(t *testing.T) {
 	ctx := context.Background()
 	run(t, e, env, `mkdir /d && echo x > /d/f && sleep 100000 3</d/f >/dev/null 2>&1 & `+
 		`until [ "$(readlink /proc/$!/fd/3)" = /d/f ]; do :; done; rm -rf /d && echo file > /d`)
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}

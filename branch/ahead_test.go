@@ -11,6 +11,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // countingSnap counts Clones by destination, and those whose ctx
@@ -73,12 +74,12 @@ func TestBranchRootsClonedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo past > /f; X=past")
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo later > /f; X=later")
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	warmUpRestores(t, e, sid)

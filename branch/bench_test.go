@@ -11,6 +11,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // latencies collects per-operation durations and reports percentiles as
@@ -53,7 +54,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 	env, img := benchEnv(b, r)
 	b.Logf("image %s", img)
 	ctx := context.Background()
-	for _, kind := range []branch.Kind{branch.FS, branch.Proc, branch.Full} {
+	for _, kind := range []state.Kind{state.FS, state.Proc, state.Full} {
 		b.Run(string(kind), func(b *testing.B) {
 			var lat latencies
 			var bytes int64
@@ -65,7 +66,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(t))
-				if kind != branch.FS {
+				if kind != state.FS {
 					st, _ := r.e.State(sid)
 					u, _ := r.e.Usage()
 					_ = st
@@ -85,7 +86,7 @@ func BenchmarkRestore(b *testing.B) {
 	r := newRig(b, newBtrfs(b, dir), dir, 0)
 	env, _ := benchEnv(b, r)
 	ctx := context.Background()
-	sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+	sid, err := r.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func BenchmarkBranch(b *testing.B) {
 			r := newRig(b, newBtrfs(b, dir), dir, warm)
 			env, _ := benchEnv(b, r)
 			ctx := context.Background()
-			sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+			sid, err := r.e.Checkpoint(ctx, env, state.Full)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -141,12 +142,12 @@ func BenchmarkBranchPrepared(b *testing.B) {
 	r := newRigOptions(b, newBtrfs(b, dir), dir, func(o *branch.Options) { o.Inspector = newInspector(b) })
 	env, _ := benchEnv(b, r)
 	ctx := context.Background()
-	past, err := r.e.Checkpoint(ctx, env, branch.Full)
+	past, err := r.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		b.Fatal(err)
 	}
 	run(b, r.e, env, "echo later > /work/turn")
-	if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := r.e.Checkpoint(ctx, env, state.Full); err != nil {
 		b.Fatal(err)
 	}
 	for _, mode := range []string{"cold", "prepared"} {
@@ -250,7 +251,7 @@ func BenchmarkIsolation(b *testing.B) {
 			env, img := benchEnv(b, r) // the first launch (in user namespace mode it also shifts the image)
 			b.Logf("image %s, first launch with set-up %v", img, time.Since(t))
 			ctx := context.Background()
-			if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
+			if _, err := r.e.Checkpoint(ctx, env, state.Full); err != nil {
 				b.Fatal(err)
 			}
 			b.Run("start", func(b *testing.B) {
@@ -277,7 +278,7 @@ func BenchmarkIsolation(b *testing.B) {
 				}
 				lat.report(b, "")
 			})
-			for _, kind := range []branch.Kind{branch.FS, branch.Proc, branch.Full} {
+			for _, kind := range []state.Kind{state.FS, state.Proc, state.Full} {
 				b.Run("checkpoint-"+string(kind), func(b *testing.B) {
 					var lat latencies
 					for i := 0; i < b.N; i++ {
@@ -291,7 +292,7 @@ func BenchmarkIsolation(b *testing.B) {
 					lat.report(b, "")
 				})
 			}
-			sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+			sid, err := r.e.Checkpoint(ctx, env, state.Full)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -324,7 +325,7 @@ func BenchmarkClassify(b *testing.B) {
 		b.Fatal(err)
 	}
 	run(b, r.Engine, env, "mkdir -p /work && cd /work && export K=v && f() { echo fun; } && seq 1000 > /work/numbers && exec 3>>/work/log")
-	if _, err := r.Engine.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := r.Engine.Checkpoint(ctx, env, state.Full); err != nil {
 		b.Fatal(err)
 	}
 	for _, tc := range []struct{ name, cmd string }{
@@ -371,9 +372,9 @@ func BenchmarkGC(b *testing.B) {
 		}
 		for j := range n - 1 {
 			run(b, r.e, env, fmt.Sprintf("echo %d > /f", j))
-			kind := branch.FS
+			kind := state.FS
 			if j%5 == 4 {
-				kind = branch.Full
+				kind = state.Full
 			}
 			if _, err := r.e.Checkpoint(ctx, env, kind); err != nil {
 				b.Fatal(err)
@@ -452,7 +453,7 @@ func BenchmarkGCLatency(b *testing.B) {
 	start, _ := counterCmd("busybox")
 	run(b, e, env, "mkdir -p /work && cd /work && export K=v && seq 1000 > /work/numbers")
 	run(b, e, env, start)
-	past, err := e.Checkpoint(ctx, env, branch.Full)
+	past, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -461,7 +462,7 @@ func BenchmarkGCLatency(b *testing.B) {
 		turn++
 		t := time.Now()
 		run(b, e, env, fmt.Sprintf("echo %d > /work/turn", turn))
-		if _, err := e.Checkpoint(ctx, env, branch.FS); err != nil {
+		if _, err := e.Checkpoint(ctx, env, state.FS); err != nil {
 			b.Fatal(err)
 		}
 		step = time.Since(t)
@@ -502,9 +503,9 @@ func BenchmarkGCLatency(b *testing.B) {
 						if _, err := e.Exec(ctx, env, fmt.Sprintf("echo %d > /f", j), execOpts()); err != nil {
 							return err
 						}
-						kind := branch.FS
+						kind := state.FS
 						if j%20 == 19 {
-							kind = branch.Full
+							kind = state.Full
 						}
 						if _, err := e.Checkpoint(ctx, env, kind); err != nil {
 							return err

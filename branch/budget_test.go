@@ -35,15 +35,15 @@ func TestImageBudget(t *testing.T) {
 	}
 	defer e.CloseEnv(ctx, env)
 	run(t, e, env, "echo small > /f")
-	small, err := e.Checkpoint(ctx, env, branch.Full)
+	small, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatalf("a small checkpoint under the budget: %v", err)
 	}
 	before := procBytes(t, e)
 	run(t, e, env, `x=$(head -c 80000000 /dev/zero | tr '\0' a); echo ${#x}`)
-	_, err = e.Checkpoint(ctx, env, branch.Full)
+	_, err = e.Checkpoint(ctx, env, state.Full)
 	if !errors.Is(err, state.ErrCheckpoint) || !errors.Is(err, cr.ErrAgentState) || !strings.Contains(err.Error(), "budget") {
-		t.Fatalf("checkpoint of 80 MB over a 64 MiB budget: %v, want state.ErrCheckpoint with ErrAgentState naming the budget", err)
+		t.Fatalf("checkpoint of 80 MB over a 64 MiB budget: %v, want ErrCheckpoint with ErrAgentState naming the budget", err)
 	}
 	t.Logf("refused: %v", err)
 	if after := procBytes(t, e); after != before {
@@ -61,7 +61,7 @@ func TestImageBudget(t *testing.T) {
 	// budget comes back (the second 40 MB fits only so).
 	for i := range 2 {
 		run(t, e, env, `x=$(head -c 40000000 /dev/zero | tr '\0' b); echo ${#x}`)
-		sid, err := e.Checkpoint(ctx, env, branch.Full)
+		sid, err := e.Checkpoint(ctx, env, state.Full)
 		if err != nil {
 			t.Fatalf("checkpoint %d of 40 MB: %v", i, err)
 		}
@@ -79,7 +79,7 @@ func TestImageBudget(t *testing.T) {
 	}
 	defer e.CloseEnv(ctx, other)
 	run(t, e, other, "echo other > /f")
-	if _, err := e.Checkpoint(ctx, other, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, other, state.Full); err != nil {
 		t.Errorf("another env's checkpoint: %v", err)
 	}
 }

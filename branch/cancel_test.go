@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/btrfs"
 	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // gatedSnap holds every Clone while armed, so that a test can stop a
@@ -140,7 +141,7 @@ func TestCancelledBranch(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo b > /b")
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,9 @@ import (
 	"github.com/arbor-env/arbor/state"
 )
 
-func validKind(k Kind) bool { return k == None || k == FS || k == Proc || k == Full }
-
 // Checkpoint takes a checkpoint of env now (high priority) and returns its
 // state id. Kind None returns the current head without a checkpoint.
-func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind Kind) (string, error) {
+func (e *Engine) Checkpoint(ctx context.Context, env *Env, kind state.Kind) (string, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	job, sid, _, err := e.submitCheckpoint(ctx, env, kind, queue.High, false)
@@ -55,7 +53,7 @@ func (env *Env) awaitCheckpoint(ctx context.Context) error {
 // full whatever kind asks, as is an env's first one: this is the one
 // place that rule lives (docs/engine.md, The path of a step). Kind None
 // returns the current head without a checkpoint.
-func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
+func (e *Engine) CheckpointAsync(env *Env, kind state.Kind) (string, state.Kind, error) {
 	env.mu.Lock()
 	defer env.mu.Unlock()
 	_, sid, kind, err := e.submitCheckpoint(context.Background(), env, kind, queue.Low, false)
@@ -66,8 +64,8 @@ func (e *Engine) CheckpointAsync(env *Env, kind Kind) (string, Kind, error) {
 // caller holds env.mu. With held, the caller has frozen the sandbox,
 // keeps it frozen and settled kind with the Inspector while frozen: the
 // job neither freezes, settles nor thaws.
-func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio queue.Priority, held bool) (*queue.Job, string, Kind, error) {
-	if !validKind(kind) {
+func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind state.Kind, prio queue.Priority, held bool) (*queue.Job, string, state.Kind, error) {
+	if !kind.Valid() {
 		return nil, "", "", fmt.Errorf("%w: checkpoint kind %q", state.ErrInvalid, kind)
 	}
 	if err := env.usable(); err != nil {
@@ -84,261 +82,332 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind Kind, prio
 	if env.mustFull {
 		// The previous state never came to be: this one holds changes no
 		// state has, whatever the turn's classification saw.
-		kind, env.mustFull = Full, false
+		kind, env.mustFull = state.Full, false
 	}
-	if kind == None && env.head != "" {
+	if kind == state.None && env.head != "" {
 		env.dirty = false
-		return nil, env.head, None, nil
+		return nil, env.head, state.None, nil
 	}
 	parent := env.head
 	if parent == "" {
-		kind = Full // the first state has nothing to share
+		kind = state.Full // the first state has nothing to share
 	}
-	sid := newID("s")
-	turn := env.Turn()
-	sb, volume := env.sb, env.volume
+	sid := state.NewID("s")
 	// A shell delta may stand for the process image only in a turn's
 	// background checkpoint, never in one forced full (the first state,
 	// after a failed checkpoint, a branch of a changed env).
-	delta := prio == queue.Low && !forced && parent != ""
-	job := e.q.Submit(prio, "checkpoint "+sid, func(ctx context.Context) error {
-		return e.checkpoint(ctx, env, sb, volume, sid, parent, turn, kind, delta, held)
-	})
+	c := &ckpt{e: e, env: env, sb: env.sb, volume: env.volume, sid: sid, parent: parent, turn: env.Turn(), kind: kind,
+		allowDelta: prio == queue.Low && !forced && parent != "", held: held}
+	job := e.q.Submit(prio, "checkpoint "+sid, c.run)
 	env.pending, env.pendingParent = job, parent
 	env.setHead(sid)
 	env.dirty = false
 	return job, sid, kind, nil
 }
 
-// checkpoint writes the artifacts of one state and commits it. Only the
-// parts the kind says changed are written; the others are shared with the
-// parent state. With allowDelta, the processes' part may be a shell delta
-// on the parent's process image instead of a dump, when the Inspector
-// found one (docs/engine.md, "Shell delta states"). It undoes everything
-// on failure. held says the caller froze the sandbox (and thaws it) and
-// settled kind while frozen: nothing ran since, so it is not settled again.
-func (e *Engine) checkpoint(ctx context.Context, env *Env, sb *sandbox.Sandbox, volume, sid, parent string, turn int, kind Kind, allowDelta, held bool) (err error) {
-	start := time.Now()
-	envID := env.ID
-	in := e.o.Inspector
-	parentFS := env.headFS()
-	var ps manifest.State
-	if parent != "" {
-		if ps, err = e.man.GetState(parent); err != nil {
-			return fmt.Errorf("%w: parent state %s: %v", state.ErrCheckpoint, parent, err)
+// ckpt is one checkpoint being taken: what it was queued with, then what
+// it made so far. Only the parts the kind says changed are written; the
+// others are shared with the parent state.
+type ckpt struct {
+	e           *Engine
+	env         *Env
+	sb          *sandbox.Sandbox
+	volume      string
+	sid, parent string
+	turn        int
+	kind        state.Kind // settling may grow it
+	// allowDelta: the processes' part may be a shell delta on the
+	// parent's process image instead of a dump, when the Inspector found
+	// one (docs/engine.md, "Shell delta states").
+	allowDelta bool
+	// held: the caller froze the sandbox (and thaws it) and settled kind
+	// while frozen: nothing ran since, so it is not settled again.
+	held bool
+
+	start          time.Time
+	parentFS       string         // the parent's filesystem snapshot
+	ps, st         manifest.State // the parent state, and the one being made
+	delta          *inspector.Delta
+	fsArt, procArt *manifest.Artifact
+	made           []manifest.Artifact // intents begun: undone on failure
+	dir            string              // the process image's directory
+	dump           criu.DumpStats
+	procBytes      int64 // the process image's bytes, once kept
+}
+
+// run writes the artifacts of one state and commits it; it undoes
+// everything on failure.
+func (c *ckpt) run(ctx context.Context) (err error) {
+	c.start = time.Now()
+	c.parentFS = c.env.headFS()
+	if c.parent != "" {
+		if c.ps, err = c.e.man.GetState(c.parent); err != nil {
+			return fmt.Errorf("%w: parent state %s: %v", state.ErrCheckpoint, c.parent, err)
 		}
 	}
-	st := manifest.State{ID: sid, Env: envID, Parent: parent, Turn: turn, FS: ps.FS, Proc: ps.Proc,
+	ps := c.ps
+	c.st = manifest.State{ID: c.sid, Env: c.env.ID, Parent: c.parent, Turn: c.turn, FS: ps.FS, Proc: ps.Proc,
 		ShellDelta: ps.ShellDelta, ShellDigest: ps.ShellDigest, Created: time.Now(), Timings: map[string]time.Duration{}}
-	var delta *inspector.Delta
-	var fsArt, procArt *manifest.Artifact
-	var made []manifest.Artifact
 	defer func() {
 		if err != nil {
-			for _, a := range made {
-				e.deleteArtifact(context.Background(), a)
-				e.man.AbortArtifact(a.ID)
-			}
-			if agentCaused(err) {
-				// The sandbox's own doing: the cause stays testable
-				// (docs/protocol.md, Errors: env_error).
-				err = fmt.Errorf("%w: state %s of env %s: %w", state.ErrCheckpoint, sid, envID, err)
-				e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
-			} else {
-				err = fmt.Errorf("%w: state %s of env %s: %v", state.ErrCheckpoint, sid, envID, err)
-				e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", sid), slog.Any("err", err))
-			}
-			e.failed.add(sid, err)
+			err = c.fail(err)
 		}
 	}()
-	var dir string
-	// plan records the intents for the artifacts kind needs.
-	plan := func() error {
-		st.Kind = kind
-		if kind == FS || kind == Full {
-			id := newID("f")
-			fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
-			st.FS = id
-		}
-		if delta != nil {
-			st.ShellDelta, st.ShellDigest = delta.Script, delta.Digest
-		} else if kind == Proc || kind == Full {
-			st.ShellDelta, st.ShellDigest = "", ""
-			id := newID("p")
-			procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
-			st.Proc = id
-		}
-		for _, a := range []*manifest.Artifact{fsArt, procArt} {
-			if a == nil {
-				continue
-			}
-			if err := e.man.BeginArtifact(*a); err != nil {
-				return err
-			}
-			made = append(made, *a)
-		}
-		if procArt != nil {
-			var err error
-			if dir, err = e.cache.NewDir(procArt.Location); err != nil {
-				return err
-			}
-		}
-		return nil
+	if err := c.sb.Exclusive(func() error { return c.frozen(ctx) }); err != nil {
+		return err
 	}
-	var dump criu.DumpStats
-	var procBytes int64 // the process image's bytes, once kept
-	err = sb.Exclusive(func() error {
+	crashPoint("dump", c.made)
+	if err := c.keep(ctx); err != nil {
+		return err
+	}
+	return c.commit()
+}
+
+// fail undoes what c made and returns err as the checkpoint's failure.
+func (c *ckpt) fail(err error) error {
+	e, envID := c.e, c.env.ID
+	for _, a := range c.made {
+		e.deleteArtifact(context.Background(), a)
+		e.man.AbortArtifact(a.ID)
+	}
+	if agentCaused(err) {
+		// The sandbox's own doing: the cause stays testable
+		// (docs/protocol.md, Errors: env_error).
+		err = fmt.Errorf("%w: state %s of env %s: %w", state.ErrCheckpoint, c.sid, envID, err)
+		e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", c.sid), slog.Any("err", err))
+	} else {
+		err = fmt.Errorf("%w: state %s of env %s: %v", state.ErrCheckpoint, c.sid, envID, err)
+		e.log.Error("checkpoint failed", slog.String("env", envID), slog.String("state", c.sid), slog.Any("err", err))
+	}
+	e.failed.add(c.sid, err)
+	return err
+}
+
+// frozen is what is taken with the sandbox frozen: the kind settled, the
+// intents, the files' snapshot, the processes' dump and the Inspector's
+// new baseline.
+func (c *ckpt) frozen(ctx context.Context) error {
+	if !c.held {
 		t := time.Now()
-		if !held {
-			if err := sb.Freeze(); err != nil {
-				return fmt.Errorf("freeze: %w", err)
-			}
-			defer sb.Thaw()
-			st.Timings["freeze"] = time.Since(t)
+		if err := c.sb.Freeze(); err != nil {
+			return fmt.Errorf("freeze: %w", err)
 		}
-		if in != nil && !held && (kind != Full || allowDelta) {
-			// A background process may have written or run since the
-			// turn was classified: the inspector re-checks, frozen (for
-			// a full checkpoint only the processes a shell delta would
-			// take from the last image).
-			t = time.Now()
-			k, why, _ := in.Settle(ctx, envID, inspector.Kind(kind), e.target(sb, volume, parentFS, ""))
-			if Kind(k) != kind {
-				e.log.Info("checkpoint grew while settling", slog.String("env", envID), slog.String("from", string(kind)),
-					slog.String("to", string(k)), slog.Any("why", why))
-				kind = Kind(k)
-			}
-			st.Timings["settle"] = time.Since(t)
+		defer c.sb.Thaw()
+		c.st.Timings["freeze"] = time.Since(t)
+	}
+	c.settle(ctx)
+	if err := c.plan(); err != nil {
+		return err
+	}
+	crashPoint("intent", c.made)
+	if c.fsArt != nil {
+		t := time.Now()
+		if err := c.e.o.Snap.Snapshot(ctx, c.volume, c.fsArt.Location); err != nil {
+			return fmt.Errorf("snapshot files: %w", err)
 		}
-		if in != nil && allowDelta && ps.Proc != "" && (kind == Proc || kind == Full) {
-			if d, ok := in.TakeShellDelta(envID); ok {
-				delta = &d
-			}
-		}
-		if err := plan(); err != nil {
+		c.st.Timings["snapshot"] = time.Since(t)
+		c.fsArt.Bytes = c.e.snapshotBytes(ctx, c.env, c.volume)
+	}
+	if c.procArt != nil {
+		t := time.Now()
+		if err := c.dumpProcs(ctx); err != nil {
 			return err
 		}
-		crashPoint("intent", made)
-		if fsArt != nil {
-			t = time.Now()
-			if err := e.o.Snap.Snapshot(ctx, volume, fsArt.Location); err != nil {
-				return fmt.Errorf("snapshot files: %w", err)
-			}
-			st.Timings["snapshot"] = time.Since(t)
-			fsArt.Bytes = e.snapshotBytes(ctx, env, volume)
+		c.st.Timings["dump"] = time.Since(t)
+	}
+	c.rebaseline()
+	return nil
+}
+
+// settle has the Inspector re-check the kind, frozen, and takes the shell
+// delta that may stand for the processes' dump.
+func (c *ckpt) settle(ctx context.Context) {
+	in := c.e.o.Inspector
+	if in == nil {
+		return
+	}
+	if !c.held && (c.kind != state.Full || c.allowDelta) {
+		// A background process may have written or run since the
+		// turn was classified: the inspector re-checks, frozen (for
+		// a full checkpoint only the processes a shell delta would
+		// take from the last image).
+		t := time.Now()
+		k, why, _ := in.Settle(ctx, c.env.ID, c.kind, c.e.target(c.sb, c.volume, c.parentFS, ""))
+		if k != c.kind {
+			c.e.log.Info("checkpoint grew while settling", slog.String("env", c.env.ID), slog.String("from", string(c.kind)),
+				slog.String("to", string(k)), slog.Any("why", why))
+			c.kind = k
 		}
-		if procArt != nil {
-			t = time.Now()
-			// What init and the shell hold goes with the image: every
-			// restore of it must bring back the same (sandbox.Restore).
-			rec, err := sb.Isolation()
-			if err != nil {
-				return err
-			}
-			if err := sandbox.WriteIsolationRecord(dir, rec); err != nil {
-				return err
-			}
-			// A lazily restored tree is dumped once all its memory is
-			// in: CRIU would dump the pages still missing as zeros
-			// (docs/engine.md, "Lazy restore").
-			wctx, cancel := context.WithTimeout(ctx, lazyDumpWait)
-			err = sb.WaitHeld(wctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("wait for the lazy restore's pages: %w", err)
-			}
-			dump, err = e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()})
-			if err != nil {
-				return err
-			}
-			// A lazily restored tree whose page daemon failed may have
-			// read, and so dumped, zeros (docs/engine.md, "Lazy restore").
-			if err := sb.Err(); err != nil {
-				return fmt.Errorf("dump: %w", err)
-			}
-			st.Timings["dump"] = time.Since(t)
+		c.st.Timings["settle"] = time.Since(t)
+	}
+	if c.allowDelta && c.ps.Proc != "" && (c.kind == state.Proc || c.kind == state.Full) {
+		if d, ok := in.TakeShellDelta(c.env.ID); ok {
+			c.delta = &d
 		}
-		if in != nil {
-			fsNow := parentFS
-			if fsArt != nil {
-				fsNow = fsArt.Location
-			}
-			k := inspector.Kind(kind)
-			if delta != nil {
-				// The processes' part is the delta, which TakeShellDelta
-				// made the shell's baseline; the image stays the base.
-				k = inspector.None
-				if fsArt != nil {
-					k = inspector.FS
-				}
-			}
-			if err := in.Checkpointed(envID, k, e.target(sb, volume, fsNow, "")); err != nil {
-				e.log.Warn("inspector baseline after checkpoint", slog.String("env", envID), slog.Any("err", err))
-			}
+	}
+}
+
+// plan records the intents for the artifacts the kind needs.
+func (c *ckpt) plan() error {
+	st := &c.st
+	st.Kind = c.kind
+	if c.kind == state.FS || c.kind == state.Full {
+		id := state.NewID("f")
+		c.fsArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactFS, Location: SnapshotPrefix + id, Created: time.Now()}
+		st.FS = id
+	}
+	if c.delta != nil {
+		st.ShellDelta, st.ShellDigest = c.delta.Script, c.delta.Digest
+	} else if c.kind == state.Proc || c.kind == state.Full {
+		st.ShellDelta, st.ShellDigest = "", ""
+		id := state.NewID("p")
+		c.procArt = &manifest.Artifact{ID: id, Kind: manifest.ArtifactProc, Location: id, Created: time.Now()}
+		st.Proc = id
+	}
+	for _, a := range []*manifest.Artifact{c.fsArt, c.procArt} {
+		if a == nil {
+			continue
 		}
-		return nil
-	})
+		if err := c.e.man.BeginArtifact(*a); err != nil {
+			return err
+		}
+		c.made = append(c.made, *a)
+	}
+	if c.procArt != nil {
+		var err error
+		if c.dir, err = c.e.cache.NewDir(c.procArt.Location); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dumpProcs dumps the frozen sandbox's processes into c.dir.
+func (c *ckpt) dumpProcs(ctx context.Context) error {
+	sb := c.sb
+	// What init and the shell hold goes with the image: every
+	// restore of it must bring back the same (sandbox.Restore).
+	rec, err := sb.Isolation()
 	if err != nil {
 		return err
 	}
-	crashPoint("dump", made)
-	if fsArt != nil && fsArt.Bytes > 0 {
-		if err := e.man.SetArtifactBytes(fsArt.ID, fsArt.Bytes); err != nil {
+	if err := sandbox.WriteIsolationRecord(c.dir, rec); err != nil {
+		return err
+	}
+	// A lazily restored tree is dumped once all its memory is
+	// in: CRIU would dump the pages still missing as zeros
+	// (docs/engine.md, "Lazy restore").
+	wctx, cancel := context.WithTimeout(ctx, lazyDumpWait)
+	err = sb.WaitHeld(wctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("wait for the lazy restore's pages: %w", err)
+	}
+	c.dump, err = c.e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: c.dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()})
+	if err != nil {
+		return err
+	}
+	// A lazily restored tree whose page daemon failed may have
+	// read, and so dumped, zeros (docs/engine.md, "Lazy restore").
+	if err := sb.Err(); err != nil {
+		return fmt.Errorf("dump: %w", err)
+	}
+	return nil
+}
+
+// rebaseline tells the Inspector what the checkpoint took: its new
+// baseline.
+func (c *ckpt) rebaseline() {
+	in := c.e.o.Inspector
+	if in == nil {
+		return
+	}
+	fsNow := c.parentFS
+	if c.fsArt != nil {
+		fsNow = c.fsArt.Location
+	}
+	k := c.kind
+	if c.delta != nil {
+		// The processes' part is the delta, which TakeShellDelta
+		// made the shell's baseline; the image stays the base.
+		k = state.None
+		if c.fsArt != nil {
+			k = state.FS
+		}
+	}
+	if err := in.Checkpointed(c.env.ID, k, c.e.target(c.sb, c.volume, fsNow, "")); err != nil {
+		c.e.log.Warn("inspector baseline after checkpoint", slog.String("env", c.env.ID), slog.Any("err", err))
+	}
+}
+
+// keep records the artifacts' sizes and keeps the process image, as a
+// delta on the parent's where that pays; the sandbox runs on meanwhile.
+func (c *ckpt) keep(ctx context.Context) error {
+	e := c.e
+	if c.fsArt != nil && c.fsArt.Bytes > 0 {
+		if err := e.man.SetArtifactBytes(c.fsArt.ID, c.fsArt.Bytes); err != nil {
 			return err
 		}
 	}
-	if procArt != nil {
-		// Thawed: the delta is made while the sandbox runs on.
-		t := time.Now()
-		base, ds, err := e.deltaImage(ctx, dir, dump.Bytes, ps.Proc, sb.UserNS().Enabled)
-		if err != nil {
-			return err
-		}
-		if base != "" {
-			st.Timings["delta"] = time.Since(t)
-		}
-		n, err := e.cache.Commit(procArt.Location)
-		if err != nil {
-			return fmt.Errorf("keep process image: %w", err)
-		}
-		if err := e.checkImageBudget(env, n); err != nil {
-			return err
-		}
-		procBytes = n
-		if base != "" {
-			err = e.man.SetArtifactDelta(procArt.ID, base, n, n+ds.Before-ds.After)
-		} else {
-			err = e.man.SetArtifactBytes(procArt.ID, n)
-		}
-		if err != nil {
-			return err
-		}
-		st.Timings["frozen_by_criu"] = dump.FrozenTime
+	if c.procArt == nil {
+		return nil
 	}
-	st.Timings["total"] = time.Since(start)
+	// Thawed: the delta is made while the sandbox runs on.
+	t := time.Now()
+	base, ds, err := e.deltaImage(ctx, c.dir, c.dump.Bytes, c.ps.Proc, c.sb.UserNS().Enabled)
+	if err != nil {
+		return err
+	}
+	if base != "" {
+		c.st.Timings["delta"] = time.Since(t)
+	}
+	n, err := e.cache.Commit(c.procArt.Location)
+	if err != nil {
+		return fmt.Errorf("keep process image: %w", err)
+	}
+	if err := e.checkImageBudget(c.env, n); err != nil {
+		return err
+	}
+	c.procBytes = n
+	if base != "" {
+		err = e.man.SetArtifactDelta(c.procArt.ID, base, n, n+ds.Before-ds.After)
+	} else {
+		err = e.man.SetArtifactBytes(c.procArt.ID, n)
+	}
+	if err != nil {
+		return err
+	}
+	c.st.Timings["frozen_by_criu"] = c.dump.FrozenTime
+	return nil
+}
+
+// commit commits the state: from here on nothing is undone.
+func (c *ckpt) commit() error {
+	e := c.e
+	c.st.Timings["total"] = time.Since(c.start)
 	e.gcMu.RLock()
 	defer e.gcMu.RUnlock()
-	ids := make([]string, 0, len(made))
-	for _, a := range made {
+	ids := make([]string, 0, len(c.made))
+	for _, a := range c.made {
 		ids = append(ids, a.ID)
 	}
-	crashPoint("commit", made)
-	if err := e.man.CommitState(st, ids...); err != nil {
+	crashPoint("commit", c.made)
+	if err := e.man.CommitState(c.st, ids...); err != nil {
 		return fmt.Errorf("commit state: %w", err)
 	}
-	made = nil // committed: nothing to undo
-	env.images.Add(procBytes)
+	c.made = nil // committed: nothing to undo
+	c.env.images.Add(c.procBytes)
 	e.stats.checkpoints.Add(1)
-	if delta != nil {
+	if c.delta != nil {
 		e.stats.shellDeltas.Add(1)
 	}
-	e.stats.checkpointNanos.Add(int64(st.Timings["total"]))
-	if fsArt != nil {
-		env.setHeadFS(fsArt.Location)
+	e.stats.checkpointNanos.Add(int64(c.st.Timings["total"]))
+	if c.fsArt != nil {
+		c.env.setHeadFS(c.fsArt.Location)
 	}
-	e.log.Debug("checkpoint", slog.String("env", envID), slog.String("state", sid), slog.String("kind", string(kind)),
-		slog.Bool("shell_delta", delta != nil), slog.Duration("took", st.Timings["total"]))
-	e.afterCheckpoint(parent, sid)
+	e.log.Debug("checkpoint", slog.String("env", c.env.ID), slog.String("state", c.sid), slog.String("kind", string(c.kind)),
+		slog.Bool("shell_delta", c.delta != nil), slog.Duration("took", c.st.Timings["total"]))
+	e.afterCheckpoint(c.parent, c.sid)
 	return nil
 }
 
@@ -458,7 +527,7 @@ func (e *Engine) StateBytes(line []manifest.State) (own []int64, total int64) {
 	}
 	own = make([]int64, len(line))
 	for i, st := range line {
-		if st.Kind == FS || st.Kind == Full {
+		if st.Kind == state.FS || st.Kind == state.Full {
 			own[i] += bytes(st.FS)
 		}
 		if st.Dumped() {

@@ -50,7 +50,7 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo one > /tmp/f")
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	parent := env.Head()
@@ -60,7 +60,7 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 	run(t, e, env, "echo two > /tmp/f")
 
 	armed.Store(true)
-	sid, _, err := e.CheckpointAsync(env, branch.Proc)
+	sid, _, err := e.CheckpointAsync(env, state.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 	}
 
 	// The next checkpoint takes everything, whatever was asked.
-	next, err := e.Checkpoint(ctx, env, branch.Proc)
+	next, err := e.Checkpoint(ctx, env, state.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestHungDumpFailsAndThaws(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Kind != branch.Full || st.Parent != parent {
+	if st.Kind != state.Full || st.Parent != parent {
 		t.Errorf("checkpoint after the failure: kind %s parent %s, want full from %s", st.Kind, st.Parent, parent)
 	}
 	res, err := e.Branch(ctx, branch.Source{State: next}, 1)
@@ -144,7 +144,7 @@ func TestReadsDoNotWaitForBusyEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "true")
-	head, err := e.Checkpoint(ctx, env, branch.Full)
+	head, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestSlowRestoreDoesNotStallOthers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+		if _, err := e.Checkpoint(ctx, env, state.None); err != nil {
 			t.Fatal(err)
 		}
 		envs[i] = env
@@ -290,7 +290,7 @@ func TestSlowRestoreDoesNotStallOthers(t *testing.T) {
 	run(t, e, other, "echo x > /tmp/x")
 	checkpointed := make(chan error, 1)
 	go func() {
-		_, err := e.Checkpoint(ctx, other, branch.Full)
+		_, err := e.Checkpoint(ctx, other, state.Full)
 		checkpointed <- err
 	}()
 	select {

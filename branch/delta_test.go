@@ -10,6 +10,7 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/imgdelta"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestDeltaImages: with delta images on (a chain of at most 2), each
@@ -40,7 +41,7 @@ func TestDeltaImages(t *testing.T) {
 	for i := range 5 {
 		run(t, e, env, fmt.Sprintf("export V%d=%d; echo %d > /f", i, i, i))
 		c := strings.TrimSpace(run(t, e, env, read))
-		sid, err := e.Checkpoint(ctx, env, branch.Full)
+		sid, err := e.Checkpoint(ctx, env, state.Full)
 		if err != nil {
 			t.Fatal(err)
 		}

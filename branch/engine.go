@@ -2,8 +2,6 @@ package branch
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,17 +20,6 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/state"
-)
-
-// Kind is what a checkpoint captures (see DESIGN.md).
-type Kind = manifest.Kind
-
-// The checkpoint kinds.
-const (
-	None = manifest.KindNone
-	FS   = manifest.KindFS
-	Proc = manifest.KindProc
-	Full = manifest.KindFull
 )
 
 // DefaultLazyBytes is the image size from which arbor serve restores
@@ -418,12 +405,6 @@ func (e *Engine) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func newID(prefix string) string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
 // Env is one live environment: a sandbox and its lineage of states.
 type Env struct {
 	ID    string
@@ -644,7 +625,7 @@ func (e *Engine) NewEnvWith(ctx context.Context, imageName string, o launch.Opti
 		return nil, "", err
 	}
 	e.track(ctx, env, nil)
-	sid, _, err := e.CheckpointAsync(env, Full)
+	sid, _, err := e.CheckpointAsync(env, state.Full)
 	if err != nil {
 		e.closeEnv(context.Background(), env)
 		return nil, "", err

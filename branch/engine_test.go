@@ -178,7 +178,7 @@ func branchAndRollback(t *testing.T, r *rig) {
 		t.Fatalf("counter: %v", err)
 	}
 	next := func(k int) string { return strconv.Itoa(base + k) }
-	sid, err := e.Checkpoint(ctx, parent, branch.Full)
+	sid, err := e.Checkpoint(ctx, parent, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestFailedRestoreKeepsSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo one > /f")
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,16 +311,16 @@ func TestCheckpointKindsShareArtifacts(t *testing.T) {
 	}
 	start := time.Now()
 	run(t, e, env, "echo a > /a")
-	s1, err := e.Checkpoint(ctx, env, branch.FS)
+	s1, err := e.Checkpoint(ctx, env, state.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, e, env, "X=1")
-	s2, err := e.Checkpoint(ctx, env, branch.Proc)
+	s2, err := e.Checkpoint(ctx, env, state.Proc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s3, err := e.Checkpoint(ctx, env, branch.None)
+	s3, err := e.Checkpoint(ctx, env, state.None)
 	if err != nil || s3 != s2 {
 		t.Fatalf("kind none: %s %v, want the head %s", s3, err, s2)
 	}
@@ -364,7 +364,7 @@ func TestReleaseAndGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestReleaseAndGC(t *testing.T) {
 	}
 	child := res.Children[0]
 	run(t, e, child, "echo c > /c")
-	csid, err := e.Checkpoint(ctx, child, branch.Full)
+	csid, err := e.Checkpoint(ctx, child, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestWarmCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo w > /w; W=1")
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +542,7 @@ func crashHelper(t *testing.T) {
 	run(t, e, env, "sleep 1000 &")
 	for i := 0; ; i++ {
 		run(t, e, env, "echo turn"+strconv.Itoa(i)+" > /n")
-		sid, err := e.Checkpoint(ctx, env, branch.Full)
+		sid, err := e.Checkpoint(ctx, env, state.Full)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -600,8 +600,8 @@ func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
 	// A process holding open a deleted 72 MiB file, over the ghost
 	// limit: its dump fails. The file goes once the process holds it.
 	run(t, e, env, branchtest.GhostHolder)
-	failing, kind, err := e.CheckpointAsync(env, branch.Proc)
-	if err != nil || kind != branch.Proc {
+	failing, kind, err := e.CheckpointAsync(env, state.Proc)
+	if err != nil || kind != state.Proc {
 		t.Fatalf("queue a proc checkpoint: kind %s, %v", kind, err)
 	}
 	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
@@ -611,18 +611,18 @@ func TestCheckpointAsyncFullAfterFailure(t *testing.T) {
 		t.Fatalf("checkpoint %s with a ghost over the limit: %v, want state.ErrCheckpoint", failing, err)
 	}
 	run(t, e, env, "kill $(pidof sleep); wait 2>/dev/null; true")
-	sid, kind, err := e.CheckpointAsync(env, branch.None)
-	if err != nil || kind != branch.Full || sid == failing {
+	sid, kind, err := e.CheckpointAsync(env, state.None)
+	if err != nil || kind != state.Full || sid == failing {
 		t.Fatalf("checkpoint after the failure: %s kind %s, %v; want a new full state", sid, kind, err)
 	}
 	if _, err := e.WaitCheckpoint(ctx, env); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := e.State(sid); err != nil || st.Kind != branch.Full {
+	if st, err := e.State(sid); err != nil || st.Kind != state.Full {
 		t.Errorf("state %s: %+v %v, want committed full", sid, st, err)
 	}
 	// The rule is spent: the next checkpoint takes the kind asked for.
-	if _, kind, err := e.CheckpointAsync(env, branch.None); err != nil || kind != branch.None {
+	if _, kind, err := e.CheckpointAsync(env, state.None); err != nil || kind != state.None {
 		t.Errorf("the checkpoint after: kind %s, %v; want none", kind, err)
 	}
 }

@@ -72,7 +72,7 @@ func keepStepping(t *testing.T, e *branch.Engine, env *branch.Env, what string) 
 	if res := execOK(t, e, env, "echo "+what+" > /f"); res.ExitCode != 0 {
 		t.Errorf("%s: write: exit %d: %s", what, res.ExitCode, res.Stderr)
 	}
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Errorf("%s: checkpoint: %v", what, err)
 	}
 }
@@ -100,7 +100,7 @@ func TestFillerStoppedByQuota(t *testing.T) {
 		t.Fatalf("filler: exit %d, %q; want it stopped by its quota", res.ExitCode, string(res.Stdout)+string(res.Stderr))
 	}
 	// The filler's turn is checkpointed like any other: the state holds /big.
-	if _, err := e.Checkpoint(ctx, fill, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, fill, state.Full); err != nil {
 		t.Errorf("checkpoint of the full sandbox: %v", err)
 	}
 	full := pool(t, e)
@@ -165,7 +165,7 @@ func TestFillerWithoutQuota(t *testing.T) {
 		_, err := e.Exec(ctx, fill, "true", sandbox.ExecOptions{})
 		return errors.Is(err, branch.ErrOverShare)
 	})
-	if _, err := e.Checkpoint(ctx, fill, branch.Full); !errors.Is(err, branch.ErrOverShare) {
+	if _, err := e.Checkpoint(ctx, fill, state.Full); !errors.Is(err, branch.ErrOverShare) {
 		t.Errorf("checkpoint of the stopped filler: %v, want ErrOverShare", err)
 	}
 	branchtest.WaitFor(t, "the pool under its low mark", func() bool {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestDeletedCwdWithNewDirAtItsPath: a process whose cwd was removed, with
@@ -83,7 +84,7 @@ func TestGhostInsideGhostDir(t *testing.T) {
 func branchesMatch(t *testing.T, e *branch.Engine, env *branch.Env, probe, want string) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	res, err := e.Branch(ctx, branch.Source{Env: env}, 2)

@@ -8,6 +8,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Inspector is what the engine needs of the Inspector (docs/engine.md,
@@ -30,9 +31,9 @@ type Inspector interface {
 	EndTurn(ctx context.Context, envID string, t inspector.Target) (inspector.Result, error)
 	// Settle re-checks, with the sandbox frozen, what a checkpoint of kind
 	// k must capture; it returns the kind to take and why.
-	Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error)
+	Settle(ctx context.Context, envID string, k state.Kind, t inspector.Target) (state.Kind, []string, error)
 	// Checkpointed records that a checkpoint of kind k of t was taken.
-	Checkpointed(envID string, k inspector.Kind, t inspector.Target) error
+	Checkpointed(envID string, k state.Kind, t inspector.Target) error
 	// TakeShellDelta returns the shell delta that can stand for the
 	// process image of the checkpoint being taken (the turn changed the
 	// processes only through the shell's own state), and false when a
@@ -44,7 +45,7 @@ type Inspector interface {
 
 // Turn is what Classify found about a turn.
 type Turn struct {
-	Kind    Kind
+	Kind    state.Kind
 	Reasons []string
 	Took    time.Duration
 }
@@ -138,7 +139,7 @@ func (e *Engine) untrack(id string) {
 func (e *Engine) Classify(ctx context.Context, env *Env, cmd string) (Turn, error) {
 	in := e.o.Inspector
 	if in == nil {
-		return Turn{Kind: Full, Reasons: []string{"no inspector"}}, nil
+		return Turn{Kind: state.Full, Reasons: []string{"no inspector"}}, nil
 	}
 	start := time.Now()
 	env.mu.Lock()
@@ -152,7 +153,7 @@ func (e *Engine) Classify(ctx context.Context, env *Env, cmd string) (Turn, erro
 	r, err := in.EndTurn(ctx, env.ID, e.target(env.sb, env.volume, env.headFS(), cmd))
 	if err != nil {
 		// The inspector's own failure: checkpoint everything.
-		return Turn{Kind: Full, Reasons: append(r.Reasons, err.Error()), Took: time.Since(start)}, nil
+		return Turn{Kind: state.Full, Reasons: append(r.Reasons, err.Error()), Took: time.Since(start)}, nil
 	}
-	return Turn{Kind: Kind(r.Kind), Reasons: r.Reasons, Took: time.Since(start)}, nil
+	return Turn{Kind: r.Kind, Reasons: r.Reasons, Took: time.Since(start)}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/arbor-env/arbor/inspector/watch"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestInspectorDrivenCheckpoints runs turns whose class the inspector
@@ -42,21 +43,21 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 	}
 	turns := []struct {
 		name, cmd string
-		want      branch.Kind
+		want      state.Kind
 	}{
-		{"read only", "ls / >/dev/null; cat /etc/passwd >/dev/null", branch.None},
-		{"file edit", "echo one > /work/a", branch.FS},
-		{"shell state", "cd /work; export K=v", branch.Proc},
-		{"create then delete", "echo tmp > /tmp/x; rm /tmp/x", branch.None},
+		{"read only", "ls / >/dev/null; cat /etc/passwd >/dev/null", state.None},
+		{"file edit", "echo one > /work/a", state.FS},
+		{"shell state", "cd /work; export K=v", state.Proc},
+		{"create then delete", "echo tmp > /tmp/x; rm /tmp/x", state.None},
 		// The content is the same, the modification time is not (make
 		// would see it).
-		{"identical rewrite", "echo one > /work/a", branch.FS},
-		{"both", "echo two > /work/b; cd /tmp", branch.Full},
-		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/a", branch.FS},
-		{"shell opens a descriptor", "exec 3</etc/passwd", branch.Proc},
+		{"identical rewrite", "echo one > /work/a", state.FS},
+		{"both", "echo two > /work/b; cd /tmp", state.Full},
+		{"metadata only", "touch -d '2001-02-03 04:05:06' /work/a", state.FS},
+		{"shell opens a descriptor", "exec 3</etc/passwd", state.Proc},
 		// Only the shared offset of the shell's descriptor moves.
-		{"a child reads through it", "head -c 10 <&3 >/dev/null", branch.Proc},
-		{"shell closes it", "exec 3<&-", branch.Proc},
+		{"a child reads through it", "head -c 10 <&3 >/dev/null", state.Proc},
+		{"shell closes it", "exec 3<&-", state.Proc},
 	}
 	// What the turns change, read without changing it: cwd, a variable,
 	// two files, the mtime of one, the shell's fd 3 and its offset (when
@@ -101,7 +102,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		{"touch -d '2002-01-01' /work/a", "file /work/a"},
 	} {
 		run(t, e, env, miss.cmd)
-		sid, _, err := e.CheckpointAsync(env, branch.None)
+		sid, _, err := e.CheckpointAsync(env, state.None)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +113,7 @@ func TestInspectorDrivenCheckpoints(t *testing.T) {
 		if !strings.Contains(strings.Join(v.Misses, "\n"), miss.want) {
 			t.Errorf("%q skipped: verification found %v, want a miss naming %q", miss.cmd, v.Misses, miss.want)
 		}
-		if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+		if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -36,7 +36,7 @@ func TestBranchKeepsIsolation(t *testing.T) {
 	if err != nil || st.Seccomp != 2 || st.NoNewPrivs != 1 || st.CapBnd != 0xa80425fb {
 		t.Fatalf("parent is not hardened: %v %v\n%s", st, err, want)
 	}
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestRestoreRefusesTamperedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}

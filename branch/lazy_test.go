@@ -50,12 +50,12 @@ func lazyRig(t *testing.T) (*rig, *branch.Env, string) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("start the memory holder: %v %+v", err, res)
 	}
-	sid, err := r.e.Checkpoint(ctx, env, branch.Full)
+	sid, err := r.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, r.e, env, "echo later > /f")
-	if _, err := r.e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := r.e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	return r, env, sid
@@ -277,7 +277,7 @@ func TestLazyChildCheckpoint(t *testing.T) {
 	}
 	c := res.Children[0]
 	run(t, r.e, c, "echo child > /f")
-	s2, err := r.e.Checkpoint(ctx, c, branch.Full)
+	s2, err := r.e.Checkpoint(ctx, c, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}

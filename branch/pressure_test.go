@@ -79,7 +79,7 @@ func TestDiskPressure(t *testing.T) {
 		t.Errorf("new env over the high mark: %v, want state.ErrNoSpace", err)
 	}
 	run(t, e, a, "echo 3 > /f")
-	if _, err := e.Checkpoint(ctx, a, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, a, state.Full); err != nil {
 		t.Errorf("checkpoint over the high mark: %v", err)
 	}
 	u, err := e.Usage()
@@ -180,12 +180,12 @@ func TestStateBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "dd if=/dev/urandom of=/x bs=1M count=3 2>/dev/null")
-	s1, err := e.Checkpoint(ctx, env, branch.FS)
+	s1, err := e.Checkpoint(ctx, env, state.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo small > /y")
-	s2, err := e.Checkpoint(ctx, env, branch.Full)
+	s2, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 			checkHalfWrittenGone(t, r, out["MADE"])
 			// It goes on: a step, a checkpoint, a branch of it.
 			run(t, e, env, "echo four > /work/f")
-			sid, err := e.Checkpoint(context.Background(), env, branch.Full)
+			sid, err := e.Checkpoint(context.Background(), env, state.Full)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -273,12 +273,12 @@ func recoverHelper(t *testing.T) {
 	run(t, e, env, recoverTurn1)
 	run(t, e, env, start)
 	run(t, e, env, read) // 1
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	run(t, e, env, recoverTurn2)
 	run(t, e, env, read) // 2
-	sid, err := e.Checkpoint(ctx, env, branch.Full)
+	sid, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func recoverHelper(t *testing.T) {
 	run(t, e, env, recoverTurn3)
 	run(t, e, env, read) // 3: in memory only, never committed
 	kill(phase)
-	e.Checkpoint(ctx, env, branch.Full)
+	e.Checkpoint(ctx, env, state.Full)
 	t.Fatal("checkpoint finished: the hook did not kill")
 }
 
@@ -311,7 +311,7 @@ func TestReviveAfterInitKilled(t *testing.T) {
 			run(t, e, env, start)
 			run(t, e, env, recoverTurn2)
 			run(t, e, env, read) // 1
-			sid, err := e.Checkpoint(ctx, env, branch.Full)
+			sid, err := e.Checkpoint(ctx, env, state.Full)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -333,7 +333,7 @@ func TestReviveAfterInitKilled(t *testing.T) {
 			case "before a checkpoint":
 				killInit()
 				<-env.Sandbox().Exited()
-				_, execErr = e.Checkpoint(ctx, env, branch.Full)
+				_, execErr = e.Checkpoint(ctx, env, state.Full)
 			case "during a command":
 				done := make(chan error, 1)
 				go func() {
@@ -373,7 +373,7 @@ func TestReviveAfterInitKilled(t *testing.T) {
 			if got := run(t, e, env, "cat /work/f; echo $V; ls /work; "+read); got != "two\ntwo\nf\n2\n" {
 				t.Errorf("env after revive: %q, want the committed state (and counter 2)", got)
 			}
-			if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+			if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 				t.Errorf("checkpoint after revive: %v", err)
 			}
 		})

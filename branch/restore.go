@@ -355,7 +355,7 @@ func (e *Engine) Branch(ctx context.Context, src Source, n int) (*BranchResult, 
 	warm := e.takeWarm(sid, n)
 	ids := make([]string, n)
 	for i := len(warm); i < n; i++ {
-		ids[i] = launch.NewID()
+		ids[i] = state.NewID("")
 	}
 	// Two or more cold children of a branch somebody waits for: their
 	// roots are cloned ahead, where the backend allows it (a background
@@ -424,7 +424,7 @@ func (e *Engine) currentState(ctx context.Context, env *Env) (string, error) {
 			return head, nil
 		}
 	}
-	return e.Checkpoint(ctx, env, Full)
+	return e.Checkpoint(ctx, env, state.Full)
 }
 
 // handoff passes a branch child from the queue job that restores it to

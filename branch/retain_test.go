@@ -45,7 +45,7 @@ func numbered(t *testing.T, e *branch.Engine, n int) (*branch.Env, []string) {
 	sids := []string{s0}
 	for i := 1; i <= n; i++ {
 		run(t, e, env, "echo "+strconv.Itoa(i)+" > /f")
-		sid, err := e.Checkpoint(ctx, env, branch.Full)
+		sid, err := e.Checkpoint(ctx, env, state.Full)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func branchCheck(t *testing.T, e *branch.Engine, sid, want string) string {
 	// The child moves on to a state of its own before it closes, so that
 	// nothing of sid stays with the child (its head).
 	run(t, e, child, "echo child > /g")
-	own, err := e.Checkpoint(ctx, child, branch.Full)
+	own, err := e.Checkpoint(ctx, child, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestReleaseOpenHead(t *testing.T) {
 	// keep their ancestors; they are released by name at the end.
 	kids := []string{branchCheck(t, e, sids[2], "2"), branchCheck(t, e, sids[1], "1")}
 	run(t, e, env, "echo 3 > /f")
-	s3, err := e.Checkpoint(ctx, env, branch.Full)
+	s3, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestGCKeepsOpenLineages(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, a, "echo 4 > /f")
-	s4, err := e.Checkpoint(ctx, a, branch.Full)
+	s4, err := e.Checkpoint(ctx, a, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestGCKeepsOpenLineages(t *testing.T) {
 	}
 	b := res.Children[0]
 	run(t, e, b, "echo 5 > /f")
-	s5, err := e.Checkpoint(ctx, b, branch.Full)
+	s5, err := e.Checkpoint(ctx, b, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestGCWhileStepping(t *testing.T) {
 					err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
 				}
 				if err == nil {
-					_, _, err = e.CheckpointAsync(env, branch.Full)
+					_, _, err = e.CheckpointAsync(env, state.Full)
 				}
 				if err != nil {
 					errs <- fmt.Errorf("env %s turn %d: %w", env.ID, turn, err)
@@ -442,7 +442,7 @@ func TestGCWhileStepping(t *testing.T) {
 				child := br.Children[0]
 				if _, err := e.Exec(ctx, child, "echo child > /f", execOpts()); err != nil {
 					errs <- err
-				} else if _, err := e.Checkpoint(ctx, child, branch.Full); err != nil {
+				} else if _, err := e.Checkpoint(ctx, child, state.Full); err != nil {
 					errs <- err
 				}
 				if err := e.CloseEnv(ctx, child); err != nil {
@@ -507,7 +507,7 @@ func TestGCBatches(t *testing.T) {
 	}
 	for i := range n {
 		run(t, e, env, "echo "+strconv.Itoa(i)+" > /f")
-		if _, err := e.Checkpoint(ctx, env, branch.FS); err != nil {
+		if _, err := e.Checkpoint(ctx, env, state.FS); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // shellDigest reads env's shell state as the inspector does.
@@ -93,14 +94,14 @@ func TestShellDeltas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.Checkpoint(ctx, env, branch.None); err != nil { // waits for it
+		if _, err := e.Checkpoint(ctx, env, state.None); err != nil { // waits for it
 			t.Fatalf("%s: checkpoint: %v", tt.name, err)
 		}
 		st, err := e.State(sid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if kind != branch.Proc && kind != branch.Full {
+		if kind != state.Proc && kind != state.Full {
 			t.Errorf("%s: classified %s (%v), want proc or full", tt.name, kind, turn.Reasons)
 		}
 		if delta := st.ShellDigest != ""; delta != tt.delta || st.Dumped() == tt.delta {
@@ -189,7 +190,7 @@ func deltaTurn(t *testing.T, e *branch.Engine, env *branch.Env, cmd string) mani
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Checkpoint(ctx, env, branch.None); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.None); err != nil {
 		t.Fatalf("checkpoint of %q: %v", cmd, err)
 	}
 	st, err := e.State(sid)
@@ -278,7 +279,7 @@ func deltaCrashHelper(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "mkdir -p /work/a")
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	st := deltaTurn(t, e, env, "export V=delta; cd /work/a; g() { :; }")

@@ -330,7 +330,7 @@ done
 
 type skipMiss struct {
 	Turns []string // from a fresh env, the last is the one classified wrongly
-	Kind  branch.Kind
+	Kind  state.Kind
 	Diff  string
 }
 
@@ -343,7 +343,7 @@ type fuzzRun struct {
 	turns  int
 	checks int // turns whose skip was checked against a branch
 	deltas int // proc and full checkpoints recorded as a shell delta
-	kinds  map[branch.Kind]int
+	kinds  map[state.Kind]int
 	misses []skipMiss
 	// unchanged counts the turns after which the probe read the live env
 	// as before the turn; falsePos those of them that took a checkpoint.
@@ -379,7 +379,7 @@ func TestSkipsAreSound(t *testing.T) {
 	}
 	t.Logf("seed %d (ARBOR_SKIPFUZZ_SEED replays it), image %s", seed, img)
 	rng := rand.New(rand.NewSource(seed))
-	f := &fuzzRun{t: t, r: r, img: img, kinds: map[branch.Kind]int{}}
+	f := &fuzzRun{t: t, r: r, img: img, kinds: map[state.Kind]int{}}
 	start := time.Now()
 	if img == "busybox" {
 		for _, seq := range skipRegressions {
@@ -402,10 +402,10 @@ func TestSkipsAreSound(t *testing.T) {
 				m.Turns[len(m.Turns)-1], m.Kind, m.Diff, img, strings.Join(m.Turns, "\n  "))
 		}
 	}
-	skipped := f.kinds[branch.None] + f.kinds[branch.FS] + f.kinds[branch.Proc]
+	skipped := f.kinds[state.None] + f.kinds[state.FS] + f.kinds[state.Proc]
 	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part; %d shell deltas instead of a dump); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
 		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
-		f.kinds[branch.None], f.kinds[branch.FS], f.kinds[branch.Proc], f.kinds[branch.Full], 100*float64(skipped)/float64(max(f.turns, 1)), f.deltas,
+		f.kinds[state.None], f.kinds[state.FS], f.kinds[state.Proc], f.kinds[state.Full], 100*float64(skipped)/float64(max(f.turns, 1)), f.deltas,
 		f.falsePos, f.unchanged, 100*float64(f.falsePos)/float64(max(f.unchanged, 1)))
 	for i, m := range f.misses {
 		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
@@ -435,7 +435,7 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 	if _, err := e.Exec(ctx, env, "mkdir -p /work && cd /work", sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	// Counting, every turn's live state is probed (for the false
@@ -476,7 +476,7 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 			live = f.probe(ctx, env)
 			if slices.Equal(live, prev) {
 				f.unchanged++
-				if kind != branch.None {
+				if kind != state.None {
 					f.falsePos++
 				}
 			}
@@ -485,7 +485,7 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		// A shell delta stands for a process image: check it, in a full
 		// checkpoint too.
 		delta := false
-		if kind == branch.Proc || kind == branch.Full {
+		if kind == state.Proc || kind == state.Full {
 			if st, err := e.State(sid); err == nil && !st.Dumped() {
 				delta = true
 			}
@@ -493,7 +493,7 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		if delta && count {
 			f.deltas++
 		}
-		if (kind == branch.Full && !delta) || (!count && i < len(turns)-1) {
+		if (kind == state.Full && !delta) || (!count && i < len(turns)-1) {
 			continue // everything was taken, or shrinking: only the last turn counts
 		}
 		if count {

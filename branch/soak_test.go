@@ -90,7 +90,7 @@ func TestSoak(t *testing.T) {
 		}
 		var sid string
 		if err == nil {
-			sid, err = e.Checkpoint(ctx, env, branch.FS)
+			sid, err = e.Checkpoint(ctx, env, state.FS)
 		}
 		if err == nil {
 			mu.Lock()
@@ -226,7 +226,7 @@ func lastBout(t *testing.T, e *branch.Engine, env *branch.Env, blob int) {
 	if res := execOK(t, e, env, cmd); res.ExitCode != 0 {
 		t.Fatalf("last bout: %s: exit %d: %s", cmd, res.ExitCode, res.Stderr)
 	}
-	if _, err := e.Checkpoint(context.Background(), env, branch.FS); err != nil {
+	if _, err := e.Checkpoint(context.Background(), env, state.FS); err != nil {
 		t.Fatal(err)
 	}
 	filled := pool(t, e)

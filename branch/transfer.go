@@ -18,7 +18,6 @@ import (
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
 	"github.com/arbor-env/arbor/cr/transfer"
-	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -510,15 +509,15 @@ func (e *Engine) Freeze(ctx context.Context, env *Env) (head string, thaw func()
 			e.log.Warn("thaw env after a failed migration", slog.String("env", env.ID), slog.Any("err", err))
 		}
 	}
-	kind, why := Full, []string{"no inspector"}
+	kind, why := state.Full, []string{"no inspector"}
 	if in := e.o.Inspector; in != nil {
-		k, reasons, err := in.Settle(ctx, env.ID, inspector.None, e.target(sb, env.volume, env.headFS(), ""))
-		kind, why = Kind(k), reasons
+		k, reasons, err := in.Settle(ctx, env.ID, state.None, e.target(sb, env.volume, env.headFS(), ""))
+		kind, why = k, reasons
 		if err != nil {
-			kind, why = Full, append(why, err.Error())
+			kind, why = state.Full, append(why, err.Error())
 		}
 	}
-	if kind == None {
+	if kind == state.None {
 		return env.head, thaw, nil
 	}
 	if _, _, _, err := e.submitCheckpoint(ctx, env, kind, queue.High, true); err != nil {
@@ -578,7 +577,7 @@ func (e *Engine) AdoptImported(ctx context.Context, id, head, image string, labe
 	// A name of its own: on one host (nodes side by side, as in the
 	// tests) the source's sandbox, frozen, still holds id-<generation>.
 	e.gcMu.RLock()
-	r, err := e.restore(ctx, head, newID(id+"-m"))
+	r, err := e.restore(ctx, head, state.NewID(id+"-m"))
 	e.gcMu.RUnlock()
 	if err != nil {
 		return nil, err

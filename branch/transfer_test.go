@@ -127,7 +127,7 @@ func TestTransferState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("counter: %v", err)
 	}
-	s1, err := ra.e.Checkpoint(ctx, a, branch.Full)
+	s1, err := ra.e.Checkpoint(ctx, a, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestTransferState(t *testing.T) {
 	// A small change: the next state's snapshot goes as the difference
 	// from s1's, which the receiver holds.
 	run(t, ra.e, a, "echo more >> /work/file && "+read+" >/dev/null")
-	s2, err := ra.e.Checkpoint(ctx, a, branch.Full)
+	s2, err := ra.e.Checkpoint(ctx, a, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 		thaw()
 		return sid
 	}
-	s0, err := r.e.Checkpoint(ctx, env, branch.Full)
+	s0, err := r.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 	// A background process whose memory counts SIGUSR1s, each written to
 	// /tmp/bg; it sleeps in wait, quiet between signals.
 	run(t, r.e, env, `(n=0; trap 'n=$((n+1)); echo $n > /tmp/bg' USR1; while :; do sleep 1000 & wait $!; done) >/dev/null 2>&1 & echo $! > /tmp/pid`)
-	s1, err := r.e.Checkpoint(ctx, env, branch.Full)
+	s1, err := r.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s1b, err := r.e.Checkpoint(ctx, env, branch.None) // the cat changed nothing
+	s1b, err := r.e.Checkpoint(ctx, env, state.None) // the cat changed nothing
 	if err != nil || s1b != s1 {
 		t.Fatalf("checkpoint none after cat: %s %v, want %s", s1b, err, s1)
 	}
@@ -300,7 +300,7 @@ func TestFreezeTakesWhatRanSinceTheCheckpoint(t *testing.T) {
 		t.Errorf("env head %s after the freeze's checkpoint %s", env.Head(), s2)
 	}
 	st, err := r.e.State(s2)
-	if err != nil || st.Parent != s1 || st.Kind != branch.Full {
+	if err != nil || st.Parent != s1 || st.Kind != state.Full {
 		t.Errorf("state of the freeze %+v %v: want a full state on %s", st, err, s1)
 	}
 	count := `kill -USR1 $(cat /tmp/pid); for i in $(seq 100); do [ "$(cat /tmp/bg)" != "$1" ] && break; sleep 0.05; done; cat /tmp/bg`

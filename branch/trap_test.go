@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestCheckpointWhileInitGetsSIGTRAP: processes of the sandbox that send
@@ -30,9 +30,9 @@ func TestCheckpointWhileInitGetsSIGTRAP(t *testing.T) {
 	failed := 0
 	const n = 30
 	for i := 0; i < n; i++ {
-		kind := branch.Proc
+		kind := state.Proc
 		if i%2 == 1 {
-			kind = branch.Full
+			kind = state.Full
 		}
 		if _, err := e.Checkpoint(ctx, env, kind); err != nil {
 			failed++

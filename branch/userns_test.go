@@ -11,6 +11,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/zfs/zfstest"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // newUserNSRig is newRig with sandboxes in user namespace mode.
@@ -62,7 +63,7 @@ func TestUserNSBranch(t *testing.T) {
 	}
 	checkUserNS(t, e, parent, u)
 	run(t, e, parent, "echo p > /work/p; P=1")
-	for _, kind := range []branch.Kind{branch.Full, branch.Proc} {
+	for _, kind := range []state.Kind{state.Full, state.Proc} {
 		run(t, e, parent, "P=$((P+1))")
 		sid, err := e.Checkpoint(ctx, parent, kind)
 		if err != nil {
@@ -99,7 +100,7 @@ func TestUserNSWarmAndPromote(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, parent, "echo base > /f")
-	if _, err := e.Checkpoint(ctx, parent, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, parent, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	waitWarm(t, e, 2)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Verification is what Verify found.
@@ -40,7 +41,7 @@ func (e *Engine) Verify(ctx context.Context, env *Env, sid string) (Verification
 		return v, env.ckptErr
 	}
 	e.gcMu.RLock()
-	r, err := e.restore(ctx, sid, newID("verify-"))
+	r, err := e.restore(ctx, sid, state.NewID("verify-"))
 	e.gcMu.RUnlock()
 	if err != nil {
 		return v, err

@@ -6,7 +6,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/cr/queue"
-	"github.com/arbor-env/arbor/sandbox/launch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // warmCopy is a sandbox restored from a state ahead of time and kept
@@ -61,7 +61,7 @@ func (e *Engine) fillWarm(sid string, n int, p *prepEntry) {
 			if p != nil && e.prepStale(sid, p) {
 				return nil // expired before its turn came: not restored at all
 			}
-			id := launch.NewID()
+			id := state.NewID("")
 			e.gcMu.RLock()
 			r, err := e.restore(ctx, sid, id+"-0")
 			e.gcMu.RUnlock()

@@ -8,6 +8,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/inspector"
 	"github.com/arbor-env/arbor/inspector/watch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // recordingInspector is the real Inspector, with the ids it tracks and
@@ -66,12 +67,12 @@ func TestPreparedCopiesTrackedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "mkdir -p /work && echo past > /work/f && cd /work && X=past; sleep 1000 >/dev/null 2>&1 &")
-	past, err := e.Checkpoint(ctx, env, branch.Full)
+	past, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, e, env, "echo later > /work/f")
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	if res, err := e.Prepare(ctx, []string{past}, 3, true); err != nil || res.Ready[past] != 3 {
@@ -105,12 +106,12 @@ func TestPreparedCopiesTrackedAhead(t *testing.T) {
 	child := res.Children[0]
 	for _, tt := range []struct {
 		cmd  string
-		want branch.Kind
+		want state.Kind
 	}{
-		{"cat /work/f >/dev/null; ls / >/dev/null", branch.None},
-		{"echo new > /work/g", branch.FS},
-		{"Y=1; cd /", branch.Proc},
-		{"echo both > /work/h; cd /work", branch.Full},
+		{"cat /work/f >/dev/null; ls / >/dev/null", state.None},
+		{"echo new > /work/g", state.FS},
+		{"Y=1; cd /", state.Proc},
+		{"echo both > /work/h; cd /work", state.Full},
 	} {
 		run(t, e, child, tt.cmd)
 		turn, err := e.Classify(ctx, child, tt.cmd)
@@ -120,7 +121,7 @@ func TestPreparedCopiesTrackedAhead(t *testing.T) {
 		if turn.Kind != tt.want {
 			t.Errorf("%q in a prepared child: classified %s (%v), want %s", tt.cmd, turn.Kind, turn.Reasons, tt.want)
 		}
-		if turn.Kind == branch.None {
+		if turn.Kind == state.None {
 			continue
 		}
 		sid, _, err := e.CheckpointAsync(child, turn.Kind)

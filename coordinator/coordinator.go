@@ -467,8 +467,8 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral, tenant.From(ctx).Name)
 	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
-	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
-	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(branch.Full)})
+	c.m.checkpoints.WithLabelValues(string(state.Full)).Inc()
+	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(state.Full)})
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil
 }
@@ -582,5 +582,5 @@ func (c *Coordinator) Has(id string) bool {
 // Full is a Classify that checkpoints every turn whole (baselines and
 // tests).
 func Full(context.Context, *branch.Env, string) (branch.Turn, error) {
-	return branch.Turn{Kind: branch.Full, Reasons: []string{"every turn full"}}, nil
+	return branch.Turn{Kind: state.Full, Reasons: []string{"every turn full"}}, nil
 }

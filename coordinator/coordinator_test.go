@@ -18,29 +18,29 @@ import (
 // none without asking, and the state after a turn restores to what the
 // turn left.
 func TestTurnKinds(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.FS, branch.None}}
+	k := &kinds{next: []state.Kind{state.FS, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	ctx := context.Background()
 
 	t1 := bash(t, c, r.Env.ID, "echo one > /tmp/f")
-	if t1.Kind != branch.FS || t1.StateID == r.StateID || t1.Turn != 1 || t1.Result.ExitCode != 0 {
+	if t1.Kind != state.FS || t1.StateID == r.StateID || t1.Turn != 1 || t1.Result.ExitCode != 0 {
 		t.Errorf("turn 1: kind %s state %s turn %d exit %d, want fs, a new state, turn 1, exit 0", t1.Kind, t1.StateID, t1.Turn, t1.Result.ExitCode)
 	}
 	t2 := bash(t, c, r.Env.ID, "true")
-	if t2.Kind != branch.None || t2.StateID != t1.StateID {
+	if t2.Kind != state.None || t2.StateID != t1.StateID {
 		t.Errorf("turn 2: kind %s state %s, want none and %s", t2.Kind, t2.StateID, t1.StateID)
 	}
-	rd, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolReadFile, Path: "/tmp/f", ReadOnly: true})
+	rd, err := c.Turn(ctx, r.Env.ID, Action{Tool: state.ToolReadFile, Path: "/tmp/f", ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rd.Kind != branch.None || string(rd.Result.Stdout) != "one\n" {
+	if rd.Kind != state.None || string(rd.Result.Stdout) != "one\n" {
 		t.Errorf("read-only turn: kind %s stdout %q", rd.Kind, rd.Result.Stdout)
 	}
 	// The classifier has no kind left: its error makes the turn full.
 	t4 := bash(t, c, r.Env.ID, "echo two > /tmp/f")
-	if t4.Kind != branch.Full {
+	if t4.Kind != state.Full {
 		t.Errorf("turn whose classification failed: kind %s, want full", t4.Kind)
 	}
 	if want := []string{"echo one > /tmp/f", "true", "echo two > /tmp/f"}; !slices.Equal(k.seen, want) {
@@ -66,10 +66,10 @@ func TestTurnInspector(t *testing.T) {
 	c := newCoordinator(t, Options{})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	bash(t, c, r.Env.ID, "true") // the first turn after reset settles the baseline
-	if got := bash(t, c, r.Env.ID, "echo hi > /tmp/x").Kind; got == branch.None {
+	if got := bash(t, c, r.Env.ID, "echo hi > /tmp/x").Kind; got == state.None {
 		t.Errorf("a turn that wrote a file was checkpointed %s", got)
 	}
-	if got := bash(t, c, r.Env.ID, "true").Kind; got != branch.None {
+	if got := bash(t, c, r.Env.ID, "true").Kind; got != state.None {
 		t.Errorf("a turn that changed nothing was checkpointed %s, want none", got)
 	}
 }
@@ -80,12 +80,12 @@ func TestTurnInspector(t *testing.T) {
 // whatever its classification. (TestTurnAfterRealCheckpointFailure is the
 // path where the next turn's exec finds the failure.)
 func TestTurnAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc, branch.None, branch.None}}
+	k := &kinds{next: []state.Kind{state.Proc, state.None, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	ctx := context.Background()
 	ghost := bash(t, c, r.Env.ID, ghostCmd)
-	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
+	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != state.Proc {
 		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
 	waited := c.WaitTurn(ctx, r.Env.ID)
@@ -93,7 +93,7 @@ func TestTurnAfterFailedCheckpoint(t *testing.T) {
 		t.Fatalf("WaitTurn on a checkpoint that fails: %v, want state.ErrCheckpoint", waited)
 	}
 	t1 := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
-	if t1.Kind != branch.Full || t1.CheckpointError == nil || t1.CheckpointError.Error() != waited.Error() {
+	if t1.Kind != state.Full || t1.CheckpointError == nil || t1.CheckpointError.Error() != waited.Error() {
 		t.Errorf("turn after a failed checkpoint: kind %s, error %v; want full and %v", t1.Kind, t1.CheckpointError, waited)
 	}
 	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
@@ -102,7 +102,7 @@ func TestTurnAfterFailedCheckpoint(t *testing.T) {
 	if _, err := engine.State(t1.StateID); err != nil {
 		t.Errorf("the full state %s is not committed: %v", t1.StateID, err)
 	}
-	if t2 := bash(t, c, r.Env.ID, "true"); t2.Kind != branch.None || t2.CheckpointError != nil {
+	if t2 := bash(t, c, r.Env.ID, "true"); t2.Kind != state.None || t2.CheckpointError != nil {
 		t.Errorf("the turn after: kind %s, error %v; want none and no error", t2.Kind, t2.CheckpointError)
 	}
 }
@@ -154,7 +154,7 @@ func TestRollbackTurn(t *testing.T) {
 	ctx := context.Background()
 	t1 := bash(t, c, r.Env.ID, "cd /tmp && echo a > f")
 	bash(t, c, r.Env.ID, "echo b > f")
-	bad, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: "s-nope"})
+	bad, err := c.Turn(ctx, r.Env.ID, Action{Tool: state.ToolRollback, StateID: "s-nope"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestRollbackTurn(t *testing.T) {
 	}
 	// t1's state id is returned while its checkpoint may still run: the
 	// rollback waits for it.
-	ok, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: t1.StateID})
+	ok, err := c.Turn(ctx, r.Env.ID, Action{Tool: state.ToolRollback, StateID: t1.StateID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Kind == branch.None || b.StateID == r.StateID {
+	if b.Kind == state.None || b.StateID == r.StateID {
 		t.Errorf("boundary after an edit: kind %s state %s", b.Kind, b.StateID)
 	}
 	if err := c.WaitTurn(ctx, r.Env.ID); err != nil {
@@ -208,16 +208,16 @@ func TestBoundary(t *testing.T) {
 // that a process still holds open) is reported by the next turn, whose
 // checkpoint is full and, the process gone, commits.
 func TestTurnAfterRealCheckpointFailure(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	k := &kinds{next: []state.Kind{state.Proc, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	r := reset(t, c, ResetRequest{Image: "busybox"})
 	ghost := bash(t, c, r.Env.ID, ghostCmd)
-	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != branch.Proc {
+	if string(ghost.Result.Stdout) != "ok\n" || ghost.Kind != state.Proc {
 		t.Fatalf("turn 1: %q kind %s", ghost.Result.Stdout, ghost.Kind)
 	}
 	// The next turn waits for turn 1's checkpoint, which fails.
 	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
-	if next.CheckpointError == nil || next.Kind != branch.Full {
+	if next.CheckpointError == nil || next.Kind != state.Full {
 		t.Fatalf("turn after a failed dump: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
 	}
 	if !errors.Is(next.CheckpointError, state.ErrCheckpoint) {
@@ -260,7 +260,7 @@ const ghostCmd = branchtest.GhostHolder
 // checkpoint is full. The queue is held so that the failing checkpoint is
 // still pending when the boundary starts.
 func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	k := &kinds{next: []state.Kind{state.Proc, state.None}}
 	c, e := ownCoordinator(t, Options{Classify: k.classify})
 	ctx := context.Background()
 	r := reset(t, c, ResetRequest{Image: "busybox"})
@@ -269,7 +269,7 @@ func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
 	}
 	release := branchtest.HoldQueue(t, e, "busybox")
 	ghost := bash(t, c, r.Env.ID, ghostCmd)
-	if ghost.Kind != branch.Proc {
+	if ghost.Kind != state.Proc {
 		t.Fatalf("turn 1: kind %s", ghost.Kind)
 	}
 	if _, err := e.State(ghost.StateID); err == nil {
@@ -291,7 +291,7 @@ func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if !errors.Is(a.r.CheckpointError, state.ErrCheckpoint) || a.r.Kind != branch.Full {
+	if !errors.Is(a.r.CheckpointError, state.ErrCheckpoint) || a.r.Kind != state.Full {
 		t.Errorf("boundary after a failed checkpoint: error %v, kind %s; want the failure and full", a.r.CheckpointError, a.r.Kind)
 	}
 }
@@ -300,7 +300,7 @@ func TestBoundaryAfterFailedCheckpoint(t *testing.T) {
 // checkpoint failed checkpoints the changes no state holds (full) and
 // says so, instead of answering the old failure.
 func TestHeadAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc}}
+	k := &kinds{next: []state.Kind{state.Proc}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	ctx := context.Background()
 	r := reset(t, c, ResetRequest{Image: "busybox"})
@@ -321,7 +321,7 @@ func TestHeadAfterFailedCheckpoint(t *testing.T) {
 		t.Errorf("head %s remade %v; want a new state (not the failed %s) and remade", head, remade, ghost.StateID)
 	}
 	st, err := engine.State(head)
-	if err != nil || st.Kind != branch.Full {
+	if err != nil || st.Kind != state.Full {
 		t.Errorf("head state %s: %+v %v, want a committed full state", head, st, err)
 	}
 }
@@ -332,7 +332,7 @@ func TestHeadAfterFailedCheckpoint(t *testing.T) {
 // retryable), and the failure stays with the env that made it, whose next
 // turn reports it and is full.
 func TestSettleFailedState(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	k := &kinds{next: []state.Kind{state.Proc, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	ctx := context.Background()
 	r := reset(t, c, ResetRequest{Image: "busybox"})
@@ -345,12 +345,12 @@ func TestSettleFailedState(t *testing.T) {
 		t.Errorf("branch from a failed state: %v does not say the checkpoint failed", err)
 	}
 	// The rollback tool to it: the agent's mistake, in the observation.
-	rb, err := c.Turn(ctx, r.Env.ID, Action{Tool: protocol.ToolRollback, StateID: ghost.StateID})
+	rb, err := c.Turn(ctx, r.Env.ID, Action{Tool: state.ToolRollback, StateID: ghost.StateID})
 	if err != nil || rb.Rejected == "" || rb.Result.ExitCode != 2 {
 		t.Errorf("rollback tool to a state whose checkpoint failed: %+v %v, want rejected", rb, err)
 	}
 	next := bash(t, c, r.Env.ID, "kill $(pidof sleep); wait 2>/dev/null; true")
-	if !errors.Is(next.CheckpointError, state.ErrCheckpoint) || next.Kind != branch.Full {
+	if !errors.Is(next.CheckpointError, state.ErrCheckpoint) || next.Kind != state.Full {
 		t.Errorf("the failed state's env, next turn: error %v, kind %s; want the failure and full", next.CheckpointError, next.Kind)
 	}
 }
@@ -359,7 +359,7 @@ func TestSettleFailedState(t *testing.T) {
 // background one succeeds (it answered the old failure), and the next
 // turn still reports that failure.
 func TestCheckpointAfterFailedCheckpoint(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.Proc, branch.None}}
+	k := &kinds{next: []state.Kind{state.Proc, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	ctx := context.Background()
 	r := reset(t, c, ResetRequest{Image: "busybox"})
@@ -374,7 +374,7 @@ func TestCheckpointAfterFailedCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("forced checkpoint after a failed one: %v", err)
 	}
-	if st, err := engine.State(sid); err != nil || st.Kind != branch.Full {
+	if st, err := engine.State(sid); err != nil || st.Kind != state.Full {
 		t.Errorf("forced state %s: %+v %v, want committed full", sid, st, err)
 	}
 	if next := bash(t, c, r.Env.ID, "true"); !errors.Is(next.CheckpointError, state.ErrCheckpoint) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestFeedDropsSlowSubscriber: publishing never waits for a reader; a
@@ -66,7 +66,7 @@ func TestFeedDropsSlowSubscriber(t *testing.T) {
 // turns without a checkpoint, with the statuses, branch edges, heads and
 // commands they should have.
 func TestTreeAndFeed(t *testing.T) {
-	k := &kinds{next: []branch.Kind{branch.FS, branch.None, branch.Proc, branch.FS, branch.Full, branch.FS}}
+	k := &kinds{next: []state.Kind{state.FS, state.None, state.Proc, state.FS, state.Full, state.FS}}
 	c := newCoordinator(t, Options{Classify: k.classify})
 	sub := c.Subscribe(100)
 	defer sub.Close()
@@ -116,7 +116,7 @@ func TestTreeAndFeed(t *testing.T) {
 	if err := c.Discard(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if t2.StateID != t1.StateID || t2.Kind != branch.None {
+	if t2.StateID != t1.StateID || t2.Kind != state.None {
 		t.Fatalf("the read-only turn: state %s kind %s, want %s none", t2.StateID, t2.Kind, t1.StateID)
 	}
 

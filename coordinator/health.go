@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Health is the engine's figures a person watching the server wants on
@@ -66,7 +66,7 @@ func (c *Coordinator) Health() (Health, error) {
 		ImageHotBytes: u.Images.HotBytes, ImageColdBytes: u.Images.ColdBytes, ImageHot: u.Images.HotCount, ImageCold: u.Images.ColdCount,
 		ImageCapacity: u.Images.Capacity, ImageHits: u.Images.Hits, ImageMisses: u.Images.Misses,
 		WarmCopies: u.Warm, PreparedCopies: u.Prepare.Ready + u.Prepare.Queued, States: u.Manifest.States, Revived: u.Coord.Revived}
-	for _, k := range []branch.Kind{branch.None, branch.FS, branch.Proc, branch.Full} {
+	for _, k := range []state.Kind{state.None, state.FS, state.Proc, state.Full} {
 		h.Checkpoints[string(k)] = counterValue(c.m.checkpoints, string(k))
 	}
 	for _, r := range []string{"ok", "miss", "error"} {

@@ -31,14 +31,14 @@ func (c *Coordinator) Checkpoint(ctx context.Context, envID string) (string, err
 	c.observePending(m)
 	t := time.Now()
 	before := env.Head()
-	sid, err := c.e.Checkpoint(ctx, env, branch.Full)
+	sid, err := c.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		return "", err
 	}
 	c.trailHeadMoved(m, before)
 	c.o.Hooks.StateMade(env.ID, sid)
 	c.m.checkpoint.WithLabelValues("forced").Observe(time.Since(t).Seconds())
-	c.m.checkpoints.WithLabelValues(string(branch.Full)).Inc()
+	c.m.checkpoints.WithLabelValues(string(state.Full)).Inc()
 	return sid, nil
 }
 
@@ -319,7 +319,7 @@ func (c *Coordinator) Head(ctx context.Context, envID string) (head string, rema
 	// the checkpoint below full (Engine.CheckpointAsync's rule); else it is
 	// the head as it is.
 	remade = c.takeFailure(env, m) != nil
-	if head, err = c.e.Checkpoint(ctx, env, branch.None); err != nil {
+	if head, err = c.e.Checkpoint(ctx, env, state.None); err != nil {
 		return "", false, err
 	}
 	c.observePending(m)
@@ -330,7 +330,7 @@ func (c *Coordinator) Head(ctx context.Context, envID string) (head string, rema
 type StateInfo struct {
 	ID, Parent, Env string
 	Turn            int // since the env's episode began
-	Kind            branch.Kind
+	Kind            state.Kind
 	Created         time.Time
 	// Bytes is what the state's own artifacts take (Engine.StateBytes).
 	Bytes int64

@@ -10,6 +10,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/state"
 )
 
 // One engine (btrfs pool, CRIU, inspector, busybox image) and one task
@@ -90,7 +91,7 @@ func bash(t *testing.T, c *Coordinator, envID, cmd string) *TurnResult {
 // kinds is a Classify seam that answers from a list and records the
 // commands it saw.
 type kinds struct {
-	next []branch.Kind
+	next []state.Kind
 	seen []string
 }
 

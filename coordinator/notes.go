@@ -6,7 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Bounds of the turn log: what a view of the trees shows of a turn, not
@@ -119,9 +119,9 @@ func (c *Coordinator) LastTurn(env string) *TurnNote { return c.notes.latest(env
 // display is how a note shows an action's command.
 func display(a Action) string {
 	switch a.Tool {
-	case protocol.ToolWriteFile:
+	case state.ToolWriteFile:
 		return "write_file " + a.Path
-	case protocol.ToolReadFile:
+	case state.ToolReadFile:
 		return "read_file " + a.Path
 	}
 	return a.Cmd

@@ -199,7 +199,7 @@ func (c *Coordinator) trailTurn(m *entry, a Action, parent string, out *TurnResu
 	if r := out.Result; r != nil {
 		rec.Obs = observed(r, keep)
 	}
-	if out.Kind == branch.None && out.StateID == parent {
+	if out.Kind == state.None && out.StateID == parent {
 		m.trail.loose = append(m.trail.loose, rec)
 		return
 	}

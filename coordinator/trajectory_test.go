@@ -7,7 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -34,12 +33,12 @@ func cmds(t *testing.T, c *Coordinator, envID, stateID string) []string {
 func TestTrajectoryTurnsWithoutCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "trajectories.db")
-	k := &kinds{next: []branch.Kind{branch.Full, branch.None, branch.None, branch.None}}
+	k := &kinds{next: []state.Kind{state.Full, state.None, state.None, state.None}}
 	c := newCoordinator(t, Options{Classify: k.classify, Trajectories: path})
 	r := reset(t, c, ResetRequest{Task: "count"})
 	a := r.Env.ID
 	s1 := bash(t, c, a, "echo 1 > /work/n").StateID
-	if got := bash(t, c, a, "echo two"); got.StateID != s1 || got.Kind != branch.None {
+	if got := bash(t, c, a, "echo two"); got.StateID != s1 || got.Kind != state.None {
 		t.Fatalf("second turn: state %s kind %s", got.StateID, got.Kind)
 	}
 	want := []string{"echo 1 > /work/n", "echo two"}

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr/manifest"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/state"
@@ -220,7 +219,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 		}
 		if n := c.notes.latest(fe.ID); n != nil && n.State == fe.Head {
 			states[fe.Head] = manifest.State{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,
-				Kind: manifest.Kind(n.Kind), Created: n.Time}
+				Kind: state.Kind(n.Kind), Created: n.Time}
 			pending[fe.Head] = true
 		}
 	}
@@ -285,7 +284,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 		}
 		n.Reward = c.reward(st.ID)
 		for i := range byState[st.ID] {
-			if t := &byState[st.ID][i]; t.Kind != string(branch.None) && t.engineTurn == st.Turn {
+			if t := &byState[st.ID][i]; t.Kind != string(state.None) && t.engineTurn == st.Turn {
 				n.Note = t
 			}
 		}
@@ -296,7 +295,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	for sid, ts := range byState {
 		for i := range ts {
 			t := &ts[i]
-			if t.Kind != string(branch.None) {
+			if t.Kind != string(state.None) {
 				continue
 			}
 			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
@@ -325,7 +324,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	}
 	for _, n := range nodes {
 		var p *TreeNode
-		if n.Kind == string(branch.None) {
+		if n.Kind == string(state.None) {
 			if p = lastNone(n.State, n.Env, n.Turn+base); p == nil {
 				p = nodes[n.State]
 			}
@@ -408,7 +407,7 @@ func NoneNodeID(sid, env string, turn int) string {
 // kindOrder puts a state before the turns without checkpoint of the same
 // turn number (none of a child after its branch state).
 func kindOrder(k string) int {
-	if k == string(branch.None) {
+	if k == string(state.None) {
 		return 1
 	}
 	return 0

@@ -11,13 +11,12 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/shcmd"
-	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
 )
 
 // Action is one turn's command.
 type Action struct {
-	// Tool is protocol.ToolBash, ToolWriteFile, ToolReadFile or
+	// Tool is state.ToolBash, ToolWriteFile, ToolReadFile or
 	// ToolRollback; it labels the metrics.
 	Tool string
 	Cmd  string // bash
@@ -40,9 +39,9 @@ type Action struct {
 // command is the shell command of an action.
 func (a Action) command() string {
 	switch a.Tool {
-	case protocol.ToolWriteFile:
+	case state.ToolWriteFile:
 		return shcmd.WriteFile(a.Path, a.Content)
-	case protocol.ToolReadFile:
+	case state.ToolReadFile:
 		return shcmd.ReadFile(a.Path)
 	}
 	return a.Cmd
@@ -56,7 +55,7 @@ type TurnResult struct {
 	// StateID is the state after the turn (its checkpoint may still run);
 	// Kind what that checkpoint captures.
 	StateID string
-	Kind    branch.Kind
+	Kind    state.Kind
 	// Turn counts the turns since the episode began.
 	Turn int
 	// Truncated: the episode reached its task's MaxTurns.
@@ -87,7 +86,7 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	if err != nil {
 		return nil, err
 	}
-	if a.Tool == protocol.ToolRollback {
+	if a.Tool == state.ToolRollback {
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}
 	cmd := a.command()
@@ -97,7 +96,7 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	}
 	c.observePending(m)
 	out := &TurnResult{Env: env, Task: m.task, Result: res, Recovered: m.takeRecovered()}
-	kind := branch.None
+	kind := state.None
 	if !a.ReadOnly {
 		kind = c.classify(ctx, env, cmd)
 	}
@@ -148,8 +147,8 @@ func (c *Coordinator) verify(ctx context.Context, env *branch.Env, sid string) [
 // out something verification should check: every kind but full, and a
 // full one whose processes are a shell delta rather than a dump (known
 // once it committed: this waits for it).
-func (c *Coordinator) skipped(ctx context.Context, env *branch.Env, k branch.Kind, sid string) bool {
-	if k != branch.Full {
+func (c *Coordinator) skipped(ctx context.Context, env *branch.Env, k state.Kind, sid string) bool {
+	if k != state.Full {
 		return true
 	}
 	if _, err := c.e.WaitCheckpoint(ctx, env); err != nil {
@@ -163,7 +162,7 @@ func (c *Coordinator) skipped(ctx context.Context, env *branch.Env, k branch.Kin
 // below 1). It queues on the env's ticket now, so it runs right after the
 // operation in progress and before any later one, while env is still at
 // sid; Close waits for it.
-func (c *Coordinator) verifyLater(envID string, env *branch.Env, k branch.Kind, sid string, turn int) {
+func (c *Coordinator) verifyLater(envID string, env *branch.Env, k state.Kind, sid string, turn int) {
 	// Counted before Close can wait, or not started at all.
 	c.mu.Lock()
 	if c.closed {
@@ -223,13 +222,13 @@ func (c *Coordinator) EpisodeTurn(envID string) (int, error) {
 
 // classify is the one classification entry: the engine's inspector (or
 // the test seam). Its failures make the turn full.
-func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) branch.Kind {
+func (c *Coordinator) classify(ctx context.Context, env *branch.Env, cmd string) state.Kind {
 	ctx, cancel := context.WithTimeout(ctx, c.o.InspectTimeout)
 	defer cancel()
 	t, err := c.o.Classify(ctx, env, cmd)
 	if err != nil {
 		c.log.Warn("classify turn", slog.String("env", env.ID), slog.Any("err", err))
-		return branch.Full
+		return state.Full
 	}
 	c.log.Debug("turn classified", slog.String("env", env.ID), slog.String("kind", string(t.Kind)),
 		slog.Any("reasons", t.Reasons), slog.Duration("took", t.Took))
@@ -254,7 +253,7 @@ func (c *Coordinator) takeFailure(env *branch.Env, m *entry) error {
 // and, when that one failed, makes this one full (its rule, in one
 // place: Engine.CheckpointAsync); commit reports the failure and the kind
 // the engine queued.
-func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *TurnResult) error {
+func (c *Coordinator) commit(env *branch.Env, m *entry, kind state.Kind, out *TurnResult) error {
 	sid, kind, err := c.e.CheckpointAsync(env, kind)
 	if err != nil {
 		return fmt.Errorf("queue checkpoint of env %s: %w", env.ID, err)
@@ -263,7 +262,7 @@ func (c *Coordinator) commit(env *branch.Env, m *entry, kind branch.Kind, out *T
 		out.CheckpointError = ckErr
 		c.log.Warn("background checkpoint failed", slog.String("env", env.ID), slog.Any("err", ckErr))
 	}
-	if kind != branch.None {
+	if kind != state.None {
 		m.pending = sid
 		c.o.Hooks.StateMade(env.ID, sid)
 	}
@@ -446,7 +445,7 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 // the agent has not seen is its mistake, reported in the result
 // (Rejected); a restore that fails is an infrastructure error.
 func (c *Coordinator) rollbackTurn(ctx context.Context, env *branch.Env, m *entry, a Action, start time.Time) (*TurnResult, error) {
-	out := &TurnResult{Env: env, Task: m.task, Kind: branch.None}
+	out := &TurnResult{Env: env, Task: m.task, Kind: state.None}
 	reject := func(why string) (*TurnResult, error) {
 		out.Rejected = why
 		out.Result = &sandbox.Result{Stderr: []byte(out.Rejected + "\n"), ExitCode: 2}

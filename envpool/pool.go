@@ -404,7 +404,7 @@ func (p *Pool) prepare(ctx context.Context, s *taskSlot, meter *progress.Meter) 
 			return err
 		}
 	}
-	sid, err := p.e.Checkpoint(ctx, env, branch.Full)
+	sid, err := p.e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		return fmt.Errorf("task %s: checkpoint after setup: %w", t.Name, err)
 	}
@@ -673,7 +673,7 @@ func (p *Pool) seed(ctx context.Context, env *branch.Env, seed int64) (string, e
 	if err != nil {
 		return "", fmt.Errorf("set seed in env %s: %w", env.ID, err)
 	}
-	sid, _, err := p.e.CheckpointAsync(env, branch.Full)
+	sid, _, err := p.e.CheckpointAsync(env, state.Full)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint seeded env %s: %w", env.ID, err)
 	}

@@ -3,33 +3,9 @@ package inspector
 import (
 	"fmt"
 	"slices"
+
+	"github.com/arbor-env/arbor/state"
 )
-
-// Kind is the net change of a turn, named as the checkpoint kinds.
-type Kind string
-
-// The kinds, from no change to everything.
-const (
-	None Kind = "none"
-	FS   Kind = "fs"
-	Proc Kind = "proc"
-	Full Kind = "full"
-)
-
-// Has reports whether k includes the part o (FS or Proc).
-func (k Kind) Has(o Kind) bool { return k == o || k == Full }
-
-// Join combines two kinds: what a checkpoint must capture for both.
-func (k Kind) Join(o Kind) Kind {
-	switch {
-	case k == o || o == None:
-		return k
-	case k == None:
-		return o
-	default:
-		return Full
-	}
-}
 
 // FactKind says what a Fact observed.
 type FactKind int
@@ -63,7 +39,7 @@ type Fact struct {
 
 // Result is a turn's net change.
 type Result struct {
-	Kind Kind
+	Kind state.Kind
 	// Paths that differ from the last filesystem artifact, sorted.
 	Paths []string
 	// Reasons says why, one line per fact ("file /work/a changed").
@@ -77,29 +53,29 @@ const MaxReasons = 32
 // changed files make it fs, process or shell changes proc, anything
 // unaccounted full.
 func Classify(facts []Fact) Result {
-	r := Result{Kind: None}
+	r := Result{Kind: state.None}
 	more := 0
 	for _, f := range facts {
-		var k Kind
+		var k state.Kind
 		var why string
 		switch f.Kind {
 		case FileChanged:
-			k, why = FS, fmt.Sprintf("file %s changed", f.Path)
+			k, why = state.FS, fmt.Sprintf("file %s changed", f.Path)
 			r.Paths = append(r.Paths, f.Path)
 		case ProcStarted:
-			k, why = Proc, fmt.Sprintf("process %d started", f.PID)
+			k, why = state.Proc, fmt.Sprintf("process %d started", f.PID)
 		case ProcExited:
-			k, why = Proc, fmt.Sprintf("process %d exited", f.PID)
+			k, why = state.Proc, fmt.Sprintf("process %d exited", f.PID)
 		case ProcRan:
-			k, why = Proc, fmt.Sprintf("process %d ran", f.PID)
+			k, why = state.Proc, fmt.Sprintf("process %d ran", f.PID)
 		case ShellChanged:
-			k, why = Proc, "shell state changed"
+			k, why = state.Proc, "shell state changed"
 		case ShellUnknown:
-			k, why = Proc, "shell state unknown"
+			k, why = state.Proc, "shell state unknown"
 		case Unaccounted:
-			k, why = Full, "unaccounted"
+			k, why = state.Full, "unaccounted"
 		default:
-			k, why = Full, fmt.Sprintf("unknown fact %d", f.Kind)
+			k, why = state.Full, fmt.Sprintf("unknown fact %d", f.Kind)
 		}
 		if f.Detail != "" {
 			why += ": " + f.Detail

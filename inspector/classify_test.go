@@ -5,23 +5,25 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 func TestClassify(t *testing.T) {
 	tests := []struct {
 		name   string
 		facts  []Fact
-		want   Kind
+		want   state.Kind
 		paths  []string
 		reason string
 	}{
-		{name: "nothing", want: None},
-		{name: "file", facts: []Fact{{Kind: FileChanged, Path: "/work/a"}, {Kind: FileChanged, Path: "/work/a"}}, want: FS, paths: []string{"/work/a"}, reason: "file /work/a changed"},
-		{name: "process exited", facts: []Fact{{Kind: ProcExited, PID: 12}}, want: Proc, reason: "process 12 exited"},
-		{name: "shell", facts: []Fact{{Kind: ShellChanged}}, want: Proc, reason: "shell state changed"},
-		{name: "file and process", facts: []Fact{{Kind: FileChanged, Path: "/b"}, {Kind: ProcStarted, PID: 3}}, want: Full},
-		{name: "lost events", facts: []Fact{{Kind: Unaccounted, Detail: "lost events (3)"}}, want: Full, reason: "lost events (3) -> full"},
-		{name: "unknown fact", facts: []Fact{{Kind: 99}}, want: Full},
+		{name: "nothing", want: state.None},
+		{name: "file", facts: []Fact{{Kind: FileChanged, Path: "/work/a"}, {Kind: FileChanged, Path: "/work/a"}}, want: state.FS, paths: []string{"/work/a"}, reason: "file /work/a changed"},
+		{name: "process exited", facts: []Fact{{Kind: ProcExited, PID: 12}}, want: state.Proc, reason: "process 12 exited"},
+		{name: "shell", facts: []Fact{{Kind: ShellChanged}}, want: state.Proc, reason: "shell state changed"},
+		{name: "file and process", facts: []Fact{{Kind: FileChanged, Path: "/b"}, {Kind: ProcStarted, PID: 3}}, want: state.Full},
+		{name: "lost events", facts: []Fact{{Kind: Unaccounted, Detail: "lost events (3)"}}, want: state.Full, reason: "lost events (3) -> full"},
+		{name: "unknown fact", facts: []Fact{{Kind: 99}}, want: state.Full},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

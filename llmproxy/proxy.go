@@ -22,10 +22,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/arbor-env/arbor/server/protocol"
-
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Prefix is where the proxy is mounted.
@@ -138,7 +137,7 @@ type boundary struct {
 	wait, release func()
 	done          chan struct{}
 	sid           string
-	kind          branch.Kind
+	kind          state.Kind
 	err           error
 }
 

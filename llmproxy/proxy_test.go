@@ -221,7 +221,7 @@ func TestCloseStopsBackgroundWork(t *testing.T) {
 	if _, err := e.Exec(ctx, env, "echo edited > /work/f", sandbox.ExecOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.CheckpointAsync(env, branch.Full); err != nil {
+	if _, _, err := e.CheckpointAsync(env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	type answer struct {
@@ -286,7 +286,7 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 	e := branchtest.ForTest(t, branchtest.Options{}).Engine
 	// The boundary's checkpoint takes processes; the next step's none.
 	var mu sync.Mutex
-	kinds := []branch.Kind{branch.Proc, branch.None}
+	kinds := []state.Kind{state.Proc, state.None}
 	classify := func(context.Context, *branch.Env, string) (branch.Turn, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -361,7 +361,7 @@ func TestProxyReportsItsCheckpointFailure(t *testing.T) {
 	if h := rp.resp.Header.Get(llmproxy.HeaderCheckpoint); !strings.HasPrefix(h, "failed: env_error: ") {
 		t.Errorf("%s of the boundary whose checkpoint failed: %q, want the failure", llmproxy.HeaderCheckpoint, h)
 	}
-	if !errors.Is(step.CheckpointError, state.ErrCheckpoint) || step.Kind != branch.Full {
+	if !errors.Is(step.CheckpointError, state.ErrCheckpoint) || step.Kind != state.Full {
 		t.Errorf("the step after the failed boundary: error %v, kind %s; want the failure and full", step.CheckpointError, step.Kind)
 	}
 }

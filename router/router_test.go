@@ -30,6 +30,7 @@ import (
 	"github.com/arbor-env/arbor/router"
 	"github.com/arbor-env/arbor/server"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // ttl is the nodes' lease in these tests: short, so that a dead node
@@ -84,9 +85,9 @@ type node struct {
 // (the overhead test's steps without a checkpoint).
 func classify(_ context.Context, _ *branch.Env, cmd string) (branch.Turn, error) {
 	if cmd == "true" {
-		return branch.Turn{Kind: branch.None}, nil
+		return branch.Turn{Kind: state.None}, nil
 	}
-	return branch.Turn{Kind: branch.Full}, nil
+	return branch.Turn{Kind: state.Full}, nil
 }
 
 // startNode starts a node of maxEnvs envs; with tasks, its resets take

@@ -11,11 +11,11 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -29,7 +29,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // checkpoint runs between them and the difference is the server's own
 // overhead.
 func BenchmarkStepRoundTrip(b *testing.B) {
-	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(branch.None)})
+	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(state.None)})
 	ctx := context.Background()
 	c := dial(b, addr, nil)
 	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})
@@ -102,8 +102,8 @@ func BenchmarkBranch8(b *testing.B) {
 func BenchmarkSteps64(b *testing.B) {
 	for _, tt := range []struct {
 		name string
-		kind branch.Kind
-	}{{"full", branch.Full}, {"none", branch.None}} {
+		kind state.Kind
+	}{{"full", state.Full}, {"none", state.None}} {
 		b.Run(tt.name, func(b *testing.B) {
 			_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(tt.kind)})
 			ctx := context.Background()
@@ -156,7 +156,7 @@ func BenchmarkSteps64(b *testing.B) {
 // runs between them; the difference is the OpenEnv adapter's cost
 // (docs/openenv.md, "Overhead").
 func BenchmarkOpenEnvStep(b *testing.B) {
-	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(branch.None)})
+	_, addr := newServerWith(b, server.Options{}, coordinator.Options{Classify: classifyAs(state.None)})
 	ctx := context.Background()
 	c := dial(b, addr, nil)
 	r, err := c.Reset(ctx, arbor.ResetParams{Task: testTask.Name})

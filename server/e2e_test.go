@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
@@ -230,7 +229,7 @@ func TestEpisode(t *testing.T) {
 func TestConcurrentEnvs(t *testing.T) {
 	// Files-only checkpoints keep 64 envs cheap, and exercise the
 	// coordinator's non-full path.
-	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: classifyAs(branch.FS)})
+	_, addr := newServerWith(t, server.Options{}, coordinator.Options{Classify: classifyAs(state.FS)})
 	ctx := context.Background()
 	c := dial(t, addr, nil)
 	const n = 64

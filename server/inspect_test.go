@@ -17,6 +17,7 @@ import (
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestTurnClassesThroughServer runs a suite of turn types through the real
@@ -126,7 +127,7 @@ func TestSampledVerification(t *testing.T) {
 	var logs lockedBuffer
 	reg := prometheus.NewRegistry()
 	alwaysNone := func(ctx context.Context, env *branch.Env, cmd string) (branch.Turn, error) {
-		return branch.Turn{Kind: branch.None}, nil
+		return branch.Turn{Kind: state.None}, nil
 	}
 	_, addr := newServerWith(t, server.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registry: reg},
 		coordinator.Options{Classify: alwaysNone, VerifySkips: 0.999999})
@@ -198,7 +199,7 @@ func (l *lockedBuffer) String() string {
 func TestVerificationThatCannotRun(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	none := func(context.Context, *branch.Env, string) (branch.Turn, error) {
-		return branch.Turn{Kind: branch.None}, nil
+		return branch.Turn{Kind: state.None}, nil
 	}
 	_, addr := newServerWith(t, server.Options{Registry: reg},
 		coordinator.Options{Classify: none, VerifySkips: 1, InspectTimeout: time.Nanosecond})

@@ -16,6 +16,7 @@ import (
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/state"
 )
 
 // One engine (btrfs pool, CRIU, busybox image) and one task pool serve
@@ -52,7 +53,7 @@ func TestMain(m *testing.M) {
 }
 
 // classifyAs is a Classify that gives every turn kind k.
-func classifyAs(k branch.Kind) func(context.Context, *branch.Env, string) (branch.Turn, error) {
+func classifyAs(k state.Kind) func(context.Context, *branch.Env, string) (branch.Turn, error) {
 	return func(context.Context, *branch.Env, string) (branch.Turn, error) { return branch.Turn{Kind: k}, nil }
 }
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -128,7 +127,7 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 		r.c.who.Store(&who{t: t, token: tok})
 		r.c.authed.Store(true)
 	}
-	kinds := []string{string(branch.None), string(branch.FS), string(branch.Proc), string(branch.Full)}
+	kinds := []string{string(state.None), string(state.FS), string(state.Proc), string(state.Full)}
 	var envs protocol.Capabilities
 	if s.c != nil {
 		envs = protocol.Capabilities{Tasks: s.c.TaskNames(), MaxEnvs: s.c.MaxEnvs(), EnvIdleTTLS: s.c.IdleTTL().Seconds()}
@@ -157,7 +156,7 @@ func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral b
 	if err != nil {
 		return nil, err
 	}
-	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: res.Task.Name, Image: res.Task.Image,
+	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(state.Full), Task: res.Task.Name, Image: res.Task.Image,
 		MaxTurns: res.Task.MaxTurns, Seed: p.Seed}
 	return &protocol.ResetResult{EnvID: res.Env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
 }
@@ -214,7 +213,7 @@ func (s *Server) turn(ctx context.Context, envID string, a protocol.Action) (*pr
 	res := t.Result
 	info := protocol.Info{Tool: a.Tool, StateID: t.StateID, Turn: t.Turn, Checkpoint: string(t.Kind), Task: t.Task.Name, MaxTurns: t.Task.MaxTurns,
 		Restored: t.Restored, VerifyMisses: t.VerifyMisses, Recovered: recovered(t.Recovered)}
-	if a.Tool != protocol.ToolRollback {
+	if a.Tool != state.ToolRollback {
 		info.ShellRestarted, info.StdoutBytes, info.StderrBytes = res.ShellRestarted, res.StdoutBytes, res.StderrBytes
 	}
 	for _, l := range res.Limits {
@@ -281,7 +280,7 @@ func (s *Server) rollback(ctx context.Context, envID, stateID string) (*protocol
 	if err != nil {
 		return nil, err
 	}
-	return &protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(branch.None), Restored: res.StateID,
+	return &protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(state.None), Restored: res.StateID,
 		Task: res.Task.Name, MaxTurns: res.Task.MaxTurns, Recovered: recovered(res.Recovered)}}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 func keyedResult(sid, out string) *protocol.StepResult {
@@ -15,7 +16,7 @@ func keyedResult(sid, out string) *protocol.StepResult {
 // of keys in all and a budget of result bytes past which a key stays but
 // its result goes (a retry is refused, not run again).
 func TestStepKeysBounds(t *testing.T) {
-	a := protocol.Action{Tool: protocol.ToolBash, Cmd: "ls"}
+	a := protocol.Action{Tool: state.ToolBash, Cmd: "ls"}
 	k := newStepKeys(2, 5, 3000)
 	k.record("e1", "k1", a, keyedResult("s1", "one"))
 	res, err := k.lookup("e1", "k1", a)
@@ -25,7 +26,7 @@ func TestStepKeysBounds(t *testing.T) {
 	if res, err := k.lookup("e2", "k1", a); res != nil || err != nil {
 		t.Fatalf("key of another env: %+v %v", res, err)
 	}
-	if _, err := k.lookup("e1", "k1", protocol.Action{Tool: protocol.ToolBash, Cmd: "pwd"}); err == nil || !strings.Contains(err.Error(), "another action") {
+	if _, err := k.lookup("e1", "k1", protocol.Action{Tool: state.ToolBash, Cmd: "pwd"}); err == nil || !strings.Contains(err.Error(), "another action") {
 		t.Fatalf("same key, other action: %v", err)
 	}
 	// Per env: the third key pushes out the first.
@@ -79,7 +80,7 @@ func TestStepKeysBounds(t *testing.T) {
 // not run), as do results already dropped; a malformed record is
 // refused; importing none forgets the env's keys.
 func TestStepKeysTravel(t *testing.T) {
-	a := protocol.Action{Tool: protocol.ToolBash, Cmd: "ls"}
+	a := protocol.Action{Tool: state.ToolBash, Cmd: "ls"}
 	from := &Server{keys: newStepKeys(4, 100, 1<<20)}
 	from.keys.record("e1", "k1", a, keyedResult("s1", "one\xff"))
 	from.keys.record("e1", "k2", a, keyedResult("s2", strings.Repeat("z", 4000)))
@@ -101,7 +102,7 @@ func TestStepKeysTravel(t *testing.T) {
 	if res, err := to.keys.lookup("e2", "k1", a); res != nil || err != nil {
 		t.Errorf("another env's key travelled: %+v %v", res, err)
 	}
-	if _, err := to.keys.lookup("e1", "k1", protocol.Action{Tool: protocol.ToolBash, Cmd: "pwd"}); err == nil || !strings.Contains(err.Error(), "another action") {
+	if _, err := to.keys.lookup("e1", "k1", protocol.Action{Tool: state.ToolBash, Cmd: "pwd"}); err == nil || !strings.Contains(err.Error(), "another action") {
 		t.Errorf("same key, other action after the move: %v", err)
 	}
 	// Over the bound: the newest result goes, the older one without its body.

@@ -10,6 +10,7 @@ import (
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // latencies collects request latencies per method.
@@ -185,7 +186,7 @@ func BenchmarkSlowReaderRSS(b *testing.B) {
 		base, peak = sn.rss, sn.rss
 		b.ResetTimer()
 		read := func(env string) protocol.StepParams {
-			return protocol.StepParams{EnvID: env, Action: arbor.Action{Tool: protocol.ToolReadFile, Path: "/work/big", MaxOutput: 2 * bigBytes}}
+			return protocol.StepParams{EnvID: env, Action: arbor.Action{Tool: state.ToolReadFile, Path: "/work/big", MaxOutput: 2 * bigBytes}}
 		}
 		for i, c := range raws {
 			for j := 0; j < k; j++ {

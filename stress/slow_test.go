@@ -13,6 +13,7 @@ import (
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // raw is a websocket client that writes protocol frames itself and
@@ -170,7 +171,7 @@ func (r *run) slowRound(id int, rng *rand.Rand, what func(string) string) bool {
 
 	// The slow part: answers of k requests left unread.
 	k := 4 + rng.Intn(5)
-	read := protocol.StepParams{EnvID: env, Action: arbor.Action{Tool: protocol.ToolReadFile, Path: "/work/big", MaxOutput: 2 * bigBytes}}
+	read := protocol.StepParams{EnvID: env, Action: arbor.Action{Tool: state.ToolReadFile, Path: "/work/big", MaxOutput: 2 * bigBytes}}
 	start = time.Now()
 	for i := 0; i < k; i++ {
 		if err := c.send(uint32(100+i), protocol.MethodStep, read); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
+	"github.com/arbor-env/arbor/state"
 )
 
 // HoldQueue occupies every worker of e's queue with a checkpoint that
@@ -85,7 +86,7 @@ func HoldQueue(tb testing.TB, e *branch.Engine, image string) (release func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+			if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 				fail(err)
 			}
 		}()

@@ -25,6 +25,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Protocol types, under the client's name.
@@ -87,19 +88,19 @@ func IsInfra(err error) bool { return protocol.IsInfra(err) }
 
 // Bash is a bash action (timeout 0: the task's or server's default).
 func Bash(cmd string, timeout time.Duration) Action {
-	return Action{Tool: protocol.ToolBash, Cmd: cmd, TimeoutS: timeout.Seconds()}
+	return Action{Tool: state.ToolBash, Cmd: cmd, TimeoutS: timeout.Seconds()}
 }
 
 // WriteFile is a write_file action.
 func WriteFile(path string, content []byte) Action {
-	return Action{Tool: protocol.ToolWriteFile, Path: path, Content: content}
+	return Action{Tool: state.ToolWriteFile, Path: path, Content: content}
 }
 
 // ReadFile is a read_file action.
-func ReadFile(path string) Action { return Action{Tool: protocol.ToolReadFile, Path: path} }
+func ReadFile(path string) Action { return Action{Tool: state.ToolReadFile, Path: path} }
 
 // RollbackTo is the rollback tool: the agent returns to a state it saw.
-func RollbackTo(stateID string) Action { return Action{Tool: protocol.ToolRollback, StateID: stateID} }
+func RollbackTo(stateID string) Action { return Action{Tool: state.ToolRollback, StateID: stateID} }
 
 // Options tune Dial.
 type Options struct {

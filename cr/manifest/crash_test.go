@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // crashHelperEnv, when set to a directory, turns the test binary into the
@@ -74,7 +76,7 @@ func crashHelper(dir string) error {
 		}
 		return m.SetArtifactBytes(id, 1024)
 	}
-	kinds := []Kind{KindFull, KindFS, KindProc, KindNone}
+	kinds := []state.Kind{state.Full, state.FS, state.Proc, state.None}
 	deadline := time.Now().Add(30 * time.Second) // never outlive a test that forgot to kill us
 	for i := 0; time.Now().Before(deadline); i++ {
 		var parent State
@@ -86,17 +88,17 @@ func crashHelper(dir string) error {
 		s := State{ID: fmt.Sprintf("s%d-%d", os.Getpid(), i), Env: "e", Parent: parent.ID,
 			Turn: parent.Turn + 1, Kind: kinds[i%len(kinds)], FS: parent.FS, Proc: parent.Proc}
 		if parent.ID == "" {
-			s.Kind = KindFull
+			s.Kind = state.Full
 		}
 		var ready []string
-		if s.Kind == KindFS || s.Kind == KindFull {
+		if s.Kind == state.FS || s.Kind == state.Full {
 			s.FS = "fs-" + s.ID
 			ready = append(ready, s.FS)
 			if err := begin(s.FS, ArtifactFS); err != nil {
 				return err
 			}
 		}
-		if s.Kind == KindProc || s.Kind == KindFull {
+		if s.Kind == state.Proc || s.Kind == state.Full {
 			s.Proc = "proc-" + s.ID
 			ready = append(ready, s.Proc)
 			if err := begin(s.Proc, ArtifactProc); err != nil {

@@ -4,9 +4,12 @@ import (
 	"time"
 
 	"errors"
-	bolt "go.etcd.io/bbolt"
 	"reflect"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 func TestGarbageAndForget(t *testing.T) {
@@ -18,12 +21,12 @@ func TestGarbageAndForget(t *testing.T) {
 	setup := func(t *testing.T, m *Manifest) {
 		putEnv(t, m, "e1")
 		putEnv(t, m, "e2")
-		checkpoint(t, m, "e1", "r", "", 0, KindFull)
-		checkpoint(t, m, "e1", "a", "r", 1, KindFS)
-		checkpoint(t, m, "e1", "b", "a", 2, KindProc)
-		checkpoint(t, m, "e1", "c", "b", 3, KindFS)
-		checkpoint(t, m, "e2", "x", "a", 2, KindFull)
-		checkpoint(t, m, "e2", "y", "x", 3, KindFS)
+		checkpoint(t, m, "e1", "r", "", 0, state.Full)
+		checkpoint(t, m, "e1", "a", "r", 1, state.FS)
+		checkpoint(t, m, "e1", "b", "a", 2, state.Proc)
+		checkpoint(t, m, "e1", "c", "b", 3, state.FS)
+		checkpoint(t, m, "e2", "x", "a", 2, state.Full)
+		checkpoint(t, m, "e2", "y", "x", 3, state.FS)
 	}
 	tests := []struct {
 		name          string
@@ -120,7 +123,7 @@ func TestGarbageAndForget(t *testing.T) {
 					}
 				}
 				// Marked ready by a commit that does not reference it.
-				if err := m.CommitState(State{ID: "d", Env: "e1", Parent: "c", Turn: 4, Kind: KindNone, FS: "fs-c", Proc: "proc-b"}, "orphan"); err != nil {
+				if err := m.CommitState(State{ID: "d", Env: "e1", Parent: "c", Turn: 4, Kind: state.None, FS: "fs-c", Proc: "proc-b"}, "orphan"); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -199,11 +202,11 @@ func TestForgetRefusesLive(t *testing.T) {
 			m := openTest(t, Options{})
 			putEnv(t, m, "e1")
 			putEnv(t, m, "e2")
-			checkpoint(t, m, "e1", "r", "", 0, KindFull)
-			checkpoint(t, m, "e1", "a", "r", 1, KindFS)
-			checkpoint(t, m, "e1", "b", "a", 2, KindProc)
-			checkpoint(t, m, "e1", "c", "b", 3, KindFS)
-			checkpoint(t, m, "e2", "x", "r", 1, KindFull)
+			checkpoint(t, m, "e1", "r", "", 0, state.Full)
+			checkpoint(t, m, "e1", "a", "r", 1, state.FS)
+			checkpoint(t, m, "e1", "b", "a", 2, state.Proc)
+			checkpoint(t, m, "e1", "c", "b", 3, state.FS)
+			checkpoint(t, m, "e2", "x", "r", 1, state.Full)
 			if err := m.BeginArtifact(Artifact{ID: "intent", Kind: ArtifactFS}); err != nil {
 				t.Fatal(err)
 			}
@@ -235,8 +238,8 @@ func TestDeltaBaseKept(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e0")
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e0", "r", "", 0, KindFull)
-	checkpoint(t, m, "e0", "q", "r", 1, KindProc)
+	checkpoint(t, m, "e0", "r", "", 0, state.Full)
+	checkpoint(t, m, "e0", "q", "r", 1, state.Proc)
 	// proc-q a delta of proc-r, made by hand as the engine does.
 	if err := m.BeginArtifact(Artifact{ID: "proc-d", Kind: ArtifactProc, Location: "img/d"}); err != nil {
 		t.Fatal(err)
@@ -247,7 +250,7 @@ func TestDeltaBaseKept(t *testing.T) {
 	if err := m.SetArtifactDelta("proc-d", "proc-q", 10, 1000); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.CommitState(State{ID: "d", Env: "e1", Kind: KindFull, FS: "fs-r", Proc: "proc-d", Created: t0.Add(5 * time.Second)}, "proc-d"); err != nil {
+	if err := m.CommitState(State{ID: "d", Env: "e1", Kind: state.Full, FS: "fs-r", Proc: "proc-d", Created: t0.Add(5 * time.Second)}, "proc-d"); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.SetArtifactDelta("proc-d", "proc-q", 10, 1000); !errors.Is(err, ErrInUse) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // An imported state (its parent elsewhere, its env another node's) is
@@ -16,7 +18,7 @@ func TestImportState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := State{ID: "s2", Env: "e1", Parent: "s1", Turn: 2, Kind: KindFull, FS: "f1", Proc: "p1", Released: false, Pinned: true}
+	st := State{ID: "s2", Env: "e1", Parent: "s1", Turn: 2, Kind: state.Full, FS: "f1", Proc: "p1", Released: false, Pinned: true}
 	env := Env{ID: "e1", Image: "busybox", Origin: "e0", Labels: map[string]string{"task": "t0"}}
 	if err := m.ImportState(env, st, t0, "f1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("import with a proc artifact not ready: %v", err)

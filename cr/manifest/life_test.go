@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestReleaseClosed: ReleaseClosedAt releases what an env closed without
@@ -15,11 +17,11 @@ func TestReleaseClosed(t *testing.T) {
 	for _, e := range []string{"open", "closed", "lost", "released"} {
 		putEnv(t, m, e)
 	}
-	checkpoint(t, m, "open", "o", "", 0, KindFull)
-	checkpoint(t, m, "closed", "c1", "", 0, KindFull)
-	checkpoint(t, m, "closed", "c2", "c1", 1, KindFS)
-	checkpoint(t, m, "lost", "l", "", 0, KindFull)
-	checkpoint(t, m, "released", "r", "", 0, KindFull)
+	checkpoint(t, m, "open", "o", "", 0, state.Full)
+	checkpoint(t, m, "closed", "c1", "", 0, state.Full)
+	checkpoint(t, m, "closed", "c2", "c1", 1, state.FS)
+	checkpoint(t, m, "lost", "l", "", 0, state.Full)
+	checkpoint(t, m, "released", "r", "", 0, state.Full)
 	if err := m.ReleaseEnvAt("released", t0.Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +63,8 @@ func TestForgetEnvs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkpoint(t, m, "open", "o", "", 0, KindFull)
-	checkpoint(t, m, "kept", "k", "", 0, KindFull)
+	checkpoint(t, m, "open", "o", "", 0, state.Full)
+	checkpoint(t, m, "kept", "k", "", 0, state.Full)
 	if err := m.CloseEnv("kept"); err != nil {
 		t.Fatal(err)
 	}
@@ -100,11 +102,11 @@ func TestCollectMaxBytes(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "open")
 	putEnv(t, m, "old")
-	checkpoint(t, m, "open", "o", "", 0, KindFull)
-	checkpoint(t, m, "old", "a", "o", 1, KindFS)   // fs 100, proc o's (live)
-	checkpoint(t, m, "old", "b", "a", 2, KindProc) // fs a's (counted with a), proc 1000
-	checkpoint(t, m, "old", "c", "b", 3, KindFS)   // fs 100
-	checkpoint(t, m, "old", "d", "c", 4, KindFS)   // fs 100
+	checkpoint(t, m, "open", "o", "", 0, state.Full)
+	checkpoint(t, m, "old", "a", "o", 1, state.FS)   // fs 100, proc o's (live)
+	checkpoint(t, m, "old", "b", "a", 2, state.Proc) // fs a's (counted with a), proc 1000
+	checkpoint(t, m, "old", "c", "b", 3, state.FS)   // fs 100
+	checkpoint(t, m, "old", "d", "c", 4, state.FS)   // fs 100
 	if err := m.ReleaseEnvAt("old", t0); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -28,7 +30,7 @@ func openTest(t *testing.T, opts Options) *Manifest {
 // checkpoint begins and commits the artifacts a state of kind k needs
 // (fs and proc named after the state) and commits the state; for kind fs
 // and none it reuses the parent's proc artifact, as the engine does.
-func checkpoint(t *testing.T, m *Manifest, env, id, parent string, turn int, k Kind) State {
+func checkpoint(t *testing.T, m *Manifest, env, id, parent string, turn int, k state.Kind) State {
 	t.Helper()
 	s := State{ID: id, Env: env, Parent: parent, Turn: turn, Kind: k, Created: t0.Add(time.Duration(turn) * time.Second)}
 	if parent != "" {
@@ -39,14 +41,14 @@ func checkpoint(t *testing.T, m *Manifest, env, id, parent string, turn int, k K
 		s.FS, s.Proc = p.FS, p.Proc
 	}
 	var ready []string
-	if k == KindFS || k == KindFull {
+	if k == state.FS || k == state.Full {
 		s.FS = "fs-" + id
 		ready = append(ready, s.FS)
 		if err := m.BeginArtifact(Artifact{ID: s.FS, Kind: ArtifactFS, Location: "snap/" + id, Bytes: 100}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if k == KindProc || k == KindFull {
+	if k == state.Proc || k == state.Full {
 		s.Proc = "proc-" + id
 		ready = append(ready, s.Proc)
 		if err := m.BeginArtifact(Artifact{ID: s.Proc, Kind: ArtifactProc, Location: "img/" + id, Bytes: 1000}); err != nil {
@@ -166,7 +168,7 @@ func TestReopenKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	putEnv(t, m, "e1")
-	s := checkpoint(t, m, "e1", "s1", "", 0, KindFull)
+	s := checkpoint(t, m, "e1", "s1", "", 0, state.Full)
 	m.Close()
 	m, err = Open(path, Options{})
 	if err != nil {
@@ -188,7 +190,7 @@ func TestRoundTrip(t *testing.T) {
 	fs := Artifact{ID: "a-fs", Kind: ArtifactFS, Location: "snap/1", Bytes: 4096, Created: t0}
 	proc := Artifact{ID: "a-proc", Kind: ArtifactProc, Location: "img/1", Bytes: 1 << 20, Created: t0}
 	st := State{
-		ID: "s1", Env: "e1", Turn: 3, Kind: KindFull, FS: "a-fs", Proc: "a-proc", Created: t0,
+		ID: "s1", Env: "e1", Turn: 3, Kind: state.Full, FS: "a-fs", Proc: "a-proc", Created: t0,
 		Timings: map[string]time.Duration{"freeze": time.Millisecond, "dump": 42 * time.Millisecond},
 	}
 	tests := []struct {
@@ -252,7 +254,7 @@ func TestLabelsSurviveReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "s1", "", 1, KindFull)
+	checkpoint(t, m, "e1", "s1", "", 1, state.Full)
 	want := map[string]string{"task": "hello", "base": "1"}
 	if err := m.SetLabels("e1", want); err != nil {
 		t.Fatal(err)
@@ -291,7 +293,7 @@ func TestLabelsSurviveReopen(t *testing.T) {
 func TestMarkLost(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "s1", "", 1, KindFull)
+	checkpoint(t, m, "e1", "s1", "", 1, state.Full)
 	if err := m.MarkLost("e1", "restore failed"); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +372,7 @@ func TestArtifactLifecycle(t *testing.T) {
 		{"abort intent", func() error { return m.AbortArtifact("a1") }, nil},
 		{"abort gone", func() error { return m.AbortArtifact("a1") }, ErrNotFound},
 		{"abort committed", func() error {
-			if err := m.CommitState(State{ID: "s", Env: "e1", Kind: KindFS, FS: "a3"}, "a3"); err != nil {
+			if err := m.CommitState(State{ID: "s", Env: "e1", Kind: state.FS, FS: "a3"}, "a3"); err != nil {
 				return err
 			}
 			return m.AbortArtifact("a3")
@@ -394,25 +396,25 @@ func TestCommitStateAtomic(t *testing.T) {
 		ready []string
 		want  error
 	}{
-		{name: "fs artifact missing", state: State{ID: "n", Env: "e1", Kind: KindFS, FS: "nope"}, ready: []string{"i-fs"}, want: ErrNotFound},
-		{name: "fs artifact not ready", state: State{ID: "n", Env: "e1", Kind: KindFull, FS: "i-fs", Proc: "i-proc"}, ready: []string{"i-proc"}, want: ErrNotFound},
-		{name: "proc artifact not ready", state: State{ID: "n", Env: "e1", Kind: KindProc, Proc: "i-proc"}, ready: []string{"i-fs"}, want: ErrNotFound},
-		{name: "ready lists a missing artifact", state: State{ID: "n", Env: "e1", Kind: KindFS, FS: "i-fs"}, ready: []string{"i-fs", "nope"}, want: ErrNotFound},
-		{name: "artifact of the wrong kind", state: State{ID: "n", Env: "e1", Kind: KindFS, FS: "i-proc"}, ready: []string{"i-proc"}, want: ErrInvalid},
-		{name: "duplicate state", state: State{ID: "s0", Env: "e1", Kind: KindFS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrExists},
-		{name: "env missing", state: State{ID: "n", Env: "e9", Kind: KindFS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrNotFound},
-		{name: "env closed", state: State{ID: "n", Env: "closed", Kind: KindFS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrClosed},
-		{name: "parent missing", state: State{ID: "n", Env: "e1", Parent: "p9", Kind: KindFS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrNotFound},
+		{name: "fs artifact missing", state: State{ID: "n", Env: "e1", Kind: state.FS, FS: "nope"}, ready: []string{"i-fs"}, want: ErrNotFound},
+		{name: "fs artifact not ready", state: State{ID: "n", Env: "e1", Kind: state.Full, FS: "i-fs", Proc: "i-proc"}, ready: []string{"i-proc"}, want: ErrNotFound},
+		{name: "proc artifact not ready", state: State{ID: "n", Env: "e1", Kind: state.Proc, Proc: "i-proc"}, ready: []string{"i-fs"}, want: ErrNotFound},
+		{name: "ready lists a missing artifact", state: State{ID: "n", Env: "e1", Kind: state.FS, FS: "i-fs"}, ready: []string{"i-fs", "nope"}, want: ErrNotFound},
+		{name: "artifact of the wrong kind", state: State{ID: "n", Env: "e1", Kind: state.FS, FS: "i-proc"}, ready: []string{"i-proc"}, want: ErrInvalid},
+		{name: "duplicate state", state: State{ID: "s0", Env: "e1", Kind: state.FS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrExists},
+		{name: "env missing", state: State{ID: "n", Env: "e9", Kind: state.FS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrNotFound},
+		{name: "env closed", state: State{ID: "n", Env: "closed", Kind: state.FS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrClosed},
+		{name: "parent missing", state: State{ID: "n", Env: "e1", Parent: "p9", Kind: state.FS, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrNotFound},
 		{name: "unknown kind", state: State{ID: "n", Env: "e1", Kind: "half", FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrInvalid},
-		{name: "full without proc", state: State{ID: "n", Env: "e1", Kind: KindFull, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrInvalid},
-		{name: "empty id", state: State{Env: "e1", Kind: KindNone}, want: ErrInvalid},
+		{name: "full without proc", state: State{ID: "n", Env: "e1", Kind: state.Full, FS: "i-fs"}, ready: []string{"i-fs"}, want: ErrInvalid},
+		{name: "empty id", state: State{Env: "e1", Kind: state.None}, want: ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := openTest(t, Options{})
 			putEnv(t, m, "e1")
 			putEnv(t, m, "closed")
-			checkpoint(t, m, "e1", "s0", "", 0, KindFull)
+			checkpoint(t, m, "e1", "s0", "", 0, state.Full)
 			if err := m.CloseEnv("closed"); err != nil {
 				t.Fatal(err)
 			}
@@ -458,19 +460,19 @@ func TestLineageAndStates(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
 	putEnv(t, m, "e2")
-	checkpoint(t, m, "e1", "r", "", 0, KindFull)
-	checkpoint(t, m, "e1", "a", "r", 1, KindFS)
-	checkpoint(t, m, "e1", "b", "a", 2, KindProc)
+	checkpoint(t, m, "e1", "r", "", 0, state.Full)
+	checkpoint(t, m, "e1", "a", "r", 1, state.FS)
+	checkpoint(t, m, "e1", "b", "a", 2, state.Proc)
 	// Rollback to a and continue: b2 has the same turn as b, created later.
 	if err := m.SetHead("e1", "a"); err != nil {
 		t.Fatal(err)
 	}
-	b2 := State{ID: "b2", Env: "e1", Parent: "a", Turn: 2, Kind: KindNone, FS: "fs-a", Proc: "proc-r", Created: t0.Add(time.Hour)}
+	b2 := State{ID: "b2", Env: "e1", Parent: "a", Turn: 2, Kind: state.None, FS: "fs-a", Proc: "proc-r", Created: t0.Add(time.Hour)}
 	if err := m.CommitState(b2); err != nil {
 		t.Fatal(err)
 	}
 	// A branch of b into e2.
-	checkpoint(t, m, "e2", "c", "b", 3, KindFull)
+	checkpoint(t, m, "e2", "c", "b", 3, state.Full)
 
 	tests := []struct {
 		name string
@@ -508,8 +510,8 @@ func TestLineageAndStates(t *testing.T) {
 func TestUsage(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "r", "", 0, KindFull)
-	checkpoint(t, m, "e1", "a", "r", 1, KindFS)
+	checkpoint(t, m, "e1", "r", "", 0, state.Full)
+	checkpoint(t, m, "e1", "a", "r", 1, state.FS)
 	if err := m.BeginArtifact(Artifact{ID: "pending", Kind: ArtifactProc, Bytes: 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +547,7 @@ func TestConcurrent(t *testing.T) {
 					errs <- err
 					return
 				}
-				if err := m.CommitState(State{ID: id, Env: env, Parent: parent, Turn: i, Kind: KindFS, FS: a.ID}, a.ID); err != nil {
+				if err := m.CommitState(State{ID: id, Env: env, Parent: parent, Turn: i, Kind: state.FS, FS: a.ID}, a.ID); err != nil {
 					errs <- err
 					return
 				}
@@ -603,7 +605,7 @@ func TestConcurrent(t *testing.T) {
 // FuzzDecode feeds arbitrary bytes to the record decoder: it must not
 // panic, and whatever it accepts must survive a round trip.
 func FuzzDecode(f *testing.F) {
-	s, _ := json.Marshal(State{ID: "s1", Env: "e", Kind: KindFull, FS: "a", Proc: "b", Created: t0,
+	s, _ := json.Marshal(State{ID: "s1", Env: "e", Kind: state.Full, FS: "a", Proc: "b", Created: t0,
 		Timings: map[string]time.Duration{"dump": 3}})
 	a, _ := json.Marshal(Artifact{ID: "s1", Kind: ArtifactFS, Ready: true, Created: t0})
 	e, _ := json.Marshal(Env{ID: "s1", Head: "x"})

@@ -3,6 +3,8 @@ package manifest
 import (
 	"reflect"
 	"testing"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 func TestRecover(t *testing.T) {
@@ -11,12 +13,12 @@ func TestRecover(t *testing.T) {
 	setup := func(t *testing.T, m *Manifest) {
 		putEnv(t, m, "e1")
 		putEnv(t, m, "e2")
-		checkpoint(t, m, "e1", "r", "", 0, KindFull)
-		checkpoint(t, m, "e1", "a", "r", 1, KindFS)
-		checkpoint(t, m, "e1", "b", "a", 2, KindProc)
-		checkpoint(t, m, "e1", "c", "b", 3, KindFS)
-		checkpoint(t, m, "e1", "d", "c", 4, KindNone)
-		checkpoint(t, m, "e2", "x", "b", 3, KindFull)
+		checkpoint(t, m, "e1", "r", "", 0, state.Full)
+		checkpoint(t, m, "e1", "a", "r", 1, state.FS)
+		checkpoint(t, m, "e1", "b", "a", 2, state.Proc)
+		checkpoint(t, m, "e1", "c", "b", 3, state.FS)
+		checkpoint(t, m, "e1", "d", "c", 4, state.None)
+		checkpoint(t, m, "e2", "x", "b", 3, state.Full)
 	}
 	tests := []struct {
 		name        string
@@ -70,7 +72,7 @@ func TestRecover(t *testing.T) {
 			name: "missing root artifact empties the head",
 			act: func(t *testing.T, m *Manifest) {
 				putEnv(t, m, "e3")
-				checkpoint(t, m, "e3", "z", "", 0, KindFull)
+				checkpoint(t, m, "e3", "z", "", 0, state.Full)
 			},
 			gone:        map[string]bool{"proc-z": true},
 			wantMissing: []string{"proc-z"},

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestRetention: the tree of TestGarbageAndForget, with e2 (x, y, a
@@ -17,12 +19,12 @@ func TestRetention(t *testing.T) {
 	setup := func(t *testing.T, m *Manifest) {
 		putEnv(t, m, "e1")
 		putEnv(t, m, "e2")
-		checkpoint(t, m, "e1", "r", "", 0, KindFull)
-		checkpoint(t, m, "e1", "a", "r", 1, KindFS)
-		checkpoint(t, m, "e1", "b", "a", 2, KindProc)
-		checkpoint(t, m, "e1", "c", "b", 3, KindFS)
-		checkpoint(t, m, "e2", "x", "a", 2, KindFull)
-		checkpoint(t, m, "e2", "y", "x", 3, KindFS)
+		checkpoint(t, m, "e1", "r", "", 0, state.Full)
+		checkpoint(t, m, "e1", "a", "r", 1, state.FS)
+		checkpoint(t, m, "e1", "b", "a", 2, state.Proc)
+		checkpoint(t, m, "e1", "c", "b", 3, state.FS)
+		checkpoint(t, m, "e2", "x", "a", 2, state.Full)
+		checkpoint(t, m, "e2", "y", "x", 3, state.FS)
 	}
 	do := func(f func(m *Manifest) error) func(*testing.T, *Manifest) {
 		return func(t *testing.T, m *Manifest) {
@@ -97,8 +99,8 @@ func TestForgetWithRefusesRetained(t *testing.T) {
 	t0 := time.Now()
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "r", "", 0, KindFull)
-	checkpoint(t, m, "e1", "a", "r", 1, KindFS)
+	checkpoint(t, m, "e1", "r", "", 0, state.Full)
+	checkpoint(t, m, "e1", "a", "r", 1, state.FS)
 	if err := m.ReleaseEnvAt("e1", t0); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +124,7 @@ func TestCollectBounds(t *testing.T) {
 	putEnv(t, m, "e1")
 	parent := ""
 	for i, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
-		checkpoint(t, m, "e1", id, parent, i, KindFull)
+		checkpoint(t, m, "e1", id, parent, i, state.Full)
 		parent = id
 	}
 	if err := m.ReleaseEnv("e1"); err != nil {
@@ -172,7 +174,7 @@ func TestOldStateRecord(t *testing.T) {
 		t.Error("an old released record is retained")
 	}
 	// New records leave the new fields out when they are zero.
-	b, err := encode(State{ID: "s2", Env: "e1", Kind: KindFull})
+	b, err := encode(State{ID: "s2", Env: "e1", Kind: state.Full})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +187,7 @@ func TestOldStateRecord(t *testing.T) {
 func TestPinReleaseAtomic(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "r", "", 0, KindFull)
+	checkpoint(t, m, "e1", "r", "", 0, state.Full)
 	for name, f := range map[string]func(...string) error{"pin": m.Pin, "unpin": m.Unpin, "release": m.Release} {
 		if err := f("r", "nosuch"); !errors.Is(err, ErrNotFound) {
 			t.Errorf("%s with an unknown id: %v, want ErrNotFound", name, err)
@@ -207,15 +209,15 @@ func TestEvictPolicy(t *testing.T) {
 	for _, e := range []string{"open", "old", "new"} {
 		putEnv(t, m, e)
 	}
-	checkpoint(t, m, "open", "o0", "", 0, KindFull)
-	checkpoint(t, m, "open", "o1", "o0", 1, KindFS)
-	checkpoint(t, m, "open", "o2", "o1", 2, KindFull)
-	checkpoint(t, m, "new", "n0", "o1", 3, KindFull) // a branch of o1, newest state
-	checkpoint(t, m, "new", "np", "n0", 4, KindFull) // pinned
-	checkpoint(t, m, "new", "nk", "n0", 5, KindFull) // kept by the caller
-	checkpoint(t, m, "old", "d0", "", 6, KindFull)   // made last, closed first
-	checkpoint(t, m, "old", "d1", "d0", 7, KindFull) //
-	checkpoint(t, m, "old", "dr", "d0", 8, KindFull) // released by name
+	checkpoint(t, m, "open", "o0", "", 0, state.Full)
+	checkpoint(t, m, "open", "o1", "o0", 1, state.FS)
+	checkpoint(t, m, "open", "o2", "o1", 2, state.Full)
+	checkpoint(t, m, "new", "n0", "o1", 3, state.Full) // a branch of o1, newest state
+	checkpoint(t, m, "new", "np", "n0", 4, state.Full) // pinned
+	checkpoint(t, m, "new", "nk", "n0", 5, state.Full) // kept by the caller
+	checkpoint(t, m, "old", "d0", "", 6, state.Full)   // made last, closed first
+	checkpoint(t, m, "old", "d1", "d0", 7, state.Full) //
+	checkpoint(t, m, "old", "dr", "d0", 8, state.Full) // released by name
 	if err := m.Pin("np"); err != nil {
 		t.Fatal(err)
 	}
@@ -261,10 +263,10 @@ func TestEvictPolicy(t *testing.T) {
 func TestCheck(t *testing.T) {
 	m := openTest(t, Options{})
 	putEnv(t, m, "e1")
-	checkpoint(t, m, "e1", "a", "", 0, KindFull)
-	checkpoint(t, m, "e1", "b", "a", 1, KindFS)
-	checkpoint(t, m, "e1", "c", "b", 2, KindProc)
-	checkpoint(t, m, "e1", "d", "c", 3, KindProc)
+	checkpoint(t, m, "e1", "a", "", 0, state.Full)
+	checkpoint(t, m, "e1", "b", "a", 1, state.FS)
+	checkpoint(t, m, "e1", "c", "b", 2, state.Proc)
+	checkpoint(t, m, "e1", "d", "c", 3, state.Proc)
 	setBase(t, m, "proc-d", "proc-c")
 	if err := m.Check(); err != nil {
 		t.Fatalf("consistent manifest: %v", err)

@@ -4,22 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/arbor-env/arbor/state"
 )
-
-// Kind is what a turn's checkpoint captured (see DESIGN.md, checkpoint kinds).
-type Kind string
-
-// The checkpoint kinds.
-const (
-	KindNone Kind = "none" // no net change
-	KindFS   Kind = "fs"   // files changed, persistent processes did not
-	KindProc Kind = "proc" // process state changed, files did not
-	KindFull Kind = "full" // both
-)
-
-func (k Kind) valid() bool {
-	return k == KindNone || k == KindFS || k == KindProc || k == KindFull
-}
 
 // ArtifactKind says what an artifact is on disk.
 type ArtifactKind string
@@ -50,11 +37,11 @@ type Artifact struct {
 
 // State is the sandbox state after one turn.
 type State struct {
-	ID     string `json:"id"`
-	Env    string `json:"env"`
-	Parent string `json:"parent,omitempty"`
-	Turn   int    `json:"turn"`
-	Kind   Kind   `json:"kind"`
+	ID     string     `json:"id"`
+	Env    string     `json:"env"`
+	Parent string     `json:"parent,omitempty"`
+	Turn   int        `json:"turn"`
+	Kind   state.Kind `json:"kind"`
 	// FS is the id of the newest fs artifact describing this state.
 	FS string `json:"fs,omitempty"`
 	// Proc is the id of the newest process artifact describing this state;
@@ -161,15 +148,15 @@ func (s *State) validate() error {
 	if err := checkID("env", s.Env); err != nil {
 		return err
 	}
-	if !s.Kind.valid() {
+	if !s.Kind.Valid() {
 		return fmt.Errorf("state kind %q: %w", s.Kind, ErrInvalid)
 	}
 	// A checkpoint that captured files must name them, and likewise for
 	// processes; otherwise the pairing of newest artifacts is broken.
-	if (s.Kind == KindFS || s.Kind == KindFull) && s.FS == "" {
+	if (s.Kind == state.FS || s.Kind == state.Full) && s.FS == "" {
 		return fmt.Errorf("kind %s without fs artifact: %w", s.Kind, ErrInvalid)
 	}
-	if (s.Kind == KindProc || s.Kind == KindFull) && s.Proc == "" {
+	if (s.Kind == state.Proc || s.Kind == state.Full) && s.Proc == "" {
 		return fmt.Errorf("kind %s without proc artifact: %w", s.Kind, ErrInvalid)
 	}
 	if s.ShellDelta != "" && s.ShellDigest == "" {
@@ -187,7 +174,7 @@ func (s *State) validate() error {
 // Dumped reports whether the state's checkpoint wrote a process image
 // (kind proc or full, and not a shell delta).
 func (s State) Dumped() bool {
-	return (s.Kind == KindProc || s.Kind == KindFull) && s.ShellDigest == ""
+	return (s.Kind == state.Proc || s.Kind == state.Full) && s.ShellDigest == ""
 }
 
 func (e *Env) validate() error {

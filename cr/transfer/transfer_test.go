@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/arbor-env/arbor/cr/manifest"
+	"github.com/arbor-env/arbor/state"
 )
 
 func stream(t *testing.T, parts ...string) ([]byte, Header) {
 	t.Helper()
-	h := Header{State: manifest.State{ID: "s1", Env: "e1", FS: "f1", Proc: "p1", Kind: manifest.KindFull}, Image: "busybox"}
+	h := Header{State: manifest.State{ID: "s1", Env: "e1", FS: "f1", Proc: "p1", Kind: state.Full}, Image: "busybox"}
 	ids := []Part{{Artifact: manifest.Artifact{ID: "f1", Kind: manifest.ArtifactFS}, Base: "f0"}, {Artifact: manifest.Artifact{ID: "p1", Kind: manifest.ArtifactProc}}}
 	h.Parts = ids[:len(parts)]
 	var buf bytes.Buffer

@@ -13,6 +13,7 @@ import (
 
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TestCompareCap: Options.MaxCompareBytes bounds what one turn's file
@@ -65,12 +66,12 @@ func TestCompareCap(t *testing.T) {
 			}
 			r := inspector.Classify(facts)
 			if tt.wantFact == "" {
-				if r.Kind != inspector.None {
+				if r.Kind != state.None {
 					t.Errorf("kind %s (%q), want none", r.Kind, r.Reasons)
 				}
 				return
 			}
-			if r.Kind != inspector.FS || len(r.Reasons) == 0 || r.Reasons[0] != tt.wantFact {
+			if r.Kind != state.FS || len(r.Reasons) == 0 || r.Reasons[0] != tt.wantFact {
 				t.Errorf("kind %s, reasons %q; want fs, first %q", r.Kind, r.Reasons, tt.wantFact)
 			}
 		})

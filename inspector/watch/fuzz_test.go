@@ -2,6 +2,7 @@ package watch
 
 import (
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/state"
 
 	"strings"
 	"testing"
@@ -40,10 +41,10 @@ func FuzzEventRules(f *testing.F) {
 			facts = append(facts, inspector.Fact{Kind: inspector.Unaccounted, Detail: why})
 		}
 		r := inspector.Classify(facts)
-		if len(facts) > 0 && r.Kind == inspector.None {
+		if len(facts) > 0 && r.Kind == state.None {
 			t.Fatalf("facts %v classified none", facts)
 		}
-		if why != "" && r.Kind != inspector.Full {
+		if why != "" && r.Kind != state.Full {
 			t.Fatalf("unaccounted %q classified %s", why, r.Kind)
 		}
 	})

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/state"
 
 	"context"
 	"errors"
@@ -302,7 +303,7 @@ func (in *Inspector) sync(ctx context.Context) error {
 // the shell must be idle, as ShellQuery runs in it.
 func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Target) (inspector.Result, error) {
 	if err := in.sync(ctx); err != nil {
-		return inspector.Result{Kind: inspector.Full, Reasons: []string{err.Error() + " -> full"}}, err
+		return inspector.Result{Kind: state.Full, Reasons: []string{err.Error() + " -> full"}}, err
 	}
 	in.mu.Lock()
 	st, ok := in.envs[envID]
@@ -432,23 +433,23 @@ func (in *Inspector) procFacts(t inspector.Target, shellPID int, base []inspecto
 // have written files or run between the end of the turn and the freeze.
 // It returns the kind to take (k or more), with the reasons it grew.
 // Call it after Freeze and before making the artifacts.
-func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind, t inspector.Target) (inspector.Kind, []string, error) {
+func (in *Inspector) Settle(ctx context.Context, envID string, k state.Kind, t inspector.Target) (state.Kind, []string, error) {
 	in.mu.Lock()
 	st0, ok := in.envs[envID]
-	delta := ok && st0.delta != nil && k.Has(inspector.Proc)
+	delta := ok && st0.delta != nil && k.Has(state.Proc)
 	in.mu.Unlock()
-	if k == inspector.Full && !delta {
+	if k == state.Full && !delta {
 		return k, nil, nil
 	}
 	if err := in.sync(ctx); err != nil {
 		in.dropDelta(envID)
-		return inspector.Full, []string{err.Error()}, err
+		return state.Full, []string{err.Error()}, err
 	}
 	in.mu.Lock()
 	st, ok := in.envs[envID]
 	if !ok {
 		in.mu.Unlock()
-		return inspector.Full, nil, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
+		return state.Full, nil, fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
 	var facts []inspector.Fact
 	for _, why := range st.unaccounted {
@@ -463,12 +464,12 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k inspector.Kind,
 	}
 	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
 	in.mu.Unlock()
-	if !k.Has(inspector.FS) {
+	if !k.Has(state.FS) {
 		var same []string
 		files := in.fileFacts(ctx, t, touched, &same)
 		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 	}
-	if !k.Has(inspector.Proc) || delta {
+	if !k.Has(state.Proc) || delta {
 		// A shell delta reuses the last image for every other process:
 		// none may have run since it was taken.
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
@@ -521,9 +522,9 @@ func (in *Inspector) returns() func(uint32) (uint64, bool) {
 // is still frozen after the snapshot or dump (branch.Options.OnFrozen), so
 // that nothing runs between the artifact and the baseline. The shell state
 // recorded is the one the last EndTurn read.
-func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Target) error {
+func (in *Inspector) Checkpointed(envID string, k state.Kind, t inspector.Target) error {
 	var procs []inspector.ProcSample
-	if k.Has(inspector.Proc) {
+	if k.Has(state.Proc) {
 		in.mu.Lock()
 		st, ok := in.envs[envID]
 		var shellPID int
@@ -553,15 +554,15 @@ func (in *Inspector) Checkpointed(envID string, k inspector.Kind, t inspector.Ta
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
-	if k.Has(inspector.FS) {
+	if k.Has(state.FS) {
 		st.touched = map[string]struct{}{}
 		st.since = now
 	}
-	if k.Has(inspector.Proc) {
+	if k.Has(state.Proc) {
 		st.procBase, st.haveProc = procs, true
 		st.shellBase, st.imageShell, st.delta = st.shell, st.shell, nil
 	}
-	if k == inspector.Full {
+	if k == state.Full {
 		st.unaccounted = nil
 		st.lostBase = in.lostLocked()
 	}
@@ -590,7 +591,7 @@ func (in *Inspector) Baseline(ctx context.Context, envID string, t inspector.Tar
 		st.shell = shell
 	}
 	in.mu.Unlock()
-	if err := in.Checkpointed(envID, inspector.Full, t); err != nil {
+	if err := in.Checkpointed(envID, state.Full, t); err != nil {
 		return err
 	}
 	if image != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
 )
 
 // rig is one sandbox on a btrfs clone, with "checkpoints" made of a btrfs
@@ -93,8 +94,8 @@ func (r *rig) snapshot() {
 
 // checkpoint takes what kind says, as the engine would: frozen, artifact,
 // baseline, thaw.
-func (r *rig) checkpoint(kind inspector.Kind) {
-	if kind == inspector.None {
+func (r *rig) checkpoint(kind state.Kind) {
+	if kind == state.None {
 		return
 	}
 	sb := r.env.Sandbox
@@ -103,7 +104,7 @@ func (r *rig) checkpoint(kind inspector.Kind) {
 			return err
 		}
 		defer sb.Thaw()
-		if kind.Has(inspector.FS) {
+		if kind.Has(state.FS) {
 			r.snapshot()
 		}
 		return r.ins.Checkpointed(r.env.ID, kind, r.target(""))
@@ -135,69 +136,69 @@ func (r *rig) turn(cmd string) (inspector.Result, time.Duration) {
 	return out, took
 }
 
-var order = map[inspector.Kind]int{inspector.None: 0, inspector.FS: 1, inspector.Proc: 1, inspector.Full: 2}
+var order = map[state.Kind]int{state.None: 0, state.FS: 1, state.Proc: 1, state.Full: 2}
 
 // covers reports whether got takes at least everything want does.
-func covers(got, want inspector.Kind) bool {
-	return got == want || got == inspector.Full || want == inspector.None
+func covers(got, want state.Kind) bool {
+	return got == want || got == state.Full || want == state.None
 }
 
 type turnCase struct {
 	name, cmd string
-	want      inspector.Kind
+	want      state.Kind
 	// fallback is the class expected without eBPF, when it differs.
-	fallback inspector.Kind
+	fallback state.Kind
 	// atLeast: any class covering want passes (background activity).
 	atLeast bool
 }
 
 // suite is a session of turns, each checkpointed as classified.
 var suite = []turnCase{
-	{name: "ls", cmd: "ls -la / /work >/dev/null", want: inspector.None},
-	{name: "cat and grep", cmd: "cat /etc/passwd >/dev/null; grep -r root /etc >/dev/null", want: inspector.None},
-	{name: "find", cmd: "find / -xdev -name '*.conf' >/dev/null 2>&1", want: inspector.None},
-	{name: "failing test run with temp files", cmd: "mkdir -p /tmp/run && echo data > /tmp/run/x && sh -c 'cat /tmp/run/x >/dev/null; exit 1'; rc=$?; rm -rf /tmp/run; unset rc; false", want: inspector.None},
-	{name: "file edit", cmd: "echo hello > /work/a.txt", want: inspector.FS},
-	{name: "directory tree", cmd: "mkdir -p /work/src/pkg/sub && echo 'package sub' > /work/src/pkg/sub/x.go", want: inspector.FS},
-	{name: "create then delete", cmd: "echo tmp > /work/tmp.txt && mkdir /work/d && rm -r /work/tmp.txt /work/d", want: inspector.None},
-	{name: "identical rewrite (a new mtime)", cmd: "echo hello > /work/a.txt && cp /work/a.txt /work/b && mv /work/b /work/a.txt", want: inspector.FS},
-	{name: "metadata only", cmd: "touch -d '2001-02-03 04:05:06' /work/a.txt", want: inspector.FS},
-	{name: "shell opens a descriptor", cmd: "exec 3</etc/passwd", want: inspector.Proc},
-	{name: "a child reads through it", cmd: "head -c 10 <&3 >/dev/null", want: inspector.Proc},
-	{name: "shell closes it", cmd: "exec 3<&-", want: inspector.Proc},
-	{name: "chmod", cmd: "chmod 600 /work/a.txt", want: inspector.FS},
-	{name: "chmod back and forth", cmd: "chmod 644 /work/a.txt && chmod 600 /work/a.txt", want: inspector.None},
-	{name: "cd", cmd: "cd /work", want: inspector.Proc},
-	{name: "export", cmd: "export FOO=bar", want: inspector.Proc},
-	{name: "function", cmd: "greet() { echo hi; }", want: inspector.Proc},
-	{name: "alias", cmd: "alias ll='ls -l'", want: inspector.Proc},
-	{name: "read-only after shell changes", cmd: "ll >/dev/null; greet >/dev/null; echo $FOO >/dev/null", want: inspector.None},
-	{name: "idle background process", cmd: "sleep 1000 >/dev/null 2>&1 & sleep 0.1", want: inspector.Proc},
-	{name: "idle process sleeps on", cmd: "ls /work >/dev/null", want: inspector.None, fallback: inspector.Proc},
+	{name: "ls", cmd: "ls -la / /work >/dev/null", want: state.None},
+	{name: "cat and grep", cmd: "cat /etc/passwd >/dev/null; grep -r root /etc >/dev/null", want: state.None},
+	{name: "find", cmd: "find / -xdev -name '*.conf' >/dev/null 2>&1", want: state.None},
+	{name: "failing test run with temp files", cmd: "mkdir -p /tmp/run && echo data > /tmp/run/x && sh -c 'cat /tmp/run/x >/dev/null; exit 1'; rc=$?; rm -rf /tmp/run; unset rc; false", want: state.None},
+	{name: "file edit", cmd: "echo hello > /work/a.txt", want: state.FS},
+	{name: "directory tree", cmd: "mkdir -p /work/src/pkg/sub && echo 'package sub' > /work/src/pkg/sub/x.go", want: state.FS},
+	{name: "create then delete", cmd: "echo tmp > /work/tmp.txt && mkdir /work/d && rm -r /work/tmp.txt /work/d", want: state.None},
+	{name: "identical rewrite (a new mtime)", cmd: "echo hello > /work/a.txt && cp /work/a.txt /work/b && mv /work/b /work/a.txt", want: state.FS},
+	{name: "metadata only", cmd: "touch -d '2001-02-03 04:05:06' /work/a.txt", want: state.FS},
+	{name: "shell opens a descriptor", cmd: "exec 3</etc/passwd", want: state.Proc},
+	{name: "a child reads through it", cmd: "head -c 10 <&3 >/dev/null", want: state.Proc},
+	{name: "shell closes it", cmd: "exec 3<&-", want: state.Proc},
+	{name: "chmod", cmd: "chmod 600 /work/a.txt", want: state.FS},
+	{name: "chmod back and forth", cmd: "chmod 644 /work/a.txt && chmod 600 /work/a.txt", want: state.None},
+	{name: "cd", cmd: "cd /work", want: state.Proc},
+	{name: "export", cmd: "export FOO=bar", want: state.Proc},
+	{name: "function", cmd: "greet() { echo hi; }", want: state.Proc},
+	{name: "alias", cmd: "alias ll='ls -l'", want: state.Proc},
+	{name: "read-only after shell changes", cmd: "ll >/dev/null; greet >/dev/null; echo $FOO >/dev/null", want: state.None},
+	{name: "idle background process", cmd: "sleep 1000 >/dev/null 2>&1 & sleep 0.1", want: state.Proc},
+	{name: "idle process sleeps on", cmd: "ls /work >/dev/null", want: state.None, fallback: state.Proc},
 	// A signal changes a process that does not run: its stopped state
 	// (and pending signals) are sampled.
-	{name: "stop the idle process", cmd: "kill -STOP %1", want: inspector.Proc},
-	{name: "continue it", cmd: "kill -CONT %1", want: inspector.Proc},
+	{name: "stop the idle process", cmd: "kill -STOP %1", want: state.Proc},
+	{name: "continue it", cmd: "kill -CONT %1", want: state.Proc},
 	// Another process changes the idle one: its nice value, its
 	// oom_score_adj (a write to /proc, which no snapshot holds: full with
 	// eBPF; without, the sampled value changed), and the shell's hard
 	// limit.
-	{name: "renice the idle process", cmd: "renice -n 3 -p $! >/dev/null", want: inspector.Proc},
-	{name: "its oom_score_adj", cmd: "echo 100 > /proc/$!/oom_score_adj", want: inspector.Full, fallback: inspector.Proc},
-	{name: "a soft limit", cmd: "ulimit -S -c 1000", want: inspector.Proc},
-	{name: "a hard limit alone", cmd: "ulimit -H -c 5000", want: inspector.Proc},
+	{name: "renice the idle process", cmd: "renice -n 3 -p $! >/dev/null", want: state.Proc},
+	{name: "its oom_score_adj", cmd: "echo 100 > /proc/$!/oom_score_adj", want: state.Full, fallback: state.Proc},
+	{name: "a soft limit", cmd: "ulimit -S -c 1000", want: state.Proc},
+	{name: "a hard limit alone", cmd: "ulimit -H -c 5000", want: state.Proc},
 	// A file the shell holds changed by another name: the process image
 	// records it, so the turn needs both parts.
-	{name: "hold a file", cmd: "mkdir -p /work/hd && echo 1 > /work/hd/h && exec 6</work/hd/h", want: inspector.Full},
-	{name: "empty it through ..", cmd: "(cd /work/hd && : > ../hd/h)", want: inspector.Full},
-	{name: "change it through a hard link", cmd: "ln -f /work/hd/h /work/hd/k && echo 333 > /work/hd/k", want: inspector.Full},
-	{name: "let it go", cmd: "exec 6<&-; rm -r /work/hd", want: inspector.Full},
-	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: inspector.Full},
-	{name: "server keeps logging", cmd: "sleep 0.2", want: inspector.Full},
-	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: inspector.Proc, atLeast: true},
-	{name: "memory changer", cmd: "sh -c 'x=; while :; do x=\"$x.\"; sleep 0.05; done' >/dev/null 2>&1 &", want: inspector.Proc},
-	{name: "memory changer runs on", cmd: "sleep 0.2", want: inspector.Proc},
-	{name: "memory changer runs on again", cmd: "ls >/dev/null; sleep 0.1", want: inspector.Proc},
+	{name: "hold a file", cmd: "mkdir -p /work/hd && echo 1 > /work/hd/h && exec 6</work/hd/h", want: state.Full},
+	{name: "empty it through ..", cmd: "(cd /work/hd && : > ../hd/h)", want: state.Full},
+	{name: "change it through a hard link", cmd: "ln -f /work/hd/h /work/hd/k && echo 333 > /work/hd/k", want: state.Full},
+	{name: "let it go", cmd: "exec 6<&-; rm -r /work/hd", want: state.Full},
+	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: state.Full},
+	{name: "server keeps logging", cmd: "sleep 0.2", want: state.Full},
+	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: state.Proc, atLeast: true},
+	{name: "memory changer", cmd: "sh -c 'x=; while :; do x=\"$x.\"; sleep 0.05; done' >/dev/null 2>&1 &", want: state.Proc},
+	{name: "memory changer runs on", cmd: "sleep 0.2", want: state.Proc},
+	{name: "memory changer runs on again", cmd: "ls >/dev/null; sleep 0.1", want: state.Proc},
 }
 
 func runSuite(t *testing.T, ins *watch.Inspector) {
@@ -222,7 +223,7 @@ func runSuite(t *testing.T, ins *watch.Inspector) {
 		}
 		// Verification: a turn that skipped the filesystem artifact must
 		// leave the live tree equal to the last one.
-		if !got.Kind.Has(inspector.FS) {
+		if !got.Kind.Has(state.FS) {
 			diff, err := inspector.TreeDiff(context.Background(), r.env.Sandbox.Root(), r.snap.Path(r.last))
 			if err != nil {
 				t.Fatal(err)

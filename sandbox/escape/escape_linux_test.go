@@ -19,6 +19,7 @@ import (
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/sandbox/escape"
+	"github.com/arbor-env/arbor/state"
 )
 
 // buildProbe builds the probe as a static binary.
@@ -144,7 +145,7 @@ func TestEscapeSuite(t *testing.T) {
 	}
 	requireBlocked(t, "started", results(t, "started", run(env), pe))
 
-	if _, err := e.Checkpoint(ctx, env, branch.Full); err != nil {
+	if _, err := e.Checkpoint(ctx, env, state.Full); err != nil {
 		t.Fatal(err)
 	}
 	br, err := e.Branch(ctx, branch.Source{Env: env}, 2)

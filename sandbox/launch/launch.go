@@ -2,8 +2,6 @@ package launch
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +15,7 @@ import (
 	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/image"
 	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/state"
 )
 
 // VolumePrefix is where sandbox roots live in the snapshotter.
@@ -88,13 +87,6 @@ type Env struct {
 	snap    cr.Snapshotter
 }
 
-// NewID returns a fresh random environment id.
-func NewID() string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // Options tune one launch.
 type Options struct {
 	// Caps, when set, is the capability set the sandbox keeps (a task's
@@ -142,7 +134,7 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 			return nil, fmt.Errorf("launch %s: %w", imageName, err)
 		}
 	}
-	id := NewID()
+	id := state.NewID("")
 	vol := VolumePrefix + id
 	if err := l.Snap.Clone(ctx, img.Snapshot, vol); err != nil {
 		return nil, fmt.Errorf("clone image %s: %w", imageName, err)

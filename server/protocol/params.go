@@ -3,6 +3,8 @@ package protocol
 import (
 	"strconv"
 	"strings"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // The params of every method of protocol v1 (docs/protocol.md,
@@ -67,11 +69,11 @@ func (a *Action) Validate() error { return validate(a) }
 func (a *Action) check(c *checker) {
 	c.required("tool", a.Tool)
 	switch a.Tool {
-	case ToolBash:
+	case state.ToolBash:
 		c.required("cmd", a.Cmd)
-	case ToolWriteFile, ToolReadFile:
+	case state.ToolWriteFile, state.ToolReadFile:
 		c.required("path", a.Path)
-	case ToolRollback:
+	case state.ToolRollback:
 		c.required("state_id", a.StateID)
 	case "":
 	default:

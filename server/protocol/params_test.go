@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 func i64(n int64) *int64 { return &n }
@@ -67,25 +69,25 @@ func TestDecodeParams(t *testing.T) {
 
 		// step
 		{name: "step bash", in: m{"env_id": "e", "action": m{"tool": "bash", "cmd": "ls", "timeout_s": 1.5, "max_output": 10}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "ls", TimeoutS: 1.5, MaxOutput: 10}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "ls", TimeoutS: 1.5, MaxOutput: 10}}},
 		{name: "step timeout int", in: m{"env_id": "e", "action": m{"tool": "bash", "cmd": "ls", "timeout_s": uint16(300)}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "ls", TimeoutS: 300}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "ls", TimeoutS: 300}}},
 		{name: "step max_output float", in: m{"env_id": "e", "action": m{"tool": "bash", "cmd": "ls", "max_output": 4096.0}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "ls", MaxOutput: 4096}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "ls", MaxOutput: 4096}}},
 		{name: "step bin strings", in: m{"env_id": []byte("e"), "action": m{"tool": []byte("bash"), "cmd": []byte("ls")}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "ls"}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "ls"}}},
 		{name: "step unknown fields", in: m{"env_id": "e", "trace": "x", "action": m{"tool": "bash", "cmd": "ls", "nice": 5}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "ls"}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "ls"}}},
 		{name: "step write_file str", in: m{"env_id": "e", "action": m{"tool": "write_file", "path": "a b", "content": "hi"}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolWriteFile, Path: "a b", Content: []byte("hi")}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolWriteFile, Path: "a b", Content: []byte("hi")}}},
 		{name: "step write_file bin", in: m{"env_id": "e", "action": m{"tool": "write_file", "path": "p", "content": []byte{0, 0xff}}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolWriteFile, Path: "p", Content: []byte{0, 0xff}}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolWriteFile, Path: "p", Content: []byte{0, 0xff}}}},
 		{name: "step write_file no content", in: m{"env_id": "e", "action": m{"tool": "write_file", "path": "p"}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolWriteFile, Path: "p"}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolWriteFile, Path: "p"}}},
 		{name: "step read_file", in: m{"env_id": "e", "action": m{"tool": "read_file", "path": "p"}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolReadFile, Path: "p"}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolReadFile, Path: "p"}}},
 		{name: "step rollback", in: m{"env_id": "e", "action": m{"tool": "rollback", "state_id": "s1"}}, into: &StepParams{},
-			want: &StepParams{EnvID: "e", Action: Action{Tool: ToolRollback, StateID: "s1"}}},
+			want: &StepParams{EnvID: "e", Action: Action{Tool: state.ToolRollback, StateID: "s1"}}},
 		{name: "step nothing", in: m{}, into: &StepParams{}, wantErr: "env_id: required string is missing; action.tool: required string is missing"},
 		{name: "step no params", in: nil, into: &StepParams{}, wantErr: "env_id: required string is missing; action.tool: required string is missing"},
 		{name: "step action not a map", in: m{"env_id": "e", "action": "ls"}, into: &StepParams{}, wantErr: "action: want map, got string"},
@@ -163,8 +165,8 @@ func TestDecodeParams(t *testing.T) {
 
 		// step_batch
 		{name: "batch", in: m{"items": []any{m{"env_id": "a", "action": bash}, m{"env_id": []byte("b"), "action": m{"tool": "read_file", "path": "p"}}}},
-			into: &StepBatchParams{}, want: &StepBatchParams{Items: []BatchItem{{EnvID: "a", Action: Action{Tool: ToolBash, Cmd: "ls"}},
-				{EnvID: "b", Action: Action{Tool: ToolReadFile, Path: "p"}}}}},
+			into: &StepBatchParams{}, want: &StepBatchParams{Items: []BatchItem{{EnvID: "a", Action: Action{Tool: state.ToolBash, Cmd: "ls"}},
+				{EnvID: "b", Action: Action{Tool: state.ToolReadFile, Path: "p"}}}}},
 		{name: "batch empty", in: m{"items": []any{}}, into: &StepBatchParams{}, want: &StepBatchParams{Items: []BatchItem{}}},
 		{name: "batch missing", in: m{}, into: &StepBatchParams{}, wantErr: "items: required array is missing"},
 		{name: "batch not an array", in: m{"items": "x"}, into: &StepBatchParams{}, wantErr: "items: want array, got string"},
@@ -209,16 +211,16 @@ func TestParamsRoundTrip(t *testing.T) {
 		&HelloParams{Token: "sesame"},
 		&ResetParams{Task: "count", Seed: i64(-9), Options: map[string]any{"k": "v"}},
 		&ResetParams{Image: "busybox"},
-		&StepParams{EnvID: "e", Action: Action{Tool: ToolBash, Cmd: "echo hi", TimeoutS: 2.5, MaxOutput: 100}},
-		&StepParams{EnvID: "e", Action: Action{Tool: ToolWriteFile, Path: "p", Content: []byte{0, 1, 0xff}}},
-		&StepParams{EnvID: "e", Action: Action{Tool: ToolRollback, StateID: "s"}},
+		&StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash, Cmd: "echo hi", TimeoutS: 2.5, MaxOutput: 100}},
+		&StepParams{EnvID: "e", Action: Action{Tool: state.ToolWriteFile, Path: "p", Content: []byte{0, 1, 0xff}}},
+		&StepParams{EnvID: "e", Action: Action{Tool: state.ToolRollback, StateID: "s"}},
 		&BranchParams{EnvID: "e", N: 3},
 		&BranchParams{StateID: "s", N: 1},
 		&EnvParams{EnvID: "e"},
 		&RollbackParams{EnvID: "e", StateID: "s"},
 		&EnvsParams{},
 		&StateIDsParams{StateIDs: []string{"s1", "s2"}},
-		&StepBatchParams{Items: []BatchItem{{EnvID: "a", Action: Action{Tool: ToolReadFile, Path: "f"}}}},
+		&StepBatchParams{Items: []BatchItem{{EnvID: "a", Action: Action{Tool: state.ToolReadFile, Path: "f"}}}},
 	} {
 		got := reflect.New(reflect.TypeOf(p).Elem()).Interface().(Params)
 		if err := DecodeParams(mustMarshal(t, p), got); err != nil {
@@ -232,11 +234,11 @@ func TestParamsRoundTrip(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	err := (&StepParams{EnvID: "e", Action: Action{Tool: ToolBash}}).Validate()
+	err := (&StepParams{EnvID: "e", Action: Action{Tool: state.ToolBash}}).Validate()
 	if !errors.Is(err, ErrInvalidParams) || err.Error() != "invalid_params: action.cmd: required string is missing" {
 		t.Errorf("Validate: %v", err)
 	}
-	if err := (&Action{Tool: ToolReadFile, Path: "p"}).Validate(); err != nil {
+	if err := (&Action{Tool: state.ToolReadFile, Path: "p"}).Validate(); err != nil {
 		t.Errorf("Validate of a good action: %v", err)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/arbor-env/arbor/state"
 )
 
 // Version is the protocol version this package speaks.
@@ -59,7 +61,7 @@ const (
 )
 
 // Tools lists the step tools.
-var Tools = []string{ToolBash, ToolWriteFile, ToolReadFile, ToolRollback}
+var Tools = []string{state.ToolBash, state.ToolWriteFile, state.ToolReadFile, state.ToolRollback}
 
 // Text is command output: a msgpack str when it is valid UTF-8, bin
 // otherwise, so text stays text for clients in any language and binary
