@@ -160,7 +160,7 @@ func (t *Tools) Forget(envID string) {
 func (s *Session) Env() *branch.Env { return s.env }
 
 // coordError words a failure of the coordinator, the engine or the
-// sandbox for the agent by the one error mapping (coordinator.ProtoError),
+// sandbox for the agent by the one error mapping (protocol.ErrorOf),
 // whose *protocol.Error stays in the chain (toolError words the model's
 // message from its flags): the client's kind of mistake is the agent's
 // (ErrBadArgument, ErrUnknownState), an infra failure is not its doing

@@ -556,7 +556,7 @@ type oeStepError struct {
 
 func (e *oeStepError) Error() string { return e.err.Error() }
 
-// Unwrap makes ProtoError see the error's code.
+// Unwrap makes protocol.ErrorOf see the error's code.
 func (e *oeStepError) Unwrap() error { return e.err }
 
 // oeObs is an OpenEnv observation: v1's obs, and its info in metadata.
