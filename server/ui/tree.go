@@ -1,18 +1,16 @@
-package coordinator
+package ui
 
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
-	"github.com/arbor-env/arbor/cr/manifest"
-	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/state"
 )
 
 // maxTreeNodes bounds one tree (Tree.Truncated says when it cut).
@@ -40,9 +38,9 @@ const (
 // end (ends.go).
 func endStatus(end string) string {
 	switch end {
-	case EventDiscard:
+	case coordinator.EventDiscard:
 		return StatusDiscarded
-	case EventFinish:
+	case coordinator.EventFinish:
 		return StatusFinished
 	}
 	return StatusClosed
@@ -111,8 +109,8 @@ type Tree struct {
 // famEnv is what Tree knows of one env of the family.
 type famEnv struct {
 	TreeEnv
-	engineTurn int              // the engine's count, for an open env
-	path       []manifest.State // root first, to its head, for an open env
+	engineTurn int                       // the engine's count, for an open env
+	path       []coordinator.StateRecord // root first, to its head, for an open env
 }
 
 // Tree builds the lineage tree of scope from the state records (every
@@ -121,46 +119,40 @@ type famEnv struct {
 // records, and a head whose checkpoint still runs is shown pending.
 // A tree shows only envs ctx's tenant sees; another tenant's env as
 // scope is answered as an unknown one.
-func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
+func (l *local) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
 	if (scope.Env == "") == (scope.Task == "") {
-		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", coordinator.ErrInvalidParams)
 	}
-	recs, err := c.e.EnvRecords()
+	recs, err := l.c.EnvRecords(ctx)
 	if err != nil {
 		return nil, err
 	}
-	byID := map[string]manifest.Env{}
+	byID := map[string]coordinator.EnvRecord{}
 	for _, r := range recs {
 		byID[r.ID] = r
 	}
-	open := map[string]EnvInfo{}
-	for _, e := range c.Envs(ctx) {
+	open := map[string]coordinator.EnvInfo{}
+	for _, e := range l.c.Envs(ctx) {
 		open[e.Env.ID] = e
-	}
-	t := tenant.From(ctx)
-	for id, r := range byID {
-		if owner, ok := r.Labels[labelTenant]; (ok || r.Labels[labelServed] == "1") && !t.Sees(owner) {
-			delete(byID, id) // another tenant's: as if never made
-		}
 	}
 	served := func(id string) bool {
 		_, ok := open[id]
-		return ok || byID[id].Labels[labelServed] == "1"
+		return ok || byID[id].Served
 	}
 	var ids []string
 	if scope.Env != "" {
 		if _, ok := byID[scope.Env]; !ok && open[scope.Env].Env == nil {
-			return nil, fmt.Errorf("%w: no env %q", ErrUnknownEnv, scope.Env)
+			return nil, fmt.Errorf("%w: no env %q", coordinator.ErrUnknownEnv, scope.Env)
 		}
 		ids = family(scope.Env, byID, served)
 	} else {
 		for id, r := range byID {
-			if r.Labels[labelServed] == "1" && r.Labels[labelTask] == scope.Task {
+			if r.Served && r.Task == scope.Task {
 				ids = append(ids, id)
 			}
 		}
 		for id, e := range open {
-			if e.Task.Name == scope.Task && byID[id].Labels[labelServed] != "1" {
+			if e.Task.Name == scope.Task && !byID[id].Served {
 				ids = append(ids, id)
 			}
 		}
@@ -168,7 +160,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	slices.Sort(ids)
 
 	out := &Tree{Scope: scope, Envs: []TreeEnv{}, Nodes: []TreeNode{}}
-	states := map[string]manifest.State{}
+	states := map[string]coordinator.StateRecord{}
 	fam := map[string]*famEnv{}
 	base := -1
 	for _, id := range ids {
@@ -179,19 +171,18 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 			fe.Origin = e.Env.Origin
 			base = max(base, fe.engineTurn-fe.Turn)
 		} else {
-			t, b, _ := fromLabels(byID[id].Labels)
-			fe.Task = t.Name
-			if fe.End = c.feed.ends.of(id); fe.End == "" {
-				fe.End = EventClose
+			fe.Task = byID[id].Task
+			if fe.End = l.ends.of(id); fe.End == "" {
+				fe.End = coordinator.EventClose
 			}
-			if byID[id].Labels[labelServed] == "1" {
-				base = max(base, b)
+			if byID[id].Served {
+				base = max(base, byID[id].Base)
 			}
 		}
 		fam[id] = fe
 		out.Envs = append(out.Envs, fe.TreeEnv)
-		sts, err := c.e.States(id)
-		if err != nil && !errors.Is(err, manifest.ErrNotFound) {
+		sts, err := l.c.StateRecords(id)
+		if err != nil {
 			return nil, err
 		}
 		for _, st := range sts {
@@ -210,16 +201,16 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 		if _, ok := states[fe.Head]; ok {
 			continue
 		}
-		if st, err := c.e.State(fe.Head); err == nil {
-			states[st.ID] = st // its ancestors are added below
+		if lin, err := l.c.LineageRecords(fe.Head); err == nil {
+			addStates(states, lin)
 			continue
 		}
 		if !fe.Open {
 			continue
 		}
-		if n := c.notes.latest(fe.ID); n != nil && n.State == fe.Head {
-			states[fe.Head] = manifest.State{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,
-				Kind: manifest.Kind(n.Kind), Created: n.Time}
+		if n := l.notes.latest(fe.ID); n != nil && n.State == fe.Head {
+			states[fe.Head] = coordinator.StateRecord{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,
+				Kind: state.Kind(n.Kind), Created: n.Time}
 			pending[fe.Head] = true
 		}
 	}
@@ -232,15 +223,9 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 		if _, ok := states[st.Parent]; ok {
 			continue
 		}
-		l, err := c.e.Lineage(st.Parent)
-		if err != nil {
-			continue // gone (GC): st is a root here
-		}
-		for _, a := range l {
-			if _, ok := states[a.ID]; !ok {
-				states[a.ID] = a
-			}
-		}
+		if lin, err := l.c.LineageRecords(st.Parent); err == nil {
+			addStates(states, lin)
+		} // else gone (GC): st is a root here
 	}
 	// The open envs' paths: what is live.
 	live := map[string]bool{}
@@ -263,7 +248,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	for id := range states {
 		ids = append(ids, id)
 	}
-	byState := c.notes.of(toSet(ids))
+	byState := l.notes.of(toSet(ids))
 
 	nodes := map[string]*TreeNode{}
 	for _, st := range states {
@@ -282,9 +267,9 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 				n.Status = endStatus(fe.End)
 			}
 		}
-		n.Reward = c.reward(st.ID)
+		n.Reward = l.c.Reward(st.ID)
 		for i := range byState[st.ID] {
-			if t := &byState[st.ID][i]; t.Kind != string(branch.None) && t.engineTurn == st.Turn {
+			if t := &byState[st.ID][i]; t.Kind != string(state.None) && t.engineTurn == st.Turn {
 				n.Note = t
 			}
 		}
@@ -295,7 +280,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	for sid, ts := range byState {
 		for i := range ts {
 			t := &ts[i]
-			if t.Kind != string(branch.None) {
+			if t.Kind != string(state.None) {
 				continue
 			}
 			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
@@ -324,7 +309,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	}
 	for _, n := range nodes {
 		var p *TreeNode
-		if n.Kind == string(branch.None) {
+		if n.Kind == string(state.None) {
 			if p = lastNone(n.State, n.Env, n.Turn+base); p == nil {
 				p = nodes[n.State]
 			}
@@ -367,7 +352,7 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 		if n.Status != StatusLive {
 			n.End = fam[env].End
 			if n.Reward == nil {
-				n.Reward = c.reward(n.State)
+				n.Reward = l.c.Reward(n.State)
 			}
 		}
 	}
@@ -386,18 +371,6 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	return out, nil
 }
 
-// reward is the newest verdict's reward on state sid, if any.
-func (c *Coordinator) reward(sid string) *float64 {
-	if c.trail == nil {
-		return nil
-	}
-	v, ok, err := c.trail.Verdict(sid)
-	if err != nil || !ok {
-		return nil
-	}
-	return &v.Reward
-}
-
 // NoneNodeID is the tree node id of env's turn turn (counted since its
 // episode began) that took no checkpoint and left state sid: STATE~ENV~TURN.
 func NoneNodeID(sid, env string, turn int) string {
@@ -407,7 +380,7 @@ func NoneNodeID(sid, env string, turn int) string {
 // kindOrder puts a state before the turns without checkpoint of the same
 // turn number (none of a child after its branch state).
 func kindOrder(k string) int {
-	if k == string(branch.None) {
+	if k == string(state.None) {
 		return 1
 	}
 	return 0
@@ -435,7 +408,7 @@ func noneStatus(fe *famEnv, sid string, turn int) string {
 
 // family is the envs of env's tree: up through Origin to the top served
 // env, then every env whose Origin chain reaches it.
-func family(env string, recs map[string]manifest.Env, served func(string) bool) []string {
+func family(env string, recs map[string]coordinator.EnvRecord, served func(string) bool) []string {
 	top := env
 	for seen := map[string]bool{top: true}; ; {
 		o := recs[top].Origin
@@ -465,6 +438,15 @@ func family(env string, recs map[string]manifest.Env, served func(string) bool) 
 		out = append(out, env) // open, not recorded yet
 	}
 	return out
+}
+
+// addStates adds to states those of sts it lacks.
+func addStates(states map[string]coordinator.StateRecord, sts []coordinator.StateRecord) {
+	for _, st := range sts {
+		if _, ok := states[st.ID]; !ok {
+			states[st.ID] = st
+		}
+	}
 }
 
 func toSet(ids []string) map[string]bool {
