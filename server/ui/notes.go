@@ -18,9 +18,10 @@ const (
 	maxNoteOutput = 256   // bytes of each of stdout and stderr kept
 )
 
-// TurnNote is what the web view remembers of one turn: the state records say which states exist, not which command made
-// them. Text from the sandbox (Stdout, Stderr) is whatever the command
-// printed: a view must escape it.
+// TurnNote is what the web view remembers of one turn: the state
+// records say which states exist, not which command made them. Text
+// from the sandbox (Stdout, Stderr) is whatever the command printed: a
+// view must escape it.
 type TurnNote struct {
 	Env   string `json:"env"`
 	State string `json:"state"`

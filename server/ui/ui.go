@@ -2,11 +2,11 @@
 // step) with the open envs, the lineage tree of a chosen env or task and
 // the engine's health, and the JSON it reads under /ui/api/. The page
 // updates live from a server-sent event stream (/ui/api/events) fed by
-// the changes the coordinator reports (coordinator.Observer): this
-// package keeps the read models of the view, the feed (feed.go), the
-// turn log (notes.go), how envs ended (ends.go), and builds the lineage
-// trees from them and the coordinator's records (tree.go). Access rules are the
-// server's (package server wraps Handler); this package only renders.
+// the changes the coordinator reports (coordinator.Observer). This
+// package keeps the view's read models: the feed (feed.go), the turn log
+// (notes.go), how envs ended (ends.go), and the lineage trees built from
+// them and the coordinator's records (tree.go). Access rules are the
+// server's (package server wraps Handler): this package checks none.
 //
 // Everything a sandbox can influence (commands, their output, file
 // names) reaches the page as JSON and is put into the DOM as text
