@@ -155,8 +155,7 @@ type Coordinator struct {
 	reserved int                       // env slots promised to resets and branches in progress
 	closed   bool
 
-	feed  feed  // changes, to subscribers (feed.go)
-	notes notes // the turns' commands and outcomes (notes.go)
+	observer atomic.Pointer[Observer] // hears of the changes (events.go)
 
 	trail    *trail.Store // the turns' records, for trajectories (trajectory.go)
 	trailTmp string       // the temporary directory of trail, if any
@@ -230,7 +229,9 @@ func (c *Coordinator) Close() {
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
-	c.feed.close()
+	if o := c.observer.Load(); o != nil {
+		(*o).Close()
+	}
 	c.closeTrail()
 }
 
@@ -351,7 +352,6 @@ func (c *Coordinator) forget(id string) {
 	}
 	delete(c.envs, id)
 	c.mu.Unlock()
-	c.notes.forget(id)
 	if ok {
 		c.o.Hooks.EnvClosed(id)
 	}
@@ -468,7 +468,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
 	c.m.checkpoints.WithLabelValues(string(state.Full)).Inc()
-	c.feed.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(state.Full)})
+	c.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(state.Full)})
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil
 }

@@ -15,15 +15,14 @@
 //     registry, so no caller can name them.
 //   - its errors are state's sentinels (package state), wrapped with
 //     what happened; the wire turns them into codes (protocol.ErrorOf).
-//   - what a person watching sees (the web view, package server/ui): the
-//     feed of changes (Subscribe; feed.go), the turn log, the one record
-//     of each turn's command and exit code (notes.go), the lineage trees
-//     built from the engine's state records (Tree) and Health.
+//   - what a person watching reads (the web view, package server/ui,
+//     keeps the read models): every change reported to its Observer as
+//     it happens (events.go), the env and state records (records.go) and
+//     Health.
 //
-// Locks: Coordinator.mu guards the registry; the feed's, its ends' and
-// the turn log's mutexes are leaves, taken with nothing else held and
-// holding nothing else, so publishing from any operation cannot deadlock
-// or wait on a reader (a full subscriber is dropped, never waited for).
+// Locks: Coordinator.mu guards the registry. The Observer is called with
+// no lock of the coordinator held; its own locks are leaves (the web
+// view's publishing never waits on a reader).
 //
 // Package server (protocol v1), package agent (tools, MCP) and package
 // llmproxy are adapters over it. Options.Hooks hear of every env handed

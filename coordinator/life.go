@@ -179,7 +179,7 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 			ev.Children = append(ev.Children, ch.ID)
 		}
 	}
-	c.feed.publish(ev)
+	c.publish(ev)
 	return out, nil
 }
 
@@ -206,7 +206,7 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 	}
 	c.trailPromoted(om, m, before, sid)
 	c.forget(child.ID)
-	c.feed.publish(Event{Type: EventPromote, Env: origin, Task: m.task.Name, State: sid, Child: child.ID})
+	c.publish(Event{Type: EventPromote, Env: origin, Task: m.task.Name, State: sid, Child: child.ID})
 	c.o.Hooks.StateMade(origin, sid)
 	return origin, sid, nil
 }
@@ -244,7 +244,7 @@ func (c *Coordinator) close(ctx context.Context, env *branch.Env, event string, 
 		for _, o := range opts {
 			o(&ev)
 		}
-		c.feed.publish(ev)
+		c.publish(ev)
 	}
 	return err
 }
@@ -290,7 +290,7 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (
 		return ev, nil
 	}
 	task, _ := c.Task(env.ID)
-	c.feed.publish(Event{Type: EventEvaluate, Env: env.ID, Task: task.Name, State: stateOf(ev), Turn: env.Turn(), Reward: &reward})
+	c.publish(Event{Type: EventEvaluate, Env: env.ID, Task: task.Name, State: stateOf(ev), Turn: env.Turn(), Reward: &reward})
 	return ev, nil
 }
 

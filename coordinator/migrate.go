@@ -32,6 +32,6 @@ func (c *Coordinator) Adopt(ctx context.Context, id, head, image string, labels 
 			c.o.Hooks.StateMade(st.Env, st.ID)
 		}
 	}
-	c.feed.publish(Event{Type: EventReset, Env: id, Task: task.Name, State: head})
+	c.publish(Event{Type: EventReset, Env: id, Task: task.Name, State: head})
 	return nil
 }

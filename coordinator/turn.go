@@ -106,7 +106,7 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	}
 	out.Turn = env.Turn() - m.base
 	c.trailTurn(m, a, parent, out, start)
-	defer func() { c.noteTurn(m, a.Tool, display(a), parent, out, time.Since(start)) }()
+	defer func() { c.noteTurn(m, a, parent, out, time.Since(start)) }()
 	switch r := c.o.VerifySkips; {
 	case r >= 1:
 		if c.skipped(ctx, env, out.Kind, out.StateID) {
@@ -304,7 +304,7 @@ func (c *Coordinator) Boundary(ctx context.Context, envID string) (*TurnResult, 
 	out.Turn = env.Turn() - m.base
 	out.Truncated = m.task.MaxTurns > 0 && out.Turn >= m.task.MaxTurns
 	c.trailTurn(m, Action{Tool: "boundary"}, parent, out, start)
-	c.noteTurn(m, "boundary", "", parent, out, time.Since(start))
+	c.noteTurn(m, Action{Tool: "boundary"}, parent, out, time.Since(start))
 	return out, nil
 }
 
@@ -437,7 +437,7 @@ func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, si
 	c.takeFailure(env, m) // that state is gone with the sandbox that made it
 	c.trailMoved(m)
 	r := &Restored{Env: env, Task: m.task, StateID: sid, Turn: env.Turn() - m.base, Recovered: m.takeRecovered()}
-	c.feed.publish(Event{Type: EventRollback, Env: env.ID, Task: m.task.Name, State: sid, Turn: r.Turn})
+	c.publish(Event{Type: EventRollback, Env: env.ID, Task: m.task.Name, State: sid, Turn: r.Turn})
 	return r, nil
 }
 

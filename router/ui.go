@@ -134,7 +134,7 @@ func (s *uiSource) Envs(ctx context.Context) (ui.EnvsAnswer, error) {
 
 // Tree asks an env's tree of the node holding the env, and a task's of
 // every node, merged: an env or state a node lists is listed once.
-func (s *uiSource) Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
+func (s *uiSource) Tree(ctx context.Context, scope ui.TreeScope) (*ui.Tree, error) {
 	if (scope.Env == "") == (scope.Task == "") {
 		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", state.ErrInvalidParams)
 	}
@@ -149,18 +149,18 @@ func (s *uiSource) Tree(ctx context.Context, scope coordinator.TreeScope) (*coor
 		if !ok {
 			return nil, fmt.Errorf("env %s: its node %s is gone", scope.Env, node)
 		}
-		var t coordinator.Tree
+		var t ui.Tree
 		if err := s.get(ctx, n, "/ui/api/tree?"+q.Encode(), &t); err != nil {
 			return nil, err
 		}
 		return &t, nil
 	}
 	q.Set("task", scope.Task)
-	out := &coordinator.Tree{Scope: scope, Envs: []coordinator.TreeEnv{}, Nodes: []coordinator.TreeNode{}}
+	out := &ui.Tree{Scope: scope, Envs: []ui.TreeEnv{}, Nodes: []ui.TreeNode{}}
 	envs, nodes := map[string]bool{}, map[string]bool{}
 	var mu sync.Mutex
 	failed := s.each(ctx, func(ctx context.Context, n cluster.NodeInfo) error {
-		var t coordinator.Tree
+		var t ui.Tree
 		if err := s.get(ctx, n, "/ui/api/tree?"+q.Encode(), &t); err != nil {
 			return err
 		}
@@ -217,7 +217,7 @@ func (s *uiSource) Health(ctx context.Context) (coordinator.Health, error) {
 // view pushes the cluster's own sum.
 func (s *uiSource) Subscribe(ctx context.Context, buf int) ui.Feed {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &clusterFeed{c: make(chan coordinator.Event, buf), cancel: cancel}
+	f := &clusterFeed{c: make(chan ui.Event, buf), cancel: cancel}
 	nodes := s.r.view.Nodes()
 	var wg sync.WaitGroup
 	for _, n := range nodes {
@@ -261,7 +261,7 @@ func (s *uiSource) follow(ctx context.Context, n cluster.NodeInfo, f *clusterFee
 		case strings.HasPrefix(line, "data: "):
 			data = strings.TrimPrefix(line, "data: ")
 		case line == "":
-			ev, name := coordinator.Event{}, event
+			ev, name := ui.Event{}, event
 			event = ""
 			if name == "" || name == "hello" || name == "health" {
 				continue
@@ -288,11 +288,11 @@ func (s *uiSource) follow(ctx context.Context, n cluster.NodeInfo, f *clusterFee
 }
 
 type clusterFeed struct {
-	c       chan coordinator.Event
+	c       chan ui.Event
 	cancel  context.CancelFunc
 	dropped atomic.Bool
 }
 
-func (f *clusterFeed) C() <-chan coordinator.Event { return f.c }
-func (f *clusterFeed) Dropped() bool               { return f.dropped.Load() }
-func (f *clusterFeed) Close()                      { f.cancel() }
+func (f *clusterFeed) C() <-chan ui.Event { return f.c }
+func (f *clusterFeed) Dropped() bool      { return f.dropped.Load() }
+func (f *clusterFeed) Close()             { f.cancel() }

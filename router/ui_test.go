@@ -124,12 +124,12 @@ func TestWebViewThroughRouter(t *testing.T) {
 	for env := range on {
 		sh(t, c, env, "echo hi > /tmp/x")
 		data := waitEvent("turn of "+env, func(typ, data string) bool {
-			var ev coordinator.Event
+			var ev ui.Event
 			return typ == coordinator.EventTurn && json.Unmarshal([]byte(data), &ev) == nil && ev.Env == env
 		})
-		var ev coordinator.Event
+		var ev ui.Event
 		json.Unmarshal([]byte(data), &ev)
-		var tree coordinator.Tree
+		var tree ui.Tree
 		if code := getJSON(t, addr, "/ui/api/tree?env="+env, &tree); code != http.StatusOK {
 			t.Fatalf("tree of %s: %d", env, code)
 		}

@@ -17,8 +17,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/servetest"
+	"github.com/arbor-env/arbor/server/ui"
 )
 
 // chromium is Debian's chromium (make deps installs it). It is not
@@ -213,14 +213,14 @@ func TestWebView(t *testing.T) {
 		}
 	}
 	for id := range live {
-		if byID[id].Status != coordinator.StatusLive {
+		if byID[id].Status != ui.StatusLive {
 			t.Errorf("state %s on an open env's path drawn %q", id, byID[id].Status)
 		}
 	}
-	if st := byID[s3].Status; st != coordinator.StatusRolledBack {
+	if st := byID[s3].Status; st != ui.StatusRolledBack {
 		t.Errorf("the state the rollback left behind drawn %q, want rolled_back", st)
 	}
-	if st := byID[sb1].Status; st != coordinator.StatusDiscarded {
+	if st := byID[sb1].Status; st != ui.StatusDiscarded {
 		t.Errorf("the discarded child's state drawn %q, want discarded", st)
 	}
 	if h := byID[s4].Heads; h != p {
@@ -364,7 +364,7 @@ func TestWebView(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var tree coordinator.Tree
+	var tree ui.Tree
 	if err := json.NewDecoder(resp.Body).Decode(&tree); err != nil {
 		t.Fatal(err)
 	}
@@ -377,11 +377,11 @@ func TestWebView(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var byTask coordinator.Tree
+	var byTask ui.Tree
 	if err := json.NewDecoder(resp.Body).Decode(&byTask); err != nil {
 		t.Fatal(err)
 	}
-	ids := func(tr coordinator.Tree) []string {
+	ids := func(tr ui.Tree) []string {
 		var out []string
 		for _, n := range tr.Nodes {
 			out = append(out, n.ID)

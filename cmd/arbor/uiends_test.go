@@ -12,8 +12,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/servetest"
+	"github.com/arbor-env/arbor/server/ui"
 )
 
 // TestWebViewEnds drives headless Chromium against the real arbor serve:
@@ -107,22 +107,22 @@ func TestWebViewEnds(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		f, d, cl := read(sFin), read(sDisc), read(sClo)
-		if f.Status != coordinator.StatusFinished || f.End != "finish" || f.Reward != "1" || f.RewardText != "1" || f.Mark == "" {
+		if f.Status != ui.StatusFinished || f.End != "finish" || f.Reward != "1" || f.RewardText != "1" || f.Mark == "" {
 			t.Errorf("%s: the finished leaf drawn %+v", when, f)
 		}
-		if d.Status != coordinator.StatusDiscarded || d.End != "discard" || d.Mark == "" || d.Reward != "" {
+		if d.Status != ui.StatusDiscarded || d.End != "discard" || d.Mark == "" || d.Reward != "" {
 			t.Errorf("%s: the discarded leaf drawn %+v", when, d)
 		}
-		if cl.Status != coordinator.StatusClosed || cl.End != "close" || cl.Mark == "" || cl.Reward != "" {
+		if cl.Status != ui.StatusClosed || cl.End != "close" || cl.Mark == "" || cl.Reward != "" {
 			t.Errorf("%s: the closed leaf drawn %+v", when, cl)
 		}
 		if f.Mark == d.Mark || d.Mark == cl.Mark || f.Mark == cl.Mark || f.Stroke == d.Stroke || d.Stroke == cl.Stroke || f.Stroke == cl.Stroke {
 			t.Errorf("%s: the three ends are not told apart: %+v %+v %+v", when, f, d, cl)
 		}
-		if pn := read(sP); pn.Reward != "0" || pn.RewardText != "0" || pn.End != "" || pn.Status != coordinator.StatusLive {
+		if pn := read(sP); pn.Reward != "0" || pn.RewardText != "0" || pn.End != "" || pn.Status != ui.StatusLive {
 			t.Errorf("%s: the evaluated state of the open env drawn %+v", when, pn)
 		}
-		if s := read(s1); s.Status != coordinator.StatusLive || s.Reward != "" {
+		if s := read(s1); s.Status != ui.StatusLive || s.Reward != "" {
 			t.Errorf("%s: the branch state drawn %+v", when, s)
 		}
 	}

@@ -2,8 +2,11 @@
 // step) with the open envs, the lineage tree of a chosen env or task and
 // the engine's health, and the JSON it reads under /ui/api/. The page
 // updates live from a server-sent event stream (/ui/api/events) fed by
-// the coordinator's feed (coordinator.Subscribe). Access rules are the
-// server's (package server wraps Handler); this package only renders.
+// the changes the coordinator reports (coordinator.Observer). This
+// package keeps the view's read models: the feed (feed.go), the turn log
+// (notes.go), how envs ended (ends.go), and the lineage trees built from
+// them and the coordinator's records (tree.go). Access rules are the
+// server's (package server wraps Handler): this package checks none.
 //
 // Everything a sandbox can influence (commands, their output, file
 // names) reaches the page as JSON and is put into the DOM as text
@@ -39,7 +42,7 @@ type Source interface {
 	Envs(ctx context.Context) (EnvsAnswer, error)
 	// Tree fails with state.ErrInvalidParams or ErrUnknownEnv
 	// (wrapped) for a bad or unknown scope.
-	Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error)
+	Tree(ctx context.Context, scope TreeScope) (*Tree, error)
 	Health(ctx context.Context) (coordinator.Health, error)
 	// Subscribe follows the changes until ctx ends or Close; buf is the
 	// events it may hold undelivered.
@@ -50,7 +53,7 @@ type Source interface {
 // Dropped says whether it ended because the reader fell behind (or, for
 // a cluster, a node's stream ended), after which the page reloads.
 type Feed interface {
-	C() <-chan coordinator.Event
+	C() <-chan Event
 	Dropped() bool
 	Close()
 }
@@ -157,9 +160,9 @@ type EnvRow struct {
 	IdleS  float64 `json:"idle_s"`
 	// Recovered is the state a restart restored the env at; Lost why it
 	// could not be.
-	Recovered string                `json:"recovered,omitempty"`
-	Lost      string                `json:"lost,omitempty"`
-	Last      *coordinator.TurnNote `json:"last,omitempty"`
+	Recovered string    `json:"recovered,omitempty"`
+	Lost      string    `json:"lost,omitempty"`
+	Last      *TurnNote `json:"last,omitempty"`
 	// Node is the cluster node that holds the env (a router's view).
 	Node string `json:"node,omitempty"`
 }
@@ -182,13 +185,39 @@ func (u *UI) envs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
-// local is the Source of one coordinator.
-type local struct{ c *coordinator.Coordinator }
+// local is the Source of one coordinator, whose Observer it is: it
+// keeps the read models of the coordinator's changes.
+type local struct {
+	c     *coordinator.Coordinator
+	feed  feed  // changes, to subscribers (feed.go)
+	notes notes // the turns' commands and outcomes (notes.go)
+	ends  ends  // how envs ended (ends.go)
+}
 
-// Local is the Source of a single server: its coordinator.
-func Local(c *coordinator.Coordinator) Source { return local{c} }
+// Local is the Source of a single server: its coordinator, whose one
+// observer it becomes (coordinator.SetObserver).
+func Local(c *coordinator.Coordinator) Source {
+	l := &local{c: c}
+	c.SetObserver(l)
+	return l
+}
 
-func (l local) Envs(ctx context.Context) (EnvsAnswer, error) {
+// Observe keeps what ev says and hands it to the feed's subscribers.
+func (l *local) Observe(ev coordinator.Event) {
+	if env := l.ends.record(ev); env != "" {
+		l.notes.forget(env)
+	}
+	out := Event{Event: ev}
+	if ev.Ran != nil {
+		out.Note = l.notes.add(ev)
+	}
+	l.feed.publish(out)
+}
+
+// Close ends the feed's subscriptions (the coordinator closed).
+func (l *local) Close() { l.feed.close() }
+
+func (l *local) Envs(ctx context.Context) (EnvsAnswer, error) {
 	out := EnvsAnswer{Envs: []EnvRow{}, Tasks: l.c.TaskNames()}
 	tasks := map[string]bool{}
 	for _, t := range out.Tasks {
@@ -196,7 +225,7 @@ func (l local) Envs(ctx context.Context) (EnvsAnswer, error) {
 	}
 	for _, e := range l.c.Envs(ctx) {
 		row := EnvRow{ID: e.Env.ID, Task: e.Task.Name, Image: e.Env.Image, Origin: e.Env.Origin, Head: e.Env.Head(),
-			Turn: e.Turn, IdleS: e.Idle.Seconds(), Last: l.c.LastTurn(e.Env.ID)}
+			Turn: e.Turn, IdleS: e.Idle.Seconds(), Last: l.notes.latest(e.Env.ID)}
 		if e.Recovered != nil {
 			row.Recovered = e.Recovered.StateID
 		}
@@ -215,32 +244,28 @@ func (l local) Envs(ctx context.Context) (EnvsAnswer, error) {
 	return out, nil
 }
 
-func (l local) Tree(ctx context.Context, scope coordinator.TreeScope) (*coordinator.Tree, error) {
-	return l.c.Tree(ctx, scope)
-}
+func (l *local) Health(context.Context) (coordinator.Health, error) { return l.c.Health() }
 
-func (l local) Health(context.Context) (coordinator.Health, error) { return l.c.Health() }
-
-func (l local) Subscribe(ctx context.Context, buf int) Feed {
-	return localFeed{l.c.Subscribe(buf), l.c, ctx}
+func (l *local) Subscribe(ctx context.Context, buf int) Feed {
+	return localFeed{l.feed.subscribe(buf), l.c, ctx}
 }
 
 // localFeed passes on the events of the envs the request's tenant sees.
 type localFeed struct {
-	s   *coordinator.Subscription
+	s   *Subscription
 	c   *coordinator.Coordinator
 	ctx context.Context
 }
 
-func (f localFeed) Visible(ev coordinator.Event) bool { return f.c.SeesEvent(f.ctx, ev) }
+func (f localFeed) Visible(ev Event) bool { return f.c.SeesEvent(f.ctx, ev.Event) }
 
-func (f localFeed) C() <-chan coordinator.Event { return f.s.C }
-func (f localFeed) Dropped() bool               { return f.s.Dropped() }
-func (f localFeed) Close()                      { f.s.Close() }
+func (f localFeed) C() <-chan Event { return f.s.C }
+func (f localFeed) Dropped() bool   { return f.s.Dropped() }
+func (f localFeed) Close()          { f.s.Close() }
 
 func (u *UI) tree(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	t, err := u.src.Tree(r.Context(), coordinator.TreeScope{Env: q.Get("env"), Task: q.Get("task")})
+	t, err := u.src.Tree(r.Context(), TreeScope{Env: q.Get("env"), Task: q.Get("task")})
 	if err != nil {
 		pe := protocol.ErrorOf(err)
 		code := http.StatusInternalServerError
@@ -317,7 +342,7 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 				}
 				return
 			}
-			if v, ok := sub.(interface{ Visible(coordinator.Event) bool }); ok && !v.Visible(ev) {
+			if v, ok := sub.(interface{ Visible(Event) bool }); ok && !v.Visible(ev) {
 				continue // another tenant's env
 			}
 			if !send(ev.Type, ev) {

@@ -1,4 +1,4 @@
-package coordinator
+package ui
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -13,9 +14,9 @@ import (
 // subscriber whose buffer is full is dropped (its channel closed,
 // Dropped set) while the others get every event, in order.
 func TestFeedDropsSlowSubscriber(t *testing.T) {
-	c := &Coordinator{}
-	slow, fast := c.Subscribe(2), c.Subscribe(10)
-	gone := c.Subscribe(1)
+	var f feed
+	slow, fast := f.subscribe(2), f.subscribe(10)
+	gone := f.subscribe(1)
 	gone.Close()
 	if _, ok := <-gone.C; ok || gone.Dropped() {
 		t.Fatalf("a closed subscription: channel open or dropped")
@@ -23,7 +24,7 @@ func TestFeedDropsSlowSubscriber(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		for i := range 5 {
-			c.feed.publish(Event{Type: EventTurn, Turn: i})
+			f.publish(Event{Event: coordinator.Event{Type: coordinator.EventTurn, Turn: i}})
 		}
 		close(done)
 	}()
@@ -49,11 +50,11 @@ func TestFeedDropsSlowSubscriber(t *testing.T) {
 	if n != 2 || !slow.Dropped() {
 		t.Errorf("slow subscriber: %d events before its channel closed (want 2), dropped %v", n, slow.Dropped())
 	}
-	c.feed.close()
+	f.close()
 	if _, ok := <-fast.C; ok {
 		t.Error("the coordinator's close left a subscription open")
 	}
-	if s := c.Subscribe(1); s != nil {
+	if s := f.subscribe(1); s != nil {
 		if _, ok := <-s.C; ok {
 			t.Error("a subscription after close is open")
 		}
@@ -67,11 +68,11 @@ func TestFeedDropsSlowSubscriber(t *testing.T) {
 // commands they should have.
 func TestTreeAndFeed(t *testing.T) {
 	k := &kinds{next: []state.Kind{state.FS, state.None, state.Proc, state.FS, state.Full, state.FS}}
-	c := newCoordinator(t, Options{Classify: k.classify})
-	sub := c.Subscribe(100)
+	c, l := newLocal(t, coordinator.Options{Classify: k.classify})
+	sub := l.feed.subscribe(100)
 	defer sub.Close()
 	ctx := context.Background()
-	r := reset(t, c, ResetRequest{Image: "busybox"})
+	r := reset(t, c, coordinator.ResetRequest{Image: "busybox"})
 	env := r.Env.ID
 	t.Cleanup(func() { c.CloseEnv(context.Background(), env) })
 	t1 := bash(t, c, env, "echo a > /tmp/f")
@@ -81,7 +82,7 @@ func TestTreeAndFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t4 := bash(t, c, env, "echo b > /tmp/f")
-	br, err := c.Branch(ctx, BranchRequest{EnvID: env, N: 2})
+	br, err := c.Branch(ctx, coordinator.BranchRequest{EnvID: env, N: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func TestTreeAndFeed(t *testing.T) {
 	t.Cleanup(func() { c.CloseEnv(context.Background(), a) })
 	// Before their first turn the children have made no state: their
 	// heads are the branch state, which the tree shows with their rings.
-	early, err := c.Tree(context.Background(), TreeScope{Env: b})
+	early, err := l.Tree(context.Background(), TreeScope{Env: b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func TestTreeAndFeed(t *testing.T) {
 	for len(sub.C) > 0 {
 		ev := <-sub.C
 		types = append(types, ev.Type)
-		if ev.Type == EventTurn && ev.State == t2.StateID && ev.Kind == "none" {
+		if ev.Type == coordinator.EventTurn && ev.State == t2.StateID && ev.Kind == "none" {
 			if ev.Note == nil || ev.Note.Exit != 1 || ev.Note.Cmd != "cat /tmp/f; echo '<b>' >&2; false" || ev.Note.Stderr != "<b>\n" || ev.Parent != t1.StateID {
 				t.Errorf("the none turn's event: %+v note %+v", ev, ev.Note)
 			}
@@ -135,7 +136,7 @@ func TestTreeAndFeed(t *testing.T) {
 		t.Errorf("events %v, want %v", types, want)
 	}
 
-	tree, err := c.Tree(context.Background(), TreeScope{Env: a})
+	tree, err := l.Tree(context.Background(), TreeScope{Env: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestTreeAndFeed(t *testing.T) {
 	if p := nodes[ta.StateID].Parent; p != br.State {
 		t.Errorf("the child's turn follows %s, want the branch state %s", p, br.State)
 	}
-	if _, err := c.Tree(context.Background(), TreeScope{}); err == nil {
+	if _, err := l.Tree(context.Background(), TreeScope{}); err == nil {
 		t.Error("a tree with no scope")
 	}
 }
@@ -204,11 +205,11 @@ func TestTreeAndFeed(t *testing.T) {
 // no state of its own (its head is the task's prepared state): its tree
 // still shows that state with its head ring.
 func TestTreeFreshTaskEnv(t *testing.T) {
-	c := newCoordinator(t, Options{Classify: Full})
-	r := reset(t, c, ResetRequest{Task: countTask.Name})
+	c, l := newLocal(t, coordinator.Options{Classify: coordinator.Full})
+	r := reset(t, c, coordinator.ResetRequest{Task: countTask.Name})
 	t.Cleanup(func() { c.CloseEnv(context.Background(), r.Env.ID) })
 	for _, scope := range []TreeScope{{Env: r.Env.ID}, {Task: countTask.Name}} {
-		tree, err := c.Tree(context.Background(), scope)
+		tree, err := l.Tree(context.Background(), scope)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,50 +1,20 @@
-package coordinator
+package ui
 
 import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/arbor-env/arbor/coordinator"
 )
 
-// Event types of the feed (Subscribe).
-const (
-	EventReset    = "reset"
-	EventTurn     = "turn"
-	EventBranch   = "branch"
-	EventRollback = "rollback"
-	EventPromote  = "promote"
-	EventDiscard  = "discard"
-	EventClose    = "close"
-	// EventEvaluate: an env's state was evaluated (Reward); the env goes
-	// on. EventFinish: an env was evaluated (Reward, absent when the
-	// evaluation failed) and closed, its episode over.
-	EventEvaluate = "evaluate"
-	EventFinish   = "finish"
-)
-
-// Event is one change to the envs handed out or their lineage, as the
-// feed reports it (its JSON is the web view's, package server/ui).
+// Event is one change the coordinator reported, as the feed hands it
+// on (its JSON is the page's): numbered, with a turn's note.
 type Event struct {
-	Seq  uint64    `json:"seq"`
-	Type string    `json:"type"`
-	Time time.Time `json:"time"`
-	Env  string    `json:"env,omitempty"`
-	Task string    `json:"task,omitempty"`
-	// State is the env's state after the event (a reset's, a turn's, a
-	// rollback's target, a promote's adopted one; a branch's source state).
-	State string `json:"state,omitempty"`
-	// Parent is the state a turn started from (State itself for a turn
-	// that took no checkpoint).
-	Parent string `json:"parent,omitempty"`
-	Kind   string `json:"kind,omitempty"`
-	Turn   int    `json:"turn"`
-	// Children are a branch's new envs; Child is a promote's (closed).
-	Children []string `json:"children,omitempty"`
-	Child    string   `json:"child,omitempty"`
+	Seq uint64 `json:"seq"`
+	coordinator.Event
 	// Note is a turn's command and outcome.
 	Note *TurnNote `json:"note,omitempty"`
-	// Reward is an evaluate's or a finish's.
-	Reward *float64 `json:"reward,omitempty"`
 }
 
 // Subscription is one reader of the feed. C delivers the events in
@@ -74,35 +44,32 @@ type feed struct {
 	seq    uint64
 	subs   map[*Subscription]struct{}
 	closed bool
-	// ends remembers how envs ended (ends.go), whoever subscribes.
-	ends ends
 }
 
-// Subscribe starts a subscription to the feed of changes (resets, turns,
+// subscribe starts a subscription to the feed of changes (resets, turns,
 // branches, rollbacks, promotes, discards, closes) holding up to buf
 // undelivered events (default 256).
-func (c *Coordinator) Subscribe(buf int) *Subscription {
+func (f *feed) subscribe(buf int) *Subscription {
 	if buf <= 0 {
 		buf = 256
 	}
 	ch := make(chan Event, buf)
-	s := &Subscription{C: ch, c: ch, f: &c.feed}
-	c.feed.mu.Lock()
-	defer c.feed.mu.Unlock()
-	if c.feed.closed {
+	s := &Subscription{C: ch, c: ch, f: f}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
 		close(ch)
 		return s
 	}
-	if c.feed.subs == nil {
-		c.feed.subs = map[*Subscription]struct{}{}
+	if f.subs == nil {
+		f.subs = map[*Subscription]struct{}{}
 	}
-	c.feed.subs[s] = struct{}{}
+	f.subs[s] = struct{}{}
 	return s
 }
 
 // publish stamps ev and hands it to every subscriber that has room.
 func (f *feed) publish(ev Event) {
-	f.ends.record(ev)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.subs) == 0 {

@@ -1,4 +1,4 @@
-package coordinator
+package ui
 
 import (
 	"slices"
@@ -6,6 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -17,10 +18,10 @@ const (
 	maxNoteOutput = 256   // bytes of each of stdout and stderr kept
 )
 
-// TurnNote is what the coordinator remembers of one turn for the web
-// view: the state records say which states exist, not which command made
-// them. Text from the sandbox (Stdout, Stderr) is whatever the command
-// printed: a view must escape it.
+// TurnNote is what the web view remembers of one turn: the state
+// records say which states exist, not which command made them. Text
+// from the sandbox (Stdout, Stderr) is whatever the command printed: a
+// view must escape it.
 type TurnNote struct {
 	Env   string `json:"env"`
 	State string `json:"state"`
@@ -58,7 +59,16 @@ type notes struct {
 	next    int
 }
 
-func (n *notes) add(t *TurnNote) {
+// add records the turn ev reports (an EventTurn) and returns a copy of
+// its note.
+func (n *notes) add(ev coordinator.Event) *TurnNote {
+	r := ev.Ran
+	t := &TurnNote{Env: ev.Env, State: ev.State, Parent: ev.Parent, Turn: ev.Turn, engineTurn: r.EngineTurn,
+		Tool: r.Action.Tool, Exit: r.Exit, TimedOut: r.TimedOut, Kind: ev.Kind, Duration: r.Took, Time: ev.Time}
+	t.Cmd, t.CmdCut = cut(display(r.Action), maxNoteCmd)
+	t.Stdout, _ = cut(r.Stdout, maxNoteOutput) // only the head is copied
+	t.Stderr, _ = cut(r.Stderr, maxNoteOutput)
+	c := *t
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.byState == nil {
@@ -79,6 +89,7 @@ func (n *notes) add(t *TurnNote) {
 		n.next = (n.next + 1) % maxNotes
 	}
 	n.byState[t.State] = append(n.byState[t.State], t)
+	return &c
 }
 
 // of returns copies of the notes of the states ids, by state.
@@ -113,11 +124,8 @@ func (n *notes) forget(env string) {
 	n.mu.Unlock()
 }
 
-// LastTurn is the newest turn of an open env the log holds (nil: none).
-func (c *Coordinator) LastTurn(env string) *TurnNote { return c.notes.latest(env) }
-
 // display is how a note shows an action's command.
-func display(a Action) string {
+func display(a coordinator.Action) string {
 	switch a.Tool {
 	case state.ToolWriteFile:
 		return "write_file " + a.Path
@@ -144,19 +152,4 @@ func cut[T string | []byte](s T, max int) (string, bool) {
 		}
 	}
 	return head, true
-}
-
-// noteTurn records a turn that ended (Turn, Boundary) and publishes it.
-func (c *Coordinator) noteTurn(m *entry, tool, cmd, parent string, out *TurnResult, took time.Duration) {
-	t := &TurnNote{Env: out.Env.ID, State: out.StateID, Parent: parent, Turn: out.Turn, engineTurn: out.Turn + m.base,
-		Tool: tool, Kind: string(out.Kind), Duration: took, Time: time.Now()}
-	t.Cmd, t.CmdCut = cut(cmd, maxNoteCmd)
-	if r := out.Result; r != nil {
-		t.Exit, t.TimedOut = r.ExitCode, r.TimedOut
-		t.Stdout, _ = cut(r.Stdout, maxNoteOutput) // only the head is copied
-		t.Stderr, _ = cut(r.Stderr, maxNoteOutput)
-	}
-	c.notes.add(t)
-	ev := *t
-	c.feed.publish(Event{Type: EventTurn, Env: t.Env, Task: m.task.Name, State: t.State, Parent: parent, Kind: t.Kind, Turn: t.Turn, Note: &ev})
 }

@@ -1,14 +1,18 @@
-package coordinator
+package ui
 
-import "sync"
+import (
+	"sync"
 
-// maxEnds bounds how many envs' ends the coordinator remembers.
+	"github.com/arbor-env/arbor/coordinator"
+)
+
+// maxEnds bounds how many envs' ends the view remembers.
 const maxEnds = 20000
 
-// ends remembers how the envs handed out ended, from the feed's events
-// (EventFinish, EventDiscard, EventClose, EventPromote for the child),
-// so that the tree tells a finished leaf from a discarded and a closed
-// one (docs/ui.md). It keeps the newest maxEnds in memory: an env that
+// ends remembers how the envs handed out ended, from the coordinator's
+// events (EventFinish, EventDiscard, EventClose, EventPromote for the
+// child), so that the tree tells a finished leaf from a discarded and a
+// closed one (docs/ui.md). It keeps the newest maxEnds in memory: an env that
 // ended before the server started, or longer ago, is drawn as closed.
 // Its mutex is a leaf, like the feed's.
 type ends struct {
@@ -18,18 +22,19 @@ type ends struct {
 	next int
 }
 
-// record notes the end an event reports, if it reports one.
-func (e *ends) record(ev Event) {
+// record notes the end an event reports, if it reports one, and returns
+// the env that ended ("": none).
+func (e *ends) record(ev coordinator.Event) string {
 	env, end := ev.Env, ev.Type
 	switch ev.Type {
-	case EventFinish, EventDiscard, EventClose:
-	case EventPromote:
+	case coordinator.EventFinish, coordinator.EventDiscard, coordinator.EventClose:
+	case coordinator.EventPromote:
 		env = ev.Child
 	default:
-		return
+		return ""
 	}
 	if env == "" {
-		return
+		return ""
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -46,6 +51,7 @@ func (e *ends) record(ev Event) {
 		}
 	}
 	e.by[env] = end
+	return env
 }
 
 // of is how env ended ("" when not known).

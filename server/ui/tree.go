@@ -1,17 +1,15 @@
-package coordinator
+package ui
 
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"time"
 
-	"github.com/arbor-env/arbor/cr/manifest"
-	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -40,9 +38,9 @@ const (
 // end (ends.go).
 func endStatus(end string) string {
 	switch end {
-	case EventDiscard:
+	case coordinator.EventDiscard:
 		return StatusDiscarded
-	case EventFinish:
+	case coordinator.EventFinish:
 		return StatusFinished
 	}
 	return StatusClosed
@@ -111,8 +109,24 @@ type Tree struct {
 // famEnv is what Tree knows of one env of the family.
 type famEnv struct {
 	TreeEnv
-	engineTurn int              // the engine's count, for an open env
-	path       []manifest.State // root first, to its head, for an open env
+	engineTurn int                       // the engine's count, for an open env
+	path       []coordinator.StateRecord // root first, to its head, for an open env
+}
+
+// treeBuild is a tree in the making: the family's envs, the states
+// they made with their ancestors, and the nodes drawn from them.
+type treeBuild struct {
+	l       *local
+	fam     map[string]*famEnv
+	states  map[string]coordinator.StateRecord
+	pending map[string]bool // heads whose checkpoint still runs
+	live    map[string]bool // on an open env's path
+	// base is subtracted from the engine's turn counts: the family's
+	// largest count when its episodes began.
+	base  int
+	nodes map[string]*TreeNode
+	// nones are the turns without a checkpoint, by state and env.
+	nones map[[2]string][]*TreeNode
 }
 
 // Tree builds the lineage tree of scope from the state records (every
@@ -121,55 +135,77 @@ type famEnv struct {
 // records, and a head whose checkpoint still runs is shown pending.
 // A tree shows only envs ctx's tenant sees; another tenant's env as
 // scope is answered as an unknown one.
-func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
-	if (scope.Env == "") == (scope.Task == "") {
-		return nil, fmt.Errorf("%w: a tree needs exactly one of env and task", state.ErrInvalidParams)
-	}
-	recs, err := c.e.EnvRecords()
+func (l *local) Tree(ctx context.Context, scope TreeScope) (*Tree, error) {
+	ids, byID, open, err := l.members(ctx, scope)
 	if err != nil {
 		return nil, err
 	}
-	byID := map[string]manifest.Env{}
+	b := &treeBuild{l: l, fam: map[string]*famEnv{}, states: map[string]coordinator.StateRecord{},
+		pending: map[string]bool{}, live: map[string]bool{}, nodes: map[string]*TreeNode{}, nones: map[[2]string][]*TreeNode{}}
+	out := &Tree{Scope: scope, Envs: []TreeEnv{}, Nodes: []TreeNode{}}
+	if out.Envs, err = b.addEnvs(ids, byID, open); err != nil {
+		return nil, err
+	}
+	b.addHeads()
+	b.addAncestors()
+	b.markLive()
+	byState := l.notes.of(toSet(slices.Collect(maps.Keys(b.states))))
+	b.stateNodes(byState)
+	b.noneNodes(byState)
+	b.link()
+	b.markEnds()
+	out.Nodes, out.Truncated = b.sorted()
+	return out, nil
+}
+
+// members are the envs of scope's tree (sorted), the records of the envs
+// ctx's tenant sees, and its open envs.
+func (l *local) members(ctx context.Context, scope TreeScope) ([]string, map[string]coordinator.EnvRecord, map[string]coordinator.EnvInfo, error) {
+	if (scope.Env == "") == (scope.Task == "") {
+		return nil, nil, nil, fmt.Errorf("%w: a tree needs exactly one of env and task", state.ErrInvalidParams)
+	}
+	recs, err := l.c.EnvRecords(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	byID := map[string]coordinator.EnvRecord{}
 	for _, r := range recs {
 		byID[r.ID] = r
 	}
-	open := map[string]EnvInfo{}
-	for _, e := range c.Envs(ctx) {
+	open := map[string]coordinator.EnvInfo{}
+	for _, e := range l.c.Envs(ctx) {
 		open[e.Env.ID] = e
-	}
-	t := tenant.From(ctx)
-	for id, r := range byID {
-		if owner, ok := r.Labels[labelTenant]; (ok || r.Labels[labelServed] == "1") && !t.Sees(owner) {
-			delete(byID, id) // another tenant's: as if never made
-		}
 	}
 	served := func(id string) bool {
 		_, ok := open[id]
-		return ok || byID[id].Labels[labelServed] == "1"
+		return ok || byID[id].Served
 	}
 	var ids []string
 	if scope.Env != "" {
 		if _, ok := byID[scope.Env]; !ok && open[scope.Env].Env == nil {
-			return nil, fmt.Errorf("%w: no env %q", state.ErrUnknownEnv, scope.Env)
+			return nil, nil, nil, fmt.Errorf("%w: no env %q", state.ErrUnknownEnv, scope.Env)
 		}
 		ids = family(scope.Env, byID, served)
 	} else {
 		for id, r := range byID {
-			if r.Labels[labelServed] == "1" && r.Labels[labelTask] == scope.Task {
+			if r.Served && r.Task == scope.Task {
 				ids = append(ids, id)
 			}
 		}
 		for id, e := range open {
-			if e.Task.Name == scope.Task && byID[id].Labels[labelServed] != "1" {
+			if e.Task.Name == scope.Task && !byID[id].Served {
 				ids = append(ids, id)
 			}
 		}
 	}
 	slices.Sort(ids)
+	return ids, byID, open, nil
+}
 
-	out := &Tree{Scope: scope, Envs: []TreeEnv{}, Nodes: []TreeNode{}}
-	states := map[string]manifest.State{}
-	fam := map[string]*famEnv{}
+// addEnvs adds the family's envs, the states they made, and the base of
+// their turn counts, and returns the envs as the tree lists them.
+func (b *treeBuild) addEnvs(ids []string, byID map[string]coordinator.EnvRecord, open map[string]coordinator.EnvInfo) ([]TreeEnv, error) {
+	envs := []TreeEnv{}
 	base := -1
 	for _, id := range ids {
 		fe := &famEnv{TreeEnv: TreeEnv{ID: id, Origin: byID[id].Origin, Head: byID[id].Head}}
@@ -179,185 +215,196 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 			fe.Origin = e.Env.Origin
 			base = max(base, fe.engineTurn-fe.Turn)
 		} else {
-			t, b, _ := fromLabels(byID[id].Labels)
-			fe.Task = t.Name
-			if fe.End = c.feed.ends.of(id); fe.End == "" {
-				fe.End = EventClose
+			fe.Task = byID[id].Task
+			if fe.End = b.l.ends.of(id); fe.End == "" {
+				fe.End = coordinator.EventClose
 			}
-			if byID[id].Labels[labelServed] == "1" {
-				base = max(base, b)
+			if byID[id].Served {
+				base = max(base, byID[id].Base)
 			}
 		}
-		fam[id] = fe
-		out.Envs = append(out.Envs, fe.TreeEnv)
-		sts, err := c.e.States(id)
-		if err != nil && !errors.Is(err, manifest.ErrNotFound) {
+		b.fam[id] = fe
+		envs = append(envs, fe.TreeEnv)
+		sts, err := b.l.c.StateRecords(id)
+		if err != nil {
 			return nil, err
 		}
 		for _, st := range sts {
-			states[st.ID] = st
+			b.states[st.ID] = st
 		}
 	}
-	base = max(base, 0)
-	// Heads the family's envs did not make (a fresh env's, a child's
-	// before its first turn: the branch point), and pending heads, which
-	// the turn log says what they will be.
-	pending := map[string]bool{}
-	for _, fe := range fam {
+	b.base = max(base, 0)
+	return envs, nil
+}
+
+// addHeads adds the heads the family's envs did not make (a fresh env's,
+// a child's before its first turn: the branch point) with their
+// ancestors, and the pending heads, which the turn log says what they
+// will be.
+func (b *treeBuild) addHeads() {
+	for _, fe := range b.fam {
 		if fe.Head == "" {
 			continue
 		}
-		if _, ok := states[fe.Head]; ok {
+		if _, ok := b.states[fe.Head]; ok {
 			continue
 		}
-		if st, err := c.e.State(fe.Head); err == nil {
-			states[st.ID] = st // its ancestors are added below
+		if lin, err := b.l.c.LineageRecords(fe.Head); err == nil {
+			addStates(b.states, lin)
 			continue
 		}
 		if !fe.Open {
 			continue
 		}
-		if n := c.notes.latest(fe.ID); n != nil && n.State == fe.Head {
-			states[fe.Head] = manifest.State{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,
+		if n := b.l.notes.latest(fe.ID); n != nil && n.State == fe.Head {
+			b.states[fe.Head] = coordinator.StateRecord{ID: n.State, Env: fe.ID, Parent: n.Parent, Turn: n.engineTurn,
 				Kind: state.Kind(n.Kind), Created: n.Time}
-			pending[fe.Head] = true
+			b.pending[fe.Head] = true
 		}
 	}
-	// Ancestors outside the family: where it branched from (a task's
-	// prepared state, an env no longer listed).
-	for _, st := range slices.Collect(maps.Values(states)) {
+}
+
+// addAncestors adds the ancestors outside the family: where it branched
+// from (a task's prepared state, an env no longer listed).
+func (b *treeBuild) addAncestors() {
+	for _, st := range slices.Collect(maps.Values(b.states)) {
 		if st.Parent == "" {
 			continue
 		}
-		if _, ok := states[st.Parent]; ok {
+		if _, ok := b.states[st.Parent]; ok {
 			continue
 		}
-		l, err := c.e.Lineage(st.Parent)
-		if err != nil {
-			continue // gone (GC): st is a root here
-		}
-		for _, a := range l {
-			if _, ok := states[a.ID]; !ok {
-				states[a.ID] = a
-			}
-		}
+		if lin, err := b.l.c.LineageRecords(st.Parent); err == nil {
+			addStates(b.states, lin)
+		} // else gone (GC): st is a root here
 	}
-	// The open envs' paths: what is live.
-	live := map[string]bool{}
-	for _, fe := range fam {
+}
+
+// markLive follows the open envs' paths: what is live.
+func (b *treeBuild) markLive() {
+	for _, fe := range b.fam {
 		if !fe.Open {
 			continue
 		}
 		for id := fe.Head; id != ""; {
-			st, ok := states[id]
+			st, ok := b.states[id]
 			if !ok {
 				break
 			}
 			fe.path = append(fe.path, st)
-			live[id] = true
+			b.live[id] = true
 			id = st.Parent
 		}
 		slices.Reverse(fe.path)
 	}
-	ids = ids[:0]
-	for id := range states {
-		ids = append(ids, id)
-	}
-	byState := c.notes.of(toSet(ids))
+}
 
-	nodes := map[string]*TreeNode{}
-	for _, st := range states {
-		n := &TreeNode{ID: st.ID, State: st.ID, Env: st.Env, Turn: st.Turn - base, Kind: string(st.Kind), Created: st.Created,
-			Pending: pending[st.ID]}
-		switch {
-		case live[st.ID]:
+// stateNodes makes a node of each state, with its status, reward and
+// the note of the turn that made it.
+func (b *treeBuild) stateNodes(byState map[string][]TurnNote) {
+	for _, st := range b.states {
+		n := &TreeNode{ID: st.ID, State: st.ID, Env: st.Env, Turn: st.Turn - b.base, Kind: string(st.Kind), Created: st.Created,
+			Pending: b.pending[st.ID]}
+		switch fe := b.fam[st.Env]; {
+		case b.live[st.ID]:
 			n.Status = StatusLive
-		case fam[st.Env] != nil && fam[st.Env].Open:
+		case fe != nil && fe.Open:
 			n.Status = StatusRolledBack
+		case fe != nil:
+			n.Status = endStatus(fe.End)
 		default:
-			// An env of the family that ended, or one outside it (a
-			// task's prepared state's): closed.
+			// A state outside the family (a task's prepared state's):
+			// closed.
 			n.Status = StatusClosed
-			if fe := fam[st.Env]; fe != nil {
-				n.Status = endStatus(fe.End)
-			}
 		}
-		n.Reward = c.reward(st.ID)
+		n.Reward = b.l.c.Reward(st.ID)
 		for i := range byState[st.ID] {
 			if t := &byState[st.ID][i]; t.Kind != string(state.None) && t.engineTurn == st.Turn {
 				n.Note = t
 			}
 		}
-		nodes[n.ID] = n
+		b.nodes[n.ID] = n
 	}
-	// Turns without a checkpoint, chained after their state per env.
-	nones := map[[2]string][]*TreeNode{} // by state and env
+}
+
+// noneNodes makes a node of each turn without a checkpoint; they are
+// chained after their state per env (link).
+func (b *treeBuild) noneNodes(byState map[string][]TurnNote) {
 	for sid, ts := range byState {
 		for i := range ts {
 			t := &ts[i]
 			if t.Kind != string(state.None) {
 				continue
 			}
-			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - base,
-				Kind: t.Kind, Note: t, Created: t.Time, Status: noneStatus(fam[t.Env], sid, t.engineTurn)}
+			n := &TreeNode{ID: NoneNodeID(sid, t.Env, t.Turn), State: sid, Env: t.Env, Turn: t.engineTurn - b.base,
+				Kind: t.Kind, Note: t, Created: t.Time, Status: noneStatus(b.fam[t.Env], sid, t.engineTurn)}
 			if n.Status == StatusDiscarded {
 				n.Status = StatusClosed
-				if fe := fam[t.Env]; fe != nil {
+				if fe := b.fam[t.Env]; fe != nil {
 					n.Status = endStatus(fe.End)
 				}
 			}
-			nodes[n.ID] = n
+			b.nodes[n.ID] = n
 			k := [2]string{sid, t.Env}
-			nones[k] = append(nones[k], n)
+			b.nones[k] = append(b.nones[k], n)
 		}
 	}
-	// lastNone finds the newest turn without checkpoint env took on
-	// state sid before engine turn before.
-	lastNone := func(sid, env string, before int) *TreeNode {
-		var best *TreeNode
-		for _, n := range nones[[2]string{sid, env}] {
-			if n.Turn+base < before && (best == nil || n.Turn > best.Turn) {
-				best = n
-			}
+}
+
+// lastNone finds the newest turn without checkpoint env took on state
+// sid before engine turn before.
+func (b *treeBuild) lastNone(sid, env string, before int) *TreeNode {
+	var best *TreeNode
+	for _, n := range b.nones[[2]string{sid, env}] {
+		if n.Turn+b.base < before && (best == nil || n.Turn > best.Turn) {
+			best = n
 		}
-		return best
 	}
-	for _, n := range nodes {
+	return best
+}
+
+// link sets each node's parent (the last turn without checkpoint before
+// it on its parent state, else that state) and the open envs' heads: the
+// newest live node of each on its head state.
+func (b *treeBuild) link() {
+	for _, n := range b.nodes {
 		var p *TreeNode
 		if n.Kind == string(state.None) {
-			if p = lastNone(n.State, n.Env, n.Turn+base); p == nil {
-				p = nodes[n.State]
+			if p = b.lastNone(n.State, n.Env, n.Turn+b.base); p == nil {
+				p = b.nodes[n.State]
 			}
-		} else if parent := states[n.State].Parent; parent != "" {
-			if p = lastNone(parent, n.Env, n.Turn+base); p == nil {
-				p = nodes[parent]
+		} else if parent := b.states[n.State].Parent; parent != "" {
+			if p = b.lastNone(parent, n.Env, n.Turn+b.base); p == nil {
+				p = b.nodes[parent]
 			}
 		}
 		if p != nil {
 			n.Parent, n.Branch = p.ID, p.Env != n.Env
 		}
 	}
-	// Heads: the newest live node of each open env on its head state.
-	for _, fe := range fam {
+	for _, fe := range b.fam {
 		if !fe.Open {
 			continue
 		}
-		h := nodes[fe.Head]
+		h := b.nodes[fe.Head]
 		if h == nil {
 			continue
 		}
-		if n := lastNone(fe.Head, fe.ID, fe.engineTurn+1); n != nil && n.Status == StatusLive {
+		if n := b.lastNone(fe.Head, fe.ID, fe.engineTurn+1); n != nil && n.Status == StatusLive {
 			h = n
 		}
 		h.Heads = append(h.Heads, fe.ID)
 	}
-	// Leaves: the newest node of each env that ended, unless an open
-	// env's path goes through it (a child closed before its first turn
-	// left the branch state). A leaf after turns without checkpoint
-	// shows its state's reward.
+}
+
+// markEnds marks the leaves: the newest node of each env that ended,
+// unless an open env's path goes through it (a child closed before its
+// first turn left the branch state). A leaf after turns without
+// checkpoint shows its state's reward.
+func (b *treeBuild) markEnds() {
 	last := map[string]*TreeNode{}
-	for _, n := range nodes {
-		if fe := fam[n.Env]; fe != nil && !fe.Open {
+	for _, n := range b.nodes {
+		if fe := b.fam[n.Env]; fe != nil && !fe.Open {
 			if l := last[n.Env]; l == nil || n.Turn > l.Turn || n.Turn == l.Turn && kindOrder(n.Kind) > kindOrder(l.Kind) {
 				last[n.Env] = n
 			}
@@ -365,37 +412,30 @@ func (c *Coordinator) Tree(ctx context.Context, scope TreeScope) (*Tree, error) 
 	}
 	for env, n := range last {
 		if n.Status != StatusLive {
-			n.End = fam[env].End
+			n.End = b.fam[env].End
 			if n.Reward == nil {
-				n.Reward = c.reward(n.State)
+				n.Reward = b.l.c.Reward(n.State)
 			}
 		}
 	}
-	for _, n := range nodes {
-		out.Nodes = append(out.Nodes, *n)
-	}
-	// Oldest first by turn: a parent's engine turn is below its child's,
-	// a state's below the turns without checkpoint that follow it.
-	slices.SortFunc(out.Nodes, func(a, b TreeNode) int {
-		return cmp.Or(cmp.Compare(a.Turn, b.Turn), cmp.Compare(kindOrder(a.Kind), kindOrder(b.Kind)),
-			a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
-	})
-	if len(out.Nodes) > maxTreeNodes {
-		out.Nodes, out.Truncated = out.Nodes[:maxTreeNodes], true
-	}
-	return out, nil
 }
 
-// reward is the newest verdict's reward on state sid, if any.
-func (c *Coordinator) reward(sid string) *float64 {
-	if c.trail == nil {
-		return nil
+// sorted is the nodes oldest first by turn (a parent's engine turn is
+// below its child's, a state's below the turns without checkpoint that
+// follow it), at most maxTreeNodes of them (truncated: more).
+func (b *treeBuild) sorted() (nodes []TreeNode, truncated bool) {
+	nodes = make([]TreeNode, 0, len(b.nodes))
+	for _, n := range b.nodes {
+		nodes = append(nodes, *n)
 	}
-	v, ok, err := c.trail.Verdict(sid)
-	if err != nil || !ok {
-		return nil
+	slices.SortFunc(nodes, func(x, y TreeNode) int {
+		return cmp.Or(cmp.Compare(x.Turn, y.Turn), cmp.Compare(kindOrder(x.Kind), kindOrder(y.Kind)),
+			x.Created.Compare(y.Created), cmp.Compare(x.ID, y.ID))
+	})
+	if len(nodes) > maxTreeNodes {
+		return nodes[:maxTreeNodes], true
 	}
-	return &v.Reward
+	return nodes, false
 }
 
 // NoneNodeID is the tree node id of env's turn turn (counted since its
@@ -435,7 +475,7 @@ func noneStatus(fe *famEnv, sid string, turn int) string {
 
 // family is the envs of env's tree: up through Origin to the top served
 // env, then every env whose Origin chain reaches it.
-func family(env string, recs map[string]manifest.Env, served func(string) bool) []string {
+func family(env string, recs map[string]coordinator.EnvRecord, served func(string) bool) []string {
 	top := env
 	for seen := map[string]bool{top: true}; ; {
 		o := recs[top].Origin
@@ -465,6 +505,15 @@ func family(env string, recs map[string]manifest.Env, served func(string) bool) 
 		out = append(out, env) // open, not recorded yet
 	}
 	return out
+}
+
+// addStates adds to states those of sts it lacks.
+func addStates(states map[string]coordinator.StateRecord, sts []coordinator.StateRecord) {
+	for _, st := range sts {
+		if _, ok := states[st.ID]; !ok {
+			states[st.ID] = st
+		}
+	}
 }
 
 func toSet(ids []string) map[string]bool {
