@@ -22,8 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/state"
 )
 
 // Prefix is where the proxy is mounted.
@@ -136,7 +136,7 @@ type boundary struct {
 	wait, release func()
 	done          chan struct{}
 	sid           string
-	kind          branch.Kind
+	kind          state.Kind
 	err           error
 }
 
@@ -189,7 +189,7 @@ func (p *Proxy) checkpoint(b *boundary) {
 		b.err = err
 		return
 	}
-	b.sid, b.kind = r.StateID, r.Kind
+	b.sid, b.kind = r.StateID, state.Kind(r.Kind)
 	// Wait for the checkpoint under the ticket: its failure is taken from
 	// the engine before the next operation on the env may take it.
 	b.err = p.o.Coordinator.WaitTurn(p.ctx, b.envID)

@@ -321,7 +321,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	defer co.Close()
-	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, snap, auth, log)
+	routes, stopMCP, err := mcpRoutes(o.mcp, ln.Addr(), co, auth, log)
 	if err != nil {
 		return err
 	}
