@@ -2,12 +2,14 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/envpool"
+	"github.com/arbor-env/arbor/state"
 )
 
 // TaskInfo is what the coordinator knows of an env's task.
@@ -156,6 +158,9 @@ func (a envpoolTasks) Evaluate(ctx context.Context, env *branch.Env, task TaskIn
 		t = envpool.Task{Image: env.Image}
 	}
 	ev, err := a.p.Evaluate(ctx, env, t, seed)
+	if errors.Is(err, envpool.ErrNoVerifier) {
+		err = state.Errorf(ErrNoVerifier, "%w", err) // the adapters test the coordinator's sentinel
+	}
 	return Evaluation{Reward: ev.Reward, Details: ev.Details}, err
 }
 

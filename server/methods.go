@@ -9,10 +9,10 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
 )
 
 // request is one request being served.
@@ -127,7 +127,7 @@ func (r *request) hello(ctx context.Context, p *protocol.HelloParams) (any, erro
 		r.c.who.Store(&who{t: t, token: tok})
 		r.c.authed.Store(true)
 	}
-	kinds := []string{string(branch.None), string(branch.FS), string(branch.Proc), string(branch.Full)}
+	kinds := []string{string(state.None), string(state.FS), string(state.Proc), string(state.Full)}
 	var envs protocol.Capabilities
 	if s.c != nil {
 		envs = protocol.Capabilities{Tasks: s.c.TaskNames(), MaxEnvs: s.c.MaxEnvs(), EnvIdleTTLS: s.c.IdleTTL().Seconds()}
@@ -156,7 +156,7 @@ func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral b
 	if err != nil {
 		return nil, err
 	}
-	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(branch.Full), Task: res.Task.Name, Image: res.Task.Image,
+	info := protocol.Info{StateID: res.StateID, Turn: 0, Checkpoint: string(state.Full), Task: res.Task.Name, Image: res.Task.Image,
 		MaxTurns: res.Task.MaxTurns, Seed: p.Seed}
 	return &protocol.ResetResult{EnvID: res.Env.ID, Obs: protocol.Obs{Stdout: protocol.Text(res.Instruction), Instruction: res.Instruction}, Info: info}, nil
 }
@@ -280,14 +280,14 @@ func (s *Server) rollback(ctx context.Context, envID, stateID string) (*protocol
 	if err != nil {
 		return nil, err
 	}
-	return &protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(branch.None), Restored: res.StateID,
+	return &protocol.RollbackResult{Info: protocol.Info{StateID: res.StateID, Turn: res.Turn, Checkpoint: string(state.None), Restored: res.StateID,
 		Task: res.Task.Name, MaxTurns: res.Task.MaxTurns, Recovered: recovered(res.Recovered)}}, nil
 }
 
 func promoteEnvs(s *Server, _ *request, p *protocol.PromoteParams) ([]string, error) {
 	ids := []string{p.EnvID}
-	if env, err := s.c.Engine().Env(p.EnvID); err == nil && env.Origin != "" {
-		ids = append(ids, env.Origin)
+	if origin := s.c.Origin(p.EnvID); origin != "" {
+		ids = append(ids, origin)
 	}
 	return ids, nil
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -822,7 +821,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 	c.over = true
 	ev, err := c.s.evaluate(ctx, c.env, false)
-	if errors.Is(err, coordinator.ErrNoVerifier) || errors.Is(err, envpool.ErrNoVerifier) {
+	if errors.Is(err, coordinator.ErrNoVerifier) {
 		return oeResult{Observation: obs, Done: true}, nil
 	}
 	if err != nil {
