@@ -13,7 +13,6 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -22,14 +21,13 @@ import (
 var (
 	skipReason string
 	engine     *branch.Engine
-	snap       cr.Snapshotter
 )
 
 func quiet() *slog.Logger { return branchtest.Logger() }
 
 func TestMain(m *testing.M) {
 	branchtest.Main(m, "agent", branchtest.Options{}, &skipReason, func(rig *branchtest.Rig) (func(), error) {
-		engine, snap = rig.Engine, rig.Snap
+		engine = rig.Engine
 		return nil, nil
 	})
 }
@@ -53,7 +51,7 @@ func newServer(t testing.TB, token string) *served {
 		t.Fatal(err)
 	}
 	t.Cleanup(co.Close)
-	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: quiet()})
+	tools, err := agent.New(agent.Options{Coordinator: co, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -297,7 +297,7 @@ func (b *binding) same(req *mcp.CallToolRequest) error {
 	id := b.tg.envID
 	b.mu.Lock()
 	if b.s != nil {
-		id = b.s.env.ID
+		id = b.s.id
 	}
 	b.mu.Unlock()
 	return coordError("env "+id, fmt.Errorf("%w: no open env %q", state.ErrUnknownEnv, id))
@@ -310,19 +310,15 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	defer b.mu.Unlock()
 	t := b.h.t
 	if b.tg.envID != "" {
-		env, err := t.c.Env(b.tg.envID)
-		if err != nil {
-			return nil, "", coordError("env "+b.tg.envID, err)
-		}
-		if b.s == nil || b.s.env != env {
-			b.s = t.Attach(env, "")
+		if b.s, err = t.Attach(b.tg.envID, ""); err != nil {
+			return nil, "", err
 		}
 		return b.s, "", nil
 	}
 	if b.s != nil {
-		if !t.c.Has(b.s.env.ID) {
+		if !t.c.Has(b.s.id) {
 			return nil, "", coordError("session", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session",
-				state.ErrUnknownEnv, b.s.env.ID))
+				state.ErrUnknownEnv, b.s.id))
 		}
 		return b.s, "", nil
 	}
@@ -338,7 +334,10 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	if b.tg.task != "" {
 		what = "task " + b.tg.task
 	}
-	b.s = t.Attach(res.Env, "(start of "+what+")")
+	if b.s, err = t.Attach(res.Env.ID, "(start of "+what+")"); err != nil {
+		b.h.disown(b)
+		return nil, "", err
+	}
 	b.ss = req.Session
 	b.h.wg.Add(1)
 	go b.h.closeWhenDone(b)
@@ -373,20 +372,20 @@ func (h *Handler) closeWhenDone(b *binding) {
 	defer h.wg.Done()
 	b.ss.Wait()
 	b.mu.Lock()
-	env := b.s.env
+	id := b.s.id
 	b.mu.Unlock()
 	h.disown(b)
 	ctx, cancel := context.WithTimeout(tenant.With(context.Background(), b.who), time.Minute)
 	defer cancel()
-	wait, release := h.t.c.Ticket(env.ID)
+	wait, release := h.t.c.Ticket(id)
 	wait()
-	err := h.t.c.Discard(ctx, env.ID)
+	err := h.t.c.Discard(ctx, id)
 	release()
 	if err != nil && !errors.Is(err, state.ErrUnknownEnv) {
-		h.log.Warn("close env of ended mcp session", slog.String("env", env.ID), slog.Any("err", err))
+		h.log.Warn("close env of ended mcp session", slog.String("env", id), slog.Any("err", err))
 	}
-	h.t.Forget(env.ID)
-	h.log.Info("mcp session ended", slog.String("env", env.ID))
+	h.t.Forget(id)
+	h.log.Info("mcp session ended", slog.String("env", id))
 }
 
 // Close ends the sessions that started their own env and closes those

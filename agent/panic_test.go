@@ -40,7 +40,7 @@ func TestToolPanic(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(co.Close)
-	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: quiet()})
+	tools, err := agent.New(agent.Options{Coordinator: co, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

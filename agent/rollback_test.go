@@ -29,7 +29,7 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(co.Close)
-	tools, err := agent.New(agent.Options{Coordinator: co, Snap: rig.Snap, Logger: quiet()})
+	tools, err := agent.New(agent.Options{Coordinator: co, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,11 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 	}
 	parent, first := reset.Env, reset.StateID
 	t.Cleanup(func() { co.CloseEnv(context.Background(), parent.ID) })
-	if _, err := tools.Attach(parent, "").Bash(ctx, agent.BashArgs{Cmd: "echo 2 > /tmp/n"}); err != nil {
+	ps, err := tools.Attach(parent.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps.Bash(ctx, agent.BashArgs{Cmd: "echo 2 > /tmp/n"}); err != nil {
 		t.Fatal(err)
 	}
 	br, err := co.Branch(ctx, coordinator.BranchRequest{EnvID: parent.ID, N: 1})
@@ -48,7 +52,10 @@ func TestRollbackWhileCheckpointRuns(t *testing.T) {
 	}
 	child := br.Children[0]
 	t.Cleanup(func() { co.CloseEnv(context.Background(), child.ID) })
-	s := tools.Attach(child, "")
+	s, err := tools.Attach(child.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	release := branchtest.HoldQueue(t, engine, "busybox")
 	r, err := s.Bash(ctx, agent.BashArgs{Cmd: "echo 3 > /tmp/n"})

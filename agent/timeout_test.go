@@ -30,7 +30,7 @@ func TestTaskCommandTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(co.Close)
-	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: quiet()})
+	tools, err := agent.New(agent.Options{Coordinator: co, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,10 @@ func TestTaskCommandTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { co.CloseEnv(context.Background(), r.Env.ID) })
-	s := tools.Attach(r.Env, "")
+	s, err := tools.Attach(r.Env.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// 5 s of sleep against the task's 1 s.
 	b, err := s.Bash(ctx, agent.BashArgs{Cmd: "sleep 5; echo done"})
 	if err != nil {

@@ -10,10 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/sandbox"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
 )
@@ -24,9 +21,6 @@ type Options struct {
 	// task or an image), their idle TTL and the turn rule: bash and
 	// write_file are turns it classifies, read_file a turn of kind none.
 	Coordinator *coordinator.Coordinator
-	// Snap lists the files fork_try changed; nil: fork_try reports no
-	// change list.
-	Snap cr.Snapshotter
 	// MaxOutput caps each of stdout and stderr in an observation (default
 	// 64 KiB; the head and the tail are kept).
 	MaxOutput int
@@ -60,7 +54,6 @@ func (o Options) withDefaults() Options {
 type Tools struct {
 	o   Options
 	c   *coordinator.Coordinator
-	e   *branch.Engine // for reads and for fork_try's throwaway branches
 	log *slog.Logger
 
 	mu   sync.Mutex
@@ -73,7 +66,7 @@ func New(o Options) (*Tools, error) {
 		return nil, fmt.Errorf("%w: agent.Options.Coordinator is required", ErrBadArgument)
 	}
 	o = o.withDefaults()
-	return &Tools{o: o, c: o.Coordinator, e: o.Coordinator.Engine(), log: o.Logger, logs: map[string]*history{}}, nil
+	return &Tools{o: o, c: o.Coordinator, log: o.Logger, logs: map[string]*history{}}, nil
 }
 
 // Entry is one state the tools made (or found when first attached).
@@ -121,14 +114,19 @@ func (h *history) last() Entry { return h.entries[len(h.entries)-1] }
 
 // Session is the tool set bound to one environment.
 type Session struct {
-	t   *Tools
-	env *branch.Env
-	h   *history
+	t  *Tools
+	id string // the env's
+	h  *history
 }
 
-// Attach binds the tools to env. The first attachment starts env's log
-// with its current state as turn 0, described by note ("" for a default).
-func (t *Tools) Attach(env *branch.Env, note string) *Session {
+// Attach binds the tools to env envID, one the coordinator handed out.
+// The first attachment starts the env's log with its current state as
+// turn 0, described by note ("" for a default).
+func (t *Tools) Attach(envID, note string) (*Session, error) {
+	env, err := t.c.Env(envID)
+	if err != nil {
+		return nil, coordError("env "+envID, err)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id := range t.logs {
@@ -146,7 +144,7 @@ func (t *Tools) Attach(env *branch.Env, note string) *Session {
 		h.add(Entry{StateID: env.Head(), Turn: turn, Command: note, Time: time.Now()})
 		t.logs[env.ID] = h
 	}
-	return &Session{t: t, env: env, h: h}
+	return &Session{t: t, id: env.ID, h: h}, nil
 }
 
 // Forget drops the log of an environment that was closed.
@@ -155,9 +153,6 @@ func (t *Tools) Forget(envID string) {
 	delete(t.logs, envID)
 	t.mu.Unlock()
 }
-
-// Env is the environment the session drives.
-func (s *Session) Env() *branch.Env { return s.env }
 
 // coordError words a failure of the coordinator, the engine or the
 // sandbox for the agent by the one error mapping (protocol.ErrorOf),
@@ -186,14 +181,14 @@ func coordError(what string, err error) error {
 // with protocol requests) and then the log's mutex; the returned func
 // releases both. It fails when the env is no longer open.
 func (s *Session) lock() (func(), error) {
-	wait, release := s.t.c.Ticket(s.env.ID)
+	wait, release := s.t.c.Ticket(s.id)
 	wait()
 	s.h.mu.Lock()
 	unlock := func() { s.h.mu.Unlock(); release() }
-	if _, err := s.t.c.Env(s.env.ID); err != nil {
+	if _, err := s.t.c.Env(s.id); err != nil {
 		unlock()
-		s.t.Forget(s.env.ID) // closed elsewhere: its log goes too
-		return nil, coordError("env "+s.env.ID, err)
+		s.t.Forget(s.id) // closed elsewhere: its log goes too
+		return nil, coordError("env "+s.id, err)
 	}
 	return unlock, nil
 }
@@ -210,30 +205,30 @@ func timeout(seconds float64) (time.Duration, error) {
 
 // ran is one command run in the environment and the state after it.
 type ran struct {
-	res      *sandbox.Result
-	sid      string
-	turn     int
-	newState bool
-	warning  string
+	*coordinator.TurnResult
+	warning string
 }
 
 // run executes a as one turn of the coordinator (which classifies it,
 // unless read-only, and checkpoints it in the background); the caller
 // holds the lock. label is what list_states will show for it.
 func (s *Session) run(ctx context.Context, label string, a coordinator.Action) (*ran, error) {
-	prev := s.env.Head()
-	r, err := s.t.c.Turn(ctx, s.env.ID, a)
+	env, err := s.t.c.Env(s.id)
+	if err != nil {
+		return nil, coordError("env "+s.id, err)
+	}
+	prev := env.Head()
+	r, err := s.t.c.Turn(ctx, s.id, a)
 	if err != nil {
 		return nil, coordError("run "+a.Tool, err)
 	}
 	res := r.Result
-	out := &ran{res: res, sid: r.StateID, turn: r.Turn}
+	out := &ran{TurnResult: r}
 	if r.CheckpointError != nil {
 		out.warning = "the previous state could not be saved (" + r.CheckpointError.Error() + "); this call's state includes its changes"
 	}
 	if r.StateID != prev {
-		out.newState = true
-		s.h.add(Entry{StateID: r.StateID, Turn: out.turn, Tool: a.Tool, Command: label, ExitCode: res.ExitCode, Cwd: res.Cwd, Time: time.Now()})
+		s.h.add(Entry{StateID: r.StateID, Turn: r.Turn, Tool: a.Tool, Command: label, ExitCode: res.ExitCode, Cwd: res.Cwd, Time: time.Now()})
 	}
 	return out, nil
 }
@@ -280,10 +275,10 @@ func (s *Session) Bash(ctx context.Context, a BashArgs) (*BashResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := r.res
+	res := r.Result
 	return &BashResult{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr), TimedOut: res.TimedOut,
 		Truncated: res.Truncated, Cwd: res.Cwd, DurationS: res.Duration.Seconds(), ShellRestarted: res.ShellRestarted,
-		StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
+		StateID: r.StateID, Turn: r.Turn, Warning: r.warning}, nil
 }
 
 // file runs a file tool's action a as one turn (read_file, write_file):
@@ -302,8 +297,8 @@ func (s *Session) file(ctx context.Context, label string, a coordinator.Action) 
 	if err != nil {
 		return nil, err
 	}
-	if r.res.ExitCode != 0 {
-		return nil, fmt.Errorf("%w: %s %s: %s", ErrCommandFailed, a.Tool, a.Path, strings.TrimSpace(string(r.res.Stderr)))
+	if r.Result.ExitCode != 0 {
+		return nil, fmt.Errorf("%w: %s %s: %s", ErrCommandFailed, a.Tool, a.Path, strings.TrimSpace(string(r.Result.Stderr)))
 	}
 	return r, nil
 }
@@ -330,7 +325,7 @@ func (s *Session) ReadFile(ctx context.Context, a ReadFileArgs) (*ReadFileResult
 	if err != nil {
 		return nil, err
 	}
-	return &ReadFileResult{Path: a.Path, Content: string(r.res.Stdout), Bytes: r.res.StdoutBytes, Truncated: r.res.Truncated}, nil
+	return &ReadFileResult{Path: a.Path, Content: string(r.Result.Stdout), Bytes: r.Result.StdoutBytes, Truncated: r.Result.Truncated}, nil
 }
 
 // WriteFileArgs are the arguments of write_file.
@@ -356,7 +351,7 @@ func (s *Session) WriteFile(ctx context.Context, a WriteFileArgs) (*WriteFileRes
 	if err != nil {
 		return nil, err
 	}
-	return &WriteFileResult{Path: a.Path, Bytes: len(a.Content), StateID: r.sid, Turn: r.turn, Warning: r.warning}, nil
+	return &WriteFileResult{Path: a.Path, Bytes: len(a.Content), StateID: r.StateID, Turn: r.Turn, Warning: r.warning}, nil
 }
 
 // ListStatesArgs are the arguments of list_states.
@@ -392,12 +387,12 @@ type ListStatesResult struct {
 // case the coordinator checkpointed the changes it held again, and the
 // log's newest entry moves to that state). The caller holds the lock.
 func (s *Session) settle(ctx context.Context) error {
-	sid, remade, err := s.t.c.Head(ctx, s.env.ID)
+	sid, remade, err := s.t.c.Head(ctx, s.id)
 	if err != nil {
 		return coordError("wait for checkpoint", err)
 	}
 	if remade {
-		s.t.log.Warn("background checkpoint failed; checkpointed again", slog.String("env", s.env.ID), slog.String("state", sid))
+		s.t.log.Warn("background checkpoint failed; checkpointed again", slog.String("env", s.id), slog.String("state", sid))
 		last := s.h.last()
 		last.StateID, last.Time = sid, time.Now()
 		s.h.add(last)
@@ -405,15 +400,18 @@ func (s *Session) settle(ctx context.Context) error {
 	return nil
 }
 
-// lineage is the set of states on env's current history.
-func (s *Session) lineage() map[string]bool {
-	set := map[string]bool{}
-	if l, err := s.t.e.Lineage(s.env.Head()); err == nil {
-		for _, st := range l {
-			set[st.ID] = true
-		}
+// lineage is the env's head and the set of states on its current
+// history.
+func (s *Session) lineage(ctx context.Context) (string, map[string]bool, error) {
+	head, line, _, err := s.t.c.States(ctx, s.id)
+	if err != nil {
+		return "", nil, coordError("env "+s.id, err)
 	}
-	return set
+	set := map[string]bool{}
+	for _, st := range line {
+		set[st.ID] = true
+	}
+	return head, set, nil
 }
 
 // ListStates lists the environment's recent states with what made them.
@@ -432,13 +430,15 @@ func (s *Session) ListStates(ctx context.Context, a ListStatesArgs) (*ListStates
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
-	head := s.env.Head()
-	onPath := s.lineage()
-	turn, err := s.t.c.EpisodeTurn(s.env.ID)
+	head, onPath, err := s.lineage(ctx)
 	if err != nil {
-		return nil, coordError("env "+s.env.ID, err)
+		return nil, err
 	}
-	out := &ListStatesResult{EnvID: s.env.ID, Current: head, Turn: turn}
+	turn, err := s.t.c.EpisodeTurn(s.id)
+	if err != nil {
+		return nil, coordError("env "+s.id, err)
+	}
+	out := &ListStatesResult{EnvID: s.id, Current: head, Turn: turn}
 	// One row per state: a state reached again (e.g. re-made after a
 	// failed checkpoint) shows its newest entry.
 	seen := map[string]bool{}
@@ -450,7 +450,7 @@ func (s *Session) ListStates(ctx context.Context, a ListStatesArgs) (*ListStates
 		}
 		seen[en.StateID] = true
 		si := StateInfo{Entry: en, Current: en.StateID == head, Undone: !onPath[en.StateID]}
-		if _, err := s.t.e.State(en.StateID); err == nil {
+		if s.t.c.Committed(en.StateID) {
 			si.Restorable = true
 		} else {
 			si.Note = "its checkpoint is gone or failed: cannot be restored"
@@ -505,8 +505,8 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
-	onPath := s.lineage()
-	r, err := s.t.c.Turn(ctx, s.env.ID, coordinator.Action{Tool: state.ToolRollback, StateID: a.StateID})
+	_, onPath, _ := s.lineage(ctx)
+	r, err := s.t.c.Turn(ctx, s.id, coordinator.Action{Tool: state.ToolRollback, StateID: a.StateID})
 	if err != nil {
 		return nil, coordError("rollback", err)
 	}
@@ -536,18 +536,8 @@ type ForkTryArgs struct {
 	TimeoutS float64 `json:"timeout_s,omitempty" jsonschema:"seconds before the command is killed (default: the task's command timeout, else 60)"`
 }
 
-// FileChange is one path a command changed.
-type FileChange struct {
-	Path string `json:"path"`
-	Kind string `json:"kind"` // added, modified, deleted
-}
-
 // maxChanges bounds the change list of fork_try.
 const maxChanges = 200
-
-// sandboxDir holds the sandbox's own files (init's control socket), which
-// change with every restore.
-const sandboxDir = "/.arbor"
 
 // ForkTryResult is what a command did on a throwaway branch.
 type ForkTryResult struct {
@@ -560,9 +550,9 @@ type ForkTryResult struct {
 	DurationS float64 `json:"duration_s"`
 	// Changes lists the files the command added, modified or deleted
 	// (nil with ChangesNote when they could not be listed).
-	Changes          []FileChange `json:"changes"`
-	ChangesTruncated bool         `json:"changes_truncated,omitempty"`
-	ChangesNote      string       `json:"changes_note,omitempty"`
+	Changes          []coordinator.FileChange `json:"changes"`
+	ChangesTruncated bool                     `json:"changes_truncated,omitempty"`
+	ChangesNote      string                   `json:"changes_note,omitempty"`
 	// FromState is the state the branch started from (the environment's
 	// current one, which fork_try leaves as it is).
 	FromState string `json:"from_state"`
@@ -575,7 +565,7 @@ type ForkTryResult struct {
 // ForkTry runs a command on a throwaway branch of the environment and
 // reports its output and the files it changed; the environment itself is
 // untouched.
-func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResult, err error) {
+func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (*ForkTryResult, error) {
 	if strings.TrimSpace(a.Cmd) == "" {
 		return nil, fmt.Errorf("%w: cmd is empty: pass the command line to try", ErrBadArgument)
 	}
@@ -584,84 +574,26 @@ func (s *Session) ForkTry(ctx context.Context, a ForkTryArgs) (out *ForkTryResul
 		return nil, err
 	}
 	start := time.Now()
-	e := s.t.e
 	unlock, err := s.lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	timeout, err := s.t.c.CommandTimeout(s.env.ID, asked)
+	tr, err := s.t.c.ForkTry(ctx, s.id, coordinator.Action{Cmd: a.Cmd, Timeout: asked, MaxOutput: s.t.o.MaxOutput})
 	if err != nil {
-		return nil, coordError("env "+s.env.ID, err)
+		return nil, coordError("fork_try", err)
 	}
-	// The branch is the call's own, never handed out: it goes straight to
-	// the engine and is closed before the call returns.
-	br, err := e.Branch(ctx, branch.Source{Env: s.env}, 1)
-	if err != nil {
-		return nil, coordError("branch", err)
+	res := tr.Result
+	out := &ForkTryResult{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr), TimedOut: res.TimedOut,
+		Truncated: res.Truncated, Cwd: res.Cwd, DurationS: res.Duration.Seconds(), FromState: tr.FromState,
+		BranchS: tr.Branched.Sub(start).Seconds(), ChangesS: tr.Listed.Sub(tr.Ran).Seconds(), TotalS: tr.Listed.Sub(start).Seconds()}
+	switch {
+	case tr.ChangesErr != nil:
+		out.ChangesNote = "cannot list changed files: " + tr.ChangesErr.Error()
+	case len(tr.Changes) > maxChanges:
+		out.Changes, out.ChangesTruncated, out.ChangesNote = tr.Changes[:maxChanges], true, "more not shown"
+	default:
+		out.Changes = tr.Changes
 	}
-	child := br.Children[0]
-	if br.Errors[0] != nil || child == nil {
-		return nil, coordError("branch", errors.Join(br.Errors[0], errors.New("no child")))
-	}
-	defer func() {
-		// The branch is the call's own: it goes whatever happened.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if cerr := e.CloseEnv(cctx, child); cerr != nil {
-			s.t.log.Warn("close fork_try branch", slog.String("env", child.ID), slog.Any("err", cerr))
-		}
-	}()
-	out = &ForkTryResult{FromState: br.State, BranchS: time.Since(start).Seconds()}
-	res, err := e.Exec(ctx, child, a.Cmd, sandbox.ExecOptions{Timeout: timeout, MaxOutput: s.t.o.MaxOutput})
-	if err != nil {
-		return nil, coordError("run on the branch", err)
-	}
-	out.ExitCode, out.Stdout, out.Stderr, out.TimedOut, out.Truncated = res.ExitCode, string(res.Stdout), string(res.Stderr), res.TimedOut, res.Truncated
-	out.Cwd, out.DurationS = res.Cwd, res.Duration.Seconds()
-	t := time.Now()
-	out.Changes, out.ChangesTruncated, out.ChangesNote = s.changes(ctx, child, br.State)
-	out.ChangesS = time.Since(t).Seconds()
-	out.TotalS = time.Since(start).Seconds()
 	return out, nil
-}
-
-// changes lists the files child changed since state from, by snapshotting
-// its files and diffing the two snapshots.
-func (s *Session) changes(ctx context.Context, child *branch.Env, from string) ([]FileChange, bool, string) {
-	snap := s.t.o.Snap
-	if snap == nil {
-		return nil, false, "this server cannot list changed files (no snapshotter given)"
-	}
-	e := s.t.e
-	base, err := e.State(from)
-	if err != nil {
-		return nil, false, "cannot list changed files: " + err.Error()
-	}
-	sid, err := e.Checkpoint(ctx, child, state.FS)
-	if err != nil {
-		return nil, false, "cannot list changed files: " + err.Error()
-	}
-	after, err := e.State(sid)
-	if err != nil {
-		return nil, false, "cannot list changed files: " + err.Error()
-	}
-	if after.FS == base.FS {
-		return []FileChange{}, false, ""
-	}
-	cs, err := snap.Changes(ctx, branch.SnapshotPrefix+base.FS, branch.SnapshotPrefix+after.FS)
-	if err != nil {
-		return nil, false, "cannot list changed files: " + err.Error()
-	}
-	out := make([]FileChange, 0, min(len(cs), maxChanges))
-	for _, c := range cs {
-		if c.Path == sandboxDir || strings.HasPrefix(c.Path, sandboxDir+"/") {
-			continue // the sandbox's own control socket, not the command's doing
-		}
-		if len(out) == maxChanges {
-			return out, true, "more not shown"
-		}
-		out = append(out, FileChange{Path: c.Path, Kind: string(c.Kind)})
-	}
-	return out, false, ""
 }

@@ -235,8 +235,8 @@ func (c *Coordinator) Close() {
 	c.closeTrail()
 }
 
-// Engine is the engine the coordinator drives (for throwaway forks that
-// are never handed out, such as the agent's fork_try).
+// Engine is the engine the coordinator drives, for the cluster's state
+// transfers; adapters go through the coordinator's methods instead.
 func (c *Coordinator) Engine() *branch.Engine { return c.e }
 
 // MaxEnvs is the bound on the envs handed out.
@@ -391,6 +391,16 @@ func (c *Coordinator) lookup(ctx context.Context, id string) (*branch.Env, *entr
 func (c *Coordinator) Env(id string) (*branch.Env, error) {
 	env, _, err := c.lookup(everyTenant(), id)
 	return env, err
+}
+
+// Origin is the env that env id was branched from, which a promote
+// replaces ("" for none, or no such env).
+func (c *Coordinator) Origin(id string) string {
+	env, err := c.e.Env(id)
+	if err != nil {
+		return ""
+	}
+	return env.Origin
 }
 
 // Task returns the task of an env handed out.

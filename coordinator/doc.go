@@ -25,7 +25,8 @@
 // view's publishing never waits on a reader).
 //
 // Package server (protocol v1), package agent (tools, MCP) and package
-// llmproxy are adapters over it. Options.Hooks hear of every env handed
-// out or ended and every state made: a cluster node's registry (package
-// cluster) publishes them in etcd.
+// llmproxy are adapters over it, their only door to the engine: fork_try
+// (ForkTry) and the web view's diff (Compare, StateFiles) included.
+// Options.Hooks hear of every env handed out or ended and every state
+// made: a cluster node's registry (package cluster) publishes them in etcd.
 package coordinator

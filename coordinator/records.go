@@ -42,12 +42,15 @@ func (c *Coordinator) EnvRecords(ctx context.Context) ([]EnvRecord, error) {
 	return out, nil
 }
 
-// StateRecord is a committed state.
+// StateRecord is what the engine recorded of a committed state.
 type StateRecord struct {
 	ID, Env, Parent string
-	Turn            int // the engine's count
+	Turn            int // the engine's count of its env's turns
 	Kind            state.Kind
 	Created         time.Time
+	// Proc is its process image; ShellDigest and ShellDelta mark a shell
+	// delta state (docs/engine.md, "Shell delta states").
+	Proc, ShellDigest, ShellDelta string
 }
 
 // StateRecords returns the states env made (none: no record).
@@ -68,9 +71,14 @@ func (c *Coordinator) LineageRecords(sid string) ([]StateRecord, error) {
 func stateRecords(sts []manifest.State) []StateRecord {
 	out := make([]StateRecord, len(sts))
 	for i, st := range sts {
-		out[i] = StateRecord{ID: st.ID, Env: st.Env, Parent: st.Parent, Turn: st.Turn, Kind: state.Kind(st.Kind), Created: st.Created}
+		out[i] = stateRecord(st)
 	}
 	return out
+}
+
+func stateRecord(st manifest.State) StateRecord {
+	return StateRecord{ID: st.ID, Env: st.Env, Parent: st.Parent, Turn: st.Turn, Kind: st.Kind, Created: st.Created,
+		Proc: st.Proc, ShellDigest: st.ShellDigest, ShellDelta: st.ShellDelta}
 }
 
 // Reward is the newest verdict's reward on state sid (nil: none).

@@ -139,8 +139,8 @@ func (c *Coordinator) trajectoryOutput() int {
 	return defaultTrajectoryOutput
 }
 
-// committed reports whether state sid is in the engine's records.
-func (c *Coordinator) committed(sid string) bool {
+// Committed reports whether state sid is in the engine's records.
+func (c *Coordinator) Committed(sid string) bool {
 	_, err := c.e.State(sid)
 	return err == nil
 }
@@ -151,7 +151,7 @@ func (c *Coordinator) committed(sid string) bool {
 func (c *Coordinator) pendingTrail(m *entry, head string) []trail.Turn {
 	t := &m.trail
 	var out []trail.Turn
-	if t.made != "" && t.made != head && t.madeParent == head && !c.committed(t.made) {
+	if t.made != "" && t.made != head && t.madeParent == head && !c.Committed(t.made) {
 		out = append(out, t.madeTurns...)
 	}
 	for _, x := range t.loose {

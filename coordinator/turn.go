@@ -199,16 +199,9 @@ func (c *Coordinator) commandTimeout(m *entry, asked time.Duration) time.Duratio
 	return min(asked, c.o.MaxTimeout)
 }
 
-// CommandTimeout is the timeout a command in env envID gets when asked
-// for asked (0: none asked), as Turn picks it; for commands run outside a
-// turn (the agent's fork_try).
-func (c *Coordinator) CommandTimeout(envID string, asked time.Duration) (time.Duration, error) {
-	_, m, err := c.lookup(everyTenant(), envID)
-	if err != nil {
-		return 0, err
-	}
-	return c.commandTimeout(m, asked), nil
-}
+// OutputCap is the cap of each of a command's stdout and stderr for an
+// action's MaxOutput (0: the default), as the sandbox applies it.
+func OutputCap(maxOutput int) int { return sandbox.OutputCap(maxOutput) }
 
 // EpisodeTurn is env envID's turn count since its episode began (the
 // turn TurnResult and the protocol's info.turn report).

@@ -190,7 +190,7 @@ func (p *Proxy) checkpoint(b *boundary) {
 		b.err = err
 		return
 	}
-	b.sid, b.kind = r.StateID, r.Kind
+	b.sid, b.kind = r.StateID, state.Kind(r.Kind)
 	// Wait for the checkpoint under the ticket: its failure is taken from
 	// the engine before the next operation on the env may take it.
 	b.err = p.o.Coordinator.WaitTurn(p.ctx, b.envID)

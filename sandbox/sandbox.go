@@ -167,8 +167,8 @@ func (c ShellConfig) check(u UserNSConfig, kept CapSet) error {
 // the server's memory per command, not the sandbox's.
 const MaxOutputCeiling = 64 << 20
 
-// outputCap is the cap of each stream for a MaxOutput option.
-func outputCap(max int) int {
+// OutputCap is the cap of each stream for a MaxOutput option.
+func OutputCap(max int) int {
 	if max <= 0 {
 		return ctl.DefaultMaxOutput
 	}

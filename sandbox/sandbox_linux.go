@@ -770,7 +770,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	events = append(events, s.checkLimits()...)
 	// Init needs at most a few seconds beyond the command's own timeout to
 	// kill it and bring the shell back.
-	max := outputCap(o.MaxOutput)
+	max := OutputCap(o.MaxOutput)
 	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	resp, err := s.exchange(ctx, ctl.Request{Op: ctl.OpExec, Cmd: cmd, Timeout: o.Timeout, MaxOutput: max}, o.Timeout+15*time.Second, out, errb)
 	if err != nil {
@@ -823,7 +823,7 @@ func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result
 		return nil, ErrClosed
 	}
 	events := s.checkLimits()
-	max := outputCap(o.MaxOutput)
+	max := OutputCap(o.MaxOutput)
 	out, errb := ctl.NewCapBuffer(max), ctl.NewCapBuffer(max)
 	resp, err := s.exchange(ctx, ctl.Request{Op: ctl.OpRun, Cmd: script, Timeout: o.Timeout, MaxOutput: max, Env: o.Env, Dir: o.Dir}, o.Timeout+15*time.Second, out, errb)
 	if err != nil {

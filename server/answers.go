@@ -8,8 +8,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/arbor-env/arbor/sandbox"
-	"github.com/arbor-env/arbor/sandbox/ctl"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
 )
@@ -141,11 +140,7 @@ func (s *Server) AnswerMemory() (held, peak, bound int64) {
 // actionCost is the most an action's answer can hold: stdout and stderr
 // at their cap, what it writes, and room for the rest of the answer.
 func actionCost(a protocol.Action) int64 {
-	out := int64(a.MaxOutput)
-	if out <= 0 {
-		out = ctl.DefaultMaxOutput
-	}
-	out = min(out, sandbox.MaxOutputCeiling)
+	out := int64(coordinator.OutputCap(a.MaxOutput))
 	return 2*out + int64(len(a.Content)) + 64<<10
 }
 

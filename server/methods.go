@@ -286,8 +286,8 @@ func (s *Server) rollback(ctx context.Context, envID, stateID string) (*protocol
 
 func promoteEnvs(s *Server, _ *request, p *protocol.PromoteParams) ([]string, error) {
 	ids := []string{p.EnvID}
-	if env, err := s.c.Engine().Env(p.EnvID); err == nil && env.Origin != "" {
-		ids = append(ids, env.Origin)
+	if origin := s.c.Origin(p.EnvID); origin != "" {
+		ids = append(ids, origin)
 	}
 	return ids, nil
 }

@@ -821,7 +821,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 	c.over = true
 	ev, err := c.s.evaluate(ctx, c.env, false)
-	if errors.Is(err, state.ErrNoVerifier) || errors.Is(err, state.ErrNoVerifier) {
+	if errors.Is(err, state.ErrNoVerifier) {
 		return oeResult{Observation: obs, Done: true}, nil
 	}
 	if err != nil {

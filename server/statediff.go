@@ -8,7 +8,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
 )
@@ -119,7 +118,7 @@ func (d *stateDiffs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		code := http.StatusInternalServerError
 		switch {
-		case errors.Is(err, state.ErrUnknownState), errors.Is(err, state.ErrUnknownState):
+		case errors.Is(err, state.ErrUnknownState):
 			code = http.StatusNotFound
 		case errors.Is(err, state.ErrInvalidParams):
 			code = http.StatusBadRequest
@@ -135,7 +134,6 @@ func (d *stateDiffs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // diff compares state a to state b.
 func (d *stateDiffs) diff(ctx context.Context, a, b string) (*StateDiff, error) {
-	e := d.c.Engine()
 	out := &StateDiff{Files: []FileDiff{}}
 	var cwd [2]string
 	for i, sid := range []string{a, b} {
@@ -149,14 +147,11 @@ func (d *stateDiffs) diff(ctx context.Context, a, b string) (*StateDiff, error) 
 			cwd[i] = tr.Turns[j].Obs.Cwd
 		}
 	}
-	sa, err := e.State(a)
+	cmp, err := d.c.Compare(ctx, a, b)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.State(b)
-	if err != nil {
-		return nil, err
-	}
+	sa, sb := cmp.A, cmp.B
 	out.A = DiffSide{State: sa.ID, Env: sa.Env, Turn: sa.Turn, Kind: string(sa.Kind)}
 	out.B = DiffSide{State: sb.ID, Env: sb.Env, Turn: sb.Turn, Kind: string(sb.Kind)}
 	out.Shell = ShellDiff{CwdA: cwd[0], CwdB: cwd[1], DigestA: sa.ShellDigest, DigestB: sb.ShellDigest}
@@ -168,11 +163,7 @@ func (d *stateDiffs) diff(ctx context.Context, a, b string) (*StateDiff, error) 
 	default:
 		out.Shell.Note = "variables, functions and options are in the states' process images, not recorded apart: only the working directory is compared"
 	}
-
-	changes, err := e.StateChanges(ctx, a, b)
-	if err != nil {
-		return nil, err
-	}
+	changes := cmp.Changes
 	out.Changed = len(changes)
 	if len(changes) > diffMaxPaths {
 		changes, out.Truncated = changes[:diffMaxPaths], true
@@ -216,7 +207,7 @@ type heldTree struct {
 func (h heldTree) release() { h.Close(); h.free() }
 
 func (d *stateDiffs) tree(sid string) (heldTree, error) {
-	dir, free, err := d.c.Engine().StateFiles(sid)
+	dir, free, err := d.c.StateFiles(sid)
 	if err != nil {
 		return heldTree{}, err
 	}
@@ -232,8 +223,8 @@ const noteBounds = "past the diff's bounds"
 
 // compare describes one changed path and diffs its text, within the
 // answer's budget of diff bytes and of files compared.
-func compare(ta, tb *stateTree, ch cr.Change, budget, compared *int) (FileDiff, error) {
-	f := FileDiff{Path: ch.Path, Change: string(ch.Kind)}
+func compare(ta, tb *stateTree, ch coordinator.FileChange, budget, compared *int) (FileDiff, error) {
+	f := FileDiff{Path: ch.Path, Change: ch.Kind}
 	ea, err := ta.stat(ch.Path)
 	if err != nil {
 		return f, err

@@ -11,7 +11,7 @@ import (
 )
 
 // stateTree reads the files of a state (its read-only snapshot on the
-// host, branch.Engine.StateFiles) for the web view's diff. The snapshot's
+// host, Coordinator.StateFiles) for the web view's diff. The snapshot's
 // symbolic links are the sandbox's: a path is resolved inside the tree
 // (openat2 RESOLVE_IN_ROOT, so ".." stops at its root) and no symbolic
 // link is followed on the way (RESOLVE_NO_SYMLINKS: a path through one

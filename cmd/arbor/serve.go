@@ -17,7 +17,6 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cluster"
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/image"
@@ -247,7 +246,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
-	e, snap, closeEngine, err := openEngine(ctx, g, o, lim, log)
+	e, closeEngine, err := openEngine(ctx, g, o, lim, log)
 	if err != nil {
 		return err
 	}
@@ -280,7 +279,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 		return err
 	}
 	defer co.Close()
-	routes, tr, closeRoutes, err := serveRoutes(o, ln.Addr(), co, snap, node, lim.auth, log)
+	routes, tr, closeRoutes, err := serveRoutes(o, ln.Addr(), co, node, lim.auth, log)
 	if err != nil {
 		return err
 	}
@@ -300,7 +299,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 // CRIU, the image store and launcher, the Inspector. closeAll closes them
 // in the reverse order, the engine first and the snapshot backend (its
 // unmount) last; on an error, openEngine has closed what it opened.
-func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serveLimits, log *slog.Logger) (e *branch.Engine, snap cr.Snapshotter, _ func(), err error) {
+func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serveLimits, log *slog.Logger) (e *branch.Engine, _ func(), err error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -312,18 +311,19 @@ func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serv
 			closeAll()
 		}
 	}()
-	if snap, err = openSnapshotter(ctx, g); err != nil {
-		return nil, nil, nil, err
+	snap, err := openSnapshotter(ctx, g)
+	if err != nil {
+		return nil, nil, err
 	}
 	closers = append(closers, func() { unmountSnapshotter(snap, log) })
 	c, err := criu.New(g.criuPath, log)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
+		return nil, nil, fmt.Errorf("criu: %w (run make deps, or arbor doctor)", err)
 	}
 	closers = append(closers, func() { c.Close() })
 	registry, err := o.registry.registry()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	registry.PullFrom = pullFromFlag(o.pullFrom)
 	images := &image.Store{Snap: snap, Logger: log, Registry: registry}
@@ -331,11 +331,11 @@ func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serv
 	l := &launch.Launcher{Snap: snap, Images: images, Limits: lim.sandbox, AutoBuild: true, Progress: os.Stderr, Logger: log,
 		Recipes: o.recipesDir, Isolation: sandbox.Isolation{AllowExtraCaps: o.extraCaps}}
 	if l.UserNS, err = o.userNS.config(); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	in, err := openInspector(o.inspect, lim.maxCompare, log)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	eo := branch.Options{StateDir: filepath.Join(g.stateDir, "engine"), Snap: snap, CRIU: c,
 		Launcher: l, Workers: o.workers, Retain: o.retain, PrepareTTL: o.prepareTTL, PrepareCopies: o.prepareMax, HighWater: o.highWater, LowWater: o.lowWater, LazyBytes: lim.lazy, DeltaChain: o.deltaChain, ImageBudget: lim.imageBudget, DiskReserve: o.diskAdmit == "reserve", Logger: log}
@@ -344,7 +344,7 @@ func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serv
 		eo.Inspector = in
 	}
 	if e, err = branch.Open(ctx, eo); err != nil {
-		return nil, nil, nil, fmt.Errorf("open engine: %w", err)
+		return nil, nil, fmt.Errorf("open engine: %w", err)
 	}
 	closers = append(closers, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -353,7 +353,7 @@ func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serv
 			log.Warn("close engine", slog.Any("err", cerr))
 		}
 	})
-	return e, snap, closeAll, nil
+	return e, closeAll, nil
 }
 
 // openPool offers the tasks and datasets over the engine. It is lazy: the
@@ -386,8 +386,8 @@ func openPool(ctx context.Context, e *branch.Engine, catalog envpool.Catalog, o 
 // agent tools over MCP (--mcp), the LLM proxy (--llm-upstream) and a
 // cluster node's state transfers (tr, nil outside a cluster). closeAll
 // stops the proxy, then MCP.
-func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, node *cluster.Node, auth tenant.Auth, log *slog.Logger) (routes map[string]http.Handler, tr *cluster.Transfer, closeAll func(), err error) {
-	routes, stopMCP, err := mcpRoutes(o.mcp, addr, co, snap, auth, log)
+func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, node *cluster.Node, auth tenant.Auth, log *slog.Logger) (routes map[string]http.Handler, tr *cluster.Transfer, closeAll func(), err error) {
+	routes, stopMCP, err := mcpRoutes(o.mcp, addr, co, auth, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -11,17 +11,16 @@ import (
 
 	"github.com/arbor-env/arbor/agent"
 	"github.com/arbor-env/arbor/coordinator"
-	"github.com/arbor-env/arbor/cr"
 	"github.com/arbor-env/arbor/internal/tenant"
 )
 
 // mcpRoutes is the agent tools' MCP endpoint of arbor serve --mcp (none
 // when on is false) and a function that ends its sessions.
-func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, snap cr.Snapshotter, auth tenant.Auth, log *slog.Logger) (map[string]http.Handler, func(), error) {
+func mcpRoutes(on bool, addr net.Addr, co *coordinator.Coordinator, auth tenant.Auth, log *slog.Logger) (map[string]http.Handler, func(), error) {
 	if !on {
 		return nil, func() {}, nil
 	}
-	tools, err := agent.New(agent.Options{Coordinator: co, Snap: snap, Logger: log})
+	tools, err := agent.New(agent.Options{Coordinator: co, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
