@@ -158,8 +158,8 @@ func (t *Tools) Forget(envID string) {
 // sandbox for the agent by the one error mapping (protocol.ErrorOf),
 // whose *protocol.Error stays in the chain (toolError words the model's
 // message from its flags): the client's kind of mistake is the agent's
-// (ErrBadArgument, ErrUnknownState), an infra failure is not its doing
-// (ErrInfra), and the rest (an env closed, too many envs) is neither.
+// (ErrBadArgument, state.ErrUnknownState), an infra failure is not its doing
+// (state.ErrInfra), and the rest (an env closed, too many envs) is neither.
 func coordError(what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
@@ -167,9 +167,9 @@ func coordError(what string, err error) error {
 	pe := protocol.ErrorOf(err)
 	switch {
 	case pe.Infra:
-		return fmt.Errorf("%w: %s: %w", ErrInfra, what, pe)
+		return fmt.Errorf("%w: %s: %w", state.ErrInfra, what, pe)
 	case pe.Code == protocol.CodeUnknownState:
-		return fmt.Errorf("%w: %s: %w", ErrUnknownState, what, pe)
+		return fmt.Errorf("%w: %s: %w", state.ErrUnknownState, what, pe)
 	case pe.Code == protocol.CodeTooLarge, pe.Code == protocol.CodeBadRequest, pe.Code == protocol.CodeInvalidParams,
 		pe.Code == protocol.CodeUnknownTask:
 		return fmt.Errorf("%w: %s: %w", ErrBadArgument, what, pe)
@@ -511,7 +511,7 @@ func (s *Session) Rollback(ctx context.Context, a RollbackArgs) (*RollbackResult
 		return nil, coordError("rollback", err)
 	}
 	if r.Rejected != "" {
-		return nil, fmt.Errorf("%w: %s; call list_states for the ones you can restore", ErrUnknownState,
+		return nil, fmt.Errorf("%w: %s; call list_states for the ones you can restore", state.ErrUnknownState,
 			strings.TrimPrefix(r.Rejected, "rollback: "))
 	}
 	// Newer states on the current history are the ones undone.

@@ -348,18 +348,18 @@ func (c *conn) readLoop() {
 			if id, method, ok := protocol.PeekRequest(b); ok {
 				c.respond(id, method, nil, e)
 			} else {
-				c.notify(protocol.NotifyError, e)
+				c.notify(protocol.NotifyError, protocol.ErrorOf(e))
 			}
 			continue
 		}
 		if mt != websocket.BinaryMessage {
-			c.notify(protocol.NotifyError, state.Errorf(protocol.ErrMalformed, "text frame: send one msgpack message per binary frame"))
+			c.notify(protocol.NotifyError, protocol.ErrorOf(state.Errorf(protocol.ErrMalformed, "text frame: send one msgpack message per binary frame")))
 			continue
 		}
 		// dispatch recovers a panic of a request it started; this one is
 		// of the decoding before.
 		if err := panics.Call(c.log, func() error { c.dispatch(b); return nil }); err != nil {
-			c.notify(protocol.NotifyError, fmt.Errorf("%v", err))
+			c.notify(protocol.NotifyError, protocol.ErrorOf(fmt.Errorf("%v", err)))
 		}
 	}
 }
@@ -373,12 +373,12 @@ func (c *conn) dispatch(b []byte) {
 		if id, method, ok := protocol.PeekRequest(b); ok {
 			c.respond(id, method, nil, e)
 		} else {
-			c.notify(protocol.NotifyError, e)
+			c.notify(protocol.NotifyError, protocol.ErrorOf(e))
 		}
 		return
 	}
 	if f.Type != protocol.Request {
-		c.notify(protocol.NotifyError, state.Errorf(protocol.ErrMalformed, "message type %d: clients send requests (type 0) only", f.Type))
+		c.notify(protocol.NotifyError, protocol.ErrorOf(state.Errorf(protocol.ErrMalformed, "message type %d: clients send requests (type 0) only", f.Type)))
 		return
 	}
 	h, ok := handlers[f.Method]
