@@ -4,8 +4,8 @@
 // nodes by a router, openenv_proxy.go), plus /livez, /readyz and
 // /metrics. It is an adapter: it speaks the protocol (frames,
 // auth, limits, params) and hands every operation to the coordinator
-// (package coordinator), which owns the turn, the envs and the errors'
-// codes.
+// (package coordinator), its only way to the engine, which owns the turn
+// and the envs; errors get their codes from protocol.ErrorOf.
 //
 // Requests on one connection run concurrently and are answered as they
 // finish; operations on one env run one at a time in the order the server
