@@ -33,7 +33,8 @@ const envExitHelp = `Exit status:
   124   step: the command ran past its timeout and was killed
   64    usage error: bad flags or arguments, nothing was sent
   65    the server refused the request as the caller's error
-        (invalid_params, unknown_env, unknown_state, unauthorized, ...)
+        (invalid_params, unknown_env, unknown_state, unauthorized, ...,
+        or an HTTP 4xx to the handshake: a wrong token or path)
   69    the server could not be reached or did not answer in time, or
         answered an infrastructure or retryable error (retrying may help)
   1     any other failure (a local file that cannot be read, ...)
@@ -85,13 +86,19 @@ func exitOf(err error) error {
 	return err
 }
 
-// dial connects to the server; a failure is exitUnavailable.
+// dial connects to the server; a failure is exitUnavailable, or
+// exitRefused when the server answered the handshake with a 4xx.
 func (o *envOptions) dial(ctx context.Context) (*arbor.Client, error) {
 	if o.token == "" {
 		o.token = os.Getenv("ARBOR_TOKEN")
 	}
 	cl, err := arbor.Dial(ctx, o.server, &arbor.Options{Token: o.token})
 	if err != nil {
+		// A 4xx to the handshake (a wrong token, a wrong path) is the
+		// caller's to fix: retrying will not help.
+		if strings.Contains(err.Error(), "(HTTP 4") {
+			return nil, &exitError{code: exitRefused, err: err}
+		}
 		return nil, &exitError{code: exitUnavailable, err: err}
 	}
 	return cl, nil

@@ -134,6 +134,10 @@ func TestEnvCLIConventions(t *testing.T) {
 		if r.code != exitUnavailable {
 			t.Errorf("arbor env ls on a server that is not there: exit %d, want %d: %s", r.code, exitUnavailable, r.stderr)
 		}
+		r = runArbor(t, ctx, nil, "", "env", "--server", wsURL+"-nosuchpath", "ls")
+		if r.code != exitRefused {
+			t.Errorf("arbor env ls on a wrong path of the server (HTTP 404): exit %d, want %d: %s", r.code, exitRefused, r.stderr)
+		}
 		var s arbor.StepResult
 		r = env("step", id, "-o", "json", "--", "exit 3")
 		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Obs.ExitCode != 3 {
