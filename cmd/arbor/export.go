@@ -26,19 +26,20 @@ per turn, oldest first, with the action as sent, the observation (stdout and
 stderr as the server kept them), the state it led to, its checkpoint kind, the
 reward of the newest evaluate of that state if any, and the turn's timings.
 An env id exports the path to its head; a state id (of an open env or of a
-closed one the server still retains) the path to that state.`,
-		Args: cobra.ExactArgs(1),
+closed one the server still retains) the path to that state. The output is
+always JSONL: here -o/--output names a file, not a format.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(c.Context(), o.timeout)
 			defer cancel()
-			cl, err := arbor.Dial(ctx, o.server, &arbor.Options{Token: o.token})
+			cl, err := o.dial(ctx)
 			if err != nil {
 				return err
 			}
 			defer cl.Close()
 			t, err := exportTrajectory(ctx, cl, args[0])
 			if err != nil {
-				return err
+				return exitOf(err)
 			}
 			w := io.Writer(os.Stdout)
 			var f *os.File
@@ -64,6 +65,7 @@ closed one the server still retains) the path to that state.`,
 			return nil
 		},
 	}
+	// Its output is JSONL whatever the format: -o here names a file.
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write to FILE instead of stdout")
 	return cmd
 }

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -30,22 +31,31 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "arbor:", err)
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, "arbor:", msg)
+		}
 		os.Exit(exitCode(err))
 	}
 }
 
-// exitError carries a specific exit status out of a subcommand.
+// exitError carries a specific exit status out of a subcommand; with no
+// err, arbor exits with it silently (a step's command's status).
 type exitError struct {
 	code int
 	err  error
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return ""
+	}
+	return e.err.Error()
+}
+
 func (e *exitError) Unwrap() error { return e.err }
 
 func exitCode(err error) int {
-	if e, ok := err.(*exitError); ok {
+	if e := (*exitError)(nil); errors.As(err, &e) {
 		return e.code
 	}
 	return 1

@@ -89,7 +89,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.StringVar(&o.listen, "listen", envOr("ARBOR_LISTEN", "127.0.0.1:7878"), "address to listen on")
 	f.StringVar(&o.token, "token", os.Getenv("ARBOR_TOKEN"), "bearer token clients must present (required off loopback; env ARBOR_TOKEN); with --tokens, an admin token")
 	f.StringVar(&o.tokensFile, "tokens", os.Getenv("ARBOR_TOKENS"), "file of tokens and their tenants, one \"TOKEN TENANT [admin]\" a line: each tenant sees only its own envs and states (docs/security.md, \"Tenants\"; env ARBOR_TOKENS)")
-	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (default: ./tasks if present, else the built-in hello task)")
+	f.StringVar(&o.tasksDir, "tasks", envOr("ARBOR_TASKS", ""), "folder of task files (env ARBOR_TASKS; default: ./tasks of the working directory if present, else only the built-in hello task, with a warning)")
 	f.StringVar(&o.recipesDir, "recipes", envOr("ARBOR_RECIPES", "images"),
 		"folder of image recipe files: a task's image NAME that DIR/NAME.yaml describes is built on first use, and again when the recipe changed (env ARBOR_RECIPES)")
 	o.registry.add(f)
@@ -131,17 +131,28 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 
 // loadTasks reads the tasks and datasets to offer. A broken task file or
 // dataset instance is logged by name and left out: the server serves the
-// others (docs/tasks.md, "Datasets").
+// others (docs/tasks.md, "Datasets"). It logs the folder it read and what
+// it found, and warns when, with no --tasks, the working directory has no
+// ./tasks: the server then offers only the built-in hello task.
 func loadTasks(dir string) (envpool.Catalog, error) {
 	if dir == "" {
 		if st, err := os.Stat("tasks"); err == nil && st.IsDir() {
 			dir = "tasks"
+		} else {
+			cwd, _ := os.Getwd()
+			slog.Warn("no --tasks and no ./tasks in the working directory: offering only the built-in hello task (start arbor serve in the repository, or pass --tasks DIR or ARBOR_TASKS)",
+				slog.String("cwd", cwd))
 		}
 	}
 	if dir != "" {
 		c, problems, err := envpool.LoadDir(dir)
 		for _, p := range problems {
 			slog.Warn("left out of the tasks", slog.Any("err", p))
+		}
+		if err == nil {
+			abs, _ := filepath.Abs(dir)
+			slog.Info("loaded tasks", slog.String("dir", abs), slog.Int("tasks", len(c.Tasks)),
+				slog.Int("datasets", len(c.Datasets)), slog.Int("left_out", len(problems)))
 		}
 		return c, err
 	}
@@ -292,7 +303,7 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	if tr != nil {
 		tr.UseStepKeys(s)
 	}
-	return runServer(ctx, s, ln, co, node, tr, o, log)
+	return runServer(ctx, s, ln, co, node, tr, o, reg, log)
 }
 
 // openEngine opens the engine and what it stands on: the snapshot backend,
@@ -347,7 +358,7 @@ func openEngine(ctx context.Context, g *globalOptions, o *serveOptions, lim serv
 		return nil, nil, fmt.Errorf("open engine: %w", err)
 	}
 	closers = append(closers, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
 		if cerr := e.Close(cctx); cerr != nil {
 			log.Warn("close engine", slog.Any("err", cerr))
@@ -374,7 +385,7 @@ func openPool(ctx context.Context, e *branch.Engine, catalog envpool.Catalog, o 
 		return nil, nil, fmt.Errorf("prepare tasks: %w", err)
 	}
 	return p, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
 		if cerr := p.Close(cctx); cerr != nil {
 			log.Warn("close pool", slog.Any("err", cerr))
@@ -423,7 +434,7 @@ func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, no
 // runServer serves on ln until ctx ends; in a cluster it registers the node
 // first, replicates its states (--replicas), drains on SIGTERM (--drain)
 // and leaves the cluster last.
-func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coordinator.Coordinator, node *cluster.Node, tr *cluster.Transfer, o *serveOptions, log *slog.Logger) error {
+func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coordinator.Coordinator, node *cluster.Node, tr *cluster.Transfer, o *serveOptions, reg *prometheus.Registry, log *slog.Logger) error {
 	if node != nil {
 		if err := node.Register(ctx, cluster.CoordinatorLocal(co)); err != nil {
 			return err
@@ -435,6 +446,16 @@ func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coord
 		defer stopRep()
 		go tr.Replicate(rctx, time.Second)
 	}
+	// Say at once what a stop waits for: it can take minutes.
+	noticed := make(chan struct{})
+	defer close(noticed)
+	go func() {
+		select {
+		case <-noticed:
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, stopNotice(co, reg, tr != nil && o.cluster.drain > 0, o, time.Now()))
+		}
+	}()
 	serveCtx := ctx
 	if tr != nil && o.cluster.drain > 0 {
 		// SIGTERM (a spot preemption's notice): move the envs away while
@@ -458,6 +479,10 @@ func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coord
 		}()
 	}
 	err := s.Serve(serveCtx, ln, o.grace)
+	if ctx.Err() != nil {
+		fmt.Fprintf(os.Stderr, "arbor: requests drained; closing %d envs, the warm pool and the engine (up to %v each)\n",
+			len(co.Envs(tenant.With(context.Background(), tenant.Tenant{Admin: true}))), closeTimeout)
+	}
 	if node != nil {
 		// The envs are closed with the engine: they do not come back.
 		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -467,4 +492,27 @@ func runServer(ctx context.Context, s *server.Server, ln net.Listener, co *coord
 		}
 	}
 	return err
+}
+
+// closeTimeout bounds each of the pool's and the engine's close at a stop.
+const closeTimeout = time.Minute
+
+// stopNotice is what serve prints the moment it is told to stop: what it
+// waits for, and until when.
+func stopNotice(co *coordinator.Coordinator, reg prometheus.Gatherer, drain bool, o *serveOptions, now time.Time) string {
+	envs := len(co.Envs(tenant.With(context.Background(), tenant.Tenant{Admin: true})))
+	inFlight := 0
+	if mfs, err := reg.Gather(); err == nil {
+		for _, mf := range mfs {
+			if mf.GetName() == "arbor_requests_in_flight" && len(mf.GetMetric()) > 0 {
+				inFlight = int(mf.GetMetric()[0].GetGauge().GetValue())
+			}
+		}
+	}
+	what := fmt.Sprintf("waiting for %d requests in flight (up to --grace %v, until %s)", inFlight, o.grace, now.Add(o.grace).Format(time.TimeOnly))
+	if drain {
+		what = fmt.Sprintf("moving %d envs to other nodes (up to --drain-timeout %v), then %s", envs, o.cluster.drain,
+			fmt.Sprintf("waiting for the requests in flight (%d now, up to --grace %v, until %s)", inFlight, o.grace, now.Add(o.cluster.drain+o.grace).Format(time.TimeOnly)))
+	}
+	return fmt.Sprintf("arbor: stopping: %s, then closing %d envs, the warm pool and the engine (up to %v each)", what, envs, closeTimeout)
 }
