@@ -99,7 +99,7 @@ func (e *Engine) submitCheckpoint(ctx context.Context, env *Env, kind state.Kind
 	c := &ckpt{e: e, env: env, sb: env.sb, volume: env.volume, sid: sid, parent: parent, turn: env.Turn(), kind: kind,
 		allowDelta: prio == queue.Low && !forced && parent != "", held: held}
 	job := e.q.Submit(prio, "checkpoint "+sid, c.run)
-	env.pending, env.pendingParent = job, parent
+	env.pending, env.pendingParent, env.pendingCkpt, env.waits = job, parent, c, nil
 	env.setHead(sid)
 	env.dirty = false
 	return job, sid, kind, nil
@@ -124,7 +124,9 @@ type ckpt struct {
 	// while frozen: nothing ran since, so it is not settled again.
 	held bool
 
-	start          time.Time
+	// start and end are when it ran, end set once it committed (read by
+	// the waiter only after the job finished).
+	start, end     time.Time
 	parentFS       string         // the parent's filesystem snapshot
 	ps, st         manifest.State // the parent state, and the one being made
 	delta          *inspector.Delta
@@ -402,6 +404,7 @@ func (c *ckpt) commit() error {
 		e.stats.shellDeltas.Add(1)
 	}
 	e.stats.checkpointNanos.Add(int64(c.st.Timings["total"]))
+	c.end = c.start.Add(c.st.Timings["total"])
 	if c.fsArt != nil {
 		c.env.setHeadFS(c.fsArt.Location)
 	}
@@ -540,4 +543,30 @@ func (e *Engine) StateBytes(line []manifest.State) (own []int64, total int64) {
 		total += n
 	}
 	return own, total
+}
+
+// span is a stretch of time.
+type span struct{ from, to time.Time }
+
+// exposed is the part of c's run (as counted in its total) that the
+// waits cover: none for a checkpoint that did not commit, at most its
+// total.
+func (c *ckpt) exposed(waits []span) time.Duration {
+	if c.end.IsZero() {
+		return 0
+	}
+	var d time.Duration
+	for _, w := range waits {
+		from, to := w.from, w.to
+		if from.Before(c.start) {
+			from = c.start
+		}
+		if to.After(c.end) {
+			to = c.end
+		}
+		if to.After(from) {
+			d += to.Sub(from)
+		}
+	}
+	return min(d, c.end.Sub(c.start))
 }

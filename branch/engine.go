@@ -424,7 +424,12 @@ type Env struct {
 	// pendingParent is the head before the pending checkpoint, restored
 	// if that checkpoint fails.
 	pendingParent string
-	ckptErr       error // the last background checkpoint's failure, until taken
+	// pendingCkpt is the pending job's checkpoint and waits the stretches
+	// operations waited for it: the part of them its run covers is its
+	// exposed time, counted once it finished.
+	pendingCkpt *ckpt
+	waits       []span
+	ckptErr     error // the last background checkpoint's failure, until taken
 	// mustFull: a checkpoint failed, so the next one takes everything,
 	// whatever the turn's classification says.
 	mustFull bool
@@ -502,15 +507,19 @@ func (env *Env) gate(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
 	err := env.pending.Wait(ctx)
 	waited := time.Since(start)
-	if env.stats != nil {
-		// Time an operation spent waiting for a background checkpoint is
-		// checkpoint latency the policy's thinking did not hide.
-		env.stats.exposed.Add(int64(waited))
-	}
+	env.waits = append(env.waits, span{start, start.Add(waited)})
 	if ctx.Err() != nil {
 		return waited, ctx.Err()
 	}
-	env.pending = nil
+	if env.stats != nil && env.pendingCkpt != nil {
+		// The part of the checkpoint's run an operation waited through
+		// is checkpoint latency the policy's thinking did not hide; a
+		// wait while it sat queued behind others' is not its time, and
+		// one checkpoint is never exposed for longer than it ran, however
+		// many operations waited for it (arbor_checkpoint_exposed_seconds_total).
+		env.stats.exposed.Add(int64(env.pendingCkpt.exposed(env.waits)))
+	}
+	env.pending, env.pendingCkpt, env.waits = nil, nil, nil
 	if err != nil {
 		// That state never came to be: the head is its parent again and
 		// the sandbox has changes no state holds.
@@ -652,7 +661,8 @@ type CoordStats struct {
 	// CheckpointTime is the summed duration of the checkpoints taken.
 	CheckpointTime time.Duration
 	// Exposed is the part of it operations had to wait for (not hidden
-	// behind the policy's thinking).
+	// behind the policy's thinking): of each checkpoint, the part of its
+	// run that waits covered, so never more than CheckpointTime.
 	Exposed time.Duration
 	// Verified counts Verify calls; Misses those that found a difference.
 	Verified, Misses int64

@@ -212,8 +212,9 @@ func (c *Coordinator) Promote(ctx context.Context, envID string) (origin, sid st
 }
 
 // Discard throws an env away: it is closed and its states released (a
-// rejected draft; an env lost in a restart is forgotten). The caller
-// holds the env's ticket.
+// rejected draft; an env lost in a restart is forgotten). Any env, a
+// reset's too: it is CloseEnv but for the event (docs/protocol.md). The
+// caller holds the env's ticket.
 func (c *Coordinator) Discard(ctx context.Context, envID string) error {
 	return c.discard(ctx, envID, EventDiscard)
 }

@@ -417,7 +417,82 @@ func (c *Coordinator) Rollback(ctx context.Context, envID, sid string) (*Restore
 	if err := c.ownState(ctx, sid); err != nil {
 		return nil, err
 	}
+	if err := c.sameLineage(env, m, sid); err != nil {
+		return nil, err
+	}
 	return c.restore(ctx, env, m, sid)
+}
+
+// sameLineage refuses a rollback of env into sid when sid is a state of
+// another task's lineage (or, for an env without a task, of another
+// image's): env would hold that task's files while it still names its
+// own task, whose verifier would grade them. States of the env's own
+// lineage and of its relatives of the same task (branches, closed
+// siblings) pass; so does a state whose task cannot be told (then only
+// the image is compared).
+func (c *Coordinator) sameLineage(env *branch.Env, m *entry, sid string) error {
+	t, image, taskKnown := c.stateTask(sid)
+	if image == "" {
+		return nil // nothing known of it: the engine's restore decides
+	}
+	if taskKnown && t.Name != m.task.Name {
+		return state.Errorf(state.ErrInvalid, "rollback: state %s is of %s, env %s is of %s: an env rolls back only to states of its own task (branch the state for an env of %s)",
+			sid, lineageName(t.Name, image), env.ID, lineageName(m.task.Name, env.Image), lineageName(t.Name, image))
+	}
+	if taskKnown && t.Name != "" {
+		return nil // the same task, whatever its image is called
+	}
+	if image != env.Image {
+		return state.Errorf(state.ErrInvalid, "rollback: state %s is of %s, env %s is of %s: an env rolls back only to states of its own image (branch the state for an env of it)",
+			sid, lineageName(t.Name, image), env.ID, lineageName(m.task.Name, env.Image))
+	}
+	return nil
+}
+
+// lineageName says what a lineage is of: a task, else a bare image.
+func lineageName(task, image string) string {
+	if task != "" {
+		return fmt.Sprintf("task %q", task)
+	}
+	return fmt.Sprintf("image %q (no task)", image)
+}
+
+// stateTask is what the lineage of sid is of: the task (Name "" for an
+// env without one) and the image of the env handed out that made it,
+// else the task whose prepared state it descends from, else the labels
+// of an env of another node that made it; taskKnown is false when only
+// the image of the env that made it is known (image "": not even that).
+func (c *Coordinator) stateTask(sid string) (t TaskInfo, image string, taskKnown bool) {
+	st, err := c.e.State(sid)
+	if err != nil {
+		return TaskInfo{}, "", false
+	}
+	c.mu.Lock()
+	m := c.envs[st.Env]
+	c.mu.Unlock()
+	if m != nil {
+		return m.task, m.env.Image, true
+	}
+	if t, ok := c.tasks.TaskOfState(sid); ok {
+		return t, t.Image, true
+	}
+	if l, ok := c.importedLabels(sid); ok {
+		t, _, _ := fromLabels(l)
+		return t, t.Image, true
+	}
+	if env, err := c.e.Env(st.Env); err == nil {
+		return TaskInfo{}, env.Image, false
+	}
+	recs, err := c.e.EnvRecords()
+	if err != nil {
+		return TaskInfo{}, "", false
+	}
+	for _, r := range recs {
+		if r.ID == st.Env {
+			return TaskInfo{}, r.Image, false
+		}
+	}
+	return TaskInfo{}, "", false
 }
 
 func (c *Coordinator) restore(ctx context.Context, env *branch.Env, m *entry, sid string) (*Restored, error) {
