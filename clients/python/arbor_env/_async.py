@@ -158,9 +158,9 @@ class AsyncClient:
         caps = hello.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         self.server = hello.get("server")
-        caps = [n for n in (self._max_in_flight, self.capabilities.get("max_in_flight"))
-                if isinstance(n, int) and not isinstance(n, bool) and n > 0]
-        self.max_in_flight = min(caps) if caps else None
+        limits = [n for n in (self._max_in_flight, self.capabilities.get("max_in_flight"))
+                  if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+        self.max_in_flight = min(limits) if limits else None
         conn.set_max_in_flight(self.max_in_flight)
         for fn in self._listeners:
             conn.add_listener(fn)
@@ -461,8 +461,8 @@ class AsyncEnv:
     client's).
 
     done is `terminated or truncated` of the last step (False after reset,
-    rollback and in a new branch child). Episode ends, as on every Arbor
-    surface: terminated on submit (step(SUBMIT): the verifier grades the
+    rollback and in a new branch child). Episode ends, as Gymnasium and
+    Arbor's OpenEnv endpoint have them: terminated on submit (step(SUBMIT): the verifier grades the
     state, nothing runs), truncated once the task's max_turns turns are
     reached. What a step after either does differs: after submit the
     client refuses it (ArborError "bad_request") until reset() or a
