@@ -71,6 +71,24 @@ class PackagingTest(unittest.TestCase):
                 self.assertIn('version = "%s"' % version, f.read())
             self.assertTrue(origin.startswith(os.path.join(tmp, ".venv")), origin)
             self.assertTrue(os.path.isfile(os.path.join(os.path.dirname(origin), "py.typed")))
+
+            # The backend's other builds: an sdist (installed from, offline)
+            # and an editable install (the venv imports the source tree).
+            where = "import importlib.util as u; print(u.find_spec('arbor_env').origin)"
+            r = subprocess.run([vpy, "-c", "import sys; sys.path.insert(0, %r); import arbor_build as b; print(b.build_sdist(%r))"
+                                % (os.path.join(src, "_build"), tmp)], capture_output=True, text=True, cwd=tmp, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            sdist = os.path.join(tmp, r.stdout.strip())
+            r = subprocess.run([os.path.join(tmp, ".venv", "bin", "pip"), "install", "--no-build-isolation", "--no-deps", "--no-index",
+                                "--force-reinstall", sdist], capture_output=True, text=True, cwd=tmp, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            r = subprocess.run([vpy, "-c", where], capture_output=True, text=True, cwd=tmp, timeout=60)
+            self.assertTrue(r.stdout.strip().startswith(os.path.join(tmp, ".venv")), r.stdout + r.stderr)
+            r = subprocess.run([os.path.join(tmp, ".venv", "bin", "pip"), "install", "--no-build-isolation", "--no-deps", "--no-index",
+                                "-e", src], capture_output=True, text=True, cwd=tmp, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            r = subprocess.run([vpy, "-c", where], capture_output=True, text=True, cwd=tmp, timeout=60)
+            self.assertEqual(r.stdout.strip(), os.path.join(src, "arbor_env", "__init__.py"), r.stderr)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
