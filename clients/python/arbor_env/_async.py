@@ -98,11 +98,27 @@ class AsyncClient:
     outlive connections: AsyncEnv objects go on working, and attach(env_id)
     makes one for an env id from anywhere. origin, when set, is sent as
     the Origin header.
+
+    max_in_flight caps the requests this client has outstanding on its
+    connection (default and ceiling: the max_in_flight of the server's
+    hello); more wait on the client. A too_many_requests answer was refused
+    before anything ran (the server counts a request until just after its
+    answer is sent, and it also refuses requests while its memory for
+    unread answers is full), so the call sends it again after a short
+    backoff (50 ms doubling to 1 s, up to 20 times, within its timeout)
+    instead of raising.
+
+    A URL that is not a v1 endpoint (not ws:// or wss://, or answered with
+    an HTTP status such as 404 instead of a websocket upgrade) raises
+    BadURLError at once (retryable=False, infra=False); a refused
+    connection is a retryable ConnectionClosedError.
     """
 
     def __init__(self, url: str, token: Optional[str] = None, open_timeout: float = 10.0,
                  timeout: Optional[float] = None, reconnect: bool = True, reconnect_timeout: float = 30.0,
-                 origin: Optional[str] = None) -> None:
+                 origin: Optional[str] = None, max_in_flight: Optional[int] = None) -> None:
+        if max_in_flight is not None and int(max_in_flight) < 1:
+            raise ValueError("max_in_flight must be at least 1, not %r" % (max_in_flight,))
         self.url = url
         self.token = token
         self.open_timeout = open_timeout
@@ -110,6 +126,8 @@ class AsyncClient:
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.origin = origin
+        self._max_in_flight = None if max_in_flight is None else int(max_in_flight)
+        self.max_in_flight: Optional[int] = self._max_in_flight  # in effect: min(asked, hello's)
         self.version: Optional[int] = None
         self.capabilities: Dict[str, Any] = {}
         self.server: Optional[str] = None
@@ -140,7 +158,10 @@ class AsyncClient:
         caps = hello.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         self.server = hello.get("server")
-        conn.set_max_in_flight(self.capabilities.get("max_in_flight"))
+        limits = [n for n in (self._max_in_flight, self.capabilities.get("max_in_flight"))
+                  if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+        self.max_in_flight = min(limits) if limits else None
+        conn.set_max_in_flight(self.max_in_flight)
         for fn in self._listeners:
             conn.add_listener(fn)
         return conn
@@ -213,7 +234,8 @@ class AsyncClient:
             idempotent = method in IDEMPOTENT
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        attempts = 0
+        attempts = busy = 0
+        delay = 0.05
         while True:
             conn = await self._connection()
             left = None if deadline is None else max(0.0, deadline - loop.time())
@@ -226,6 +248,16 @@ class AsyncClient:
                 if deadline is not None and loop.time() >= deadline:
                     raise
                 log.info("arbor_env: %s: %s; sending it again on a new connection", method, e.message)
+            except ArborError as e:
+                # Refused before it ran (the connection's in-flight limit or
+                # the server's answer memory): safe to send again.
+                busy += 1
+                if e.code != "too_many_requests" or busy > 20 or self._closing:
+                    raise
+                if deadline is not None and loop.time() + delay >= deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def on_notification(self, fn: Callable[[str, Any], None]) -> None:
         """fn(method, params) receives server notifications not tied to a
@@ -426,7 +458,18 @@ class AsyncEnv:
     (obs, reward, terminated, truncated, info); info["state_id"] names the
     state after each turn, usable with branch_state and rollback.
     Every method takes timeout= (seconds; None: forever; default: the
-    client's)."""
+    client's).
+
+    done is `terminated or truncated` of the last step (False after reset,
+    rollback and in a new branch child). Episode ends, as Gymnasium and
+    Arbor's OpenEnv endpoint have them: terminated on submit (step(SUBMIT): the verifier grades the
+    state, nothing runs), truncated once the task's max_turns turns are
+    reached. What a step after either does differs: after submit the
+    client refuses it (ArborError "bad_request") until reset() or a
+    rollback (method or tool), as the OpenEnv endpoint does; after
+    truncation protocol v1's server still runs it and answers
+    truncated=True again (docs/protocol.md, "step"), so a trainer that
+    wants Gymnasium's episode end stops on done, as AsyncEpisode does."""
 
     def __init__(self, client: AsyncClient, env_id: Optional[str] = None, task: Optional[str] = None,
                  image: Optional[str] = None, seed: Optional[int] = None, options: Optional[dict] = None,
@@ -443,6 +486,8 @@ class AsyncEnv:
         self.state_id: Optional[str] = None
         self.turn = 0
         self.closed = False
+        self.done = False  # terminated or truncated of the last step
+        self.submitted = False  # step(SUBMIT) ended the episode
         self.parent: Optional["AsyncEnv"] = None  # the env object this one was branched from
         self.origin: Optional[str] = None  # its id (promote's target)
 
@@ -489,6 +534,7 @@ class AsyncEnv:
         if self.dataset and not self.task:
             self.picked = info.get("task")  # the instance's task, DATASET/NAME
         self.turn = 0
+        self.done = self.submitted = False
         self._note(info)
         return obs, info
 
@@ -502,7 +548,17 @@ class AsyncEnv:
         already ran answers that step's recorded result (info["replayed"])
         without running the command twice: retry with the request_key of a
         ClientTimeoutError. timeout_s bounds the command on the server,
-        timeout the wait on the client."""
+        timeout the wait on the client.
+
+        SUBMIT ({"tool": "submit"}) ends the episode: see submit(). After
+        it, a step other than the rollback tool raises ArborError
+        "bad_request" until reset or rollback; after truncation the server
+        runs it (see the class)."""
+        if isinstance(action, dict) and action.get("tool") == "submit":
+            return await self.submit(timeout=timeout)
+        is_rollback = isinstance(action, dict) and action.get("tool") == "rollback"
+        if self.submitted and not is_rollback:
+            raise ArborError("bad_request", "env %s: the episode was submitted: reset() or rollback to go on" % self.env_id)
         if key is None and self.client.step_keys:
             key = new_key()
         params: Dict[str, Any] = {"env_id": self._id(), "action": make_action(action, timeout_s)}
@@ -512,7 +568,30 @@ class AsyncEnv:
                                      idempotent=key is not None and self.client.step_keys, request_key=key)
         t = step_tuple(res)
         self._note(t[4])
+        if not (is_rollback and t[0].get("exit_code")):  # a failed rollback leaves the episode as it was
+            self.submitted = False
+        self.done = t[2] or t[3] or self.submitted
         return t
+
+    async def submit(self, timeout: Any = _DEFAULT) -> StepTuple:
+        """Ends the episode (what step(SUBMIT) does): nothing runs in the
+        env; the task's verifier grades its current state (evaluate, the
+        env stays open for rollback, branch and a later evaluate). Returns
+        ({}, reward, True, False, info) with info "state_id", "turn",
+        "submitted": True and "evaluation" (the verifier's details); reward
+        is None for an env without a verifier (info["evaluation"]["error"]
+        says so). A failure of the machinery raises ArborError (infra)."""
+        eid = self._id()
+        try:
+            reward: Optional[float]
+            reward, details = await self.evaluate(timeout=timeout)
+        except ArborError as e:
+            if e.infra or e.code != "bad_request":
+                raise
+            reward, details = None, {"error": str(e)}  # an image's env: no verifier
+        self.done = self.submitted = True
+        info = {"env_id": eid, "state_id": self.state_id, "turn": self.turn, "submitted": True, "evaluation": details}
+        return {}, reward, True, False, info
 
     async def write_file(self, path: str, content: Union[str, bytes], timeout: Any = _DEFAULT) -> StepTuple:
         return await self.step({"tool": "write_file", "path": path, "content": content}, timeout=timeout)
@@ -543,6 +622,7 @@ class AsyncEnv:
         res = _map(await self.client.call("rollback", {"env_id": self._id(), "state_id": state_id}, timeout=timeout), "rollback")
         info = res.get("info") if isinstance(res.get("info"), dict) else {}
         self._note(info)
+        self.done = self.submitted = False
         return info
 
     async def evaluate(self, fork: bool = True, timeout: Any = _DEFAULT) -> Tuple[float, Dict[str, Any]]:

@@ -74,6 +74,11 @@ class AsyncEpisode:
     the episode masked, with reward None, instead of raising; an error that
     is the agent's doing (invalid_params, too_large, bad_request) becomes
     that turn's observation ({"error": ...}). Other errors are raised.
+
+    done is True exactly when the step that ended the episode returned
+    terminated or truncated (truncated also for a masked end); a step
+    after that raises ArborError("bad_request"). AsyncEnv.step(SUBMIT)
+    outside an episode does the same grading (AsyncEnv.submit).
     """
 
     def __init__(self, env: AsyncEnv, max_turns: Optional[int] = None, evaluate: bool = True) -> None:
@@ -128,7 +133,8 @@ class AsyncEpisode:
             t.env_id, t.task, t.start_state_id = self.env.env_id, self.env.task, self.env.state_id
         if is_submit(action):
             await self._finish("submit")
-            return {}, t.reward, not t.masked, False, {"masked": t.masked, "end": t.end}
+            # done: terminated, or truncated when an infra failure masked it.
+            return {}, t.reward, not t.masked, t.masked, {"masked": t.masked, "end": t.end}
         try:
             obs, _, terminated, truncated, info = await self.env.step(action)
         except ArborError as e:

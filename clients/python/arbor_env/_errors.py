@@ -6,7 +6,7 @@ class ArborError(Exception):
 
     code is one of protocol v1's error codes ("unknown_env", "invalid_params",
     "restore_failed", ...) or one of the client's own ("connection_closed",
-    "client_timeout", "bad_response"). retryable says the same request may
+    "client_timeout", "bad_response", "bad_url"). retryable says the same request may
     succeed later *and* that sending it again is safe. infra marks a failure
     of Arbor itself rather than of the request or the agent: trainers should
     mask such episodes instead of scoring them.
@@ -35,6 +35,22 @@ class ConnectionClosedError(ArborError):
     def __init__(self, message: str, retryable: bool = True, sent: bool = False) -> None:
         super().__init__("connection_closed", message, retryable=retryable, infra=True)
         self.sent = sent
+
+
+class BadURLError(ArborError):
+    """The URL does not lead to a protocol v1 endpoint: a scheme other than
+    ws:// or wss:// (an http:// URL), or a server that answered the
+    websocket handshake with an HTTP status instead of an upgrade (a wrong
+    path: 404, a web page: 200). Sending again cannot help, and it is the
+    caller's mistake, not Arbor's: retryable and infra are false, so the
+    client fails at once instead of reconnecting, and a trainer stops
+    instead of masking. A refused connection (no server listening yet) is
+    a ConnectionClosedError instead: retryable infra."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__("bad_url", "%s: %s; Arbor's protocol v1 endpoint is ws://HOST:PORT/v1/ws (wss:// behind TLS)"
+                         % (url, reason), retryable=False, infra=False)
+        self.url = url
 
 
 class ClientTimeoutError(ArborError):

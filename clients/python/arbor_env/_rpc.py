@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import msgpack
 
-from ._errors import ArborError, BadResponseError, ClientTimeoutError, ConnectionClosedError
+from ._errors import ArborError, BadResponseError, BadURLError, ClientTimeoutError, ConnectionClosedError
 
 try:  # websockets >= 13 has the new asyncio implementation
     from websockets.asyncio.client import connect as _ws_connect
@@ -54,6 +54,24 @@ def error_from_wire(err: Any) -> ArborError:
     return BadResponseError("error object is not a map: %r" % (err,))
 
 
+def _not_an_endpoint(e: Exception) -> Optional[str]:
+    """Why a failed websocket handshake says the URL is wrong, or None
+    when it may work later. A server that answers with a status that
+    rejects the request itself (404 and the other 4xx but 401, 403, 408
+    and 429) or with a page instead of an upgrade (1xx-3xx) is no v1
+    endpoint at that path; 5xx, timeouts, 401/403 and 429 may pass."""
+    if type(e).__name__ == "InvalidURI":
+        return "not a websocket URL (%s)" % e
+    status = getattr(e, "status_code", None)  # websockets < 14 (InvalidStatusCode)
+    if status is None:
+        status = getattr(getattr(e, "response", None), "status_code", None)  # InvalidStatus
+    if not isinstance(status, int):
+        return None
+    if status < 400 or (status < 500 and status not in (401, 403, 408, 429)):
+        return "the server answered HTTP %d instead of a websocket upgrade (a wrong path, or no Arbor server there)" % status
+    return None
+
+
 class Connection:
     """One websocket carrying many requests at once. Use from one event loop.
 
@@ -82,9 +100,15 @@ class Connection:
                               "open_timeout": open_timeout}
         if origin is not None:
             kw["origin"] = origin
+        if not url.startswith(("ws://", "wss://")):
+            raise BadURLError(url, "the scheme is not ws:// or wss://")
         try:
             ws = await _ws_connect(url, **kw)
-        except Exception as e:  # refused, bad handshake (401, 403), DNS, ...
+        except Exception as e:
+            bad = _not_an_endpoint(e)
+            if bad is not None:
+                raise BadURLError(url, bad) from e
+            # refused, DNS, a proxy's 502/503, a forbidden Origin (403), ...
             raise ConnectionClosedError("connect to %s: %s" % (url, e)) from e
         return cls(ws)
 

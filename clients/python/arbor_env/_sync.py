@@ -47,16 +47,16 @@ class Client:
     side (every method also takes its own timeout=). A call that times out
     raises ClientTimeoutError; it is retryable only when repeating it is
     safe (for a step: with its request_key). reconnect, reconnect_timeout
-    and origin: as AsyncClient's.
+    origin and max_in_flight: as AsyncClient's.
     """
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: Optional[float] = None,
                  open_timeout: float = 10.0, reconnect: bool = True, reconnect_timeout: float = 30.0,
-                 origin: Optional[str] = None) -> None:
+                 origin: Optional[str] = None, max_in_flight: Optional[int] = None) -> None:
+        self._a = AsyncClient(url, token, open_timeout, timeout=timeout, reconnect=reconnect,
+                              reconnect_timeout=reconnect_timeout, origin=origin, max_in_flight=max_in_flight)
         self._loop = _Loop()
         self._closed = False
-        self._a = AsyncClient(url, token, open_timeout, timeout=timeout, reconnect=reconnect,
-                              reconnect_timeout=reconnect_timeout, origin=origin)
         try:
             self._run(self._a.connect())
         except BaseException:
@@ -73,6 +73,11 @@ class Client:
     @property
     def capabilities(self) -> Dict[str, Any]:
         return self._a.capabilities
+
+    @property
+    def max_in_flight(self) -> Optional[int]:
+        """The cap on requests outstanding in effect (see AsyncClient)."""
+        return self._a.max_in_flight
 
     @property
     def reconnects(self) -> int:
@@ -310,6 +315,8 @@ class Env:
     image = property(lambda self: self._a.image)
     closed = property(lambda self: self._a.closed)
     origin = property(lambda self: self._a.origin)
+    done = property(lambda self: self._a.done, doc="terminated or truncated of the last step (see AsyncEnv)")
+    submitted = property(lambda self: self._a.submitted)
 
     def reset(self, seed: Optional[int] = None, options: Optional[dict] = None,
               timeout: Any = _DEFAULT) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -318,6 +325,10 @@ class Env:
     def step(self, action: Action, timeout_s: Optional[float] = None, key: Optional[str] = None,
              timeout: Any = _DEFAULT) -> StepTuple:
         return self._c._run(self._a.step(action, timeout_s, key=key, timeout=timeout))
+
+    def submit(self, timeout: Any = _DEFAULT) -> StepTuple:
+        """Ends the episode with the verifier's reward: see AsyncEnv.submit."""
+        return self._c._run(self._a.submit(timeout=timeout))
 
     def write_file(self, path: str, content: Union[str, bytes], timeout: Any = _DEFAULT) -> StepTuple:
         return self._c._run(self._a.write_file(path, content, timeout=timeout))

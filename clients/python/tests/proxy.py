@@ -10,6 +10,8 @@ Hooks, all usable from the test's thread:
 - drop(): cuts every connection (client and upstream sides) without a
   close handshake; new connections are accepted as before.
 - closes: the close codes the clients' sides ended with.
+- peak_in_flight: the most requests that were outstanding at once on one
+  connection (sent by the client, their response not yet passed back).
 """
 
 import asyncio
@@ -36,6 +38,7 @@ class Proxy(LoopServer):
         self.closes = []
         self.connections = 0
         self.requests = []  # decoded client-to-server frames
+        self.peak_in_flight = 0
         self._clients = set()
         super().__init__(self._handle, max_size=None)
 
@@ -63,10 +66,17 @@ class Proxy(LoopServer):
         self.connections += 1
         pair = (ws, up)
         self._clients.add(pair)
+        outstanding = set()
 
         async def down():
             async for data in up:
                 out = data
+                try:
+                    m = msgpack.unpackb(data, raw=False)
+                    if isinstance(m, list) and m and m[0] == 1:
+                        outstanding.discard(m[1])
+                except Exception:
+                    pass
                 if self.transform is not None:
                     msg = self.transform(msgpack.unpackb(data, raw=False))
                     if msg is None:
@@ -77,7 +87,11 @@ class Proxy(LoopServer):
         async def upward():
             async for data in ws:
                 try:
-                    self.requests.append(msgpack.unpackb(data, raw=False))
+                    m = msgpack.unpackb(data, raw=False)
+                    self.requests.append(m)
+                    if isinstance(m, list) and m and m[0] == 0:
+                        outstanding.add(m[1])
+                        self.peak_in_flight = max(self.peak_in_flight, len(outstanding))
                 except Exception:
                     pass
                 await up.send(data)

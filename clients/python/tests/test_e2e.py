@@ -720,6 +720,156 @@ class PoolAndEpisodeTest(unittest.TestCase):
             px.stop()
 
 
+class ClientConformanceTest(unittest.TestCase):
+    """Issue 37's Python client cases, each against the real server."""
+
+    def test_wrong_url_fails_fast_not_infra(self):
+        base = "127.0.0.1:%d" % _server.port
+        for url, says in [
+            ("http://%s/v1/ws" % base, "not ws:// or wss://"),  # the scheme
+            ("ws://%s/v2/ws" % base, "HTTP 404"),  # a wrong path
+            ("ws://%s/livez" % base, "HTTP 200"),  # a page, no upgrade
+        ]:
+            with self.subTest(url=url):
+                with self.assertRaises(arbor.BadURLError) as cm:
+                    arbor.Client(url, token=TOKEN, open_timeout=10)
+                e = cm.exception
+                self.assertEqual((e.code, e.retryable, e.infra), ("bad_url", False, False))
+                self.assertIn(url, e.message)
+                self.assertIn(says, e.message)
+                self.assertIn("ws://HOST:PORT/v1/ws", e.message)
+
+                async def main():
+                    with self.assertRaises(arbor.BadURLError):
+                        async with arbor.AsyncClient(url, token=TOKEN, reconnect=True):
+                            pass
+
+                asyncio.run(main())
+        # Nothing listening: a retryable infra error, as before.
+        with self.assertRaises(arbor.ConnectionClosedError) as cm:
+            arbor.Client("ws://127.0.0.1:%d/v1/ws" % _free_port(), token=TOKEN, open_timeout=10)
+        self.assertTrue(cm.exception.retryable and cm.exception.infra)
+
+    def test_submit_step_ends_episode(self):
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            env = c.env(task="hello")
+            env.reset()
+            env.step('echo "$GREETING" > /work/hello/greeting.txt')
+            obs, reward, terminated, truncated, info = env.step(arbor.SUBMIT)
+            self.assertEqual((obs, reward, terminated, truncated), ({}, 1.0, True, False))
+            self.assertTrue(info["submitted"] and env.done and env.submitted)
+            self.assertEqual(info["state_id"], env.state_id)
+            self.assertEqual(info["turn"], 1)
+            # After submit: refused until reset or rollback, as OpenEnv's endpoint does.
+            with self.assertRaises(arbor.ArborError) as cm:
+                env.step("ls")
+            self.assertEqual(cm.exception.code, "bad_request")
+            self.assertIn("submitted", cm.exception.message)
+            env.rollback(info["state_id"])
+            self.assertFalse(env.done)
+            obs, *_ = env.step("cat /work/hello/greeting.txt")
+            self.assertEqual(obs["stdout"], "hello, arbor\n")
+            env.close()
+
+            # An image's env has no verifier: reward None, still terminated.
+            img = c.env(image="busybox")
+            img.reset()
+            obs, reward, terminated, truncated, info = img.step(arbor.SUBMIT)
+            self.assertEqual((reward, terminated, truncated), (None, True, False))
+            self.assertIn("verifier", info["evaluation"]["error"])
+            img.close()
+
+    def test_done_and_step_after_truncation(self):
+        with arbor.Client(_server.url, token=TOKEN, timeout=120) as c:
+            env = c.env(task="hello")
+            _, info = env.reset()
+            limit = info["max_turns"]
+            for i in range(limit):
+                _, _, terminated, truncated, info = env.step("echo %d" % i)
+                self.assertEqual(env.done, terminated or truncated)
+                self.assertEqual(truncated, i == limit - 1)
+            self.assertTrue(env.done)
+            # Past max_turns, v1 runs the command and says truncated again
+            # (what README.md documents); done stays true.
+            obs, _, terminated, truncated, info = env.step("echo past")
+            self.assertEqual((obs["stdout"], terminated, truncated, info["turn"]), ("past\n", False, True, limit + 1))
+            self.assertTrue(env.done)
+            env.close()
+
+    def test_episode_done_matches_masked_submit(self):
+        px = Proxy(_server.url)
+        try:
+            evaluates = set()
+
+            def fail_evaluate(msg):
+                for r in px.requests:
+                    if isinstance(r, list) and len(r) > 2 and r[2] == "evaluate":
+                        evaluates.add(r[1])
+                if msg[0] == 1 and msg[1] in evaluates:
+                    return [1, msg[1], {"code": "sandbox_failed", "message": "injected", "retryable": False, "infra": True}, None]
+                return msg
+
+            px.transform = fail_evaluate
+            with arbor.Client(px.url, token=TOKEN, timeout=120) as c:
+                env = c.env(task="hello")
+                ep = arbor.Episode(env)
+                ep.reset()
+                _, reward, terminated, truncated, info = ep.step(arbor.SUBMIT)
+                self.assertTrue(info["masked"] and ep.done)
+                self.assertIsNone(reward)
+                self.assertEqual(terminated or truncated, ep.done)
+                env.close()
+        finally:
+            px.stop()
+
+    def test_in_flight_cap_configurable(self):
+        px = Proxy(_server.url)
+        try:
+            async def main():
+                async with arbor.AsyncClient(px.url, token=TOKEN, max_in_flight=2) as c:
+                    self.assertEqual(c.max_in_flight, 2)
+                    envs = [e for e, _, _ in await asyncio.gather(*[c.make(image="busybox") for _ in range(3)])]
+                    outs = await asyncio.gather(*[envs[i % 3].step("sleep 0.2; echo %d" % i) for i in range(9)])
+                    self.assertEqual([o[0]["stdout"].strip() for o in outs], [str(i) for i in range(9)])
+                    await asyncio.gather(*[e.close() for e in envs])
+                # Never above the server's.
+                async with arbor.AsyncClient(px.url, token=TOKEN, max_in_flight=1000) as c:
+                    self.assertEqual(c.max_in_flight, MAX_IN_FLIGHT)
+
+            asyncio.run(main())
+            self.assertLessEqual(px.peak_in_flight, 2)
+            with arbor.Client(_server.url, token=TOKEN, max_in_flight=3) as c:
+                self.assertEqual(c.max_in_flight, 3)
+        finally:
+            px.stop()
+
+    def test_too_many_requests_sent_again(self):
+        # too_many_requests (the connection's in-flight count, which the
+        # server drops just after sending an answer, or its answer memory)
+        # is refused before anything runs: the client waits and sends the
+        # request again instead of failing the trainer's call. The proxy
+        # turns the server's first three answers to `envs` into that error.
+        px = Proxy(_server.url)
+        try:
+            refused = []
+
+            def busy(msg):
+                ids = {r[1] for r in px.requests if isinstance(r, list) and len(r) > 2 and r[2] == "envs"}
+                if msg[0] == 1 and msg[1] in ids and len(refused) < 3:
+                    refused.append(msg[1])
+                    return [1, msg[1], {"code": "too_many_requests", "message": "injected: %d requests in flight" % MAX_IN_FLIGHT,
+                                        "retryable": True, "infra": False}, None]
+                return msg
+
+            px.transform = busy
+            with arbor.Client(px.url, token=TOKEN, timeout=60) as c:
+                self.assertIsInstance(c.envs(), list)
+            self.assertEqual(len(refused), 3)
+            self.assertEqual(sum(1 for r in px.requests if isinstance(r, list) and len(r) > 2 and r[2] == "envs"), 4)
+        finally:
+            px.stop()
+
+
 def _wait(cond, timeout=10):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
