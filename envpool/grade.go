@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path"
 	"regexp"
@@ -173,8 +174,16 @@ func (t Task) Score(stdout string, exitCode int, timedOut bool) (Score, error) {
 			return Score{}, err
 		}
 		sum := 0.0
-		for k, w := range t.Rubric {
-			sum += w * parts[k]
+		for _, k := range slices.Sorted(maps.Keys(t.Rubric)) {
+			sum += t.Rubric[k] * parts[k]
+		}
+		// The weighted sum rounds: weights 0.25+0.2+0.3+0.1+0.15 of full
+		// parts add up to 1.0000000000000002. Within a rounding error of
+		// the range is the range's end, not a verifier error.
+		if tol := 1e-9 * max(1, math.Abs(lo), math.Abs(hi)); sum > hi && sum-hi <= tol {
+			sum = hi
+		} else if sum < lo && lo-sum <= tol {
+			sum = lo
 		}
 		return inRange(Score{Reward: sum, From: "rubric", Parts: parts})
 	}

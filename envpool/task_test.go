@@ -144,6 +144,7 @@ func TestReward(t *testing.T) {
 	stdout := envpool.Task{RewardFrom: envpool.RewardStdout}
 	status := envpool.Task{RewardFrom: envpool.RewardExitStatus, RewardRange: [2]float64{-1, 2}}
 	rubric := envpool.Task{Rubric: map[string]float64{"tests": 0.75, "style": 0.25}}
+	fiveParts := envpool.Task{Rubric: map[string]float64{"static": 0.25, "spa": 0.2, "api": 0.3, "headers": 0.1, "dotfiles": 0.15}}
 	tests := []struct {
 		name     string
 		task     envpool.Task
@@ -177,6 +178,10 @@ func TestReward(t *testing.T) {
 		{name: "rubric not a number", task: rubric, stdout: `{"tests": "1", "style": 1}`, wantErr: true},
 		{name: "rubric garbage", task: rubric, stdout: "1.0\n", wantErr: true},
 		{name: "rubric out of range", task: rubric, stdout: `{"tests": 2, "style": 2}`, wantErr: true},
+		// The shipped nginx task's weights: their sum rounds to
+		// 1.0000000000000002 in some orders; full marks are 1.
+		{name: "rubric whose weights round", task: fiveParts, stdout: `{"static": 1, "spa": 1, "api": 1, "headers": 1, "dotfiles": 1}`, want: 1, wantFrom: "rubric"},
+		{name: "rubric just out of range", task: fiveParts, stdout: `{"static": 1.00001, "spa": 1, "api": 1, "headers": 1, "dotfiles": 1}`, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
