@@ -13,6 +13,7 @@ import (
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
 	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/envpool"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -42,11 +43,26 @@ type served struct {
 
 func newServer(t testing.TB, token string) *served {
 	t.Helper()
+	return newTaskServer(t, token)
+}
+
+// newTaskServer is newServer with a task pool of tasks (none: images only).
+func newTaskServer(t testing.TB, token string, tasks ...envpool.Task) *served {
+	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
+	var pool coordinator.Tasks
+	if len(tasks) > 0 {
+		p, err := envpool.NewPool(context.Background(), engine, tasks, envpool.PoolOptions{Warm: -1, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close(context.Background()) })
+		pool = coordinator.FromEnvpool(p)
+	}
 	// One coordinator behind both the protocol and the MCP endpoint.
-	co, err := coordinator.New(coordinator.Options{Engine: engine, Logger: quiet()})
+	co, err := coordinator.New(coordinator.Options{Engine: engine, Tasks: pool, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

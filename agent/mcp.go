@@ -1,9 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -26,6 +31,10 @@ import (
 // an open env, MCPPath + "?task=NAME" or "?image=NAME" starts one per
 // session.
 const MCPPath = "/v1/mcp"
+
+// TaskInstructionURI is the resource of a ?task= session's instruction
+// (also its prompt "task").
+const TaskInstructionURI = "arbor://task/instruction"
 
 // HandlerOptions configure the MCP handler. Zero values take the defaults.
 type HandlerOptions struct {
@@ -89,6 +98,36 @@ type target struct {
 	task, image string // or start one
 }
 
+func (tg target) String() string {
+	switch {
+	case tg.envID != "":
+		return MCPPath + "/" + tg.envID
+	case tg.task != "":
+		return MCPPath + "?task=" + tg.task
+	case tg.image != "":
+		return MCPPath + "?image=" + tg.image
+	}
+	return MCPPath
+}
+
+// sessionID makes the Mcp-Session-Id of a new session on tg: random, then
+// tg's URL, so that a request can be checked against the target its
+// session was made for without a table of sessions (a forged one names a
+// session the SDK does not have: 404).
+func sessionID(tg target) string {
+	return rand.Text() + "." + base64.RawURLEncoding.EncodeToString([]byte(tg.String()))
+}
+
+// sessionTarget is the URL a session id of sessionID was made for.
+func sessionTarget(sid string) (string, bool) {
+	_, enc, ok := strings.Cut(sid, ".")
+	if !ok {
+		return "", false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(enc)
+	return string(b), err == nil
+}
+
 type targetKey struct{}
 
 var imageName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$`)
@@ -113,6 +152,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rest = strings.Trim(rest, "/")
+	sid := r.Header.Get("Mcp-Session-Id")
 	var tg target
 	switch {
 	case strings.Contains(rest, "/"):
@@ -127,7 +167,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		q := r.URL.Query()
 		tg.task, tg.image = q.Get("task"), q.Get("image")
-		if r.Header.Get("Mcp-Session-Id") == "" {
+		if sid == "" {
 			if (tg.task == "") == (tg.image == "") {
 				http.Error(w, fmt.Sprintf("%s needs exactly one of ?task=NAME and ?image=NAME (or use %s/ENV_ID for an open env)", MCPPath, MCPPath), http.StatusBadRequest)
 				return
@@ -142,7 +182,57 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// A session stays on the env, task or image it was made for.
+	if made, ok := sessionTarget(sid); ok && made != tg.String() {
+		http.Error(w, fmt.Sprintf("Bad Request: session %s was made on %s, not %s: open a new session for %s", sid, made, tg, tg), http.StatusBadRequest)
+		return
+	}
+	// Without a session id only initialize may be sent (the SDK would
+	// start a session for any request and answer it with a JSON-RPC error
+	// and 200).
+	if sid == "" && r.Method == http.MethodPost {
+		body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+		if err != nil {
+			http.Error(w, "Bad Request: read body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
+		if needsSession(r.Header, body) {
+			http.Error(w, "Bad Request: no Mcp-Session-Id header: a session starts with initialize, whose answer carries it", http.StatusBadRequest)
+			return
+		}
+	}
 	h.sdk.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, tg)))
+}
+
+// needsSession reports whether a POST without a session id is one only a
+// session may send: any JSON-RPC message but initialize. Left to the SDK
+// are bodies that are no JSON object (it answers them) and the
+// session-less requests of protocol versions from 2026-07-28 on
+// (server/discover, or a protocol version in the header or _meta), which
+// the SDK answers with the versions this server speaks so that the client
+// falls back to initialize.
+func needsSession(hd http.Header, body []byte) bool {
+	var msg struct {
+		Method *string         `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(body, &msg) != nil {
+		return false
+	}
+	var params struct {
+		Meta map[string]any `json:"_meta"`
+	}
+	_ = json.Unmarshal(msg.Params, &params) // params of another shape carry no _meta
+	switch {
+	case msg.Method != nil && (*msg.Method == "initialize" || *msg.Method == "server/discover"):
+		return false
+	case hd.Get("Mcp-Protocol-Version") >= "2026-07-28":
+		return false
+	case params.Meta[mcp.MetaKeyProtocolVersion] != nil:
+		return false
+	}
+	return true
 }
 
 func (h *Handler) auth() tenant.Auth { return tenant.Auth{Token: h.o.Token, Tokens: h.o.Tokens} }
@@ -164,8 +254,18 @@ func (h *Handler) tenant(hd http.Header) (tenant.Tenant, bool) {
 func (h *Handler) server(r *http.Request) *mcp.Server {
 	tg, _ := r.Context().Value(targetKey{}).(target)
 	b := &binding{h: h, tg: tg, who: tenant.From(r.Context())}
+	// The tools, prompts and resources of a session never change: no
+	// listChanged (the SDK's default would advertise it).
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{}}
+	if tg.task != "" {
+		caps.Prompts, caps.Resources = &mcp.PromptCapabilities{}, &mcp.ResourceCapabilities{}
+	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "arbor", Title: "Arbor sandbox", Version: h.o.Version},
-		&mcp.ServerOptions{Instructions: instructions(tg), SchemaCache: h.cache, Logger: h.log})
+		&mcp.ServerOptions{Instructions: instructions(tg), SchemaCache: h.cache, Logger: h.log, Capabilities: caps,
+			GetSessionID: func() string { return sessionID(tg) }})
+	if tg.task != "" {
+		b.addTask(s)
+	}
 	mcp.AddTool(s, &mcp.Tool{Name: "bash", Description: descBash, Annotations: &mcp.ToolAnnotations{Title: "Run a shell command"}},
 		func(ctx context.Context, req *mcp.CallToolRequest, a BashArgs) (*mcp.CallToolResult, BashResult, error) {
 			return call(ctx, b, req, func(ctx context.Context, s *Session) (*BashResult, error) { return s.Bash(ctx, a) },
@@ -206,7 +306,7 @@ func instructions(tg target) string {
 	case tg.envID != "":
 		where += " (env " + tg.envID + ")"
 	case tg.task != "":
-		where += " started for task " + tg.task + " (its instruction comes with your first tool result)"
+		where += " started for task " + tg.task + " (its instruction is the prompt \"task\" and the resource " + TaskInstructionURI + ", and comes with your first tool result)"
 	default:
 		where += " started from image " + tg.image
 	}
@@ -229,18 +329,18 @@ func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn f
 		msg  string
 	)
 	err := panics.Call(b.h.log, func() error {
-		if err := b.same(req); err != nil {
+		if err := b.same(req.Extra); err != nil {
 			return err
 		}
 		ctx := tenant.With(ctx, b.who)
-		s, intro, err := b.session(ctx, req)
+		s, err := b.session(ctx, req.Session)
 		if err != nil {
 			return err
 		}
 		if r, err = fn(ctx, s); err != nil {
 			return err
 		}
-		msg = intro + text(r)
+		msg = b.takeIntro() + text(r)
 		return nil
 	}, slog.String("tool", req.Params.Name))
 	if err != nil {
@@ -276,20 +376,79 @@ type binding struct {
 	tg  target
 	who tenant.Tenant // the tenant of the token that opened the session
 
-	mu    sync.Mutex
-	s     *Session
-	ss    *mcp.ServerSession // set for sessions that own their env
-	intro bool               // the first result still owes the task's instruction
+	mu          sync.Mutex
+	s           *Session
+	ss          *mcp.ServerSession // set for sessions that own their env
+	intro       string             // what the first tool result still owes: the new sandbox and the task's instruction
+	instruction string             // the task's, once the env started
 }
 
-// same checks that a call presents a token of the session's tenant.
-func (b *binding) same(req *mcp.CallToolRequest) error {
+// takeIntro returns the text owed to the first tool result, once.
+func (b *binding) takeIntro() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := b.intro
+	b.intro = ""
+	return in
+}
+
+// addTask offers a ?task= session's instruction as the prompt "task" and
+// the resource TaskInstructionURI. Reading either starts the session's
+// env if no tool call has (the instruction is the episode's, as reset
+// made it).
+func (b *binding) addTask(s *mcp.Server) {
+	desc := "The instruction of task " + b.tg.task + ": what to do in this sandbox."
+	s.AddPrompt(&mcp.Prompt{Name: "task", Title: "Task " + b.tg.task, Description: desc},
+		func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+			in, err := b.taskInstruction(ctx, req.Session, req.Extra)
+			if err != nil {
+				return nil, err
+			}
+			return &mcp.GetPromptResult{Description: desc,
+				Messages: []*mcp.PromptMessage{{Role: "user", Content: &mcp.TextContent{Text: in}}}}, nil
+		})
+	s.AddResource(&mcp.Resource{URI: TaskInstructionURI, Name: "task-instruction", Title: "Task " + b.tg.task, Description: desc, MIMEType: "text/plain"},
+		func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			in, err := b.taskInstruction(ctx, req.Session, req.Extra)
+			if err != nil {
+				return nil, err
+			}
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: TaskInstructionURI, MIMEType: "text/plain", Text: in}}}, nil
+		})
+}
+
+// taskInstruction is the instruction of the session's task, starting its
+// env if needed.
+func (b *binding) taskInstruction(ctx context.Context, ss *mcp.ServerSession, extra *mcp.RequestExtra) (in string, err error) {
+	err = panics.Call(b.h.log, func() error {
+		if err := b.same(extra); err != nil {
+			return err
+		}
+		if _, err := b.session(tenant.With(ctx, b.who), ss); err != nil {
+			return err
+		}
+		b.mu.Lock()
+		in = b.instruction
+		b.mu.Unlock()
+		return nil
+	}, slog.String("read", "task instruction"))
+	if err != nil {
+		return "", toolError(err)
+	}
+	if in == "" {
+		in = "(task " + b.tg.task + " has no instruction)"
+	}
+	return in, nil
+}
+
+// same checks that a request presents a token of the session's tenant.
+func (b *binding) same(extra *mcp.RequestExtra) error {
 	if !b.h.auth().Required() {
 		return nil
 	}
 	var hd http.Header
-	if req.Extra != nil {
-		hd = req.Extra.Header
+	if extra != nil {
+		hd = extra.Header
 	}
 	if who, ok := b.h.tenant(hd); ok && (who.Admin || who == b.who) {
 		return nil
@@ -304,31 +463,31 @@ func (b *binding) same(req *mcp.CallToolRequest) error {
 }
 
 // session returns the session's tools, starting its env on first use when
-// the session owns one. intro is text to put before the first result.
-func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Session, intro string, err error) {
+// the session owns one (then the first tool result owes b.intro).
+func (b *binding) session(ctx context.Context, ss *mcp.ServerSession) (_ *Session, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t := b.h.t
 	if b.tg.envID != "" {
 		if b.s, err = t.Attach(b.tg.envID, ""); err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		return b.s, "", nil
+		return b.s, nil
 	}
 	if b.s != nil {
 		if !t.c.Has(b.s.id) {
-			return nil, "", coordError("session", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session",
+			return nil, coordError("session", fmt.Errorf("%w: this session's env %s was closed (idle too long?); open a new session",
 				state.ErrUnknownEnv, b.s.id))
 		}
-		return b.s, "", nil
+		return b.s, nil
 	}
 	if err := b.h.adopt(b); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	res, err := t.c.Reset(ctx, coordinator.ResetRequest{Task: b.tg.task, Image: b.tg.image, Ephemeral: true})
 	if err != nil {
 		b.h.disown(b)
-		return nil, "", coordError("start env", err)
+		return nil, coordError("start env", err)
 	}
 	what := "image " + res.Env.Image
 	if b.tg.task != "" {
@@ -336,17 +495,19 @@ func (b *binding) session(ctx context.Context, req *mcp.CallToolRequest) (_ *Ses
 	}
 	if b.s, err = t.Attach(res.Env.ID, "(start of "+what+")"); err != nil {
 		b.h.disown(b)
-		return nil, "", err
+		return nil, err
 	}
-	b.ss = req.Session
+	b.ss = ss
 	b.h.wg.Add(1)
 	go b.h.closeWhenDone(b)
-	intro = fmt.Sprintf("[new sandbox %s for %s]\n", res.Env.ID, what)
-	if in := strings.TrimSpace(res.Instruction); in != "" {
-		intro += "[task] " + in + "\n"
+	b.instruction = strings.TrimSpace(res.Instruction)
+	b.intro = fmt.Sprintf("[new sandbox %s for %s]\n", res.Env.ID, what)
+	if b.instruction != "" {
+		b.intro += "[task] " + b.instruction + "\n"
 	}
+	b.intro += "\n"
 	t.log.Info("mcp session env", slog.String("env", res.Env.ID), slog.String("task", b.tg.task), slog.String("image", b.tg.image))
-	return b.s, intro + "\n", nil
+	return b.s, nil
 }
 
 // adopt records a session that owns its env, unless the handler closed.

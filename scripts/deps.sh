@@ -34,6 +34,8 @@ PKGS=(
 	python3 python3-msgpack python3-websockets
 	# the web view's browser test (server/ui): headless Chromium
 	chromium
+	# the MCP endpoint's conformance test (agent): the official TypeScript SDK
+	nodejs npm
 	# this script: dpkg -x, apt-get download
 	dpkg apt ca-certificates
 )
@@ -55,6 +57,12 @@ missing_pkgs() {
 	while read -r p st; do
 		if [[ $st == ii* ]]; then ok[$p]=1; fi
 	done < <(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "${PKGS[@]}" 2>/dev/null || true)
+	# A package that an installed one provides is there too (NodeSource's
+	# nodejs provides npm, and conflicts with Debian's).
+	while read -r st p; do
+		[[ $st == ii* ]] || continue
+		for p in ${p//,/ }; do ok[$p]=1; done
+	done < <(dpkg-query -W -f='${db:Status-Abbrev} ${Provides}\n' 2>/dev/null || true)
 	for p in "${PKGS[@]}"; do
 		[[ -n ${ok[$p]:-} ]] || echo "$p"
 	done
