@@ -289,20 +289,7 @@ func (v *View) EnvNode(ctx context.Context, env string) (string, error) {
 	if ok {
 		return node, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
-	defer cancel()
-	r, err := v.cli.Get(ctx, EnvKey(env))
-	if err != nil {
-		return "", fmt.Errorf("%w: read placement of %s: %v", ErrUnavailable, env, err)
-	}
-	if len(r.Kvs) == 0 {
-		return "", nil
-	}
-	var p Placement
-	if err := json.Unmarshal(r.Kvs[0].Value, &p); err != nil {
-		return "", fmt.Errorf("placement of %s: %w", env, err)
-	}
-	return p.Node, nil
+	return v.FreshEnvNode(ctx, env)
 }
 
 // Moved records that env lives on node now (a migration the router
