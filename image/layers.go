@@ -262,7 +262,7 @@ func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, pare
 	// own, a megabyte ahead of the one that applies: each is about half
 	// of a layer's CPU time.
 	body, wait := readAhead(tarStream)
-	n, err = applyLayer(ctx, s.Snap.Path(tmp), body)
+	n, err = ApplyTar(ctx, s.Snap.Path(tmp), body)
 	if err == nil {
 		// The tar's end-of-archive blocks (and any padding) belong to the
 		// stream the diff ID covers, and a registry's digest check
