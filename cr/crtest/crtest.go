@@ -267,21 +267,28 @@ func testNotFound(t *testing.T, s cr.Snapshotter) {
 	must(t, s.CreateVolume(ctx, "vol"))
 	must(t, s.Snapshot(ctx, "vol", "snap"))
 	must(t, s.CreateVolume(ctx, "dir/v"))
-	tests := []struct {
-		name string
-		op   func() error
-	}{
+	wantErr(t, cr.ErrNotFound, []errCase{
 		{"Snapshot", func() error { return s.Snapshot(ctx, "missing", "x") }},
 		{"Clone", func() error { return s.Clone(ctx, "missing", "x") }},
 		{"Destroy", func() error { return s.Destroy(ctx, "missing") }},
 		{"DestroyParentDirectory", func() error { return s.Destroy(ctx, "dir") }},
 		{"ChangesBase", func() error { _, err := s.Changes(ctx, "missing", "vol"); return err }},
 		{"ChangesTarget", func() error { _, err := s.Changes(ctx, "snap", "missing"); return err }},
-	}
-	for _, tt := range tests {
+	})
+}
+
+// errCase is an operation expected to fail, named for its subtest.
+type errCase struct {
+	name string
+	op   func() error
+}
+
+// wantErr runs each case as a subtest and wants its error to wrap want.
+func wantErr(t *testing.T, want error, cases []errCase) {
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.op(); !errors.Is(err, cr.ErrNotFound) {
-				t.Fatalf("want ErrNotFound, got %v", err)
+			if err := tt.op(); !errors.Is(err, want) {
+				t.Fatalf("want %q, got %v", want, err)
 			}
 		})
 	}
@@ -292,23 +299,13 @@ func testExists(t *testing.T, s cr.Snapshotter) {
 	must(t, s.CreateVolume(ctx, "vol"))
 	must(t, s.Snapshot(ctx, "vol", "snap"))
 	must(t, s.CreateVolume(ctx, "dir/v"))
-	tests := []struct {
-		name string
-		op   func() error
-	}{
+	wantErr(t, cr.ErrExists, []errCase{
 		{"CreateVolume", func() error { return s.CreateVolume(ctx, "vol") }},
 		{"CreateOverSnapshot", func() error { return s.CreateVolume(ctx, "snap") }},
 		{"CreateOverParentDirectory", func() error { return s.CreateVolume(ctx, "dir") }},
 		{"Snapshot", func() error { return s.Snapshot(ctx, "vol", "snap") }},
 		{"Clone", func() error { return s.Clone(ctx, "snap", "vol") }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.op(); !errors.Is(err, cr.ErrExists) {
-				t.Fatalf("want ErrExists, got %v", err)
-			}
-		})
-	}
+	})
 }
 
 func testInvalidNames(t *testing.T, s cr.Snapshotter) {
