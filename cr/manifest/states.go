@@ -36,23 +36,32 @@ func (m *Manifest) CommitState(s State, ready ...string) error {
 		if s.Parent != "" && tx.Bucket(bucketStates).Get([]byte(s.Parent)) == nil {
 			return fmt.Errorf("parent state %s: %w", s.Parent, ErrNotFound)
 		}
-		if err := markReady(tx, ready); err != nil {
+		if err := insertState(tx, s, ready); err != nil {
 			return err
-		}
-		if err := checkRefs(tx, s); err != nil {
-			return err
-		}
-		if err := put(tx, bucketStates, s); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
-			return fmt.Errorf("index state: %w", err)
 		}
 		e.Head = s.ID
 		return put(tx, bucketEnvs, e)
 	})
 	if err != nil {
 		return fmt.Errorf("commit state %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// insertState marks the artifacts named in ready as Ready and inserts s,
+// whose artifacts must exist and be ready, with its index by env.
+func insertState(tx *bolt.Tx, s State, ready []string) error {
+	if err := markReady(tx, ready); err != nil {
+		return err
+	}
+	if err := checkRefs(tx, s); err != nil {
+		return err
+	}
+	if err := put(tx, bucketStates, s); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
+		return fmt.Errorf("index state: %w", err)
 	}
 	return nil
 }
