@@ -32,30 +32,10 @@ func (m *Manifest) PutEnv(e Env) error {
 }
 
 // GetEnv returns the env record id.
-func (m *Manifest) GetEnv(id string) (Env, error) {
-	var e Env
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		e, err = get[Env](tx, bucketEnvs, "env", id)
-		return err
-	})
-	if err != nil {
-		return Env{}, fmt.Errorf("get env %s: %w", id, err)
-	}
-	return e, nil
-}
+func (m *Manifest) GetEnv(id string) (Env, error) { return getOne[Env](m, bucketEnvs, "env", id) }
 
 // Envs returns every env record, closed ones included, by id.
-func (m *Manifest) Envs() ([]Env, error) {
-	var es []Env
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		es, err = all[Env](tx, bucketEnvs)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list envs: %w", err)
-	}
-	return es, nil
-}
+func (m *Manifest) Envs() ([]Env, error) { return listAll[Env](m, bucketEnvs, "envs") }
 
 // SetHead points an open env at an existing state (a rollback).
 func (m *Manifest) SetHead(env, state string) error {

@@ -68,15 +68,7 @@ func insertState(tx *bolt.Tx, s State, ready []string) error {
 
 // GetState returns the state record id.
 func (m *Manifest) GetState(id string) (State, error) {
-	var s State
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		s, err = get[State](tx, bucketStates, "state", id)
-		return err
-	})
-	if err != nil {
-		return State{}, fmt.Errorf("get state %s: %w", id, err)
-	}
-	return s, nil
+	return getOne[State](m, bucketStates, "state", id)
 }
 
 // States returns the states committed to env, by turn, then creation time,
