@@ -93,7 +93,7 @@ func MergeLabels(into, labels map[string]string) map[string]string {
 
 // MarkLost closes an env that a restart could not restore and records
 // why, so that later runs still report it; its states stay until
-// ReleaseEnv.
+// ReleaseEnvAt.
 func (m *Manifest) MarkLost(id, reason string) error {
 	err := m.updateEnv(id, func(_ *bolt.Tx, e *Env) error {
 		e.Closed, e.Lost = true, reason
@@ -141,9 +141,6 @@ func closeEnv(tx *bolt.Tx, id string) error {
 	e.Closed = true
 	return put(tx, bucketEnvs, e)
 }
-
-// ReleaseEnv is ReleaseEnvAt now.
-func (m *Manifest) ReleaseEnv(id string) error { return m.ReleaseEnvAt(id, time.Now()) }
 
 // ReleaseEnvAt releases every state of env and closes it, in one
 // transaction; a lost env is no longer reported lost. The states it
