@@ -51,16 +51,6 @@ func (m *Meter) Label() string { return m.label }
 // Elapsed is the time since the meter started.
 func (m *Meter) Elapsed() time.Duration { return m.now().Sub(m.start) }
 
-// SetTotal changes the number of steps (e.g. once it becomes known).
-func (m *Meter) SetTotal(n int) {
-	if m == nil {
-		return
-	}
-	m.mu.Lock()
-	m.total = n
-	m.mu.Unlock()
-}
-
 // Add records n more steps done; note (may be empty) says what the last
 // one was.
 func (m *Meter) Add(n int, note string) {
