@@ -84,7 +84,7 @@ func getIntent(tx *bolt.Tx, id string) (Artifact, error) {
 
 // AbortArtifact removes an intent whose checkpoint failed; the caller
 // deletes its files first. An artifact already committed is refused with
-// ErrInUse: those leave through Garbage and Forget.
+// ErrInUse: those leave through Garbage and ForgetWith.
 func (m *Manifest) AbortArtifact(id string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		if _, err := getIntent(tx, id); err != nil {
