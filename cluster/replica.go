@@ -126,19 +126,7 @@ func (t *Transfer) replicaNode(ctx context.Context, n *Node) (NodeInfo, bool) {
 
 // Replica reads env's replica record ("" node: none).
 func (v *View) Replica(ctx context.Context, env string) (Replica, error) {
-	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
-	defer cancel()
-	r, err := v.cli.Get(ctx, ReplicaKey(env))
-	if err != nil {
-		return Replica{}, fmt.Errorf("%w: read replica of %s: %v", ErrUnavailable, env, err)
-	}
-	var rp Replica
-	if len(r.Kvs) > 0 {
-		if err := json.Unmarshal(r.Kvs[0].Value, &rp); err != nil {
-			return Replica{}, fmt.Errorf("replica of %s: %w", env, err)
-		}
-	}
-	return rp, nil
+	return readJSON[Replica](ctx, v, ReplicaKey(env), "replica of "+env)
 }
 
 // Adopt asks the node whose transfer endpoint is at addr to open env at

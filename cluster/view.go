@@ -289,20 +289,7 @@ func (v *View) EnvNode(ctx context.Context, env string) (string, error) {
 	if ok {
 		return node, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
-	defer cancel()
-	r, err := v.cli.Get(ctx, EnvKey(env))
-	if err != nil {
-		return "", fmt.Errorf("%w: read placement of %s: %v", ErrUnavailable, env, err)
-	}
-	if len(r.Kvs) == 0 {
-		return "", nil
-	}
-	var p Placement
-	if err := json.Unmarshal(r.Kvs[0].Value, &p); err != nil {
-		return "", fmt.Errorf("placement of %s: %w", env, err)
-	}
-	return p.Node, nil
+	return v.FreshEnvNode(ctx, env)
 }
 
 // Moved records that env lives on node now (a migration the router
@@ -316,20 +303,27 @@ func (v *View) Moved(env, node string) {
 // FreshEnvNode reads env's placement from etcd, not from the view (a
 // node that answered it has no such env: the env may have migrated).
 func (v *View) FreshEnvNode(ctx context.Context, env string) (string, error) {
+	p, err := readJSON[Placement](ctx, v, EnvKey(env), "placement of "+env)
+	return p.Node, err
+}
+
+// readJSON reads key from etcd, within the view's timeout, and decodes
+// its value (none: the zero T); what names the record in errors.
+func readJSON[T any](ctx context.Context, v *View, key, what string) (T, error) {
+	var out T
 	ctx, cancel := context.WithTimeout(ctx, v.o.Timeout)
 	defer cancel()
-	r, err := v.cli.Get(ctx, EnvKey(env))
+	r, err := v.cli.Get(ctx, key)
 	if err != nil {
-		return "", fmt.Errorf("%w: read placement of %s: %v", ErrUnavailable, env, err)
+		return out, fmt.Errorf("%w: read %s: %v", ErrUnavailable, what, err)
 	}
-	if len(r.Kvs) == 0 {
-		return "", nil
+	if len(r.Kvs) > 0 {
+		if err := json.Unmarshal(r.Kvs[0].Value, &out); err != nil {
+			var zero T
+			return zero, fmt.Errorf("%s: %w", what, err)
+		}
 	}
-	var p Placement
-	if err := json.Unmarshal(r.Kvs[0].Value, &p); err != nil {
-		return "", fmt.Errorf("placement of %s: %w", env, err)
-	}
-	return p.Node, nil
+	return out, nil
 }
 
 // StateNodes lists the nodes holding a state's artifacts (none: no node

@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"time"
 
-	"github.com/arbor-env/arbor/internal/criubin"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -112,6 +111,3 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	}
 	return r
 }
-
-// CRIUPath resolves the CRIU binary Arbor uses; see criubin.Path.
-func CRIUPath(flag string) (string, error) { return criubin.Path(flag) }

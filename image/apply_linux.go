@@ -22,12 +22,13 @@ const (
 	whiteoutOpaque = ".wh..wh..opq"
 )
 
-// applyLayer applies one OCI layer, an uncompressed tar stream, to the
+// ApplyTar applies one OCI layer, an uncompressed tar stream, to the
 // tree at root (a clone of the layers below it), as the image spec's
 // changeset rules say: entries add or replace paths, ".wh.NAME" deletes
 // NAME of a lower layer and ".wh..wh..opq" empties its directory of what
 // the lower layers put there. It returns the bytes of file content it
-// wrote.
+// wrote. The task grader writes an agent's outputs into a pristine tree
+// with it too (docs/tasks.md, "The trusted grader").
 //
 // A layer is untrusted input. Every path is resolved inside root as a
 // chroot would resolve it (openat2 with RESOLVE_IN_ROOT), so "..", an
@@ -37,7 +38,7 @@ const (
 // /dev (a sandbox makes its own) and refused elsewhere (ErrBadLayer): a
 // node would be a door to a host device. Owners, modes (set-id bits included),
 // extended attributes (file capabilities) and times are kept.
-func applyLayer(ctx context.Context, root string, r io.Reader) (written int64, err error) {
+func ApplyTar(ctx context.Context, root string, r io.Reader) (written int64, err error) {
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("open layer root %s: %w", root, err)
@@ -439,13 +440,4 @@ func removeAt(dir int, base string, mode uint32) error {
 		return fmt.Errorf("remove: %w", err)
 	}
 	return nil
-}
-
-// ApplyTar applies an uncompressed tar stream to the tree at root with
-// the rules and the care of an image layer (applyLayer): paths resolved
-// inside root, ".wh." whiteouts, owners and modes kept, device nodes
-// refused. The task grader writes an agent's outputs into a pristine
-// tree with it (docs/tasks.md, "The trusted grader").
-func ApplyTar(ctx context.Context, root string, r io.Reader) (int64, error) {
-	return applyLayer(ctx, root, r)
 }

@@ -133,7 +133,7 @@ func TestApplyLayerChangesets(t *testing.T) {
 		},
 	}
 	for i, l := range layers {
-		if _, err := applyLayer(ctx, root, bytes.NewReader(layerTar(t, l...))); err != nil {
+		if _, err := ApplyTar(ctx, root, bytes.NewReader(layerTar(t, l...))); err != nil {
 			t.Fatalf("layer %d: %v", i, err)
 		}
 	}
@@ -179,7 +179,7 @@ func TestApplyLayerOwnersAndXattrs(t *testing.T) {
 	root := t.TempDir()
 	// cap_net_raw+ep as a v2 vfs_cap_data, as ping ships.
 	capNetRaw := string([]byte{0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
-	_, err := applyLayer(context.Background(), root, bytes.NewReader(layerTar(t,
+	_, err := ApplyTar(context.Background(), root, bytes.NewReader(layerTar(t,
 		entry{name: "home/app/", typ: tar.TypeDir, uid: 1000, gid: 1001, mode: 0o750},
 		entry{name: "home/app/f", body: "x", uid: 1000, gid: 1001, mode: 0o600},
 		entry{name: "ping", body: "elf", mode: 0o755, xattrs: map[string]string{"security.capability": capNetRaw}},
@@ -249,7 +249,7 @@ func TestApplyLayerHostile(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := tree(t, outer)
-			_, err := applyLayer(context.Background(), root, bytes.NewReader(layerTar(t, tt.layer...)))
+			_, err := ApplyTar(context.Background(), root, bytes.NewReader(layerTar(t, tt.layer...)))
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err %v, want %v", err, tt.wantErr)
@@ -289,7 +289,7 @@ func TestApplyLayerHostile(t *testing.T) {
 func TestApplyLayerTruncated(t *testing.T) {
 	requireRoot(t)
 	b := layerTar(t, entry{name: "big", body: strings.Repeat("x", 10000)})
-	_, err := applyLayer(context.Background(), t.TempDir(), bytes.NewReader(b[:3000]))
+	_, err := ApplyTar(context.Background(), t.TempDir(), bytes.NewReader(b[:3000]))
 	if !errors.Is(err, ErrBadLayer) {
 		t.Fatalf("err %v, want ErrBadLayer", err)
 	}

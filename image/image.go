@@ -299,22 +299,11 @@ func (s *Store) create(ctx context.Context, name, base string, fill fillFunc, pr
 	log := s.logger().With(slog.String("image", name))
 	start := time.Now()
 	s.cleanStaleBuilds(ctx)
-	tmp := buildVolume(name)
-	if base == "" {
-		err = s.Snap.CreateVolume(ctx, tmp)
-	} else {
-		err = s.Snap.Clone(ctx, base, tmp)
-	}
+	tmp, done, err := s.newBuild(ctx, log, name, base)
 	if err != nil {
 		return fmt.Errorf("create build volume %s: %w", tmp, err)
 	}
-	defer func() {
-		// The temporary volume goes either way; only a failure to remove
-		// it after a successful snapshot is merely logged.
-		if derr := s.destroyBuild(tmp); derr != nil {
-			log.Warn("remove build volume", slog.String("volume", tmp), slog.Any("err", derr))
-		}
-	}()
+	defer done()
 	root := s.Snap.Path(tmp)
 	md, err := fill(ctx, root, progress)
 	if err != nil {
@@ -350,6 +339,26 @@ func (s *Store) create(ctx context.Context, name, base string, fill fillFunc, pr
 	log.Info("image created", slog.String("source", md.Source), slog.Int64("size", size),
 		slog.Duration("took", time.Since(start)))
 	return nil
+}
+
+// newBuild makes a temporary build volume for what: a clone of snapshot
+// base, or empty when base is "" (its name even on failure). done
+// removes it, whether the build succeeded or not, logging a failure.
+func (s *Store) newBuild(ctx context.Context, log *slog.Logger, what, base string) (tmp string, done func(), err error) {
+	tmp = buildVolume(what)
+	if base == "" {
+		err = s.Snap.CreateVolume(ctx, tmp)
+	} else {
+		err = s.Snap.Clone(ctx, base, tmp)
+	}
+	if err != nil {
+		return tmp, nil, err
+	}
+	return tmp, func() {
+		if err := s.destroyBuild(tmp); err != nil {
+			log.Warn("remove build volume", slog.String("volume", tmp), slog.Any("err", err))
+		}
+	}, nil
 }
 
 // destroyBuild removes a temporary build volume, first detaching anything a

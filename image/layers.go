@@ -234,20 +234,15 @@ func retryable(ctx context.Context, err error) bool {
 
 func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, parent string, compressed bool, p *pullProgress, i int) (n int64, err error) {
 	start := time.Now()
-	tmp := buildVolume("layer")
-	if parent == "" {
-		err = s.Snap.CreateVolume(ctx, tmp)
-	} else {
-		err = s.Snap.Clone(ctx, LayerSnapshot(parent), tmp)
+	base := ""
+	if parent != "" {
+		base = LayerSnapshot(parent)
 	}
+	tmp, done, err := s.newBuild(ctx, s.logger(), "layer", base)
 	if err != nil {
 		return 0, fmt.Errorf("make layer volume: %w", err)
 	}
-	defer func() {
-		if derr := s.destroyBuild(tmp); derr != nil {
-			s.logger().Warn("remove layer volume", slog.String("volume", tmp), slog.Any("err", derr))
-		}
-	}()
+	defer done()
 	rc, err := openLayer(l, compressed)
 	if err != nil {
 		return 0, fmt.Errorf("fetch: %w", err)
@@ -262,7 +257,7 @@ func (s *Store) unpackLayerOnce(ctx context.Context, l v1.Layer, lay Layer, pare
 	// own, a megabyte ahead of the one that applies: each is about half
 	// of a layer's CPU time.
 	body, wait := readAhead(tarStream)
-	n, err = applyLayer(ctx, s.Snap.Path(tmp), body)
+	n, err = ApplyTar(ctx, s.Snap.Path(tmp), body)
 	if err == nil {
 		// The tar's end-of-archive blocks (and any padding) belong to the
 		// stream the diff ID covers, and a registry's digest check

@@ -488,15 +488,11 @@ func (s *Store) recipeLayer(ctx context.Context, name string, r *Recipe, base In
 func (s *Store) buildRecipeLayer(ctx context.Context, name string, r *Recipe, base Info, lay Layer, progress io.Writer) (added int64, err error) {
 	log := s.logger().With(slog.String("image", name))
 	s.cleanStaleBuilds(ctx)
-	tmp := buildVolume("recipe")
-	if err := s.Snap.Clone(ctx, base.Snapshot, tmp); err != nil {
+	tmp, done, err := s.newBuild(ctx, log, "recipe", base.Snapshot)
+	if err != nil {
 		return 0, fmt.Errorf("clone base %s: %w", base.Name, err)
 	}
-	defer func() {
-		if derr := s.destroyBuild(tmp); derr != nil {
-			log.Warn("remove build volume", slog.String("volume", tmp), slog.Any("err", derr))
-		}
-	}()
+	defer done()
 	root := s.Snap.Path(tmp)
 	// The base's metadata is the base's, not the layer's.
 	if err := os.Remove(filepath.Join(root, MetadataPath)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -65,15 +65,11 @@ func (s *Store) Shifted(ctx context.Context, name string, base, size uint32) (In
 	}
 	log := s.logger().With(slog.String("image", name))
 	start := time.Now()
-	tmp := buildVolume(name + "-userns")
-	if err := s.Snap.Clone(ctx, img.Snapshot, tmp); err != nil {
+	tmp, done, err := s.newBuild(ctx, log, name+"-userns", img.Snapshot)
+	if err != nil {
 		return Info{}, fmt.Errorf("clone image %s to shift it: %w", name, err)
 	}
-	defer func() {
-		if derr := s.destroyBuild(tmp); derr != nil {
-			log.Warn("remove build volume", slog.String("volume", tmp), slog.Any("err", derr))
-		}
-	}()
+	defer done()
 	if err := Shift(s.Snap.Path(tmp), base, size); err != nil {
 		return Info{}, fmt.Errorf("shift image %s: %w", name, err)
 	}

@@ -18,11 +18,11 @@ import (
 // maxSymlinks bounds symlink resolution, as the kernel's ELOOP does.
 const maxSymlinks = 40
 
-// resolveIn resolves the parent directories of sandbox path p inside root
+// ResolveIn resolves the parent directories of sandbox path p inside root
 // (symlinks are followed as the sandbox would, never out of root) and
 // returns the host path of p's last component, not followed. missing says
 // that a parent does not exist (then p does not either).
-func resolveIn(root, p string) (host string, missing bool, err error) {
+func ResolveIn(root, p string) (host string, missing bool, err error) {
 	parts := strings.Split(strings.Trim(p, "/"), "/")
 	cur := "/" // resolved sandbox path so far
 	links := 0
@@ -69,12 +69,6 @@ func resolveIn(root, p string) (host string, missing bool, err error) {
 	return root + cur, false, nil
 }
 
-// ResolveIn resolves sandbox path p inside root as the sandbox would
-// (symlinks in its parents followed, never out of root) and returns the
-// host path of p itself, not followed; missing says a parent does not
-// exist.
-func ResolveIn(root, p string) (host string, missing bool, err error) { return resolveIn(root, p) }
-
 // fileState is what a path looks like in one tree, as far as the net-change
 // rules care: existence, type, mode, owner, size, symlink target, extended
 // attributes and the modification time of what is not a directory (make
@@ -101,7 +95,7 @@ type fileState struct {
 // stateOf returns the state of sandbox path p in the tree at root and,
 // for a regular file, where to read its content.
 func stateOf(root, p string) (fileState, regular, error) {
-	host, missing, err := resolveIn(root, p)
+	host, missing, err := ResolveIn(root, p)
 	if err != nil || missing {
 		return fileState{}, regular{}, err
 	}

@@ -448,11 +448,13 @@ type Failing interface {
 	Err() error
 }
 
-// heldErr is the failure of a Failing value the sandbox holds: then its
+// Err is the failure of a Failing value the sandbox holds: then its
 // processes cannot be trusted (a lazy restore's daemon died with pages
 // still to serve, which then read as zeros), so the sandbox is killed and
-// heldErr wraps ErrDead: a command that ran meanwhile has no result.
-func (s *Sandbox) heldErr() error {
+// Err wraps ErrDead: a command that ran meanwhile has no result. Callers
+// that read the processes' state from outside (a checkpoint's dump) check
+// it after doing so.
+func (s *Sandbox) Err() error {
 	s.hmu.Lock()
 	var err error
 	for _, c := range s.held {
@@ -469,11 +471,6 @@ func (s *Sandbox) heldErr() error {
 	s.Kill()
 	return fmt.Errorf("%w: %w", ErrDead, err)
 }
-
-// Err is the failure of what the sandbox depends on (heldErr), after
-// which it is killed: callers that read the processes' state from outside
-// (a checkpoint's dump) check it after doing so.
-func (s *Sandbox) Err() error { return s.heldErr() }
 
 // Pending is a Hold value whose work on the sandbox's processes goes on
 // after it was handed over (a lazy restore's daemon copying their memory
@@ -786,7 +783,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		}
 		return nil, fmt.Errorf("exec in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
-	if err := s.heldErr(); err != nil {
+	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
 	}
 	events = append(events, s.checkLimits()...)
@@ -832,7 +829,7 @@ func (s *Sandbox) Run(ctx context.Context, script string, o RunOptions) (*Result
 	if resp.Error != "" {
 		return nil, fmt.Errorf("run in sandbox %s: %s", s.cfg.ID, resp.Error)
 	}
-	if err := s.heldErr(); err != nil {
+	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("run in sandbox %s: %w", s.cfg.ID, err)
 	}
 	r := result(resp, out, errb)

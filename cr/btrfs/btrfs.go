@@ -65,6 +65,3 @@ type Snapshotter struct {
 
 // Backend returns "btrfs".
 func (s *Snapshotter) Backend() string { return "btrfs" }
-
-// Root is the pool directory under which all names live.
-func (s *Snapshotter) Root() string { return s.root }

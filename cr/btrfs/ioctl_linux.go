@@ -124,7 +124,14 @@ func setName(dst []byte, name string) error {
 }
 
 // createSubvol makes an empty subvolume called name in directory parent.
-func createSubvol(parent, name string) error {
+func createSubvol(parent, name string) error { return nameIoctl(parent, name, iocSubvolCreate) }
+
+// destroySubvol deletes the subvolume called name in directory parent.
+func destroySubvol(parent, name string) error { return nameIoctl(parent, name, iocSnapDestroy) }
+
+// nameIoctl runs req, whose argument names a subvolume, on directory
+// parent.
+func nameIoctl(parent, name string, req uintptr) error {
 	dfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -134,7 +141,7 @@ func createSubvol(parent, name string) error {
 	if err := setName(a.name[:], name); err != nil {
 		return err
 	}
-	return ioctl(dfd, iocSubvolCreate, unsafe.Pointer(&a))
+	return ioctl(dfd, req, unsafe.Pointer(&a))
 }
 
 // snapshotSubvol snapshots the subvolume at src as name in directory parent.
@@ -157,20 +164,6 @@ func snapshotSubvol(src, parent, name string, readOnly bool) error {
 		return err
 	}
 	return ioctl(dfd, iocSnapCreateV2, unsafe.Pointer(&a))
-}
-
-// destroySubvol deletes the subvolume called name in directory parent.
-func destroySubvol(parent, name string) error {
-	dfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dfd)
-	var a volArgs
-	if err := setName(a.name[:], name); err != nil {
-		return err
-	}
-	return ioctl(dfd, iocSnapDestroy, unsafe.Pointer(&a))
 }
 
 // getSubvolInfo reads the flags and uuids of the subvolume at path.

@@ -5,8 +5,6 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/arbor-env/arbor/internal/netns"
 )
 
 // netKey names the sandbox's network namespace as an external resource in
@@ -23,10 +21,6 @@ func netnsInode(pid int) (uint64, error) {
 	}
 	return st.Ino, nil
 }
-
-// newLoopbackNetns makes a network namespace whose loopback is up and
-// returns a descriptor of it.
-func newLoopbackNetns() (*os.File, error) { return netns.NewLoopback() }
 
 // dumpInNetns starts a CRIU inside the network namespace of pid, for a
 // tree in its own user namespace (DumpRequest.UserNS).

@@ -55,7 +55,7 @@ func (c *Checkpointer) startSpare(restore bool) (*spare, error) {
 		}
 		return &spare{w: w}, nil
 	}
-	ns, err := newLoopbackNetns()
+	ns, err := netns.NewLoopback()
 	if err != nil {
 		return nil, err
 	}

@@ -66,6 +66,15 @@ func readFile(t testing.TB, path string) string {
 	return string(b)
 }
 
+// wantFile fails the test unless the file at path holds want; what says
+// what the check is about.
+func wantFile(t testing.TB, path, want, what string) {
+	t.Helper()
+	if got := readFile(t, path); got != want {
+		t.Fatalf("%s: %s = %q, want %q", what, path, got, want)
+	}
+}
+
 func assertMissing(t testing.TB, path string) {
 	t.Helper()
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
@@ -87,9 +96,7 @@ func testCreateVolume(t *testing.T, s cr.Snapshotter) {
 	for _, name := range []string{"v", "images/busybox", "a/b/c/d"} {
 		must(t, s.CreateVolume(ctx, name))
 		writeFile(t, filepath.Join(s.Path(name), "f"), name)
-		if got := readFile(t, filepath.Join(s.Path(name), "f")); got != name {
-			t.Fatalf("%s: read %q", name, got)
-		}
+		wantFile(t, filepath.Join(s.Path(name), "f"), name, name)
 		if ents, _ := os.ReadDir(s.Path(name)); len(ents) != 1 {
 			t.Fatalf("%s: new volume not empty: %v", name, ents)
 		}
@@ -119,12 +126,8 @@ func testSnapshot(t *testing.T, s cr.Snapshotter) {
 	must(t, os.Remove(filepath.Join(s.Path("vol"), "d/b")))
 
 	snap := s.Path("snaps/s1")
-	if got := readFile(t, filepath.Join(snap, "a")); got != "one" {
-		t.Fatalf("snapshot saw a later write: a = %q", got)
-	}
-	if got := readFile(t, filepath.Join(snap, "d/b")); got != "bee" {
-		t.Fatalf("snapshot lost d/b: %q", got)
-	}
+	wantFile(t, filepath.Join(snap, "a"), "one", "snapshot saw a later write")
+	wantFile(t, filepath.Join(snap, "d/b"), "bee", "snapshot lost d/b")
 	assertMissing(t, filepath.Join(snap, "new"))
 	if err := os.WriteFile(filepath.Join(snap, "a"), []byte("w"), 0o644); err == nil {
 		t.Fatal("wrote into a read-only snapshot")
@@ -143,9 +146,7 @@ func testSnapshot(t *testing.T, s cr.Snapshotter) {
 	}
 	// A snapshot of a snapshot is allowed too.
 	must(t, s.Snapshot(ctx, "snaps/s1", "snaps/s2"))
-	if got := readFile(t, filepath.Join(s.Path("snaps/s2"), "a")); got != "one" {
-		t.Fatalf("snapshot of snapshot: a = %q", got)
-	}
+	wantFile(t, filepath.Join(s.Path("snaps/s2"), "a"), "one", "snapshot of snapshot")
 }
 
 func testClone(t *testing.T, s cr.Snapshotter) {
@@ -165,14 +166,10 @@ func testClone(t *testing.T, s cr.Snapshotter) {
 			dst := "clones/" + tt.name
 			must(t, s.Clone(ctx, tt.src, dst))
 			c, src := s.Path(dst), s.Path(tt.src)
-			if got := readFile(t, filepath.Join(c, "a")); got != "base" {
-				t.Fatalf("clone: a = %q", got)
-			}
+			wantFile(t, filepath.Join(c, "a"), "base", "clone")
 			writeFile(t, filepath.Join(c, "a"), "clone")
 			writeFile(t, filepath.Join(c, "only-clone"), "c")
-			if got := readFile(t, filepath.Join(src, "a")); got != "base" {
-				t.Fatalf("clone write leaked into source: a = %q", got)
-			}
+			wantFile(t, filepath.Join(src, "a"), "base", "clone write leaked into source")
 			assertMissing(t, filepath.Join(src, "only-clone"))
 			if tt.src == "vol" {
 				writeFile(t, filepath.Join(src, "only-src"), "s")
@@ -190,9 +187,7 @@ func testClone(t *testing.T, s cr.Snapshotter) {
 	must(t, s.Clone(ctx, "snap", "c1"))
 	must(t, s.Clone(ctx, "snap", "c2"))
 	writeFile(t, filepath.Join(s.Path("c1"), "a"), "c1")
-	if got := readFile(t, filepath.Join(s.Path("c2"), "a")); got != "base" {
-		t.Fatalf("sibling clone saw a write: a = %q", got)
-	}
+	wantFile(t, filepath.Join(s.Path("c2"), "a"), "base", "sibling clone saw a write")
 }
 
 func testDestroy(t *testing.T, s cr.Snapshotter) {
@@ -248,9 +243,7 @@ func testDestroyKeepsDependents(t *testing.T, s cr.Snapshotter) {
 			must(t, s.Destroy(ctx, st.destroy))
 			assertMissing(t, filepath.Join(s.Path(st.destroy), "a"))
 			for v, want := range st.check {
-				if got := readFile(t, filepath.Join(s.Path(v), "a")); got != want {
-					t.Fatalf("after destroying %s: %s/a = %q, want %q", st.destroy, v, got, want)
-				}
+				wantFile(t, filepath.Join(s.Path(v), "a"), want, "after destroying "+st.destroy)
 			}
 			vols, err := s.List(ctx, "")
 			must(t, err)
@@ -267,21 +260,28 @@ func testNotFound(t *testing.T, s cr.Snapshotter) {
 	must(t, s.CreateVolume(ctx, "vol"))
 	must(t, s.Snapshot(ctx, "vol", "snap"))
 	must(t, s.CreateVolume(ctx, "dir/v"))
-	tests := []struct {
-		name string
-		op   func() error
-	}{
+	wantErr(t, cr.ErrNotFound, []errCase{
 		{"Snapshot", func() error { return s.Snapshot(ctx, "missing", "x") }},
 		{"Clone", func() error { return s.Clone(ctx, "missing", "x") }},
 		{"Destroy", func() error { return s.Destroy(ctx, "missing") }},
 		{"DestroyParentDirectory", func() error { return s.Destroy(ctx, "dir") }},
 		{"ChangesBase", func() error { _, err := s.Changes(ctx, "missing", "vol"); return err }},
 		{"ChangesTarget", func() error { _, err := s.Changes(ctx, "snap", "missing"); return err }},
-	}
-	for _, tt := range tests {
+	})
+}
+
+// errCase is an operation expected to fail, named for its subtest.
+type errCase struct {
+	name string
+	op   func() error
+}
+
+// wantErr runs each case as a subtest and wants its error to wrap want.
+func wantErr(t *testing.T, want error, cases []errCase) {
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.op(); !errors.Is(err, cr.ErrNotFound) {
-				t.Fatalf("want ErrNotFound, got %v", err)
+			if err := tt.op(); !errors.Is(err, want) {
+				t.Fatalf("want %q, got %v", want, err)
 			}
 		})
 	}
@@ -292,23 +292,13 @@ func testExists(t *testing.T, s cr.Snapshotter) {
 	must(t, s.CreateVolume(ctx, "vol"))
 	must(t, s.Snapshot(ctx, "vol", "snap"))
 	must(t, s.CreateVolume(ctx, "dir/v"))
-	tests := []struct {
-		name string
-		op   func() error
-	}{
+	wantErr(t, cr.ErrExists, []errCase{
 		{"CreateVolume", func() error { return s.CreateVolume(ctx, "vol") }},
 		{"CreateOverSnapshot", func() error { return s.CreateVolume(ctx, "snap") }},
 		{"CreateOverParentDirectory", func() error { return s.CreateVolume(ctx, "dir") }},
 		{"Snapshot", func() error { return s.Snapshot(ctx, "vol", "snap") }},
 		{"Clone", func() error { return s.Clone(ctx, "snap", "vol") }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.op(); !errors.Is(err, cr.ErrExists) {
-				t.Fatalf("want ErrExists, got %v", err)
-			}
-		})
-	}
+	})
 }
 
 func testInvalidNames(t *testing.T, s cr.Snapshotter) {

@@ -84,7 +84,7 @@ func getIntent(tx *bolt.Tx, id string) (Artifact, error) {
 
 // AbortArtifact removes an intent whose checkpoint failed; the caller
 // deletes its files first. An artifact already committed is refused with
-// ErrInUse: those leave through Garbage and Forget.
+// ErrInUse: those leave through Garbage and ForgetWith.
 func (m *Manifest) AbortArtifact(id string) error {
 	err := m.db.Update(func(tx *bolt.Tx) error {
 		if _, err := getIntent(tx, id); err != nil {
@@ -100,28 +100,12 @@ func (m *Manifest) AbortArtifact(id string) error {
 
 // GetArtifact returns the artifact record id.
 func (m *Manifest) GetArtifact(id string) (Artifact, error) {
-	var a Artifact
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		a, err = get[Artifact](tx, bucketArtifacts, "artifact", id)
-		return err
-	})
-	if err != nil {
-		return Artifact{}, fmt.Errorf("get artifact %s: %w", id, err)
-	}
-	return a, nil
+	return getOne[Artifact](m, bucketArtifacts, "artifact", id)
 }
 
 // Artifacts returns every artifact record, intents included, by id.
 func (m *Manifest) Artifacts() ([]Artifact, error) {
-	var as []Artifact
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		as, err = all[Artifact](tx, bucketArtifacts)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list artifacts: %w", err)
-	}
-	return as, nil
+	return listAll[Artifact](m, bucketArtifacts, "artifacts")
 }
 
 // Usage counts artifacts by kind with their summed sizes, intents, states

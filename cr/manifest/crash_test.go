@@ -134,7 +134,7 @@ func crashHelper(dir string) error {
 				}
 				artIDs = append(artIDs, a.ID)
 			}
-			if err := m.Forget(stateIDs, artIDs); err != nil {
+			if err := m.ForgetWith(Policy{}, stateIDs, artIDs); err != nil {
 				return err
 			}
 		}

@@ -32,30 +32,10 @@ func (m *Manifest) PutEnv(e Env) error {
 }
 
 // GetEnv returns the env record id.
-func (m *Manifest) GetEnv(id string) (Env, error) {
-	var e Env
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		e, err = get[Env](tx, bucketEnvs, "env", id)
-		return err
-	})
-	if err != nil {
-		return Env{}, fmt.Errorf("get env %s: %w", id, err)
-	}
-	return e, nil
-}
+func (m *Manifest) GetEnv(id string) (Env, error) { return getOne[Env](m, bucketEnvs, "env", id) }
 
 // Envs returns every env record, closed ones included, by id.
-func (m *Manifest) Envs() ([]Env, error) {
-	var es []Env
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		es, err = all[Env](tx, bucketEnvs)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list envs: %w", err)
-	}
-	return es, nil
-}
+func (m *Manifest) Envs() ([]Env, error) { return listAll[Env](m, bucketEnvs, "envs") }
 
 // SetHead points an open env at an existing state (a rollback).
 func (m *Manifest) SetHead(env, state string) error {
@@ -113,7 +93,7 @@ func MergeLabels(into, labels map[string]string) map[string]string {
 
 // MarkLost closes an env that a restart could not restore and records
 // why, so that later runs still report it; its states stay until
-// ReleaseEnv.
+// ReleaseEnvAt.
 func (m *Manifest) MarkLost(id, reason string) error {
 	err := m.updateEnv(id, func(_ *bolt.Tx, e *Env) error {
 		e.Closed, e.Lost = true, reason
@@ -161,9 +141,6 @@ func closeEnv(tx *bolt.Tx, id string) error {
 	e.Closed = true
 	return put(tx, bucketEnvs, e)
 }
-
-// ReleaseEnv is ReleaseEnvAt now.
-func (m *Manifest) ReleaseEnv(id string) error { return m.ReleaseEnvAt(id, time.Now()) }
 
 // ReleaseEnvAt releases every state of env and closes it, in one
 // transaction; a lost env is no longer reported lost. The states it

@@ -22,7 +22,7 @@ var ErrInvalid = errors.New("invalid argument")
 var ErrClosed = errors.New("env closed")
 
 // ErrInUse is wrapped when a record cannot be removed because something
-// still needs it: Forget of a live state or referenced artifact, or
+// still needs it: ForgetWith of a live state or referenced artifact, or
 // AbortArtifact of an artifact already committed.
 var ErrInUse = errors.New("in use")
 

@@ -312,11 +312,6 @@ func (m *Manifest) Garbage() (states []State, artifacts []Artifact, err error) {
 	return g.States, g.Artifacts, nil
 }
 
-// Forget is ForgetWith under the policy of Garbage.
-func (m *Manifest) Forget(stateIDs, artifactIDs []string) error {
-	return m.ForgetWith(Policy{}, stateIDs, artifactIDs)
-}
-
 // ForgetWith deletes state and artifact records in one transaction, after
 // the caller deleted the artifacts' files. It re-checks what Collect
 // promised under p and refuses with ErrInUse, deleting nothing, if a

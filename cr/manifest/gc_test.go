@@ -60,7 +60,7 @@ func TestGarbageAndForget(t *testing.T) {
 		{
 			name: "released branch after close: its own states and artifacts go",
 			act: func(t *testing.T, m *Manifest) {
-				if err := m.ReleaseEnv("e2"); err != nil {
+				if err := m.ReleaseEnvAt("e2", time.Now()); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -69,7 +69,7 @@ func TestGarbageAndForget(t *testing.T) {
 		{
 			name: "released parent env: the branch keeps r and a alive",
 			act: func(t *testing.T, m *Manifest) {
-				if err := m.ReleaseEnv("e1"); err != nil {
+				if err := m.ReleaseEnvAt("e1", time.Now()); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -106,7 +106,7 @@ func TestGarbageAndForget(t *testing.T) {
 			name: "everything released and closed",
 			act: func(t *testing.T, m *Manifest) {
 				for _, e := range []string{"e1", "e2"} {
-					if err := m.ReleaseEnv(e); err != nil {
+					if err := m.ReleaseEnvAt(e, time.Now()); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -143,7 +143,7 @@ func TestGarbageAndForget(t *testing.T) {
 				t.Fatalf("garbage: states %v artifacts %v, want %v %v", ids(gs), artifactIDs(ga), tt.wantStates, tt.wantArtifacts)
 			}
 			before, _ := m.Usage()
-			if err := m.Forget(ids(gs), artifactIDs(ga)); err != nil {
+			if err := m.ForgetWith(Policy{}, ids(gs), artifactIDs(ga)); err != nil {
 				t.Fatal(err)
 			}
 			after, _ := m.Usage()
@@ -177,7 +177,7 @@ func TestGarbageAndForget(t *testing.T) {
 				}
 			}
 			// A retry of the same Forget is harmless.
-			if err := m.Forget(ids(gs), artifactIDs(ga)); err != nil {
+			if err := m.ForgetWith(Policy{}, ids(gs), artifactIDs(ga)); err != nil {
 				t.Errorf("repeated Forget: %v", err)
 			}
 		})
@@ -210,7 +210,7 @@ func TestForgetRefusesLive(t *testing.T) {
 			if err := m.BeginArtifact(Artifact{ID: "intent", Kind: ArtifactFS}); err != nil {
 				t.Fatal(err)
 			}
-			if err := m.ReleaseEnv("e2"); err != nil {
+			if err := m.ReleaseEnvAt("e2", time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			for _, id := range []string{"a", "b"} {
@@ -219,7 +219,7 @@ func TestForgetRefusesLive(t *testing.T) {
 				}
 			}
 			before, _ := m.Usage()
-			if err := m.Forget(tt.states, tt.artifacts); !errors.Is(err, ErrInUse) {
+			if err := m.ForgetWith(Policy{}, tt.states, tt.artifacts); !errors.Is(err, ErrInUse) {
 				t.Fatalf("Forget: got %v, want ErrInUse", err)
 			}
 			if after, _ := m.Usage(); !reflect.DeepEqual(before, after) {
@@ -258,7 +258,7 @@ func TestDeltaBaseKept(t *testing.T) {
 	}
 	// proc-q itself a delta of proc-r: set on the record directly.
 	setBase(t, m, "proc-q", "proc-r")
-	if err := m.ReleaseEnv("e0"); err != nil {
+	if err := m.ReleaseEnvAt("e0", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	states, arts, err := m.Garbage()
@@ -272,13 +272,13 @@ func TestDeltaBaseKept(t *testing.T) {
 	if got := artifactIDs(arts); len(got) != 0 {
 		t.Fatalf("garbage artifacts %v, want none (d uses them all)", got)
 	}
-	if err := m.Forget(nil, []string{"proc-r"}); !errors.Is(err, ErrInUse) {
+	if err := m.ForgetWith(Policy{}, nil, []string{"proc-r"}); !errors.Is(err, ErrInUse) {
 		t.Fatalf("Forget of the chain's root: %v, want ErrInUse", err)
 	}
-	if err := m.Forget([]string{"q", "r"}, nil); err != nil {
+	if err := m.ForgetWith(Policy{}, []string{"q", "r"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ReleaseEnv("e1"); err != nil {
+	if err := m.ReleaseEnvAt("e1", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	_, arts, err = m.Garbage()

@@ -38,19 +38,7 @@ func (m *Manifest) ImportState(env Env, s State, at time.Time, ready ...string) 
 				return err
 			}
 		}
-		if err := markReady(tx, ready); err != nil {
-			return err
-		}
-		if err := checkRefs(tx, s); err != nil {
-			return err
-		}
-		if err := put(tx, bucketStates, s); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
-			return fmt.Errorf("index state: %w", err)
-		}
-		return nil
+		return insertState(tx, s, ready)
 	})
 	if err != nil {
 		return fmt.Errorf("import state %s: %w", s.ID, err)

@@ -145,6 +145,35 @@ func put[T record](tx *bolt.Tx, name []byte, v T) error {
 	return nil
 }
 
+// getOne reads record id of a bucket in a transaction of its own; what
+// names the record in errors.
+func getOne[T record](m *Manifest, name []byte, what, id string) (T, error) {
+	var v T
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		v, err = get[T](tx, name, what, id)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("get %s %s: %w", what, id, err)
+	}
+	return v, nil
+}
+
+// listAll reads every record of a bucket, in key order, in a transaction
+// of its own; what names the records in errors.
+func listAll[T record](m *Manifest, name []byte, what string) ([]T, error) {
+	var vs []T
+	err := m.db.View(func(tx *bolt.Tx) (err error) {
+		vs, err = all[T](tx, name)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", what, err)
+	}
+	return vs, nil
+}
+
 // all decodes every record of a bucket in key order.
 func all[T record](tx *bolt.Tx, name []byte) ([]T, error) {
 	var out []T

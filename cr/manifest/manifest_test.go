@@ -304,7 +304,7 @@ func TestMarkLost(t *testing.T) {
 	if s, err := m.GetState("s1"); err != nil || s.Released {
 		t.Errorf("state of a lost env: %+v %v, want kept", s, err)
 	}
-	if err := m.ReleaseEnv("e1"); err != nil {
+	if err := m.ReleaseEnvAt("e1", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if e, err = m.GetEnv("e1"); err != nil || e.Lost != "" {
@@ -331,7 +331,7 @@ func TestNotFound(t *testing.T) {
 		{"states", func() error { _, err := m.States("x"); return err }},
 		{"lineage", func() error { _, err := m.Lineage("x"); return err }},
 		{"release", func() error { return m.Release("x") }},
-		{"release env", func() error { return m.ReleaseEnv("x") }},
+		{"release env", func() error { return m.ReleaseEnvAt("x", time.Now()) }},
 		{"close env", func() error { return m.CloseEnv("x") }},
 		{"set head env", func() error { return m.SetHead("x", "y") }},
 		{"set head state", func() error { return m.SetHead("e1", "y") }},

@@ -127,7 +127,7 @@ func TestCollectBounds(t *testing.T) {
 		checkpoint(t, m, "e1", id, parent, i, state.Full)
 		parent = id
 	}
-	if err := m.ReleaseEnv("e1"); err != nil {
+	if err := m.ReleaseEnvAt("e1", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	p := Policy{MaxStates: 2, MaxArtifacts: 3}

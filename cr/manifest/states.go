@@ -36,17 +36,8 @@ func (m *Manifest) CommitState(s State, ready ...string) error {
 		if s.Parent != "" && tx.Bucket(bucketStates).Get([]byte(s.Parent)) == nil {
 			return fmt.Errorf("parent state %s: %w", s.Parent, ErrNotFound)
 		}
-		if err := markReady(tx, ready); err != nil {
+		if err := insertState(tx, s, ready); err != nil {
 			return err
-		}
-		if err := checkRefs(tx, s); err != nil {
-			return err
-		}
-		if err := put(tx, bucketStates, s); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
-			return fmt.Errorf("index state: %w", err)
 		}
 		e.Head = s.ID
 		return put(tx, bucketEnvs, e)
@@ -57,17 +48,27 @@ func (m *Manifest) CommitState(s State, ready ...string) error {
 	return nil
 }
 
+// insertState marks the artifacts named in ready as Ready and inserts s,
+// whose artifacts must exist and be ready, with its index by env.
+func insertState(tx *bolt.Tx, s State, ready []string) error {
+	if err := markReady(tx, ready); err != nil {
+		return err
+	}
+	if err := checkRefs(tx, s); err != nil {
+		return err
+	}
+	if err := put(tx, bucketStates, s); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketByEnv).Put(byEnvKey(s.Env, s.ID), nil); err != nil {
+		return fmt.Errorf("index state: %w", err)
+	}
+	return nil
+}
+
 // GetState returns the state record id.
 func (m *Manifest) GetState(id string) (State, error) {
-	var s State
-	err := m.db.View(func(tx *bolt.Tx) (err error) {
-		s, err = get[State](tx, bucketStates, "state", id)
-		return err
-	})
-	if err != nil {
-		return State{}, fmt.Errorf("get state %s: %w", id, err)
-	}
-	return s, nil
+	return getOne[State](m, bucketStates, "state", id)
 }
 
 // States returns the states committed to env, by turn, then creation time,

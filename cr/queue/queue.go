@@ -248,19 +248,6 @@ func (q *Queue) run(j *Job) (err error) {
 	return j.fn(q.ctx)
 }
 
-// raise moves a queued Low job to the back of the High list.
-func (q *Queue) raise(j *Job) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if j.state != stateQueued || j.prio == High {
-		return
-	}
-	q.pending[Low].Remove(j.elem)
-	j.elem = q.pending[High].PushBack(j)
-	j.prio = High
-	j.raised = true
-}
-
 // Stats is a snapshot of the queue's load and of the timings of the jobs it
 // finished.
 type Stats struct {
@@ -329,7 +316,18 @@ func (j *Job) Err() error {
 
 // Raise moves a queued Low job to High, behind the High jobs already queued.
 // It does nothing to a job that is High, running or finished.
-func (j *Job) Raise() { j.q.raise(j) }
+func (j *Job) Raise() {
+	q := j.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j.state != stateQueued || j.prio == High {
+		return
+	}
+	q.pending[Low].Remove(j.elem)
+	j.elem = q.pending[High].PushBack(j)
+	j.prio = High
+	j.raised = true
+}
 
 // Wait raises the job if it is still queued at Low (somebody now waits on
 // it), then blocks until it finishes and returns its error. If ctx ends

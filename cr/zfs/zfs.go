@@ -72,6 +72,3 @@ const (
 
 // Backend returns "zfs".
 func (s *Snapshotter) Backend() string { return "zfs" }
-
-// Dataset is the root dataset all names live under.
-func (s *Snapshotter) Dataset() string { return s.root }

@@ -186,18 +186,6 @@ func (in *Inspector) Untrack(envID string) {
 	}
 }
 
-// Touch records paths changed from outside the sandbox (e.g. a file the
-// server wrote into the live root), which eBPF cannot see.
-func (in *Inspector) Touch(envID string, paths ...string) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if st, ok := in.envs[envID]; ok {
-		for _, p := range paths {
-			st.touched[p] = struct{}{}
-		}
-	}
-}
-
 // BeginTurn marks the start of a turn: writes through files already open
 // are reported again from now on.
 func (in *Inspector) BeginTurn(envID string) error {

@@ -51,33 +51,17 @@ func (m *Meter) Label() string { return m.label }
 // Elapsed is the time since the meter started.
 func (m *Meter) Elapsed() time.Duration { return m.now().Sub(m.start) }
 
-// SetTotal changes the number of steps (e.g. once it becomes known).
-func (m *Meter) SetTotal(n int) {
-	if m == nil {
-		return
-	}
-	m.mu.Lock()
-	m.total = n
-	m.mu.Unlock()
-}
-
 // Add records n more steps done; note (may be empty) says what the last
 // one was.
 func (m *Meter) Add(n int, note string) {
-	if m == nil || m.w == nil {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.finished {
-		return
-	}
-	m.done += n
-	m.note = note
-	if t := m.now(); t.Sub(m.last) >= m.every || (m.total > 0 && m.done >= m.total) {
-		m.last = t
-		m.draw(false)
-	}
+	m.change(func() {
+		m.done += n
+		m.note = note
+		if t := m.now(); t.Sub(m.last) >= m.every || (m.total > 0 && m.done >= m.total) {
+			m.last = t
+			m.draw(false)
+		}
+	})
 }
 
 // Step reports a phase without counting a step (e.g. "running setup 2/5").
@@ -86,17 +70,11 @@ func (m *Meter) Step(note string) { m.Add(0, note) }
 // Event reports a phase that must be seen (a layer done, a retry): it is
 // drawn at once, whatever the rate limit.
 func (m *Meter) Event(note string) {
-	if m == nil || m.w == nil {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.finished {
-		return
-	}
-	m.note = note
-	m.last = m.now()
-	m.draw(false)
+	m.change(func() {
+		m.note = note
+		m.last = m.now()
+		m.draw(false)
+	})
 }
 
 // Finish writes the final line: "done" with the time taken, or the error.
@@ -110,17 +88,24 @@ func (m *Meter) Finish(err error) {
 
 // FinishNote is Finish with the final line's note given.
 func (m *Meter) FinishNote(note string) {
+	m.change(func() {
+		m.finished = true
+		m.note = note
+		m.draw(true)
+	})
+}
+
+// change runs f under the meter's lock, unless the meter has no writer
+// or has finished.
+func (m *Meter) change(f func()) {
 	if m == nil || m.w == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.finished {
-		return
+	if !m.finished {
+		f()
 	}
-	m.finished = true
-	m.note = note
-	m.draw(true)
 }
 
 // draw writes the current line; m.mu is held.

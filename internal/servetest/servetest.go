@@ -7,7 +7,6 @@ package servetest
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -25,8 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
-	"github.com/arbor-env/arbor/cr"
-	"github.com/arbor-env/arbor/cr/criu"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
@@ -34,12 +31,7 @@ import (
 // 4.x: what make deps installs) and fails on any other CRIU error.
 func RequireHost(tb testing.TB) {
 	tb.Helper()
-	sandboxtest.RequireRoot(tb)
-	if _, err := criu.New("", nil); errors.Is(err, cr.ErrUnavailable) {
-		tb.Skipf("criu 4.x not installed: run make deps (%v)", err)
-	} else if err != nil {
-		tb.Fatal(err)
-	}
+	sandboxtest.CRIU(tb, nil)
 }
 
 // Bin is $ARBOR_BIN (make test passes bin/arbor), else arbor built from
