@@ -3,7 +3,9 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,6 +145,18 @@ func TestTurnMaxTurnsAndTimeouts(t *testing.T) {
 	if !t3.Result.TimedOut || string(t3.Result.Stdout) != "" || t3.Turn != 3 || !t3.Truncated {
 		t.Errorf("turn 3 (timeout over the cap): timed out %v, stdout %q, turn %d, truncated %v; want true, none, 3, true",
 			t3.Result.TimedOut, t3.Result.Stdout, t3.Turn, t3.Truncated)
+	}
+	// Truncated, the episode takes no more steps (docs/protocol.md,
+	// "Episode end"): the command does not run.
+	if t4, err := c.Turn(ctx, r.Env.ID, Action{Tool: "bash", Cmd: "touch /tmp/ran"}); !errors.Is(err, state.ErrInvalid) || !strings.Contains(fmt.Sprint(err), "episode is over") {
+		t.Errorf("turn 4 of 3: %+v, %v; want the episode over (bad request)", t4, err)
+	}
+	// A rollback to an earlier state opens it again.
+	if _, err := c.Rollback(ctx, r.Env.ID, t1.StateID); err != nil {
+		t.Fatal(err)
+	}
+	if t2b := bash(t, c, r.Env.ID, "test ! -e /tmp/ran && echo again"); string(t2b.Result.Stdout) != "again\n" || t2b.Turn != 2 || t2b.Truncated {
+		t.Errorf("after a rollback to turn 1: stdout %q, turn %d, truncated %v; want again, 2, false", t2b.Result.Stdout, t2b.Turn, t2b.Truncated)
 	}
 }
 

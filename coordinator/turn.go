@@ -89,6 +89,12 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	if a.Tool == state.ToolRollback {
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}
+	if n := env.Turn() - m.base; m.task.MaxTurns > 0 && n >= m.task.MaxTurns {
+		// Gymnasium's rule on every surface (docs/protocol.md, "Episode
+		// end"): a truncated episode takes no more steps.
+		return nil, state.Errorf(state.ErrInvalid, "the episode is over: env %s is at turn %d, its task's max_turns is %d; reset, roll back to an earlier state, or branch one",
+			envID, n, m.task.MaxTurns)
+	}
 	cmd := a.command()
 	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: c.commandTimeout(m, a.Timeout), MaxOutput: a.MaxOutput})
 	if err != nil {

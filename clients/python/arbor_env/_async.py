@@ -464,12 +464,10 @@ class AsyncEnv:
     rollback and in a new branch child). Episode ends, as Gymnasium and
     Arbor's OpenEnv endpoint have them: terminated on submit (step(SUBMIT): the verifier grades the
     state, nothing runs), truncated once the task's max_turns turns are
-    reached. What a step after either does differs: after submit the
-    client refuses it (ArborError "bad_request") until reset() or a
-    rollback (method or tool), as the OpenEnv endpoint does; after
-    truncation protocol v1's server still runs it and answers
-    truncated=True again (docs/protocol.md, "step"), so a trainer that
-    wants Gymnasium's episode end stops on done, as AsyncEpisode does."""
+    reached. A step after either raises ArborError "bad_request" until
+    reset() or a rollback (method or tool): after submit the client
+    refuses it, after truncation the server (docs/protocol.md, "Episode
+    end"), as the OpenEnv endpoint does."""
 
     def __init__(self, client: AsyncClient, env_id: Optional[str] = None, task: Optional[str] = None,
                  image: Optional[str] = None, seed: Optional[int] = None, options: Optional[dict] = None,
@@ -553,7 +551,7 @@ class AsyncEnv:
         SUBMIT ({"tool": "submit"}) ends the episode: see submit(). After
         it, a step other than the rollback tool raises ArborError
         "bad_request" until reset or rollback; after truncation the server
-        runs it (see the class)."""
+        refuses it with "bad_request" (docs/protocol.md, "Episode end")."""
         if isinstance(action, dict) and action.get("tool") == "submit":
             return await self.submit(timeout=timeout)
         is_rollback = isinstance(action, dict) and action.get("tool") == "rollback"

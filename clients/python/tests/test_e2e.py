@@ -789,10 +789,12 @@ class ClientConformanceTest(unittest.TestCase):
                 self.assertEqual(env.done, terminated or truncated)
                 self.assertEqual(truncated, i == limit - 1)
             self.assertTrue(env.done)
-            # Past max_turns, v1 runs the command and says truncated again
-            # (what README.md documents); done stays true.
-            obs, _, terminated, truncated, info = env.step("echo past")
-            self.assertEqual((obs["stdout"], terminated, truncated, info["turn"]), ("past\n", False, True, limit + 1))
+            # Past max_turns the server refuses the step (docs/protocol.md,
+            # "Episode end"); done stays true.
+            with self.assertRaises(arbor.ArborError) as cm:
+                env.step("echo past")
+            self.assertEqual(cm.exception.code, "bad_request")
+            self.assertIn("episode is over", str(cm.exception))
             self.assertTrue(env.done)
             env.close()
 
