@@ -474,6 +474,9 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	if task.Image == "" {
 		task.Image = res.Env.Image
 	}
+	if req.MaxTurns != nil {
+		task.MaxTurns = *req.MaxTurns
+	}
 	c.register(res.Env, task, req.Seed, res.Env.Turn(), req.Ephemeral, tenant.From(ctx).Name)
 	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)

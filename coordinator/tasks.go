@@ -29,6 +29,9 @@ type ResetRequest struct {
 	Dataset string
 	Index   *int
 	Seed    int64
+	// MaxTurns, when set, replaces the task's limit for this episode (0:
+	// none); its branch children inherit it.
+	MaxTurns *int
 	// Ephemeral: the env belongs to something that ends with this process
 	// (an MCP session); it is not adopted again after a crash.
 	Ephemeral bool

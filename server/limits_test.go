@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -187,5 +188,41 @@ func TestTaskLimitsHoldInBranchedChildren(t *testing.T) {
 	}
 	if r.Info.Turn != 2 || !r.Truncated {
 		t.Errorf("after rollback to turn 1: turn %d truncated %v; want turn 2, truncated", r.Info.Turn, r.Truncated)
+	}
+}
+
+// TestMaxTurnsEndsTheEpisode: at the task's max_turns the step is
+// truncated and the next one refused (docs/protocol.md, "Episode end");
+// reset's options.max_turns replaces the limit for the episode (0: none)
+// and a bad one is invalid_params.
+func TestMaxTurnsEndsTheEpisode(t *testing.T) {
+	c := limitsServer(t, coordinator.Options{})
+	ctx := context.Background()
+	env := reset(t, c, arbor.ResetParams{Task: "timed"})
+	bash := arbor.Action{Tool: "bash", Cmd: "echo hi"}
+	if r := step(t, c, env, bash); r.Truncated {
+		t.Fatalf("turn 1 of 2 truncated")
+	}
+	if r := step(t, c, env, bash); !r.Truncated {
+		t.Fatalf("turn 2 of 2 not truncated")
+	}
+	if _, err := c.Step(ctx, env, bash); !errors.Is(err, arbor.ErrBadRequest) || !strings.Contains(err.Error(), "episode is over") {
+		t.Errorf("turn 3 of 2: %v, want bad_request: the episode is over", err)
+	}
+	free := reset(t, c, arbor.ResetParams{Task: "timed", Options: map[string]any{"max_turns": 0}})
+	for i := range 3 {
+		if r := step(t, c, free, bash); r.Truncated || r.Info.MaxTurns != 0 {
+			t.Errorf("turn %d without a limit: truncated %v, max_turns %d", i+1, r.Truncated, r.Info.MaxTurns)
+		}
+	}
+	three, err := c.Reset(ctx, arbor.ResetParams{Task: "timed", Options: map[string]any{"max_turns": 3}})
+	if err != nil || three.Info.MaxTurns != 3 {
+		t.Fatalf("reset with max_turns 3: %+v, %v", three, err)
+	}
+	c.CloseEnv(ctx, three.EnvID)
+	for _, bad := range []any{-1, 1.5, "3"} {
+		if _, err := c.Reset(ctx, arbor.ResetParams{Task: "timed", Options: map[string]any{"max_turns": bad}}); !errors.Is(err, arbor.ErrInvalidParams) {
+			t.Errorf("reset with max_turns %v: %v, want invalid_params", bad, err)
+		}
 	}
 }

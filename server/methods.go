@@ -152,6 +152,9 @@ func (s *Server) reset(ctx context.Context, p *protocol.ResetParams, ephemeral b
 	if p.Seed != nil {
 		req.Seed = *p.Seed
 	}
+	if n, ok := p.MaxTurns(); ok {
+		req.MaxTurns = &n
+	}
 	res, err := s.c.Reset(ctx, req)
 	if err != nil {
 		return nil, err

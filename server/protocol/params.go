@@ -27,8 +27,45 @@ type ResetParams struct {
 	// Dataset and Index pick a dataset's instance (Index, else Seed).
 	Dataset string `msgpack:"dataset,omitempty"`
 	Index   *int   `msgpack:"index,omitempty"`
-	// Options are accepted and ignored in v1.
+	// Options, as Gymnasium's reset has them: max_turns (a whole number,
+	// 0 for none) replaces the task's limit for this episode; others are
+	// accepted and ignored.
 	Options map[string]any `msgpack:"options,omitempty"`
+}
+
+// MaxTurns is options.max_turns, and whether it was given (check made
+// sure it is a whole number >= 0).
+func (p *ResetParams) MaxTurns() (int, bool) {
+	n, ok := wholeNumber(p.Options["max_turns"])
+	return int(n), ok
+}
+
+// wholeNumber is v as an integer when it is one (msgpack decodes numbers
+// to any of Go's integer types, or to a float).
+func wholeNumber(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case int:
+		return int64(n), true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		return int64(n), n <= 1<<62
+	case float64:
+		return int64(n), n == float64(int64(n)) && n >= 0 && n <= 1<<52
+	}
+	return 0, false
 }
 
 func (p *ResetParams) check(c *checker) {
@@ -43,6 +80,11 @@ func (p *ResetParams) check(c *checker) {
 	}
 	if p.Index != nil && *p.Index < 0 {
 		c.fail("index", "must not be negative")
+	}
+	if v, given := p.Options["max_turns"]; given {
+		if n, ok := wholeNumber(v); !ok || n < 0 || n > 1<<30 {
+			c.fail("options.max_turns", "want a whole number >= 0 (0: no limit)")
+		}
 	}
 }
 

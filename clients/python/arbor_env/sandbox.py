@@ -305,7 +305,9 @@ class ArborSandboxBackend:
         seed = int(md["seed"]) if md.get("seed") not in (None, "") else None
         exports = _exports(envs)
         env = self.client.env(task=task or None, image=None if task else image, seed=seed)
-        env.reset()
+        # A sandbox is no episode: its commands are not counted against
+        # the task's max_turns (reset's options.max_turns 0, docs/protocol.md).
+        env.reset(options={"max_turns": 0})
         deadline = time.monotonic() + timeout_s if timeout_s else None
         sb = ArborSandbox(self, env, deadline)
         try:
