@@ -1,0 +1,120 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
+)
+
+// The HTTP routes of the OpenEnv endpoint: POST reset, POST step, GET
+// state (OpenEnv's HTTP server's) and POST close (Arbor's), with the
+// websocket messages' semantics. OpenEnv's own HTTP routes are stateless
+// (a fresh env per request); a shell episode needs its session, so here
+// reset makes a session and answers its id (metadata.session_id), which
+// step, state and close name (session_id in the body, or the query). A
+// session lives until close or the server's idle TTL, like a branch
+// child, and a websocket can attach to it (ws?session=ID).
+
+// openenvHTTPRoutes registers the HTTP routes on mux (a server with a
+// coordinator only: the router forwards websockets).
+func (s *Server) openenvHTTPRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /openenv/{task}/reset", s.openenvPost(oeReset))
+	mux.HandleFunc("POST /openenv/{task}/step", s.openenvPost(oeStep))
+	mux.HandleFunc("GET /openenv/{task}/state", s.openenvPost(oeState))
+	mux.HandleFunc("POST /openenv/{task}/close", s.openenvPost(oeClose))
+}
+
+// oeHTTPBody is the body of a request: OpenEnv's ResetRequest {seed?,
+// episode_id?} or StepRequest {action, timeout_s?, request_id?}, and the
+// session (extra fields, which OpenEnv's requests allow).
+type oeHTTPBody struct {
+	SessionID string          `json:"session_id"`
+	Action    json.RawMessage `json:"action"`
+}
+
+// openenvPost serves the HTTP route of message type typ.
+func (s *Server) openenvPost(typ string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.secured() && !IsLoopback(r.Host) {
+			http.Error(w, "this server answers loopback host names only (or set a token)", http.StatusForbidden)
+			return
+		}
+		actx, ok := s.openenvAuthorized(w, r)
+		if !ok {
+			return
+		}
+		task := r.PathValue("task")
+		c := &oeConn{s: s, task: task, ctx: actx, oeSession: &oeSession{},
+			log: s.log.With(slog.String("remote", r.RemoteAddr), slog.String("openenv", task), slog.String("via", "http"))}
+		data, err := c.serveHTTP(typ, r)
+		if err != nil {
+			pe := protocol.ErrorOf(err)
+			c.s.m.requests.WithLabelValues("openenv_http_"+typ, pe.Code).Inc()
+			ed := oeErrorData(pe)
+			ed["detail"] = pe.Message // FastAPI's error field
+			writeJSON(w, oeCodeOf(pe).http, ed)
+			return
+		}
+		c.s.m.requests.WithLabelValues("openenv_http_"+typ, "ok").Inc()
+		b, err := oeJSON(data)
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, oeErrorData(protocol.ErrorOf(err)))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
+	}
+}
+
+// serveHTTP serves one request as the message typ on the session it
+// names (a new one for reset).
+func (c *oeConn) serveHTTP(typ string, r *http.Request) (any, error) {
+	if err := c.s.hasTask(c.task); err != nil {
+		return nil, state.Errorf(state.ErrUnknownTask, "%v", err)
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(c.s.o.MaxFrameBytes)))
+	if err != nil {
+		return nil, state.Errorf(state.ErrTooLarge, "request body over the %d byte limit", c.s.o.MaxFrameBytes)
+	}
+	var body oeHTTPBody
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return nil, state.Errorf(protocol.ErrMalformed, "body: want a JSON object: %v", err)
+		}
+	}
+	if body.SessionID == "" {
+		body.SessionID = r.URL.Query().Get("session_id")
+	}
+	if !c.s.begin() {
+		return nil, state.Errorf(state.ErrShuttingDown, "server is shutting down")
+	}
+	defer c.s.ops.Done()
+	c.s.m.inFlight.Inc()
+	defer c.s.m.inFlight.Dec()
+	if typ == oeReset {
+		return c.serveLocked(oeMessage{Type: oeReset, Data: raw})
+	}
+	if body.SessionID == "" {
+		return nil, state.Errorf(state.ErrInvalidParams, "session_id: required (the metadata.session_id of reset's answer), in the body or the query")
+	}
+	sess, err := c.s.oe.attach(body.SessionID, c.task, nil, func(env string) bool { return c.s.c.Sees(c.ctx, env) })
+	if err != nil {
+		return nil, err
+	}
+	c.oeSession = sess
+	switch typ {
+	case oeStep:
+		if len(bytes.TrimSpace(body.Action)) == 0 {
+			return nil, state.Errorf(state.ErrInvalidParams, "action: required, the action object {tool, ...}")
+		}
+		return c.serveLocked(oeMessage{Type: oeStep, Data: body.Action})
+	case oeClose:
+		return c.serveLocked(oeMessage{Type: oeDiscard})
+	}
+	return c.serveLocked(oeMessage{Type: typ})
+}
