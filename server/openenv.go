@@ -261,7 +261,7 @@ func (o *oeSessions) attach(env, task string, c *oeConn, sees func(string) bool)
 	h, ok := o.held[env]
 	switch {
 	case !ok || !sees(env):
-		return nil, state.Errorf(state.ErrUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until they are closed", env)
+		return nil, oeNoSession(env)
 	case h.task != task:
 		return nil, state.Errorf(state.ErrInvalid, "session %q runs task %q, not %q: use /openenv/%s", env, h.task, task, h.task)
 	case h.conn != nil:
@@ -271,6 +271,23 @@ func (o *oeSessions) attach(env, task string, c *oeConn, sees func(string) bool)
 		h.conn = c
 	}
 	return h.sess, nil
+}
+
+// oeAttach hands session id to the websocket c (nil: to one request of
+// the HTTP routes); a session whose env was closed behind the endpoint's
+// back (the idle TTL, v1's close) is forgotten and unknown.
+func (s *Server) oeAttach(ctx context.Context, id, task string, c *oeConn) (*oeSession, error) {
+	if _, err := s.c.Env(id); err != nil {
+		s.oe.drop(id)
+		return nil, oeNoSession(id)
+	}
+	return s.oe.attach(id, task, c, func(env string) bool { return s.c.Sees(ctx, env) })
+}
+
+// oeNoSession is the one answer for a session that is not one (never
+// was, closed, another tenant's), so that they cannot be told apart.
+func oeNoSession(id string) error {
+	return state.Errorf(state.ErrUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until they are closed", id)
 }
 
 // leave ends c's hold on its sessions: the ones it drives but does not
@@ -344,7 +361,7 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		id = r.URL.Query().Get("session")
 	}
 	if id != "" {
-		sess, err := s.oe.attach(id, task, c, func(env string) bool { return s.c.Sees(c.ctx, env) })
+		sess, err := s.oeAttach(c.ctx, id, task, c)
 		if err != nil {
 			c.refuse(in, err)
 			return
@@ -460,6 +477,11 @@ func (c *oeConn) readLoop(out chan<- oeFrame) {
 	defer close(out)
 	alive := func() { c.ws.SetReadDeadline(time.Now().Add(c.s.o.PongWait)) }
 	c.ws.SetPongHandler(func(string) error { alive(); return nil })
+	// The client's close is answered by shut, after the connection left
+	// its sessions (gorilla's default handler would answer it from here,
+	// before), so that a client whose close handshake is done can attach
+	// to them again at once.
+	c.ws.SetCloseHandler(func(int, string) error { return nil })
 	for {
 		alive()
 		_, r, err := c.ws.NextReader()

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -305,7 +306,14 @@ func TestOEGenericEnvClientAttach(t *testing.T) {
 		t.Errorf("second child: %v", obs)
 	}
 	w1.ok("discard", nil, "discard")
-	w2.ok("discard", nil, "discard")
 	gone := oeMustDial(t, kid, "")
+	oeErrorOf(t, gone.send("state", nil), "unknown_env")
+	// A child closed behind the endpoint's back (v1's close; the idle TTL
+	// alike) is no session any more.
+	oeLeave(t, w2)
+	if err := dial(t, addr, nil).CloseEnv(context.Background(), br["sessions"].([]any)[1].(string)); err != nil {
+		t.Fatal(err)
+	}
+	gone = oeMustDial(t, "http://"+addr+paths[1].(string), "")
 	oeErrorOf(t, gone.send("state", nil), "unknown_env")
 }

@@ -102,7 +102,7 @@ func (c *oeConn) serveHTTP(typ string, r *http.Request) (any, error) {
 	if body.SessionID == "" {
 		return nil, state.Errorf(state.ErrInvalidParams, "session_id: required (the metadata.session_id of reset's answer), in the body or the query")
 	}
-	sess, err := c.s.oe.attach(body.SessionID, c.task, nil, func(env string) bool { return c.s.c.Sees(c.ctx, env) })
+	sess, err := c.s.oeAttach(c.ctx, body.SessionID, c.task, nil)
 	if err != nil {
 		return nil, err
 	}
