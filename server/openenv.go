@@ -284,6 +284,27 @@ func (s *Server) oeAttach(ctx context.Context, id, task string, c *oeConn) (*oeS
 	return s.oe.attach(id, task, c, func(env string) bool { return s.c.Sees(ctx, env) })
 }
 
+// oePrune forgets the sessions nobody drives whose env was closed
+// elsewhere (the idle TTL, v1's close): run where sessions without a
+// connection are added (branch, the HTTP routes' reset), so that they
+// do not pile up. Listing the envs does not count as their use.
+func (s *Server) oePrune() {
+	// The envs are listed under oe.mu (the coordinator never calls back
+	// into the server), so that a session added meanwhile, whose env was
+	// made before its hold, is among them.
+	s.oe.mu.Lock()
+	defer s.oe.mu.Unlock()
+	open := map[string]bool{}
+	for _, e := range s.c.Envs(tenant.Admin(s.ctx)) {
+		open[e.Env.ID] = true
+	}
+	for id, h := range s.oe.held {
+		if h.conn == nil && !open[id] {
+			delete(s.oe.held, id)
+		}
+	}
+}
+
 // oeNoSession is the one answer for a session that is not one (never
 // was, closed, another tenant's), so that they cannot be told apart.
 func oeNoSession(id string) error {
@@ -858,6 +879,9 @@ func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
 	if c.ws != nil {
 		h.conn = c
 	}
+	if c.ws == nil {
+		c.s.oePrune()
+	}
 	c.s.oe.hold(res.EnvID, h)
 	c.oeSession = sess
 	obs := oeObservation(res.Obs)
@@ -992,6 +1016,7 @@ func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
 		return nil, err
 	}
 	br := res.(*protocol.BranchResult)
+	c.s.oePrune()
 	paths := make([]string, len(br.EnvIDs))
 	for i, id := range br.EnvIDs {
 		if id != "" {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -267,7 +268,8 @@ func oeLeave(t *testing.T, c *oeClient) {
 // client disconnected, a new one attaches; the children outlive the
 // connection that made them.
 func TestOEGenericEnvClientAttach(t *testing.T) {
-	base, addr := oeBase(t, server.Options{})
+	srv, addr := newServer(t, server.Options{})
+	base := "http://" + addr + "/openenv/count"
 	p := oeMustDial(t, base, "")
 	p.ok("reset", nil, "observation")
 	p.ok("step", bash("echo 3 > /work/n"), "observation")
@@ -316,4 +318,19 @@ func TestOEGenericEnvClientAttach(t *testing.T) {
 	}
 	gone = oeMustDial(t, "http://"+addr+paths[1].(string), "")
 	oeErrorOf(t, gone.send("state", nil), "unknown_env")
+
+	// Sessions whose env was closed elsewhere are forgotten, not kept:
+	// a branch child closed by v1 that nobody attaches to again is gone
+	// from the endpoint's sessions after the next branch.
+	p = oeMustDial(t, base, "")
+	p.ok("reset", nil, "observation")
+	br = p.ok("branch", map[string]any{"n": 1}, "branch")
+	lost := br["sessions"].([]any)[0].(string)
+	if err := dial(t, addr, nil).CloseEnv(context.Background(), lost); err != nil {
+		t.Fatal(err)
+	}
+	br = p.ok("branch", map[string]any{"n": 1}, "branch")
+	if held := srv.OpenEnvSessions(); slices.Contains(held, lost) || !slices.Contains(held, br["sessions"].([]any)[0].(string)) {
+		t.Errorf("sessions after a child was closed by v1 and another branch: %v, want no %s", held, lost)
+	}
 }
