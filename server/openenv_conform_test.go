@@ -334,3 +334,45 @@ func TestOEGenericEnvClientAttach(t *testing.T) {
 		t.Errorf("sessions after a child was closed by v1 and another branch: %v, want no %s", held, lost)
 	}
 }
+
+// MCPToolClient in production mode (use_production_mode): JSON-RPC over
+// POST /mcp: openenv/session/create, tools/list, tools/call with the
+// session_id, openenv/session/close.
+func TestOEMCPToolClientProductionMode(t *testing.T) {
+	base, _ := oeBase(t, server.Options{})
+	id := 0
+	rpc := func(method string, params map[string]any) map[string]any {
+		t.Helper()
+		id++
+		code, r := oePost(t, base+"/mcp", map[string]any{"jsonrpc": "2.0", "method": method, "params": params, "id": id})
+		if code != 200 || r["jsonrpc"] != "2.0" || r["id"] != float64(id) {
+			t.Fatalf("POST mcp %s: %d %v", method, code, r)
+		}
+		return r
+	}
+	if tools, _ := rpc("tools/list", nil)["result"].(map[string]any)["tools"].([]any); len(tools) != 5 {
+		t.Errorf("tools/list: %v", tools)
+	}
+	sess, _ := rpc("openenv/session/create", nil)["result"].(map[string]any)["session_id"].(string)
+	if sess == "" {
+		t.Fatal("openenv/session/create: no session_id")
+	}
+	r := rpc("tools/call", map[string]any{"name": "bash", "arguments": map[string]any{"cmd": "echo 3 > /work/n; cat /work/n"}, "session_id": sess})
+	if res, _ := r["result"].(map[string]any); res == nil || res["data"].(map[string]any)["stdout"] != "3\n" {
+		t.Errorf("tools/call: %v", r)
+	}
+	r = rpc("tools/call", map[string]any{"name": "submit", "session_id": sess})
+	if meta, _ := r["result"].(map[string]any)["_meta"].(map[string]any)["arbor"].(map[string]any); meta["done"] != true || meta["reward"] != 1.0 {
+		t.Errorf("tools/call submit: %v", r)
+	}
+	if e, _ := rpc("tools/call", map[string]any{"name": "bash", "arguments": map[string]any{"cmd": "true"}})["error"].(map[string]any); e["code"] != -32602.0 {
+		t.Errorf("tools/call without a session: %v", e)
+	}
+	if res, _ := rpc("openenv/session/close", map[string]any{"session_id": sess})["result"].(map[string]any); res["closed"] != true {
+		t.Errorf("openenv/session/close: %v", res)
+	}
+	e, _ := rpc("tools/call", map[string]any{"name": "bash", "arguments": map[string]any{"cmd": "true"}, "session_id": sess})["error"].(map[string]any)
+	if d, _ := e["data"].(map[string]any); d["arbor_code"] != "unknown_env" || d["code"] != "SESSION_ERROR" {
+		t.Errorf("tools/call after close: %v", e)
+	}
+}

@@ -27,6 +27,54 @@ func (s *Server) openenvHTTPRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /openenv/{task}/step", s.openenvPost(oeStep))
 	mux.HandleFunc("GET /openenv/{task}/state", s.openenvPost(oeState))
 	mux.HandleFunc("POST /openenv/{task}/close", s.openenvPost(oeClose))
+	mux.HandleFunc("POST /openenv/{task}/mcp", s.openenvPost(oeMCP))
+}
+
+// mcpHTTP answers OpenEnv's POST /mcp (MCPToolClient's production mode):
+// a JSON-RPC request, always answered 200 with a JSON-RPC response.
+// openenv/session/create makes a session (the HTTP routes' reset) and
+// answers {session_id}; tools/list needs none; tools/call runs on the
+// session params.session_id names (a turn, as the "mcp" message);
+// openenv/session/close closes it.
+func (c *oeConn) mcpHTTP(raw []byte) any {
+	var req rpcRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return rpcError(nil, rpcParseError, "parse error: "+err.Error(), nil)
+	}
+	var p struct {
+		SessionID string `json:"session_id"`
+	}
+	json.Unmarshal(req.Params, &p)
+	fail := func(err error) any {
+		pe := protocol.ErrorOf(err)
+		return rpcError(req.ID, oeCodeOf(pe).rpc, pe.Message, oeErrorData(pe))
+	}
+	switch req.Method {
+	case "openenv/session/create":
+		data, err := c.serveLocked(oeMessage{Type: oeReset})
+		if err != nil {
+			return fail(err)
+		}
+		return rpcResult(req.ID, map[string]any{"session_id": data.(oeResult).Observation.Metadata.SessionID})
+	case "tools/call", "openenv/session/close":
+		if p.SessionID == "" {
+			return rpcError(req.ID, rpcInvalidParams, "params.session_id: required (openenv/session/create makes one)", nil)
+		}
+		sess, err := c.s.oeAttach(c.ctx, p.SessionID, c.task, nil)
+		if err != nil {
+			return fail(err)
+		}
+		c.oeSession = sess
+		if req.Method == "tools/call" {
+			data, _ := c.serveLocked(oeMessage{Type: oeMCP, Data: raw})
+			return data
+		}
+		if _, err := c.serveLocked(oeMessage{Type: oeDiscard}); err != nil {
+			return fail(err)
+		}
+		return rpcResult(req.ID, map[string]any{"session_id": p.SessionID, "closed": true})
+	}
+	return c.mcp(c.ctx, raw)
 }
 
 // oeHTTPBody is the body of a request: OpenEnv's ResetRequest {seed?,
@@ -81,6 +129,15 @@ func (c *oeConn) serveHTTP(typ string, r *http.Request) (any, error) {
 	if err != nil {
 		return nil, state.Errorf(state.ErrTooLarge, "request body over the %d byte limit", c.s.o.MaxFrameBytes)
 	}
+	if !c.s.begin() {
+		return nil, state.Errorf(state.ErrShuttingDown, "server is shutting down")
+	}
+	defer c.s.ops.Done()
+	c.s.m.inFlight.Inc()
+	defer c.s.m.inFlight.Dec()
+	if typ == oeMCP {
+		return c.mcpHTTP(raw), nil
+	}
 	var body oeHTTPBody
 	if len(bytes.TrimSpace(raw)) > 0 {
 		if err := json.Unmarshal(raw, &body); err != nil {
@@ -90,12 +147,6 @@ func (c *oeConn) serveHTTP(typ string, r *http.Request) (any, error) {
 	if body.SessionID == "" {
 		body.SessionID = r.URL.Query().Get("session_id")
 	}
-	if !c.s.begin() {
-		return nil, state.Errorf(state.ErrShuttingDown, "server is shutting down")
-	}
-	defer c.s.ops.Done()
-	c.s.m.inFlight.Inc()
-	defer c.s.m.inFlight.Dec()
 	if typ == oeReset {
 		return c.serveLocked(oeMessage{Type: oeReset, Data: raw})
 	}
