@@ -858,10 +858,8 @@ func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
 	if c.env != "" && c.ws != nil {
 		// The websocket's last session: closed if this connection made
 		// it, else left to attach again.
-		if ids := c.s.oe.leave(c); len(ids) > 0 {
-			for _, id := range ids {
-				c.closeEnv(ctx, id)
-			}
+		for _, id := range c.s.oe.leave(c) {
+			c.closeEnv(ctx, id)
 		}
 		c.oeSession = &oeSession{}
 	}

@@ -55,7 +55,8 @@ func (c *oeConn) mcpHTTP(raw []byte) any {
 		if err != nil {
 			return fail(err)
 		}
-		return rpcResult(req.ID, map[string]any{"session_id": data.(oeResult).Observation.Metadata.SessionID})
+		res, _ := data.(oeResult)
+		return rpcResult(req.ID, map[string]any{"session_id": res.Observation.Metadata.SessionID})
 	case "tools/call", "openenv/session/close":
 		if p.SessionID == "" {
 			return rpcError(req.ID, rpcInvalidParams, "params.session_id: required (openenv/session/create makes one)", nil)
@@ -66,7 +67,10 @@ func (c *oeConn) mcpHTTP(raw []byte) any {
 		}
 		c.oeSession = sess
 		if req.Method == "tools/call" {
-			data, _ := c.serveLocked(oeMessage{Type: oeMCP, Data: raw})
+			data, err := c.serveLocked(oeMessage{Type: oeMCP, Data: raw})
+			if err != nil {
+				return fail(err) // a panic; the mcp answer has its errors inside
+			}
 			return data
 		}
 		if _, err := c.serveLocked(oeMessage{Type: oeDiscard}); err != nil {
