@@ -153,7 +153,7 @@ func TestClusterOpenEnv(t *testing.T) {
 	// The node's refusal of an attach reaches the client as the node said
 	// it (a session driven by another connection), not as node_unavailable.
 	dup := oeDial(t, ws+"/ws?session="+kid)
-	if at, d := dup.call("state", nil); at != "error" || d["code"] != "bad_request" {
+	if at, d := dup.call("state", nil); at != "error" || d["arbor_code"] != "bad_request" {
 		t.Errorf("second attach through the router: %s %v, want bad_request", at, d)
 	}
 	dup.ws.SetReadDeadline(time.Now().Add(time.Minute))
@@ -176,7 +176,7 @@ func TestClusterOpenEnv(t *testing.T) {
 		Type string         `json:"type"`
 		Data map[string]any `json:"data"`
 	}
-	if err := c2.ws.ReadJSON(&e); err != nil || e.Type != "error" || e.Data["code"] != "node_unavailable" || e.Data["infra"] != true {
+	if err := c2.ws.ReadJSON(&e); err != nil || e.Type != "error" || e.Data["arbor_code"] != "node_unavailable" || e.Data["infra"] != true {
 		t.Errorf("after its node died: %+v %v, want a node_unavailable error", e, err)
 	}
 

@@ -18,3 +18,14 @@ func (s *Server) Backlogs() []Backlog {
 	}
 	return out
 }
+
+// OpenEnvSessions lists the sessions the OpenEnv endpoint holds, for tests.
+func (s *Server) OpenEnvSessions() []string {
+	s.oe.mu.Lock()
+	defer s.oe.mu.Unlock()
+	var ids []string
+	for id := range s.oe.held {
+		ids = append(ids, id)
+	}
+	return ids
+}

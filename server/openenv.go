@@ -41,13 +41,18 @@ const (
 	oeStep     = "step"
 	oeState    = "state"
 	oeClose    = "close"
+	oeMCP      = "mcp"
 	oeBranch   = "branch"
 	oeRollback = "rollback"
 	oeStates   = "states"
 	oeEvaluate = "evaluate"
+	oeDiscard  = "discard"
 )
 
-var oeTypes = []string{oeReset, oeStep, oeState, oeClose, oeBranch, oeRollback, oeStates, oeEvaluate}
+// oeTypes lists the message types, OpenEnv's first (oeOwnTypes of them).
+var oeTypes = []string{oeReset, oeStep, oeState, oeClose, oeMCP, oeBranch, oeRollback, oeStates, oeEvaluate, oeDiscard}
+
+const oeOwnTypes = 5
 
 // oeSubmit is the step tool that ends an episode: nothing runs, and the
 // reward is the verifier's.
@@ -64,6 +69,9 @@ func (s *Server) openenvRoutes(mux *http.ServeMux) {
 			return
 		}
 		ws = func(w http.ResponseWriter, r *http.Request) { s.proxyOpenEnv(w, r, p) }
+	}
+	if s.c != nil {
+		s.openenvHTTPRoutes(mux)
 	}
 	mux.HandleFunc("GET /openenv/{task}/ws", ws)
 	// A session's own base URL, so that a plain OpenEnv client (which
@@ -158,18 +166,18 @@ func (s *Server) oeUntrack(c oeFinisher) {
 	s.m.conns.Dec()
 }
 
-// oeErrorData is the data of an error answer: v1's error object.
-func oeErrorData(pe *protocol.Error) map[string]any {
-	return map[string]any{"message": pe.Message, "code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
-}
-
 // oeEncode encodes an answer {"type", "data"} as JSON without HTML
 // escaping (command output keeps its < and &).
 func oeEncode(typ string, data any) ([]byte, error) {
+	return oeJSON(map[string]any{"type": typ, "data": data})
+}
+
+// oeJSON encodes v as JSON without HTML escaping.
+func oeJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	err := enc.Encode(map[string]any{"type": typ, "data": data})
+	err := enc.Encode(v)
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), err
 }
 
@@ -196,22 +204,34 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// oeHold is an env the endpoint handed out and the connection that
-// closes it when it ends.
-type oeHold struct {
-	conn *oeConn
-	// attached: conn drives the env (it made it with reset, or attached
-	// to it); else it is a branch child waiting for a connection to
-	// attach to it.
-	attached bool
-	task     string
-	// stateID, turn and maxTurns are the child's at its branch.
-	stateID        string
-	turn, maxTurns int
+// oeSession is an episode the endpoint serves: an env and where its
+// episode is. One message at a time is served on it (mu).
+type oeSession struct {
+	mu        sync.Mutex
+	env       string // the env driven, the session id ("" before reset)
+	stateID   string
+	turn      int
+	maxTurns  int
+	over      bool // the episode ended (submit, max_turns)
+	episodeID string
 }
 
-// oeSessions are the envs the endpoint handed out, by env id (their
-// session id).
+// oeHold is a session the endpoint handed out and who drives it.
+type oeHold struct {
+	// conn is the websocket driving the session; nil while none does
+	// (a branch child nobody attached to yet or any more, a session of
+	// the HTTP routes).
+	conn *oeConn
+	// owned: the env ends with conn (a reset on that websocket made it,
+	// as OpenEnv's env lives as long as its connection). Else the
+	// session lives until it is closed (discard, POST close) or the
+	// server's idle TTL closes its env.
+	owned bool
+	task  string
+	sess  *oeSession
+}
+
+// oeSessions are the sessions the endpoint handed out, by env id.
 type oeSessions struct {
 	mu   sync.Mutex
 	held map[string]*oeHold
@@ -232,32 +252,79 @@ func (o *oeSessions) drop(env string) {
 	o.mu.Unlock()
 }
 
-// attach hands a branch child to the connection c, if c's tenant sees
+// attach hands a session nobody drives to the websocket c (c nil: to one
+// request of the HTTP routes, which leaves it free), if c's tenant sees
 // it (another tenant's session is answered as one that does not exist).
-func (o *oeSessions) attach(env string, c *oeConn, sees func(string) bool) (oeHold, error) {
+func (o *oeSessions) attach(env, task string, c *oeConn, sees func(string) bool) (*oeSession, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	h, ok := o.held[env]
 	switch {
 	case !ok || !sees(env):
-		return oeHold{}, state.Errorf(state.ErrUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until their connection ends", env)
-	case h.task != c.task:
-		return oeHold{}, state.Errorf(state.ErrInvalid, "session %q runs task %q, not %q: attach at /openenv/%s/ws", env, h.task, c.task, h.task)
-	case h.attached:
-		return oeHold{}, state.Errorf(state.ErrInvalid, "session %q is driven by another connection (one connection per session)", env)
+		return nil, oeNoSession(env)
+	case h.task != task:
+		return nil, state.Errorf(state.ErrInvalid, "session %q runs task %q, not %q: use /openenv/%s", env, h.task, task, h.task)
+	case h.conn != nil:
+		return nil, state.Errorf(state.ErrInvalid, "session %q is driven by another connection (one connection per session)", env)
 	}
-	h.conn, h.attached = c, true
-	return *h, nil
+	if c != nil {
+		h.conn = c
+	}
+	return h.sess, nil
 }
 
-// heldBy lists the envs c closes when it ends.
-func (o *oeSessions) heldBy(c *oeConn) []string {
+// oeAttach hands session id to the websocket c (nil: to one request of
+// the HTTP routes); a session whose env was closed behind the endpoint's
+// back (the idle TTL, v1's close) is forgotten and unknown.
+func (s *Server) oeAttach(ctx context.Context, id, task string, c *oeConn) (*oeSession, error) {
+	if _, err := s.c.Env(id); err != nil {
+		s.oe.drop(id)
+		return nil, oeNoSession(id)
+	}
+	return s.oe.attach(id, task, c, func(env string) bool { return s.c.Sees(ctx, env) })
+}
+
+// oePrune forgets the sessions nobody drives whose env was closed
+// elsewhere (the idle TTL, v1's close): run where sessions without a
+// connection are added (branch, the HTTP routes' reset), so that they
+// do not pile up. Listing the envs does not count as their use.
+func (s *Server) oePrune() {
+	// The envs are listed under oe.mu (the coordinator never calls back
+	// into the server), so that a session added meanwhile, whose env was
+	// made before its hold, is among them.
+	s.oe.mu.Lock()
+	defer s.oe.mu.Unlock()
+	open := map[string]bool{}
+	for _, e := range s.c.Envs(tenant.Admin(s.ctx)) {
+		open[e.Env.ID] = true
+	}
+	for id, h := range s.oe.held {
+		if h.conn == nil && !open[id] {
+			delete(s.oe.held, id)
+		}
+	}
+}
+
+// oeNoSession is the one answer for a session that is not one (never
+// was, closed, another tenant's), so that they cannot be told apart.
+func oeNoSession(id string) error {
+	return state.Errorf(state.ErrUnknownEnv, "no session %q: sessions are the envs this endpoint's reset and branch made, until they are closed", id)
+}
+
+// leave ends c's hold on its sessions: the ones it drives but does not
+// own are free to attach again; it returns the ones it owns, to close.
+func (o *oeSessions) leave(c *oeConn) []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var ids []string
 	for id, h := range o.held {
-		if h.conn == c {
+		if h.conn != c {
+			continue
+		}
+		if h.owned {
 			ids = append(ids, id)
+		} else {
+			h.conn = nil
 		}
 	}
 	return ids
@@ -275,13 +342,9 @@ type oeConn struct {
 	done chan struct{} // closed when the connection is gone
 	once sync.Once
 
-	// The session; only the goroutine serving messages touches them.
-	env       string // the env driven, its session id ("" before reset)
-	stateID   string
-	turn      int
-	maxTurns  int
-	over      bool // the episode ended (submit, max_turns)
-	episodeID string
+	// The session driven (never nil: empty before reset); only the
+	// goroutine serving messages switches it.
+	*oeSession
 }
 
 // oeFrame is one message read, or errFrameTooLarge.
@@ -305,7 +368,7 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader answered already
 	}
 	ws.SetReadLimit(int64(s.o.MaxFrameBytes)*4 + 1024)
-	c := &oeConn{s: s, ws: ws, task: task, ctx: actx, done: make(chan struct{}),
+	c := &oeConn{s: s, ws: ws, task: task, ctx: actx, done: make(chan struct{}), oeSession: &oeSession{},
 		log: s.log.With(slog.String("remote", r.RemoteAddr), slog.String("openenv", task))}
 	if !s.oeTrack(ws, c) {
 		return
@@ -319,22 +382,46 @@ func (s *Server) serveOpenEnv(w http.ResponseWriter, r *http.Request) {
 		id = r.URL.Query().Get("session")
 	}
 	if id != "" {
-		h, err := s.oe.attach(id, c, func(env string) bool { return s.c.Sees(c.ctx, env) })
+		sess, err := s.oeAttach(c.ctx, id, task, c)
 		if err != nil {
-			c.respond("attach", "", nil, err)
-			c.shut(websocket.ClosePolicyViolation, "no such session")
-			c.closeHeld()
+			c.refuse(in, err)
 			return
 		}
-		c.env, c.stateID, c.turn, c.maxTurns, c.episodeID = id, h.stateID, h.turn, h.maxTurns, id
+		c.oeSession = sess
 	}
 	for f := range in {
 		if !c.handle(f) {
 			break
 		}
 	}
-	c.shut(websocket.CloseNormalClosure, "")
 	c.closeHeld()
+	c.shut(websocket.CloseNormalClosure, "")
+}
+
+// refuse answers a refused attach: the error to the first message (an
+// OpenEnv client reads an answer only after it sent something), then the
+// close (1008) and the client's close in return, so that the error is
+// read before the connection ends (a socket closed with the client's
+// message unread would reset it, and the answer with it).
+func (c *oeConn) refuse(in <-chan oeFrame, err error) {
+	if _, ok := <-in; ok {
+		c.respond("attach", "", nil, err)
+	}
+	c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.ClosePolicyViolation, "session refused: "+protocol.ErrorOf(err).Code),
+		time.Now().Add(c.s.o.WriteWait))
+	t := time.NewTimer(c.s.o.WriteWait)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-in:
+			if ok {
+				continue // after the refusal nothing is served
+			}
+		case <-t.C:
+		}
+		c.shut(websocket.ClosePolicyViolation, "session refused")
+		return
+	}
 }
 
 // shut closes the connection once.
@@ -349,12 +436,13 @@ func (c *oeConn) shut(code int, reason string) {
 // finish is Shutdown's close of the connection.
 func (c *oeConn) finish(code int, reason string) { c.shut(code, reason) }
 
-// closeHeld closes the envs the connection holds: the one it drives and
-// the branch children nobody attached to (OpenEnv's env lives as long as
-// its connection). While the server drains they are left to the engine's
-// close.
+// closeHeld ends the connection's hold on its sessions: the env a reset
+// on it made is closed (OpenEnv's env lives as long as its connection);
+// a session it attached to (a branch child, a session of the HTTP
+// routes) is free to attach again. While the server drains the envs are
+// left to the engine's close.
 func (c *oeConn) closeHeld() {
-	ids := c.s.oe.heldBy(c)
+	ids := c.s.oe.leave(c)
 	if len(ids) == 0 || !c.s.begin() {
 		return
 	}
@@ -410,6 +498,11 @@ func (c *oeConn) readLoop(out chan<- oeFrame) {
 	defer close(out)
 	alive := func() { c.ws.SetReadDeadline(time.Now().Add(c.s.o.PongWait)) }
 	c.ws.SetPongHandler(func(string) error { alive(); return nil })
+	// The client's close is answered by shut, after the connection left
+	// its sessions (gorilla's default handler would answer it from here,
+	// before), so that a client whose close handshake is done can attach
+	// to them again at once.
+	c.ws.SetCloseHandler(func(int, string) error { return nil })
 	for {
 		alive()
 		_, r, err := c.ws.NextReader()
@@ -454,8 +547,8 @@ func (c *oeConn) handle(f oeFrame) bool {
 		return true
 	}
 	if !slices.Contains(oeTypes, m.Type) {
-		c.respond("", "", nil, state.Errorf(protocol.ErrUnknownMethod, "unknown message type %q (OpenEnv's reset, step, state, close; Arbor's %s)",
-			m.Type, strings.Join(oeTypes[4:], ", ")))
+		c.respond("", "", nil, state.Errorf(protocol.ErrUnknownMethod, "unknown message type %q (OpenEnv's %s; Arbor's %s)",
+			m.Type, strings.Join(oeTypes[:oeOwnTypes], ", "), strings.Join(oeTypes[oeOwnTypes:], ", ")))
 		return true
 	}
 	if !c.s.begin() {
@@ -466,22 +559,42 @@ func (c *oeConn) handle(f oeFrame) bool {
 	c.s.m.inFlight.Inc()
 	defer c.s.m.inFlight.Dec()
 	if m.Type == oeClose {
-		// OpenEnv's server ends the session without an answer.
+		// OpenEnv's server ends the session without an answer. The
+		// connection leaves its sessions before its close goes out, so
+		// that once a client's close handshake is done they can be
+		// attached again.
 		c.closeHeld()
 		c.s.m.requests.WithLabelValues("openenv_close", "ok").Inc()
 		return false
 	}
-	typ := m.Type // of the answer
-	if m.Type == oeReset || m.Type == oeStep {
-		typ = "observation"
+	data, err := c.serveLocked(m)
+	c.respond(m.Type, oeAnswerType(m.Type), data, err)
+	return true
+}
+
+// oeAnswerType is the type of the answer to a message of type typ.
+func oeAnswerType(typ string) string {
+	if typ == oeReset || typ == oeStep {
+		return "observation"
 	}
-	var data any
-	err := panics.Call(c.log, func() (err error) {
+	return typ
+}
+
+// serveLocked serves message m on the connection's session, one message
+// at a time (a session of the HTTP routes may be asked concurrently); a
+// session whose env is gone (closed by the idle TTL) is forgotten.
+func (c *oeConn) serveLocked(m oeMessage) (data any, err error) {
+	sess := c.oeSession
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	err = panics.Call(c.log, func() (err error) {
 		data, err = c.serve(c.ctx, m)
 		return err
 	}, slog.String("openenv", m.Type))
-	c.respond(m.Type, typ, data, err)
-	return true
+	if env := sess.env; env != "" && err != nil && protocol.ErrorOf(err).Code == protocol.CodeUnknownEnv {
+		c.s.oe.drop(env)
+	}
+	return data, err
 }
 
 // serve serves message m, which is not a close.
@@ -493,6 +606,10 @@ func (c *oeConn) serve(ctx context.Context, m oeMessage) (data any, err error) {
 		data, err = c.step(ctx, m.Data)
 	case oeState:
 		data, err = c.state()
+	case oeMCP:
+		data = c.mcp(ctx, m.Data)
+	case oeDiscard:
+		data, err = c.discard(ctx)
 	case oeBranch:
 		data, err = c.branch(ctx, m.Data)
 	case oeRollback:
@@ -738,20 +855,33 @@ func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
 	if v, ok := f["episode_id"]; ok && v != nil && episode == "" {
 		return nil, state.Errorf(state.ErrInvalidParams, "episode_id: want a non-empty string, got %s", jsonKind(v))
 	}
-	if c.env != "" {
-		c.closeEnv(ctx, c.env)
-		c.env = ""
+	if c.env != "" && c.ws != nil {
+		// The websocket's last session: closed if this connection made
+		// it, else left to attach again.
+		for _, id := range c.s.oe.leave(c) {
+			c.closeEnv(ctx, id)
+		}
+		c.oeSession = &oeSession{}
 	}
 	res, err := c.s.reset(ctx, &p, true)
 	if err != nil {
 		return nil, err
 	}
-	c.s.oe.hold(res.EnvID, &oeHold{conn: c, attached: true, task: c.task})
-	c.env, c.stateID, c.turn, c.maxTurns, c.over = res.EnvID, res.Info.StateID, 0, res.Info.MaxTurns, false
-	c.episodeID = episode
-	if c.episodeID == "" {
-		c.episodeID = res.EnvID
+	sess := &oeSession{env: res.EnvID, stateID: res.Info.StateID, maxTurns: res.Info.MaxTurns, episodeID: episode}
+	if sess.episodeID == "" {
+		sess.episodeID = res.EnvID
 	}
+	// Over a websocket the env is the connection's (owned); over HTTP
+	// it is a session of its own.
+	h := &oeHold{owned: c.ws != nil, task: c.task, sess: sess}
+	if c.ws != nil {
+		h.conn = c
+	}
+	if c.ws == nil {
+		c.s.oePrune()
+	}
+	c.s.oe.hold(res.EnvID, h)
+	c.oeSession = sess
 	obs := oeObservation(res.Obs)
 	obs.Metadata = oeMetadata{SessionID: res.EnvID, Info: res.Info}
 	return oeResult{Observation: obs}, nil
@@ -762,15 +892,30 @@ func (c *oeConn) reset(ctx context.Context, raw json.RawMessage) (any, error) {
 // verifier: its reward is the answer's. The action is v1's action map,
 // with content_b64 for write_file content that is not text.
 func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
-	if err := c.needEnv(); err != nil {
-		return nil, err
-	}
-	if c.over {
-		return nil, state.Errorf(state.ErrInvalid, "the episode is over (turn %d): send reset for a new one, or rollback", c.turn)
-	}
 	f, err := oeFields(raw, "the action, an object {tool, ...}")
 	if err != nil {
 		return nil, err
+	}
+	// OpenEnv's MCP actions (MCPToolClient's list_tools, call_tool).
+	if t, ok := f["type"]; ok {
+		switch t {
+		case oeListTools:
+			return c.listTools(), nil
+		case oeCallTool:
+			return c.callTool(ctx, f)
+		}
+		return nil, state.Errorf(state.ErrInvalidParams, "action.type: want %s or %s (OpenEnv's MCP actions), or no type and a tool", oeListTools, oeCallTool)
+	}
+	return c.stepAction(ctx, f)
+}
+
+// stepAction runs an action of v1's action map (and submit).
+func (c *oeConn) stepAction(ctx context.Context, f map[string]any) (oeResult, error) {
+	if err := c.needEnv(); err != nil {
+		return oeResult{}, err
+	}
+	if c.over {
+		return oeResult{}, state.Errorf(state.ErrInvalid, "the episode is over (turn %d): send reset for a new one, or rollback", c.turn)
 	}
 	if f["tool"] == oeSubmit {
 		wait, release := c.s.ticket(c.env)
@@ -784,14 +929,14 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 		s, _ := b64.(string)
 		b, err := base64.StdEncoding.DecodeString(s)
 		if err != nil {
-			return nil, state.Errorf(state.ErrInvalidParams, "action.content_b64: want base64, %v", err)
+			return oeResult{}, state.Errorf(state.ErrInvalidParams, "action.content_b64: want base64, %v", err)
 		}
 		f["content"] = b
 		delete(f, "content_b64")
 	}
 	var p protocol.StepParams
 	if err := oeDecode(map[string]any{"env_id": c.env, "action": f}, &p); err != nil {
-		return nil, err
+		return oeResult{}, err
 	}
 	wait, release := c.s.ticket(c.env)
 	defer release()
@@ -799,12 +944,12 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 	// The answer's memory, as a v1 step's (answers.go).
 	cost := actionCost(p.Action)
 	if err := c.s.answers.acquire(ctx, cost); err != nil {
-		return nil, err
+		return oeResult{}, err
 	}
 	defer c.s.answers.add(-cost)
 	res, err := c.s.step(ctx, c.env, p.Action, "")
 	if err != nil {
-		return nil, err
+		return oeResult{}, err
 	}
 	c.stateID, c.turn = res.Info.StateID, res.Info.Turn
 	obs := oeObservation(res.Obs)
@@ -818,7 +963,7 @@ func (c *oeConn) step(ctx context.Context, raw json.RawMessage) (any, error) {
 // end ends the episode with the verifier's reward (none for a task
 // without one). A verifier that could not run is an error naming the
 // state the step made, never a reward. The caller holds the env's ticket.
-func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
+func (c *oeConn) end(ctx context.Context, obs oeObs) (oeResult, error) {
 	c.over = true
 	ev, err := c.s.evaluate(ctx, c.env, false)
 	if errors.Is(err, state.ErrNoVerifier) {
@@ -827,7 +972,7 @@ func (c *oeConn) end(ctx context.Context, obs oeObs) (any, error) {
 	if err != nil {
 		pe := *protocol.ErrorOf(err)
 		pe.Message = fmt.Sprintf("the episode ended at state %s (turn %d) but its reward could not be computed: %s", c.stateID, c.turn, pe.Message)
-		return nil, &oeStepError{stateID: c.stateID, turn: c.turn, err: &pe}
+		return oeResult{}, &oeStepError{stateID: c.stateID, turn: c.turn, err: &pe}
 	}
 	obs.Metadata.Evaluation = ev.Details
 	reward := oeReward(ev.Reward)
@@ -847,8 +992,9 @@ func (c *oeConn) state() (any, error) {
 // branch makes n children of the session's env (v1's branch), each a
 // session of its own that a connection attaches to at
 // BASE/ws?session=ID or, for a plain OpenEnv client, with the base URL
-// /openenv/TASK/session/ID. Until one does, this connection holds them: they
-// close when it ends. data: {n}.
+// /openenv/TASK/session/ID (or the HTTP routes with its session_id). A
+// child outlives the connection that made it and those that drove it:
+// it lives until discarded or closed by the server's idle TTL. data: {n}.
 func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
 	if err := c.needEnv(); err != nil {
 		return nil, err
@@ -868,10 +1014,11 @@ func (c *oeConn) branch(ctx context.Context, raw json.RawMessage) (any, error) {
 		return nil, err
 	}
 	br := res.(*protocol.BranchResult)
+	c.s.oePrune()
 	paths := make([]string, len(br.EnvIDs))
 	for i, id := range br.EnvIDs {
 		if id != "" {
-			c.s.oe.hold(id, &oeHold{conn: c, task: c.task, stateID: br.StateID, turn: br.Turn, maxTurns: c.maxTurns})
+			c.s.oe.hold(id, &oeHold{task: c.task, sess: &oeSession{env: id, stateID: br.StateID, turn: br.Turn, maxTurns: c.maxTurns, episodeID: id}})
 			paths[i] = "/openenv/" + c.task + "/session/" + id
 		}
 	}
@@ -910,21 +1057,12 @@ var oeSchema = func() []byte {
 	num := map[string]any{"type": "number"}
 	integer := map[string]any{"type": "integer"}
 	boolean := map[string]any{"type": "boolean"}
-	tool := func(name string, required []string, props map[string]any) map[string]any {
-		p := map[string]any{"tool": map[string]any{"const": name}, "max_output": integer}
-		for k, v := range props {
-			p[k] = v
-		}
-		return map[string]any{"type": "object", "properties": p, "required": append([]string{"tool"}, required...)}
+	actions := make([]any, len(oeToolDefs))
+	for i, d := range oeToolDefs {
+		actions[i] = d.schema(true)
 	}
 	b, err := json.Marshal(map[string]any{
-		"action": map[string]any{"title": "ArborAction", "oneOf": []any{
-			tool("bash", []string{"cmd"}, map[string]any{"cmd": str, "timeout_s": num}),
-			tool("write_file", []string{"path"}, map[string]any{"path": str, "content": str, "content_b64": str, "timeout_s": num}),
-			tool("read_file", []string{"path"}, map[string]any{"path": str, "timeout_s": num}),
-			tool("rollback", []string{"state_id"}, map[string]any{"state_id": str}),
-			tool("submit", nil, nil),
-		}},
+		"action": map[string]any{"title": "ArborAction", "oneOf": actions},
 		"observation": map[string]any{"title": "ArborObservation", "type": "object", "properties": map[string]any{
 			"stdout": str, "stdout_b64": str, "stderr": str, "stderr_b64": str, "exit_code": integer, "timed_out": boolean,
 			"truncated": boolean, "cwd": str, "duration_s": num, "instruction": str,

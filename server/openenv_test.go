@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -107,13 +108,19 @@ func (c *oeClient) fails(typ string, data any, code string) map[string]any {
 	return oeErrorOf(c.t, c.send(typ, data), code)
 }
 
+// oeErrorOf checks that a is an error of Arbor's code (arbor_code) with
+// a message and one of OpenEnv's codes (code).
 func oeErrorOf(t *testing.T, a oeAnswer, code string) map[string]any {
 	t.Helper()
-	if a.Type != "error" || a.Data["code"] != code || a.Data["message"] == "" {
-		t.Fatalf("answer %s %v, want an error of code %s with a message", a.Type, a.Data, code)
+	if a.Type != "error" || a.Data["arbor_code"] != code || a.Data["message"] == "" || !oeCodes[fmt.Sprint(a.Data["code"])] {
+		t.Fatalf("answer %s %v, want an error of arbor_code %s with a message and an OpenEnv code", a.Type, a.Data, code)
 	}
 	return a.Data
 }
+
+// oeCodes are OpenEnv's error codes (WSErrorCode, env_server/types.py).
+var oeCodes = map[string]bool{"INVALID_JSON": true, "UNKNOWN_TYPE": true, "VALIDATION_ERROR": true, "EXECUTION_ERROR": true,
+	"CAPACITY_REACHED": true, "FACTORY_ERROR": true, "SESSION_ERROR": true}
 
 // The parts of a StepResult that GenericEnvClient._parse_result reads.
 func obsOf(t *testing.T, d map[string]any) (obs, meta map[string]any, reward any, done bool) {
@@ -266,8 +273,8 @@ func TestOpenEnvEpisode(t *testing.T) {
 	}
 	c.fails("step", bash("ls"), "bad_request")
 
-	// close: no answer; the session's env and the child nobody attached to
-	// are closed, the attached child stays with its connection.
+	// close: no answer; the session's env is closed, its children (the
+	// one nobody attached to, the attached one) live on.
 	if err := c.ws.WriteMessage(websocket.TextMessage, []byte(`{"type": "close"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -277,27 +284,25 @@ func TestOpenEnvEpisode(t *testing.T) {
 	}
 	v1 := dial(t, addr, nil)
 	ctx := context.Background()
-	for _, id := range []string{sess, kids[1].(string)} {
-		if _, err := v1.Step(ctx, id, arbor.Bash("ls", 0)); !isCode(err, "unknown_env") {
-			t.Errorf("env %s after its connection closed: %v, want unknown_env", id, err)
-		}
+	if _, err := v1.Step(ctx, sess, arbor.Bash("ls", 0)); !isCode(err, "unknown_env") {
+		t.Errorf("env %s after its connection closed: %v, want unknown_env", sess, err)
 	}
 	obs, _, _, _ = obsOf(t, k0.ok("step", bash("cat /work/n"), "observation"))
 	if obs["stdout"] != "9\n" {
 		t.Errorf("attached child after its parent's close: %v", obs)
 	}
-	k0.ws.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := v1.Step(ctx, kids[0].(string), arbor.Bash("ls", 0))
-		if isCode(err, "unknown_env") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("child after its connection dropped: %v, want unknown_env", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	// discard closes a child; the other lives on without a connection.
+	if d := k0.ok("discard", nil, "discard"); d["session_id"] != kids[0] || d["discarded"] != true {
+		t.Errorf("discard: %v", d)
 	}
+	if _, err := v1.Step(ctx, kids[0].(string), arbor.Bash("ls", 0)); !isCode(err, "unknown_env") {
+		t.Errorf("child after discard: %v, want unknown_env", err)
+	}
+	k1 := oeMustDial(t, base, "?session="+kids[1].(string))
+	if obs, _, _, _ := obsOf(t, k1.ok("step", bash("cat /work/n"), "observation")); obs["stdout"] != "3\n" {
+		t.Errorf("the other child after its parent's close: %v", obs)
+	}
+	k1.ok("discard", nil, "discard")
 }
 
 func isCode(err error, code string) bool {
@@ -320,7 +325,7 @@ func TestOpenEnvInfraError(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := c.send("step", bash("cat /work/n"))
-	if a.Type != "error" || a.Data["code"] != "sandbox_failed" || a.Data["infra"] != true || a.Data["retryable"] != true || a.Data["reward"] != nil {
+	if a.Type != "error" || a.Data["arbor_code"] != "sandbox_failed" || a.Data["code"] != "EXECUTION_ERROR" || a.Data["infra"] != true || a.Data["retryable"] != true || a.Data["reward"] != nil {
 		t.Fatalf("step after its sandbox's init was killed: %s %v, want an infra error", a.Type, a.Data)
 	}
 	obs, _, _, _ := obsOf(t, c.ok("step", bash("cat /work/n"), "observation"))

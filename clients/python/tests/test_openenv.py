@@ -123,7 +123,7 @@ class OpenEnvEndpointTest(unittest.TestCase):
                 self.assertEqual((r.reward, r.done), (1.0, True))
                 self.assertIsInstance(r.reward, float)
                 self.assertTrue(r.observation["metadata"]["submitted"])
-                with self.assertRaisesRegex(RuntimeError, r"episode is over .*\(code: bad_request\)"):
+                with self.assertRaisesRegex(RuntimeError, r"episode is over .*\(code: EXECUTION_ERROR\)"):
                     await env.step({"tool": "bash", "cmd": "ls"})
 
                 # A new episode on the same connection; max_turns ends it
@@ -142,20 +142,20 @@ class OpenEnvEndpointTest(unittest.TestCase):
         async def go():
             env = GenericEnvClient(base_url())
             async with env:
-                with self.assertRaisesRegex(RuntimeError, r"send reset first \(code: bad_request\)"):
+                with self.assertRaisesRegex(RuntimeError, r"send reset first \(code: EXECUTION_ERROR\)"):
                     await env.step({"tool": "bash", "cmd": "ls"})
                 await env.reset()
-                with self.assertRaisesRegex(RuntimeError, r"action\.cmd: required string is missing \(code: invalid_params\)"):
+                with self.assertRaisesRegex(RuntimeError, r"action\.cmd: required string is missing \(code: VALIDATION_ERROR\)"):
                     await env.step({"tool": "bash"})
-                with self.assertRaisesRegex(RuntimeError, r"\(code: invalid_params\)"):
+                with self.assertRaisesRegex(RuntimeError, r"\(code: VALIDATION_ERROR\)"):
                     await env.step({"tool": "telnet"})
-                with self.assertRaisesRegex(RuntimeError, r"unknown message type \"dance\".*\(code: unknown_method\)"):
+                with self.assertRaisesRegex(RuntimeError, r"unknown message type \"dance\".*\(code: UNKNOWN_TYPE\)"):
                     await env.call("dance")
-                with self.assertRaisesRegex(RuntimeError, r"\(code: unknown_state\)"):
+                with self.assertRaisesRegex(RuntimeError, r"\(code: EXECUTION_ERROR\)"):
                     await env.call("rollback", {"state_id": "snope"})
                 await env._ws.send("{not json")
                 a = json.loads(await env._ws.recv())
-                self.assertEqual((a["type"], a["data"]["code"], a["data"]["infra"]), ("error", "malformed", False))
+                self.assertEqual((a["type"], a["data"]["code"], a["data"]["arbor_code"], a["data"]["infra"]), ("error", "INVALID_JSON", "malformed", False))
                 r = await env.step({"tool": "bash", "cmd": "echo still here"})
                 self.assertEqual(r.observation["stdout"], "still here\n")
             for token in (None, "wrong"):
