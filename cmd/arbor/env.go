@@ -53,6 +53,43 @@ type envOptions struct {
 	output  string
 	asJSON  bool
 	timeout time.Duration // the request's, --request-timeout
+	// progress: auto (when stderr is a terminal), always or never: a
+	// line on stderr while an answer is long in coming.
+	progress string
+}
+
+// progressFirst and progressEvery pace the waiting lines of --progress.
+const progressFirst, progressEvery = 3 * time.Second, 10 * time.Second
+
+// waiting prints, until stop is called, a line on stderr when what has
+// waited progressFirst for its answer, then every progressEvery, as
+// --progress says.
+func (o *envOptions) waiting(what string) (stop func()) {
+	on := o.progress == "always"
+	if o.progress == "auto" {
+		st, err := os.Stderr.Stat()
+		on = err == nil && st.Mode()&os.ModeCharDevice != 0
+	}
+	if !on {
+		return func() {}
+	}
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		t := time.NewTimer(progressFirst)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(os.Stderr, "arbor: %s: waiting for the server's answer (%s; --request-timeout %s)\n",
+					what, time.Since(start).Round(time.Second), o.timeout)
+				t.Reset(progressEvery)
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // usageArgs makes an argument check's failure a usage error.
@@ -106,6 +143,9 @@ func (o *envOptions) dial(ctx context.Context) (*arbor.Client, error) {
 
 // checkOutput validates --output (and its shorthand --json).
 func (o *envOptions) checkOutput() error {
+	if o.progress != "auto" && o.progress != "always" && o.progress != "never" {
+		return &exitError{code: exitUsage, err: fmt.Errorf("--progress %q: want auto, always or never", o.progress)}
+	}
 	if o.asJSON {
 		o.output = "json"
 	}
@@ -134,6 +174,7 @@ The server is --server, else $ARBOR_URL, else $ARBOR_SERVER, else
 	pf.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
 	pf.BoolVar(&o.asJSON, "json", false, "print results as JSON (--output json)")
 	pf.DurationVar(&o.timeout, "request-timeout", 10*time.Minute, "give up on the server's answer after this long")
+	pf.StringVar(&o.progress, "progress", "auto", "say on stderr while an answer is long in coming: auto (stderr is a terminal), always, never")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: exitUsage, err: err} })
 	// The root's flags of the server (state dir, backend) mean nothing
 	// to a client: its help shows only --log-level and its own.
@@ -159,7 +200,9 @@ The server is --server, else $ARBOR_URL, else $ARBOR_SERVER, else
 			return err
 		}
 		defer cl.Close()
+		stop := o.waiting(c.Name())
 		v, err := fn(ctx, cl)
+		stop()
 		if err != nil {
 			return exitOf(err)
 		}

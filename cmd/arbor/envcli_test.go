@@ -167,6 +167,17 @@ func TestEnvCLIConventions(t *testing.T) {
 		if r.code != exitTimedOut || json.Unmarshal([]byte(r.stdout), &s) != nil || !s.Obs.TimedOut {
 			t.Errorf("--cmd-timeout (deprecated) 1s of sleep 30: exit %d, %q", r.code, r.stdout)
 		}
+		// A long wait says so on stderr (--progress always: the test's
+		// stderr is no terminal, where auto would); never says nothing.
+		if r := env("--progress", "always", "step", id, "--", "sleep 4; echo late"); r.code != 0 || !strings.Contains(r.stderr, "waiting for the server's answer") || strings.TrimSpace(r.stdout) == "" {
+			t.Errorf("--progress always on a 4 s step: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if r := env("--progress", "never", "step", id, "--", "sleep 4"); r.code != 0 || strings.Contains(r.stderr, "waiting") {
+			t.Errorf("--progress never on a 4 s step: exit %d, stderr %q", r.code, r.stderr)
+		}
+		if r := env("--progress", "sometimes", "step", id, "--", "true"); r.code != exitUsage {
+			t.Errorf("--progress sometimes: exit %d, want %d (usage)", r.code, exitUsage)
+		}
 		// --request-timeout bounds the wait for the answer.
 		if r := env("--request-timeout", "1s", "step", id, "--", "sleep 5"); r.code != exitUnavailable || !strings.Contains(r.stderr, "--request-timeout") {
 			t.Errorf("--request-timeout 1s on a 5 s command: exit %d: %s", r.code, r.stderr)
