@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/arbor-env/arbor/doctor"
 	"github.com/arbor-env/arbor/image"
 )
 
@@ -232,7 +233,7 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 				if refs == "" {
 					refs = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.Name, humanSize(in.Size), humanSize(shared[in.Name]),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.Name, doctor.HumanBytes(uint64(in.Size)), doctor.HumanBytes(uint64(shared[in.Name])),
 					len(in.Layers), digest, refs, created, in.Source)
 			}
 			return tw.Flush()
@@ -305,19 +306,6 @@ func reportMade(cmd *cobra.Command, s *image.Store, name string, start time.Time
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "image %s: %s, shell %s, made in %s\n",
-		in.Name, humanSize(in.Size), in.Shell, time.Since(start).Round(time.Millisecond))
+		in.Name, doctor.HumanBytes(uint64(in.Size)), in.Shell, time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-func humanSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
