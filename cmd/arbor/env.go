@@ -328,12 +328,10 @@ func stepStatus(v any) error {
 
 func readInput(path string) ([]byte, error) {
 	if path == "-" {
-		return readAll(os.Stdin)
+		return io.ReadAll(os.Stdin)
 	}
 	return os.ReadFile(path)
 }
-
-func readAll(f *os.File) ([]byte, error) { return io.ReadAll(f) }
 
 // print shows a result: JSON with --output json, else a short human form.
 func (o *envOptions) print(v any) error {
