@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"sort"
 	"sync"
@@ -481,17 +482,20 @@ func (r *Router) stateNode(ctx context.Context, sid string) (string, error) {
 	return "", state.Errorf(state.ErrUnknownState, "no live node holds state %q", sid)
 }
 
+// place ranks the live nodes that offer task (any node for "") by their
+// load, counting the requests the router has in flight (View.Place).
+func (r *Router) place(task string) []cluster.NodeInfo {
+	r.mu.Lock()
+	pending := maps.Clone(r.pending)
+	r.mu.Unlock()
+	return r.view.Place(task, pending)
+}
+
 // reset places a reset on the least loaded live node that offers the
 // task; a node that cannot be reached before the request is sent is
 // skipped for the next.
 func (r *Router) reset(ctx context.Context, p protocol.ResetParams, params msgpack.RawMessage) answer {
-	r.mu.Lock()
-	pending := make(map[string]int, len(r.pending))
-	for k, v := range r.pending {
-		pending[k] = v
-	}
-	r.mu.Unlock()
-	cands := r.view.Place(p.Task, pending)
+	cands := r.place(p.Task)
 	if len(cands) == 0 {
 		if p.Task != "" && len(r.view.Nodes()) > 0 {
 			// Live nodes, none with the task: as a single server would
@@ -825,13 +829,7 @@ func (r *Router) OpenEnvNode(ctx context.Context, task, session string) (addr, t
 			return "", "", nil, err
 		}
 	} else {
-		r.mu.Lock()
-		pending := make(map[string]int, len(r.pending))
-		for k, v := range r.pending {
-			pending[k] = v
-		}
-		r.mu.Unlock()
-		cands := r.view.Place(task, pending)
+		cands := r.place(task)
 		if len(cands) == 0 {
 			return "", "", nil, state.Errorf(state.ErrUnknownTask, "no live node offers task %q", task)
 		}
