@@ -39,14 +39,13 @@ func (r *idsResult) String() string {
 	return b.String()
 }
 
-// promoteResult is promote's answer, printed for people.
+// promoteResult is promote's answer, printed for people; its JSON is the
+// embedded answer's, as for prepareResult and tasksResult.
 type promoteResult struct{ *arbor.PromoteResult }
 
 func (r promoteResult) String() string {
 	return fmt.Sprintf("env %s now at state %s (the branch is closed)\n", r.EnvID, r.StateID)
 }
-
-func (r promoteResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.PromoteResult) }
 
 // prepareResult is prepare's answer, one line a state for people.
 type prepareResult struct{ *arbor.PrepareResult }
@@ -73,8 +72,6 @@ func (r prepareResult) String() string {
 	return b.String()
 }
 
-func (r prepareResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.PrepareResult) }
-
 // tasksResult is a page of tasks, a table for people.
 type tasksResult struct{ *arbor.TasksResult }
 
@@ -96,8 +93,6 @@ func (r tasksResult) String() string {
 	}
 	return b.String()
 }
-
-func (r tasksResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.TasksResult) }
 
 // newEnvStateCmds are the subcommands of arbor env over a branch's fate
 // (promote, discard), states (prepare, pin, unpin, release) and the
