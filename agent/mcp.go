@@ -266,37 +266,19 @@ func (h *Handler) server(r *http.Request) *mcp.Server {
 	if tg.task != "" {
 		b.addTask(s)
 	}
-	mcp.AddTool(s, &mcp.Tool{Name: "bash", Description: descBash, Annotations: &mcp.ToolAnnotations{Title: "Run a shell command"}},
-		func(ctx context.Context, req *mcp.CallToolRequest, a BashArgs) (*mcp.CallToolResult, BashResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*BashResult, error) { return s.Bash(ctx, a) },
-				func(r *BashResult) string { return r.text(a.Cmd) })
-		})
+	addTool(s, b, &mcp.Tool{Name: "bash", Description: descBash, Annotations: &mcp.ToolAnnotations{Title: "Run a shell command"}},
+		(*Session).Bash, (*BashResult).text)
 	readOnly := &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true}
-	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: descReadFile, Annotations: readOnly},
-		func(ctx context.Context, req *mcp.CallToolRequest, a ReadFileArgs) (*mcp.CallToolResult, ReadFileResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ReadFileResult, error) { return s.ReadFile(ctx, a) },
-				(*ReadFileResult).text)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: descWriteFile, Annotations: &mcp.ToolAnnotations{Title: "Write a file"}},
-		func(ctx context.Context, req *mcp.CallToolRequest, a WriteFileArgs) (*mcp.CallToolResult, WriteFileResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*WriteFileResult, error) { return s.WriteFile(ctx, a) },
-				(*WriteFileResult).text)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "list_states", Description: descListStates, Annotations: &mcp.ToolAnnotations{Title: "List your states", ReadOnlyHint: true}},
-		func(ctx context.Context, req *mcp.CallToolRequest, a ListStatesArgs) (*mcp.CallToolResult, ListStatesResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ListStatesResult, error) { return s.ListStates(ctx, a) },
-				(*ListStatesResult).text)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "rollback", Description: descRollback, Annotations: &mcp.ToolAnnotations{Title: "Roll the sandbox back", IdempotentHint: true}},
-		func(ctx context.Context, req *mcp.CallToolRequest, a RollbackArgs) (*mcp.CallToolResult, RollbackResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*RollbackResult, error) { return s.Rollback(ctx, a) },
-				(*RollbackResult).text)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "fork_try", Description: descForkTry, Annotations: &mcp.ToolAnnotations{Title: "Try a command on a throwaway copy", ReadOnlyHint: true}},
-		func(ctx context.Context, req *mcp.CallToolRequest, a ForkTryArgs) (*mcp.CallToolResult, ForkTryResult, error) {
-			return call(ctx, b, req, func(ctx context.Context, s *Session) (*ForkTryResult, error) { return s.ForkTry(ctx, a) },
-				func(r *ForkTryResult) string { return r.text(a.Cmd) })
-		})
+	addTool(s, b, &mcp.Tool{Name: "read_file", Description: descReadFile, Annotations: readOnly},
+		(*Session).ReadFile, (*ReadFileResult).text)
+	addTool(s, b, &mcp.Tool{Name: "write_file", Description: descWriteFile, Annotations: &mcp.ToolAnnotations{Title: "Write a file"}},
+		(*Session).WriteFile, (*WriteFileResult).text)
+	addTool(s, b, &mcp.Tool{Name: "list_states", Description: descListStates, Annotations: &mcp.ToolAnnotations{Title: "List your states", ReadOnlyHint: true}},
+		(*Session).ListStates, (*ListStatesResult).text)
+	addTool(s, b, &mcp.Tool{Name: "rollback", Description: descRollback, Annotations: &mcp.ToolAnnotations{Title: "Roll the sandbox back", IdempotentHint: true}},
+		(*Session).Rollback, (*RollbackResult).text)
+	addTool(s, b, &mcp.Tool{Name: "fork_try", Description: descForkTry, Annotations: &mcp.ToolAnnotations{Title: "Try a command on a throwaway copy", ReadOnlyHint: true}},
+		(*Session).ForkTry, (*ForkTryResult).text)
 	return s
 }
 
@@ -315,38 +297,41 @@ Every change you make is saved as a state. If you break something, call list_sta
 Use fork_try to preview a risky command on a throwaway copy: it never changes your sandbox.`
 }
 
-// call runs one tool call: errors become tool errors (IsError) that the
+// addTool adds tool t, whose calls run fn on the session with the call's
+// arguments. A call's errors become tool errors (IsError) that the
 // model reads; a structured result goes with a text one. The SDK runs
 // each call in a goroutine of its own, without recover: a panic in the
 // call is recovered here, logged, and answered as an internal error.
 //
 // Every call acts for the session's tenant; a call whose token is another
 // tenant's is answered as a call on an env that does not exist.
-func call[R any](ctx context.Context, b *binding, req *mcp.CallToolRequest, fn func(context.Context, *Session) (*R, error), text func(*R) string) (*mcp.CallToolResult, R, error) {
-	var (
-		zero R
-		r    *R
-		msg  string
-	)
-	err := panics.Call(b.h.log, func() error {
-		if err := b.same(req.Extra); err != nil {
-			return err
-		}
-		ctx := tenant.With(ctx, b.who)
-		s, err := b.session(ctx, req.Session)
+func addTool[A, R any](s *mcp.Server, b *binding, t *mcp.Tool, fn func(*Session, context.Context, A) (*R, error), text func(*R, A) string) {
+	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, a A) (*mcp.CallToolResult, R, error) {
+		var (
+			zero R
+			r    *R
+			msg  string
+		)
+		err := panics.Call(b.h.log, func() error {
+			if err := b.same(req.Extra); err != nil {
+				return err
+			}
+			ctx := tenant.With(ctx, b.who)
+			s, err := b.session(ctx, req.Session)
+			if err != nil {
+				return err
+			}
+			if r, err = fn(s, ctx, a); err != nil {
+				return err
+			}
+			msg = b.takeIntro() + text(r, a)
+			return nil
+		}, slog.String("tool", req.Params.Name))
 		if err != nil {
-			return err
+			return nil, zero, toolError(err)
 		}
-		if r, err = fn(ctx, s); err != nil {
-			return err
-		}
-		msg = b.takeIntro() + text(r)
-		return nil
-	}, slog.String("tool", req.Params.Name))
-	if err != nil {
-		return nil, zero, toolError(err)
-	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: msg}}}, *r, nil
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: msg}}}, *r, nil
+	})
 }
 
 // toolError words an error for the model, from the flags of the one

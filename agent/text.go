@@ -37,9 +37,9 @@ To keep the effect, run the command again with bash.`
 
 // text renders a result for the model to read; the structured form goes
 // alongside it.
-func (r *BashResult) text(cmd string) string {
+func (r *BashResult) text(a BashArgs) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "$ %s\n", firstLine(cmd))
+	fmt.Fprintf(&b, "$ %s\n", firstLine(a.Cmd))
 	writeStreams(&b, r.Stdout, r.Stderr)
 	fmt.Fprintf(&b, "[exit code %d", r.ExitCode)
 	if r.TimedOut {
@@ -58,7 +58,7 @@ func (r *BashResult) text(cmd string) string {
 	return b.String()
 }
 
-func (r *ReadFileResult) text() string {
+func (r *ReadFileResult) text(ReadFileArgs) string {
 	s := r.Content
 	if r.Truncated {
 		s += fmt.Sprintf("\n[truncated: the file has %d bytes; its head and tail are shown]", r.Bytes)
@@ -66,7 +66,7 @@ func (r *ReadFileResult) text() string {
 	return s
 }
 
-func (r *WriteFileResult) text() string {
+func (r *WriteFileResult) text(WriteFileArgs) string {
 	s := fmt.Sprintf("wrote %d bytes to %s · state %s (turn %d)", r.Bytes, r.Path, r.StateID, r.Turn)
 	if r.Warning != "" {
 		s += "\n[warning: " + r.Warning + "]"
@@ -74,7 +74,7 @@ func (r *WriteFileResult) text() string {
 	return s
 }
 
-func (r *ListStatesResult) text() string {
+func (r *ListStatesResult) text(ListStatesArgs) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "env %s, now at turn %d, state %s\n", r.EnvID, r.Turn, r.Current)
 	if r.Older > 0 {
@@ -109,7 +109,7 @@ func (r *ListStatesResult) text() string {
 	return strings.TrimRight(b.String(), "\n")
 }
 
-func (r *RollbackResult) text() string {
+func (r *RollbackResult) text(RollbackArgs) string {
 	what := r.Command
 	if r.Tool == "bash" {
 		what = "$ " + firstLine(what)
@@ -125,9 +125,9 @@ func (r *RollbackResult) text() string {
 	return s
 }
 
-func (r *ForkTryResult) text(cmd string) string {
+func (r *ForkTryResult) text(a ForkTryArgs) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "(on a throwaway copy of state %s; your sandbox is unchanged)\n$ %s\n", r.FromState, firstLine(cmd))
+	fmt.Fprintf(&b, "(on a throwaway copy of state %s; your sandbox is unchanged)\n$ %s\n", r.FromState, firstLine(a.Cmd))
 	writeStreams(&b, r.Stdout, r.Stderr)
 	fmt.Fprintf(&b, "[exit code %d", r.ExitCode)
 	if r.TimedOut {

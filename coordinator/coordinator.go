@@ -215,8 +215,9 @@ func New(o Options) (*Coordinator, error) {
 	o.Registry.MustRegister(tenantEnvs{c})
 	c.adoptRecovered(c.ctx)
 	if o.IdleTTL > 0 {
+		// The janitor closes envs left idle longer than IdleTTL.
 		c.wg.Add(1)
-		go c.janitor()
+		go c.every(min(max(o.IdleTTL/4, 50*time.Millisecond), time.Minute), func() { c.sweep(time.Now()) })
 	}
 	return c, nil
 }
@@ -523,11 +524,11 @@ func (c *Coordinator) Envs(ctx context.Context) []EnvInfo {
 	return out
 }
 
-// janitor closes envs left idle longer than IdleTTL.
-func (c *Coordinator) janitor() {
+// every runs fn each period until the coordinator closes: the idle-TTL
+// janitor and the trail's sweeper.
+func (c *Coordinator) every(period time.Duration, fn func()) {
 	defer c.wg.Done()
-	every := min(max(c.o.IdleTTL/4, 50*time.Millisecond), time.Minute)
-	t := time.NewTicker(every)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -535,7 +536,7 @@ func (c *Coordinator) janitor() {
 			return
 		case <-t.C:
 		}
-		c.sweep(time.Now())
+		fn()
 	}
 }
 

@@ -75,7 +75,7 @@ func (c *Coordinator) openTrail() error {
 	}
 	c.trail = s
 	c.wg.Add(1)
-	go c.trailSweeper()
+	go c.every(trailSweepEvery, func() { c.sweepTrail() })
 	return nil
 }
 
@@ -89,20 +89,6 @@ func (c *Coordinator) closeTrail() {
 	}
 	if c.trailTmp != "" {
 		os.RemoveAll(c.trailTmp)
-	}
-}
-
-func (c *Coordinator) trailSweeper() {
-	defer c.wg.Done()
-	t := time.NewTicker(trailSweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-t.C:
-		}
-		c.sweepTrail()
 	}
 }
 

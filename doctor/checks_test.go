@@ -261,6 +261,8 @@ func TestSmallHelpers(t *testing.T) {
 		{name: "btrfs listed", got: HasFilesystem("nodev\tproc\n\tbtrfs\n", "btrfs"), want: true},
 		{name: "btrfs prefix is not btrfs", got: HasFilesystem("\tbtrfsx\n", "btrfs"), want: false},
 		{name: "bytes", got: HumanBytes(512), want: "512 B"},
+		{name: "kibibytes", got: HumanBytes(1536), want: "1.5 KiB"},
+		{name: "mebibytes", got: HumanBytes(3 << 20), want: "3.0 MiB"},
 		{name: "gibibytes", got: HumanBytes(5 << 30), want: "5.0 GiB"},
 	}
 	for _, tt := range tests {

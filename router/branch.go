@@ -81,19 +81,13 @@ func (r *Router) branch(ctx context.Context, p protocol.BranchParams, params msg
 	if err != nil {
 		return fail(err)
 	}
-	r.mu.Lock()
-	pending := make(map[string]int, len(r.pending))
-	for k, v := range r.pending {
-		pending[k] = v
-	}
-	r.mu.Unlock()
 	// Place counts what the router has in flight and what the nodes
 	// have not published yet, as for a reset.
 	srcInfo, ok := r.view.Node(src)
 	if !ok {
 		return fail(unavailable(src, "it is not in the cluster registry"))
 	}
-	plan := spread(p.N, r.view.Place("", pending), srcInfo)
+	plan := spread(p.N, r.place(""), srcInfo)
 	k := plan[src]
 	if k == p.N {
 		return r.forward(ctx, src, protocol.MethodBranch, params)

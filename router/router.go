@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"sort"
 	"sync"
@@ -275,126 +276,114 @@ func (r *Router) forward(ctx context.Context, node, method string, params msgpac
 	}
 }
 
+// decoded is fn's answer to a request whose params decode into a P, or
+// the decoding's error.
+func decoded[P any, PP interface {
+	*P
+	protocol.Params
+}](params msgpack.RawMessage, fn func(p PP) answer) answer {
+	p := PP(new(P))
+	if err := protocol.DecodeParams(params, p); err != nil {
+		return fail(err)
+	}
+	return fn(p)
+}
+
 // Forward serves one request (server.Forwarder).
 // ctx carries the client's token (tenant.Token), which the requests sent
 // for it present to the nodes when Options.ForwardTokens is set.
 func (r *Router) Forward(ctx context.Context, msgid uint32, method string, params msgpack.RawMessage, notify func(string, any)) func(context.Context) (any, error) {
-	decode := func(p protocol.Params) error { return protocol.DecodeParams(params, p) }
 	switch method {
 	case protocol.MethodReset:
-		var p protocol.ResetParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.reset(ctx, p, params)
+		return decoded(params, func(p *protocol.ResetParams) answer {
+			return r.reset(ctx, *p, params)
+		})
 	case protocol.MethodStep:
-		var p protocol.StepParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.toEnv(ctx, p.EnvID, method, params)
+		return decoded(params, func(p *protocol.StepParams) answer {
+			return r.toEnv(ctx, p.EnvID, method, params)
+		})
 	case protocol.MethodCheckpoint, protocol.MethodPromote, protocol.MethodDiscard, protocol.MethodEvaluate,
 		protocol.MethodClose, protocol.MethodStates:
-		var p protocol.EnvParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.toEnv(ctx, p.EnvID, method, params)
+		return decoded(params, func(p *protocol.EnvParams) answer {
+			return r.toEnv(ctx, p.EnvID, method, params)
+		})
 	case protocol.MethodRollback:
-		var p protocol.RollbackParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.toEnv(ctx, p.EnvID, method, params)
+		return decoded(params, func(p *protocol.RollbackParams) answer {
+			return r.toEnv(ctx, p.EnvID, method, params)
+		})
 	case protocol.MethodBranch:
-		var p protocol.BranchParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		if p.EnvID != "" {
-			return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, p, params) })
-		}
-		return r.branch(ctx, p, params)
+		return decoded(params, func(p *protocol.BranchParams) answer {
+			if p.EnvID != "" {
+				return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.branch(ctx, *p, params) })
+			}
+			return r.branch(ctx, *p, params)
+		})
 	case protocol.MethodMigrate:
-		var p protocol.MigrateParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, p) })
+		return decoded(params, func(p *protocol.MigrateParams) answer {
+			return r.held(ctx, p.EnvID, func(ctx context.Context) answer { return r.migrate(ctx, *p) })
+		})
 	case protocol.MethodEnvs:
-		var p protocol.EnvsParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.envs(ctx)
+		return decoded(params, func(*protocol.EnvsParams) answer {
+			return r.envs(ctx)
+		})
 	case protocol.MethodRelease, protocol.MethodPin, protocol.MethodUnpin:
-		var p protocol.StateIDsParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.states(ctx, method, p.StateIDs)
+		return decoded(params, func(p *protocol.StateIDsParams) answer {
+			return r.states(ctx, method, p.StateIDs)
+		})
 	case protocol.MethodTrajectory:
 		// An env's path is where the env is; a state's where its
 		// artifacts are (turns that ran on another node before a state
 		// was shipped are that node's: the answer lists them as missing).
-		var p protocol.TrajectoryParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		if p.EnvID != "" {
-			return r.toEnv(ctx, p.EnvID, method, params)
-		}
-		node, err := r.stateNode(ctx, p.StateID)
-		if err != nil {
-			return fail(err)
-		}
-		return r.forward(ctx, node, method, params)
+		return decoded(params, func(p *protocol.TrajectoryParams) answer {
+			if p.EnvID != "" {
+				return r.toEnv(ctx, p.EnvID, method, params)
+			}
+			node, err := r.stateNode(ctx, p.StateID)
+			if err != nil {
+				return fail(err)
+			}
+			return r.forward(ctx, node, method, params)
+		})
 	case protocol.MethodTasks:
 		// Every node serves the same tasks: the first live one answers.
-		var p protocol.TasksParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		nodes := r.view.Nodes()
-		if len(nodes) == 0 {
-			return fail(state.Errorf(protocol.ErrNodeUnavailable, "no node is registered"))
-		}
-		return r.forward(ctx, nodes[0].ID, method, params)
+		return decoded(params, func(*protocol.TasksParams) answer {
+			nodes := r.view.Nodes()
+			if len(nodes) == 0 {
+				return fail(state.Errorf(protocol.ErrNodeUnavailable, "no node is registered"))
+			}
+			return r.forward(ctx, nodes[0].ID, method, params)
+		})
 	case protocol.MethodPrepare:
-		var p protocol.PrepareParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		return r.prepare(ctx, p)
+		return decoded(params, func(p *protocol.PrepareParams) answer {
+			return r.prepare(ctx, *p)
+		})
 	case protocol.MethodStepBatch:
-		var p protocol.StepBatchParams
-		if err := decode(&p); err != nil {
-			return fail(err)
-		}
-		// A batch naming an env being migrated waits for it as a whole.
-		var waits []func(context.Context) error
-		var sents []func()
-		for _, it := range p.Items {
-			if w, sent := r.moving(it.EnvID); w != nil {
-				waits, sents = append(waits, w), append(sents, sent)
-			}
-		}
-		if len(waits) == 0 {
-			return r.stepBatch(ctx, msgid, p.Items, notify)
-		}
-		return func(ctx context.Context) (any, error) {
-			defer func() {
-				for _, s := range sents {
-					s()
-				}
-			}()
-			for _, w := range waits {
-				if err := w(ctx); err != nil {
-					return nil, err
+		return decoded(params, func(p *protocol.StepBatchParams) answer {
+			// A batch naming an env being migrated waits for it as a whole.
+			var waits []func(context.Context) error
+			var sents []func()
+			for _, it := range p.Items {
+				if w, sent := r.moving(it.EnvID); w != nil {
+					waits, sents = append(waits, w), append(sents, sent)
 				}
 			}
-			return r.stepBatch(ctx, msgid, p.Items, notify)(ctx)
-		}
+			if len(waits) == 0 {
+				return r.stepBatch(ctx, msgid, p.Items, notify)
+			}
+			return func(ctx context.Context) (any, error) {
+				defer func() {
+					for _, s := range sents {
+						s()
+					}
+				}()
+				for _, w := range waits {
+					if err := w(ctx); err != nil {
+						return nil, err
+					}
+				}
+				return r.stepBatch(ctx, msgid, p.Items, notify)(ctx)
+			}
+		})
 	}
 	return fail(state.Errorf(protocol.ErrUnknownMethod, "unknown method %q", method))
 }
@@ -481,17 +470,20 @@ func (r *Router) stateNode(ctx context.Context, sid string) (string, error) {
 	return "", state.Errorf(state.ErrUnknownState, "no live node holds state %q", sid)
 }
 
+// place ranks the live nodes that offer task (any node for "") by their
+// load, counting the requests the router has in flight (View.Place).
+func (r *Router) place(task string) []cluster.NodeInfo {
+	r.mu.Lock()
+	pending := maps.Clone(r.pending)
+	r.mu.Unlock()
+	return r.view.Place(task, pending)
+}
+
 // reset places a reset on the least loaded live node that offers the
 // task; a node that cannot be reached before the request is sent is
 // skipped for the next.
 func (r *Router) reset(ctx context.Context, p protocol.ResetParams, params msgpack.RawMessage) answer {
-	r.mu.Lock()
-	pending := make(map[string]int, len(r.pending))
-	for k, v := range r.pending {
-		pending[k] = v
-	}
-	r.mu.Unlock()
-	cands := r.view.Place(p.Task, pending)
+	cands := r.place(p.Task)
 	if len(cands) == 0 {
 		if p.Task != "" && len(r.view.Nodes()) > 0 {
 			// Live nodes, none with the task: as a single server would
@@ -825,13 +817,7 @@ func (r *Router) OpenEnvNode(ctx context.Context, task, session string) (addr, t
 			return "", "", nil, err
 		}
 	} else {
-		r.mu.Lock()
-		pending := make(map[string]int, len(r.pending))
-		for k, v := range r.pending {
-			pending[k] = v
-		}
-		r.mu.Unlock()
-		cands := r.view.Place(task, pending)
+		cands := r.place(task)
 		if len(cands) == 0 {
 			return "", "", nil, state.Errorf(state.ErrUnknownTask, "no live node offers task %q", task)
 		}

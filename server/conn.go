@@ -344,12 +344,7 @@ func (c *conn) readLoop() {
 			return // over the hard limit: the connection is dropped
 		}
 		if err != nil {
-			e := state.Errorf(state.ErrTooLarge, "frame over the %d byte limit", max)
-			if id, method, ok := protocol.PeekRequest(b); ok {
-				c.respond(id, method, nil, e)
-			} else {
-				c.notify(protocol.NotifyError, protocol.ErrorOf(e))
-			}
+			c.refuse(b, state.Errorf(state.ErrTooLarge, "frame over the %d byte limit", max))
 			continue
 		}
 		if mt != websocket.BinaryMessage {
@@ -364,17 +359,22 @@ func (c *conn) readLoop() {
 	}
 }
 
+// refuse answers frame b with e: as the response to its request when the
+// frame names one, else as an error notification.
+func (c *conn) refuse(b []byte, e error) {
+	if id, method, ok := protocol.PeekRequest(b); ok {
+		c.respond(id, method, nil, e)
+	} else {
+		c.notify(protocol.NotifyError, protocol.ErrorOf(e))
+	}
+}
+
 // dispatch decodes one frame and starts its request. It runs on the read
 // loop, so tickets are taken in the order frames arrived.
 func (c *conn) dispatch(b []byte) {
 	f, err := protocol.DecodeFrame(b)
 	if err != nil {
-		e := state.Errorf(protocol.ErrMalformed, "%v", err)
-		if id, method, ok := protocol.PeekRequest(b); ok {
-			c.respond(id, method, nil, e)
-		} else {
-			c.notify(protocol.NotifyError, protocol.ErrorOf(e))
-		}
+		c.refuse(b, state.Errorf(protocol.ErrMalformed, "%v", err))
 		return
 	}
 	if f.Type != protocol.Request {

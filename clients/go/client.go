@@ -269,6 +269,12 @@ func (c *Client) forget(id uint32) {
 	c.mu.Unlock()
 }
 
+// get calls method with params and decodes its result into a new R.
+func get[R any](ctx context.Context, c *Client, method string, params any) (*R, error) {
+	var r R
+	return &r, c.Call(ctx, method, params, &r)
+}
+
 // Call sends method with params (a struct or map; nil for none) and decodes
 // the result into result (nil to drop it). Calls may run concurrently;
 // each waits for its own response. When ctx ends first Call returns its
@@ -355,14 +361,12 @@ func (c *Client) Hello(ctx context.Context, token string) (*HelloResult, error) 
 
 // Reset starts an episode of a task or an image.
 func (c *Client) Reset(ctx context.Context, p ResetParams) (*ResetResult, error) {
-	var r ResetResult
-	return &r, c.Call(ctx, protocol.MethodReset, p, &r)
+	return get[ResetResult](ctx, c, protocol.MethodReset, p)
 }
 
 // Step runs one action in env.
 func (c *Client) Step(ctx context.Context, envID string, a Action) (*StepResult, error) {
-	var r StepResult
-	return &r, c.Call(ctx, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a}, &r)
+	return get[StepResult](ctx, c, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a})
 }
 
 // StepKeyed runs one action in env under a request key: sent again with
@@ -370,15 +374,13 @@ func (c *Client) Step(ctx context.Context, envID string, a Action) (*StepResult,
 // (Info.Replayed) instead of running the action twice (docs/protocol.md,
 // "Idempotent steps").
 func (c *Client) StepKeyed(ctx context.Context, envID, key string, a Action) (*StepResult, error) {
-	var r StepResult
-	return &r, c.Call(ctx, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a, Key: key}, &r)
+	return get[StepResult](ctx, c, protocol.MethodStep, protocol.StepParams{EnvID: envID, Action: a, Key: key})
 }
 
 // Branch forks an env's current state (p.EnvID) or a state (p.StateID)
 // into p.N children.
 func (c *Client) Branch(ctx context.Context, p BranchParams) (*BranchResult, error) {
-	var r BranchResult
-	return &r, c.Call(ctx, protocol.MethodBranch, p, &r)
+	return get[BranchResult](ctx, c, protocol.MethodBranch, p)
 }
 
 // Checkpoint forces a checkpoint of env and returns its state id.
@@ -396,15 +398,13 @@ func (c *Client) Rollback(ctx context.Context, envID, stateID string) (*Info, er
 
 // Promote makes a branch's state its origin's and closes the branch.
 func (c *Client) Promote(ctx context.Context, envID string) (*PromoteResult, error) {
-	var r PromoteResult
-	return &r, c.Call(ctx, protocol.MethodPromote, protocol.EnvParams{EnvID: envID}, &r)
+	return get[PromoteResult](ctx, c, protocol.MethodPromote, protocol.EnvParams{EnvID: envID})
 }
 
 // Migrate moves an open env to another node of a cluster (node "": the
 // router picks the least loaded); only an arbor router serves it.
 func (c *Client) Migrate(ctx context.Context, envID, node string) (*MigrateResult, error) {
-	var r MigrateResult
-	return &r, c.Call(ctx, protocol.MethodMigrate, protocol.MigrateParams{EnvID: envID, Node: node}, &r)
+	return get[MigrateResult](ctx, c, protocol.MethodMigrate, protocol.MigrateParams{EnvID: envID, Node: node})
 }
 
 // Discard throws a branch away.
@@ -415,22 +415,19 @@ func (c *Client) Discard(ctx context.Context, envID string) error {
 // Evaluate runs the task's verifier on env's current state (the trusted
 // grader, docs/tasks.md); env goes on.
 func (c *Client) Evaluate(ctx context.Context, envID string) (*Evaluation, error) {
-	var r Evaluation
-	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID}, &r)
+	return get[Evaluation](ctx, c, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID})
 }
 
 // Finish evaluates env and closes it: its episode is over (evaluate
 // with fork false).
 func (c *Client) Finish(ctx context.Context, envID string) (*Evaluation, error) {
-	var r Evaluation
 	no := false
-	return &r, c.Call(ctx, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID, Fork: &no}, &r)
+	return get[Evaluation](ctx, c, protocol.MethodEvaluate, protocol.EvaluateParams{EnvID: envID, Fork: &no})
 }
 
 // Tasks pages through the server's tasks, or a dataset's instances.
 func (c *Client) Tasks(ctx context.Context, p TasksParams) (*TasksResult, error) {
-	var r TasksResult
-	return &r, c.Call(ctx, protocol.MethodTasks, p, &r)
+	return get[TasksResult](ctx, c, protocol.MethodTasks, p)
 }
 
 // CloseEnv closes env.
@@ -446,8 +443,7 @@ func (c *Client) Envs(ctx context.Context) ([]EnvInfo, error) {
 
 // States returns the lineage of env's head, root first.
 func (c *Client) States(ctx context.Context, envID string) (*StatesResult, error) {
-	var r StatesResult
-	return &r, c.Call(ctx, protocol.MethodStates, protocol.EnvParams{EnvID: envID}, &r)
+	return get[StatesResult](ctx, c, protocol.MethodStates, protocol.EnvParams{EnvID: envID})
 }
 
 // Release drops states the caller will never branch from again: the
@@ -475,8 +471,7 @@ func (c *Client) Unpin(ctx context.Context, stateIDs ...string) error {
 // not fit in the server's budget is in Refused; when nothing fit, the
 // error is ErrOverBudget.
 func (c *Client) Prepare(ctx context.Context, stateIDs []string, n int, wait bool) (*PrepareResult, error) {
-	var r PrepareResult
-	return &r, c.Call(ctx, protocol.MethodPrepare, protocol.PrepareParams{StateIDs: stateIDs, N: n, Wait: wait}, &r)
+	return get[PrepareResult](ctx, c, protocol.MethodPrepare, protocol.PrepareParams{StateIDs: stateIDs, N: n, Wait: wait})
 }
 
 // StepBatch steps many envs in one request. onItem (may be nil) gets each

@@ -211,6 +211,12 @@ The server is --server, else $ARBOR_URL, else $ARBOR_SERVER, else
 		}
 		return stepStatus(v)
 	}
+	// call is a RunE that runs fn on the command's arguments.
+	call := func(fn func(ctx context.Context, cl *arbor.Client, args []string) (any, error)) func(*cobra.Command, []string) error {
+		return func(c *cobra.Command, args []string) error {
+			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return fn(ctx, cl, args) })
+		}
+	}
 
 	var (
 		task, img string
@@ -284,41 +290,39 @@ is arbor's (124 when it ran past --timeout).`,
 	)
 	br := &cobra.Command{
 		Use: "branch (ENV | --state STATE) [-n N]", Short: "Fork an env's current state, or a state, into N envs", Args: usageArgs(cobra.MaximumNArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
 			p := arbor.BranchParams{StateID: state, N: n}
 			if len(args) == 1 {
 				p.EnvID = args[0]
 			}
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Branch(ctx, p) })
-		},
+			return cl.Branch(ctx, p)
+		}),
 	}
 	br.Flags().IntVarP(&n, "n", "n", 1, "number of children")
 	br.Flags().StringVar(&state, "state", "", "state id to branch from")
 
 	rb := &cobra.Command{
 		Use: "rollback ENV STATE", Short: "Return an env to a state", Args: usageArgs(cobra.ExactArgs(2)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Rollback(ctx, args[0], args[1]) })
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			return cl.Rollback(ctx, args[0], args[1])
+		}),
 	}
 	ev := &cobra.Command{
 		Use: "evaluate ENV", Short: "Run the task's verifier on a throwaway fork", Args: usageArgs(cobra.ExactArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Evaluate(ctx, args[0]) })
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			return cl.Evaluate(ctx, args[0])
+		}),
 	}
 	// each calls fn on every id in turn and reports them done as what.
 	each := func(what string, fn func(ctx context.Context, cl *arbor.Client, id string) error) func(*cobra.Command, []string) error {
-		return func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) {
-				for _, id := range args {
-					if err := fn(ctx, cl, id); err != nil {
-						return nil, err
-					}
+		return call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			for _, id := range args {
+				if err := fn(ctx, cl, id); err != nil {
+					return nil, err
 				}
-				return &idsResult{what: what, IDs: args}, nil
-			})
-		}
+			}
+			return &idsResult{what: what, IDs: args}, nil
+		})
 	}
 	cl := &cobra.Command{
 		Use: "close ENV...", Short: "Close envs", Args: usageArgs(cobra.MinimumNArgs(1)),
@@ -326,26 +330,24 @@ is arbor's (124 when it ran past --timeout).`,
 	}
 	ls := &cobra.Command{
 		Use: "ls", Short: "List open envs", Args: usageArgs(cobra.NoArgs),
-		RunE: func(c *cobra.Command, _ []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Envs(ctx) })
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, _ []string) (any, error) { return cl.Envs(ctx) }),
 	}
 	states := &cobra.Command{
 		Use: "states ENV", Short: "The lineage of an env's state, root first", Args: usageArgs(cobra.ExactArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.States(ctx, args[0]) })
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			return cl.States(ctx, args[0])
+		}),
 	}
 	var toNode string
 	mig := &cobra.Command{
 		Use: "migrate ENV [--node NODE]", Short: "Move an env to another node of a cluster (through arbor router)", Args: usageArgs(cobra.ExactArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) { return cl.Migrate(ctx, args[0], toNode) })
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			return cl.Migrate(ctx, args[0], toNode)
+		}),
 	}
 	mig.Flags().StringVar(&toNode, "node", "", "the node to move it to (default: the least loaded other one)")
 	cmd.AddCommand(reset, step, br, rb, ev, cl, ls, states, mig, newEnvExportCmd(o))
-	cmd.AddCommand(newEnvStateCmds(run, each)...)
+	cmd.AddCommand(newEnvStateCmds(call, each)...)
 	return cmd
 }
 
@@ -369,12 +371,10 @@ func stepStatus(v any) error {
 
 func readInput(path string) ([]byte, error) {
 	if path == "-" {
-		return readAll(os.Stdin)
+		return io.ReadAll(os.Stdin)
 	}
 	return os.ReadFile(path)
 }
-
-func readAll(f *os.File) ([]byte, error) { return io.ReadAll(f) }
 
 // print shows a result: JSON with --output json, else a short human form.
 func (o *envOptions) print(v any) error {

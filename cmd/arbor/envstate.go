@@ -12,9 +12,9 @@ import (
 	arbor "github.com/arbor-env/arbor/clients/go"
 )
 
-// envRunner dials the server, calls fn and prints what it returns (the
-// run of newEnvCmd).
-type envRunner = func(c *cobra.Command, fn func(ctx context.Context, cl *arbor.Client) (any, error)) error
+// envCaller is a RunE that dials the server, calls fn on the command's
+// arguments and prints what it returns (the call of newEnvCmd).
+type envCaller = func(fn func(ctx context.Context, cl *arbor.Client, args []string) (any, error)) func(*cobra.Command, []string) error
 
 // idsRunner runs fn on each argument in turn and reports them done (the
 // each of newEnvCmd).
@@ -39,14 +39,13 @@ func (r *idsResult) String() string {
 	return b.String()
 }
 
-// promoteResult is promote's answer, printed for people.
+// promoteResult is promote's answer, printed for people; its JSON is the
+// embedded answer's, as for prepareResult and tasksResult.
 type promoteResult struct{ *arbor.PromoteResult }
 
 func (r promoteResult) String() string {
 	return fmt.Sprintf("env %s now at state %s (the branch is closed)\n", r.EnvID, r.StateID)
 }
-
-func (r promoteResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.PromoteResult) }
 
 // prepareResult is prepare's answer, one line a state for people.
 type prepareResult struct{ *arbor.PrepareResult }
@@ -73,8 +72,6 @@ func (r prepareResult) String() string {
 	return b.String()
 }
 
-func (r prepareResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.PrepareResult) }
-
 // tasksResult is a page of tasks, a table for people.
 type tasksResult struct{ *arbor.TasksResult }
 
@@ -97,20 +94,16 @@ func (r tasksResult) String() string {
 	return b.String()
 }
 
-func (r tasksResult) MarshalJSON() ([]byte, error) { return json.Marshal(r.TasksResult) }
-
 // newEnvStateCmds are the subcommands of arbor env over a branch's fate
 // (promote, discard), states (prepare, pin, unpin, release) and the
 // server's tasks.
-func newEnvStateCmds(run envRunner, each idsRunner) []*cobra.Command {
+func newEnvStateCmds(call envCaller, each idsRunner) []*cobra.Command {
 	promote := &cobra.Command{
 		Use: "promote ENV", Short: "Make a branch's state its origin env's, and close the branch", Args: usageArgs(cobra.ExactArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) {
-				r, err := cl.Promote(ctx, args[0])
-				return promoteResult{r}, err
-			})
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			r, err := cl.Promote(ctx, args[0])
+			return promoteResult{r}, err
+		}),
 	}
 	discard := &cobra.Command{
 		Use: "discard ENV...", Short: "Throw branches away", Args: usageArgs(cobra.MinimumNArgs(1)),
@@ -122,22 +115,18 @@ func newEnvStateCmds(run envRunner, each idsRunner) []*cobra.Command {
 	)
 	prepare := &cobra.Command{
 		Use: "prepare STATE... [-n N] [--wait]", Short: "Restore N frozen copies of each state ahead of branches from it", Args: usageArgs(cobra.MinimumNArgs(1)),
-		RunE: func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) {
-				r, err := cl.Prepare(ctx, args, n, wait)
-				return prepareResult{r}, err
-			})
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			r, err := cl.Prepare(ctx, args, n, wait)
+			return prepareResult{r}, err
+		}),
 	}
 	prepare.Flags().IntVarP(&n, "n", "n", 1, "copies of each state")
 	prepare.Flags().BoolVar(&wait, "wait", false, "answer once the copies are ready")
 	// pin, unpin and release are all or none over their ids: one request.
 	stateIDs := func(what string, fn func(cl *arbor.Client, ctx context.Context, ids ...string) error) func(*cobra.Command, []string) error {
-		return func(c *cobra.Command, args []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) {
-				return &idsResult{what: what, IDs: args}, fn(cl, ctx, args...)
-			})
-		}
+		return call(func(ctx context.Context, cl *arbor.Client, args []string) (any, error) {
+			return &idsResult{what: what, IDs: args}, fn(cl, ctx, args...)
+		})
 	}
 	pin := &cobra.Command{
 		Use: "pin STATE...", Short: "Keep states (and their ancestors) past their env's close and the retention, until unpin", Args: usageArgs(cobra.MinimumNArgs(1)),
@@ -154,12 +143,10 @@ func newEnvStateCmds(run envRunner, each idsRunner) []*cobra.Command {
 	var p arbor.TasksParams
 	tasks := &cobra.Command{
 		Use: "tasks [--dataset NAME] [--limit N] [--cursor C]", Short: "List the server's tasks, or a dataset's instances, a page at a time", Args: usageArgs(cobra.NoArgs),
-		RunE: func(c *cobra.Command, _ []string) error {
-			return run(c, func(ctx context.Context, cl *arbor.Client) (any, error) {
-				r, err := cl.Tasks(ctx, p)
-				return tasksResult{r}, err
-			})
-		},
+		RunE: call(func(ctx context.Context, cl *arbor.Client, _ []string) (any, error) {
+			r, err := cl.Tasks(ctx, p)
+			return tasksResult{r}, err
+		}),
 	}
 	tasks.Flags().StringVar(&p.Dataset, "dataset", "", "list this dataset's instances")
 	tasks.Flags().IntVar(&p.Limit, "limit", 0, "most tasks on the page (default: the server's, 100)")

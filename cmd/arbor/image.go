@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/arbor-env/arbor/doctor"
 	"github.com/arbor-env/arbor/image"
 )
 
@@ -114,6 +115,28 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 
 	var force, cacheOnly bool
 	var recipesDir string
+	// makeImage opens the store, removes image name first when --force
+	// asks for that, makes it with fn and reports what it made.
+	makeImage := func(cmd *cobra.Command, name string, fn func(s *image.Store) error) error {
+		s, err := open(cmd)
+		if err != nil {
+			return err
+		}
+		if force {
+			if _, err := s.Get(cmd.Context(), name); err == nil {
+				if err := s.Remove(cmd.Context(), name); err != nil {
+					return err
+				}
+			} else if !errors.Is(err, image.ErrNotFound) {
+				return err
+			}
+		}
+		start := time.Now()
+		if err := fn(s); err != nil {
+			return err
+		}
+		return reportMade(cmd, s, name, start)
+	}
 	build := &cobra.Command{
 		Use: "build NAME",
 		Short: "Build an image from a built-in recipe, busybox (seconds) or debian (cached after the first build), " +
@@ -129,18 +152,10 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 					return fmt.Errorf("build %s: %w (built-in: %s) and no recipe file %s (--recipes, ARBOR_RECIPES)",
 						name, image.ErrUnknownRecipe, strings.Join(image.Recipes, ", "), p)
 				}
-				s, err := open(cmd)
-				if err != nil {
+				return makeImage(cmd, name, func(s *image.Store) error {
+					_, err := s.BuildRecipe(cmd.Context(), name, p, cmd.OutOrStdout())
 					return err
-				}
-				if err := removeIfForced(cmd, s, name, force); err != nil {
-					return err
-				}
-				start := time.Now()
-				if _, err := s.BuildRecipe(cmd.Context(), name, p, cmd.OutOrStdout()); err != nil {
-					return err
-				}
-				return reportMade(cmd, s, name, start)
+				})
 			}
 			if cacheOnly {
 				if args[0] != "debian" {
@@ -153,18 +168,9 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "debian rootfs cached at %s\n", p)
 				return nil
 			}
-			s, err := open(cmd)
-			if err != nil {
-				return err
-			}
-			if err := removeIfForced(cmd, s, args[0], force); err != nil {
-				return err
-			}
-			start := time.Now()
-			if err := s.Build(cmd.Context(), args[0], cmd.OutOrStdout()); err != nil {
-				return err
-			}
-			return reportMade(cmd, s, args[0], start)
+			return makeImage(cmd, args[0], func(s *image.Store) error {
+				return s.Build(cmd.Context(), args[0], cmd.OutOrStdout())
+			})
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "remove an existing image of that name first (a recipe image is rebuilt even when up to date)")
@@ -178,18 +184,9 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 		Short: "Make an image from a docker save archive, an OCI layout (directory or tar), a directory tree or a rootfs tarball (tar, tar.gz, tar.xz, tar.zst)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := open(cmd)
-			if err != nil {
-				return err
-			}
-			if err := removeIfForced(cmd, s, args[0], force); err != nil {
-				return err
-			}
-			start := time.Now()
-			if err := s.Import(cmd.Context(), args[0], args[1], cmd.OutOrStdout()); err != nil {
-				return err
-			}
-			return reportMade(cmd, s, args[0], start)
+			return makeImage(cmd, args[0], func(s *image.Store) error {
+				return s.Import(cmd.Context(), args[0], args[1], cmd.OutOrStdout())
+			})
 		},
 	}
 	imp.Flags().BoolVar(&force, "force", false, "remove an existing image of that name first")
@@ -232,7 +229,7 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 				if refs == "" {
 					refs = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.Name, humanSize(in.Size), humanSize(shared[in.Name]),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.Name, doctor.HumanBytes(uint64(in.Size)), doctor.HumanBytes(uint64(shared[in.Name])),
 					len(in.Layers), digest, refs, created, in.Source)
 			}
 			return tw.Flush()
@@ -285,39 +282,12 @@ func newImageCmd(g *globalOptions) *cobra.Command {
 	return cmd
 }
 
-// removeIfForced removes image name before it is made again, when --force
-// asks for that.
-func removeIfForced(cmd *cobra.Command, s *image.Store, name string, force bool) error {
-	if !force {
-		return nil
-	}
-	if _, err := s.Get(cmd.Context(), name); errors.Is(err, image.ErrNotFound) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	return s.Remove(cmd.Context(), name)
-}
-
 func reportMade(cmd *cobra.Command, s *image.Store, name string, start time.Time) error {
 	in, err := s.Get(cmd.Context(), name)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "image %s: %s, shell %s, made in %s\n",
-		in.Name, humanSize(in.Size), in.Shell, time.Since(start).Round(time.Millisecond))
+		in.Name, doctor.HumanBytes(uint64(in.Size)), in.Shell, time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-func humanSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -26,23 +26,3 @@ func TestParseSize(t *testing.T) {
 		})
 	}
 }
-
-func TestHumanSize(t *testing.T) {
-	tests := []struct {
-		name string
-		in   int64
-		want string
-	}{
-		{"bytes", 512, "512 B"},
-		{"kib", 1536, "1.5 KiB"},
-		{"mib", 3 << 20, "3.0 MiB"},
-		{"gib", 5 << 30, "5.0 GiB"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := humanSize(tt.in); got != tt.want {
-				t.Fatalf("humanSize(%d) = %q, want %q", tt.in, got, tt.want)
-			}
-		})
-	}
-}
