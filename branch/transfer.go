@@ -474,6 +474,12 @@ func (e *Engine) ImportedLabels(id string) (map[string]string, bool) {
 	return rec.Labels, true
 }
 
+// Labels are the labels recorded on env id, open or closed (SetLabels).
+func (e *Engine) Labels(id string) (map[string]string, bool) {
+	rec, err := e.man.GetEnv(id)
+	return rec.Labels, err == nil
+}
+
 // Freeze stops env for a migration and returns the state it stands at
 // and a thaw that resumes the env when the migration fails. It waits for
 // env's pending checkpoint and freezes its sandbox; then, frozen, the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/arbor-env/arbor/branch"
@@ -138,6 +139,13 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		task, seed, base = parent.task, parent.seed, parent.base
 	} else if t, ok := c.tasks.TaskOfState(res.State); ok {
 		task = t
+		// The episode's own limit (reset's options.max_turns), as
+		// recorded on the env that made the state, not the task's.
+		if st, err := c.e.State(res.State); err == nil {
+			if l, ok := c.e.Labels(st.Env); ok && l[labelServed] == "1" && l[labelMaxTurns] != "" {
+				task.MaxTurns, _ = strconv.Atoi(l[labelMaxTurns])
+			}
+		}
 	} else if l, ok := c.importedLabels(res.State); ok {
 		// A state shipped from another node, where its env was handed
 		// out: its children inherit as they would there

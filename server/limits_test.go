@@ -126,11 +126,12 @@ func TestTruncationReachesTheClient(t *testing.T) {
 }
 
 // TestMaxTurnsReachesTheClient: truncated is false before the task's
-// max_turns and true from the turn that reaches it.
+// max_turns and true on the turn that reaches it, with info's turn and
+// max_turns (the turn after it is refused: TestMaxTurnsEndsTheEpisode).
 func TestMaxTurnsReachesTheClient(t *testing.T) {
 	c := limitsServer(t, coordinator.Options{})
 	env := reset(t, c, arbor.ResetParams{Task: "timed"})
-	for turn := 1; turn <= 3; turn++ {
+	for turn := 1; turn <= 2; turn++ {
 		r := step(t, c, env, arbor.Bash("true", 0))
 		if want := turn >= 2; r.Truncated != want || r.Info.Turn != turn || r.Info.MaxTurns != 2 {
 			t.Errorf("turn %d: truncated %v (want %v), info turn %d max_turns %d", turn, r.Truncated, want, r.Info.Turn, r.Info.MaxTurns)
@@ -213,6 +214,25 @@ func TestMaxTurnsEndsTheEpisode(t *testing.T) {
 	for i := range 3 {
 		if r := step(t, c, free, bash); r.Truncated || r.Info.MaxTurns != 0 {
 			t.Errorf("turn %d without a limit: truncated %v, max_turns %d", i+1, r.Truncated, r.Info.MaxTurns)
+		}
+	}
+	// A branch of one of its states, once it is closed, keeps its limit.
+	last := step(t, c, free, bash)
+	if err := c.Pin(ctx, last.Info.StateID); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Unpin(context.Background(), last.Info.StateID) })
+	if err := c.CloseEnv(ctx, free); err != nil {
+		t.Fatal(err)
+	}
+	br, err := c.Branch(ctx, arbor.BranchParams{StateID: last.Info.StateID, N: 1})
+	if err != nil || len(br.EnvIDs) != 1 {
+		t.Fatalf("branch of the closed env's state: %+v, %v", br, err)
+	}
+	t.Cleanup(func() { c.CloseEnv(context.Background(), br.EnvIDs[0]) })
+	for i := range 2 {
+		if r := step(t, c, br.EnvIDs[0], bash); r.Truncated || r.Info.MaxTurns != 0 {
+			t.Errorf("child turn %d: truncated %v, max_turns %d; want the parent's no limit", i+1, r.Truncated, r.Info.MaxTurns)
 		}
 	}
 	three, err := c.Reset(ctx, arbor.ResetParams{Task: "timed", Options: map[string]any{"max_turns": 3}})

@@ -388,6 +388,11 @@ func TestTenants(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A refused attach answers the client's first message
+			// (docs/openenv.md, "Sessions").
+			if err := c.ws.WriteMessage(websocket.TextMessage, []byte(`{"type": "state", "data": {}}`)); err != nil {
+				t.Fatalf("attach %s: %v", id, err)
+			}
 			c.ws.SetReadDeadline(time.Now().Add(30 * time.Second))
 			_, m, err := c.ws.ReadMessage()
 			if err != nil {

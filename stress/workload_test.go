@@ -296,7 +296,9 @@ func (cl *client) opReset(rng *rand.Rand) {
 	p := arbor.ResetParams{Image: "busybox"}
 	task := rng.Intn(10) < 7
 	if task {
-		p = arbor.ResetParams{Task: "hello"}
+		// The load steps an env well past hello's max_turns: no episode
+		// end here (reset's options.max_turns 0).
+		p = arbor.ResetParams{Task: "hello", Options: map[string]any{"max_turns": 0}}
 	}
 	var res *arbor.ResetResult
 	err := cl.do("reset", fmt.Sprintf("reset %+v", p), nil, func(ctx context.Context, c *arbor.Client) (err error) {
