@@ -174,11 +174,22 @@ func TestOEErrorCodes(t *testing.T) {
 	}
 }
 
-// oePost is OpenEnv's HTTP client side: POST a JSON body to base+path.
-func oePost(t *testing.T, u string, body any) (int, map[string]any) {
+// oePost is OpenEnv's HTTP client side: POST a JSON body to u, with the
+// headers h (a token) when given.
+func oePost(t *testing.T, u string, body any, h ...http.Header) (int, map[string]any) {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	resp, err := http.Post(u, "application/json", bytes.NewReader(b))
+	req, err := http.NewRequest(http.MethodPost, u, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, hh := range h {
+		for k, v := range hh {
+			req.Header[k] = v
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

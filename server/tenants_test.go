@@ -406,6 +406,31 @@ func TestTenants(t *testing.T) {
 		if strings.ReplaceAll(other["message"].(string), kid, "ID") != strings.ReplaceAll(unknown["message"].(string), nobodysEnv, "ID") {
 			t.Errorf("attach to alpha's session: %v; to an unknown one: %v", other, unknown)
 		}
+		// Nor over OpenEnv's HTTP routes and its MCP route: step, state,
+		// close and tools/call on alpha's session are unknown_env for
+		// beta, as for an id nobody has, and alpha's session goes on.
+		req, _ := http.NewRequest(http.MethodGet, base+"/state?session_id="+sess, nil)
+		req.Header = as("tok-beta")
+		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode < 400 {
+			t.Errorf("beta's GET /state of alpha's session: %v %v, want refused", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+		for _, path := range []string{"/step", "/close"} {
+			body := map[string]any{"session_id": sess, "action": map[string]any{"tool": "bash", "cmd": "touch /tmp/beta-was-here"}}
+			code, ans := oePost(t, base+path, body, as("tok-beta"))
+			if code < 400 || ans["arbor_code"] != "unknown_env" {
+				t.Errorf("beta's POST %s on alpha's session: %d %v, want unknown_env", path, code, ans)
+			}
+		}
+		call := map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+			"params": map[string]any{"session_id": sess, "name": "bash", "arguments": map[string]any{"cmd": "touch /tmp/beta-was-here"}}}
+		if _, ans := oePost(t, base+"/mcp", call, as("tok-beta")); ans["error"] == nil {
+			t.Errorf("beta's tools/call on alpha's session: %v, want an error", ans)
+		}
+		if obs, _, _, _ := obsOf(t, ca.ok("step", map[string]any{"tool": "bash", "cmd": "test ! -e /tmp/beta-was-here && echo clean"}, "observation")); obs["stdout"] != "clean\n" {
+			t.Errorf("alpha's session after beta's tries: %v, want it open and untouched", obs)
+		}
 		// Beta's own session cannot roll back to alpha's state.
 		cb, _, err := oeDial(t, base, "", as("tok-beta"))
 		if err != nil {
