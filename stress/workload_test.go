@@ -455,8 +455,16 @@ func (cl *client) opBranch(rng *rand.Rand) {
 	defer cl.put(src)
 	p := arbor.BranchParams{EnvID: src.id, N: n}
 	val := src.val
-	if rng.Intn(2) == 0 {
-		p = arbor.BranchParams{StateID: src.hist[rng.Intn(len(src.hist))], N: n}
+	// A task env's first state is its task's prepared one: a branch of
+	// it is a new episode under the task's max_turns, which this load
+	// would pass (docs/protocol.md, reset's options); its later states
+	// keep the env's own limit (none here).
+	first := 0
+	if src.task {
+		first = 1
+	}
+	if rng.Intn(2) == 0 && len(src.hist) > first {
+		p = arbor.BranchParams{StateID: src.hist[first+rng.Intn(len(src.hist)-first)], N: n}
 		val, _ = cl.stateVal(p.StateID)
 	}
 	var res *arbor.BranchResult
