@@ -28,6 +28,13 @@ const (
 	FlagOutside3 = 1 << 6
 	FlagFDFile   = 1 << 7 // Path[1] is the file an fd refers to, not a base directory
 	FlagNoFD     = 1 << 8 // an fd did not resolve to a file
+	// FlagStream: a stream call (ClassStream, or a write to a pipe, FIFO
+	// or socket): Mode, Ino and Dev describe the fd's file, DirFD[0] is
+	// the fd; no path.
+	FlagStream = 1 << 9
+	// FlagEffect: an effect call (ClassEffect or unknown), by number; Arg
+	// is its first argument.
+	FlagEffect = 1 << 10
 )
 
 // EventSize is the size of one ring buffer record: struct event of
@@ -78,23 +85,4 @@ func Decode(b []byte) (Event, error) {
 		e.Path[i] = string(s)
 	}
 	return e, nil
-}
-
-// Syscall names the x86_64 syscalls the programs report.
-var Syscall = map[uint32]string{
-	1: "write", 2: "open", 9: "mmap", 16: "ioctl", 18: "pwrite64", 20: "writev",
-	40: "sendfile", 76: "truncate", 77: "ftruncate", 82: "rename", 83: "mkdir",
-	84: "rmdir", 85: "creat", 86: "link", 87: "unlink", 88: "symlink", 90: "chmod",
-	91: "fchmod", 92: "chown", 93: "fchown", 94: "lchown", 132: "utime", 133: "mknod",
-	155: "pivot_root", 161: "chroot", 165: "mount", 166: "umount2", 167: "swapon",
-	188: "setxattr", 189: "lsetxattr", 190: "fsetxattr", 197: "removexattr",
-	198: "lremovexattr", 199: "fremovexattr", 235: "utimes", 257: "openat",
-	258: "mkdirat", 259: "mknodat", 260: "fchownat", 261: "futimesat", 263: "unlinkat",
-	264: "renameat", 265: "linkat", 266: "symlinkat", 268: "fchmodat", 275: "splice",
-	280: "utimensat", 285: "fallocate", 296: "pwritev", 304: "open_by_handle_at",
-	316: "renameat2", 326: "copy_file_range", 328: "pwritev2", 425: "io_uring_setup",
-	426: "io_uring_enter", 427: "io_uring_register", 428: "open_tree", 429: "move_mount",
-	432: "fsmount", 437: "openat2", 442: "mount_setattr", 452: "fchmodat2",
-	463: "setxattrat", 466: "removexattrat",
-	49: "bind", 101: "ptrace", 311: "process_vm_writev",
 }

@@ -77,11 +77,25 @@ struct fs_struct {
 	struct path root, pwd;
 } __attribute__((preserve_access_index));
 
+struct pid_namespace;
+
+struct upid {
+	int nr;
+	struct pid_namespace *ns;
+} __attribute__((preserve_access_index));
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	struct fs_struct *fs;
 	struct files_struct *files;
+	struct pid *thread_pid;
+	struct task_struct *group_leader;
 } __attribute__((preserve_access_index));
 
 // x86_64 syscall numbers.
@@ -167,6 +181,53 @@ struct task_struct {
 #define S_IFMT 0170000
 #define S_IFREG 0100000
 #define S_IFDIR 0040000
+#define S_IFIFO 0010000
+#define S_IFSOCK 0140000
+
+// Syscall classes; keep in step with bpf/classes.go.
+#define CL_UNKNOWN 0
+#define CL_PURE 1
+#define CL_FILE 2
+#define CL_STREAM 3
+#define CL_EFFECT 4
+#define MAX_SYSCALL 512
+
+// More syscall numbers, of the stream and effect classes the programs
+// look at the arguments of.
+#define NR_read 0
+#define NR_kill 62
+#define NR_fcntl 72
+#define NR_flock 73
+#define NR_rt_sigqueueinfo 129
+#define NR_setpriority 141
+#define NR_sched_setparam 142
+#define NR_sched_setscheduler 144
+#define NR_tkill 200
+#define NR_sched_setaffinity 203
+#define NR_tgkill 234
+#define NR_ioprio_set 251
+#define NR_migrate_pages 256
+#define NR_tee 276
+#define NR_move_pages 279
+#define NR_rt_tgsigqueueinfo 297
+#define NR_prlimit64 302
+#define NR_sched_setattr 314
+// fcntl commands that change the open file or its locks (the rest read,
+// or change only the caller's descriptor table).
+#define F_SETFL 4
+#define F_SETLK 6
+#define F_SETLKW 7
+#define F_SETOWN 8
+#define F_SETSIG 10
+#define F_SETOWN_EX 15
+#define F_OFD_SETLK 37
+#define F_OFD_SETLKW 38
+#define F_SETLEASE 1024
+#define F_NOTIFY 1026
+#define F_SETPIPE_SZ 1031
+#define F_ADD_SEALS 1033
+#define F_SET_RW_HINT 1036
+#define F_SET_FILE_RW_HINT 1038
 
 // Event types; keep in step with bpf/events.go.
 #define EV_SYSCALL 1
@@ -184,6 +245,8 @@ struct task_struct {
 #define F_OUTSIDE3 (1 << 6)
 #define F_FDFILE (1 << 7)   // slot 1 is the file an fd refers to (not a base directory)
 #define F_NOFD (1 << 8)     // an fd did not resolve to a file
+#define F_STREAM (1 << 9)   // a stream call: mode, ino and dev of the fd's file, no path
+#define F_EFFECT (1 << 10)  // an effect call: by number, arg is its first argument
 
 #define SLOT 1024     // bytes per path slot
 #define OFFMASK 511   // where a path component may start
@@ -217,7 +280,8 @@ struct args {
 };
 
 struct tracked {
-	__u64 epoch; // bumped by user space at each turn: write dedup resets
+	__u64 epoch;   // bumped by user space at each turn: write dedup resets
+	__u64 seen[8]; // effect calls reported this epoch, a bit per number
 };
 
 struct wkey {
@@ -243,6 +307,15 @@ struct {
 	__type(key, __u64);
 	__type(value, struct args);
 } inflight SEC(".maps");
+
+// classes holds each syscall's class (CL_*), filled by user space from
+// bpf/classes.go; 0 (CL_UNKNOWN) for a number the table lacks.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SYSCALL);
+	__type(key, __u32);
+	__type(value, __u32);
+} classes SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -590,6 +663,148 @@ static __always_inline int is_reg(struct file *f)
 	return (mode & S_IFMT) == S_IFREG;
 }
 
+// is_stream reports whether f is a pipe, FIFO or socket: what holds data
+// queued between processes.
+static __always_inline int is_stream(struct file *f)
+{
+	if (!f)
+		return 0;
+	__u16 mode = BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT;
+	return mode == S_IFIFO || mode == S_IFSOCK;
+}
+
+// stream_fd reports a stream call through fd (once per descriptor, open
+// file and epoch): the inode of its file, for user space to look for
+// among the descriptors of the processes that outlive the turn. any
+// reports any file (locks, fcntl), else only pipes, FIFOs and sockets.
+static __always_inline int stream_fd(struct tracked *t, __u64 cgid, long nr, long ret, struct task_struct *task, long fd, int any)
+{
+	struct file *f = fd_file(task, fd);
+	if (!f || (!any && !is_stream(f)))
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	// Keyed apart from writes to regular files (the same fd's write
+	// event must not hide its lock, nor the other way round).
+	if (!writes_once(id >> 32, fd | 0x40000000, f, t))
+		return 0;
+	struct event *e = new_event(EV_SYSCALL, cgid);
+	if (!e)
+		return 0;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	e->nr = nr;
+	e->ret = ret;
+	e->dirfd[0] = (__s32)fd;
+	e->mode = BPF_CORE_READ(ino, i_mode);
+	e->ino = BPF_CORE_READ(ino, i_ino);
+	e->dev = BPF_CORE_READ(ino, i_sb, s_dev);
+	e->flags = F_STREAM;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+// stream_call handles a call of the stream class: the descriptor
+// arguments it reads or writes through.
+static __always_inline int stream_call(struct tracked *t, __u64 cgid, long nr, long ret, struct pt_regs *regs)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	long a0 = (long)(int)BPF_CORE_READ(regs, di);
+	switch (nr) {
+	case NR_fcntl: {
+		long cmd = (long)(int)BPF_CORE_READ(regs, si);
+		switch (cmd) {
+		case F_SETFL: case F_SETLK: case F_SETLKW: case F_SETOWN: case F_SETSIG:
+		case F_SETOWN_EX: case F_OFD_SETLK: case F_OFD_SETLKW: case F_SETLEASE:
+		case F_NOTIFY: case F_SETPIPE_SZ: case F_ADD_SEALS: case F_SET_RW_HINT:
+		case F_SET_FILE_RW_HINT:
+			return stream_fd(t, cgid, nr, ret, task, a0, 1);
+		}
+		return 0;
+	}
+	case NR_flock:
+		return stream_fd(t, cgid, nr, ret, task, a0, 1);
+	case NR_tee:
+		stream_fd(t, cgid, nr, ret, task, a0, 0);
+		return stream_fd(t, cgid, nr, ret, task, (long)(int)BPF_CORE_READ(regs, si), 0);
+	}
+	return stream_fd(t, cgid, nr, ret, task, a0, 0);
+}
+
+// ns_nr is task's pid in its own (innermost) pid namespace: what the
+// task's calls name it by.
+static __always_inline int ns_nr(struct task_struct *task)
+{
+	struct pid *p = BPF_CORE_READ(task, thread_pid);
+	if (!p)
+		return -1;
+	unsigned int level = BPF_CORE_READ(p, level);
+	int nr = -1;
+	void *at = (void *)p + bpf_core_field_offset(struct pid, numbers) +
+		(__u64)(level & 63) * bpf_core_type_size(struct upid) + bpf_core_field_offset(struct upid, nr);
+	bpf_probe_read_kernel(&nr, sizeof(nr), at);
+	return nr;
+}
+
+// self reports whether pid names the calling task or its process, by the
+// host's numbers or by the sandbox's (0 is the caller for every call that
+// takes a pid).
+static __always_inline int self(__u64 pid)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	int p = (int)pid;
+	if (p == 0 || p == (int)(__u32)id || p == (int)(id >> 32))
+		return 1;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	return p == ns_nr(task) || p == ns_nr(BPF_CORE_READ(task, group_leader));
+}
+
+// effect_call reports a call of the effect class, once per number and
+// epoch, unless it is aimed at the caller itself (its own scheduling,
+// limits, signals), which dies with it or shows in its probes.
+static __always_inline int effect_call(struct tracked *t, __u64 cgid, long nr, long ret, struct pt_regs *regs)
+{
+	__u64 a0 = BPF_CORE_READ(regs, di);
+	__u64 a1 = BPF_CORE_READ(regs, si);
+	__u64 a2 = BPF_CORE_READ(regs, dx);
+	switch (nr) {
+	case NR_kill:
+		if ((int)a1 == 0 || self(a0))
+			return 0; // a probe, or to itself
+		break;
+	case NR_tkill: case NR_tgkill: case NR_rt_sigqueueinfo: case NR_rt_tgsigqueueinfo:
+	case NR_sched_setparam: case NR_sched_setscheduler: case NR_sched_setaffinity:
+	case NR_sched_setattr: case NR_migrate_pages: case NR_move_pages:
+		if (self(a0))
+			return 0;
+		break;
+	case NR_setpriority:
+		if ((int)a0 == 0 && self(a1)) // PRIO_PROCESS
+			return 0;
+		break;
+	case NR_ioprio_set:
+		if ((int)a0 == 1 && self(a1)) // IOPRIO_WHO_PROCESS
+			return 0;
+		break;
+	case NR_prlimit64:
+		if (a2 == 0 || self(a0))
+			return 0; // a read, or its own limits
+		break;
+	}
+	__u64 bit = 1ULL << (nr & 63);
+	__u64 *w = &t->seen[(nr >> 6) & 7];
+	if (*w & bit)
+		return 0;
+	__sync_fetch_and_or(w, bit);
+	struct event *e = new_event(EV_SYSCALL, cgid);
+	if (!e)
+		return 0;
+	e->nr = nr;
+	e->ret = ret;
+	e->arg = a0;
+	e->flags = F_EFFECT;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
 SEC("raw_tracepoint/sys_exit")
 int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -607,6 +822,24 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		} else {
 			__u64 one = 1;
 			bpf_map_update_elem(&returns, &tgid, &one, BPF_NOEXIST);
+		}
+	}
+	// Stream and effect calls are told by their class and read their
+	// arguments from the registers, which hold them still at exit.
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	long cnr = BPF_CORE_READ(regs, orig_ax);
+	if (cnr >= 0 && cnr < MAX_SYSCALL) {
+		__u32 k = cnr;
+		__u32 *cl = bpf_map_lookup_elem(&classes, &k);
+		__u32 c = cl ? *cl : CL_UNKNOWN;
+		if (c == CL_PURE)
+			return 0;
+		if (c != CL_FILE) {
+			if (ret < 0)
+				return 0; // a failed call changed nothing
+			if (c == CL_STREAM)
+				return stream_call(t, cgid, cnr, ret, regs);
+			return effect_call(t, cgid, cnr, ret, regs);
 		}
 	}
 	struct args *ap = bpf_map_lookup_elem(&inflight, &id);
@@ -627,6 +860,8 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	case NR_write: case NR_pwrite64: case NR_writev: case NR_pwritev: case NR_pwritev2:
 		fd = a.a[0];
 		f = fd_file(task, fd);
+		if (is_stream(f))
+			return stream_fd(t, cgid, nr, ret, task, fd, 0);
 		if (!is_reg(f) || !writes_once(id >> 32, fd, f, t))
 			return 0;
 		break;
@@ -635,13 +870,15 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		fd = a.a[0];
 		f = fd_file(task, fd);
 		if (nr == NR_sendfile && !is_reg(f))
-			return 0;
+			return stream_fd(t, cgid, nr, ret, task, fd, 0);
 		break;
 	case NR_copy_file_range: case NR_splice:
+		if (nr == NR_splice)
+			stream_fd(t, cgid, nr, ret, task, (long)(int)a.a[0], 0);
 		fd = a.a[2];
 		f = fd_file(task, fd);
 		if (!is_reg(f))
-			return 0;
+			return nr == NR_splice ? stream_fd(t, cgid, nr, ret, task, fd, 0) : 0;
 		break;
 	case NR_ioctl: {
 		fd = a.a[0];

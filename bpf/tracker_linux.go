@@ -55,6 +55,13 @@ func Open() (t *Tracker, err error) {
 			t.Close()
 		}
 	}()
+	// The classes go in before the programs attach: an empty map would
+	// make every call unknown, an effect.
+	for nr, c := range Syscalls {
+		if err := t.objs.Classes.Update(nr, uint32(c.Class), ebpf.UpdateAny); err != nil {
+			return nil, fmt.Errorf("set class of syscall %d: %w", nr, err)
+		}
+	}
 	raw := []struct {
 		name string
 		prog *ebpf.Program
@@ -116,14 +123,16 @@ func (t *Tracker) Untrack(cgid uint64) error {
 	return nil
 }
 
-// NewEpoch makes the next write through every open file of cgroup cgid be
-// reported again (writes are reported once per file and epoch).
+// NewEpoch makes the next write or stream call through every open file of
+// cgroup cgid, and the next call of each effect syscall, be reported again
+// (they are reported once per file, or per number, and epoch).
 func (t *Tracker) NewEpoch(cgid uint64) error {
 	var v trackerTracked
 	if err := t.objs.Cgroups.Lookup(cgid, &v); err != nil {
 		return fmt.Errorf("new epoch of cgroup %d: %w", cgid, err)
 	}
 	v.Epoch++
+	v.Seen = [8]uint64{}
 	if err := t.objs.Cgroups.Update(cgid, v, ebpf.UpdateExist); err != nil {
 		return fmt.Errorf("new epoch of cgroup %d: %w", cgid, err)
 	}

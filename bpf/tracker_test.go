@@ -204,3 +204,80 @@ func BenchmarkWriteHeavy(b *testing.B) {
 	b.Run("tracked", run)
 	time.Sleep(10 * time.Millisecond)
 }
+
+// TestStreamAndEffectEvents: a pipe between two processes of the cgroup
+// gives stream events with the pipe's inode; calls that change another
+// process or an IPC object give one effect event per number and epoch;
+// the same calls aimed at the caller itself give none.
+func TestStreamAndEffectEvents(t *testing.T) {
+	tr := openTracker(t)
+	cg, id := newCgroup(t)
+	if err := tr.Track(id); err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		streams map[uint32]int // mode type -> events
+		effects map[string]int
+	}
+	run := func(script string) seen {
+		t.Helper()
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", script, err, out)
+		}
+		s := seen{streams: map[uint32]int{}, effects: map[string]int{}}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				e, err := tr.Read()
+				if err != nil {
+					return
+				}
+				switch {
+				case e.Type != bpf.EventSyscall:
+				case e.Flags&bpf.FlagStream != 0:
+					if e.Ino == 0 {
+						t.Errorf("stream event of %s without an inode", bpf.Syscall[e.Nr])
+					}
+					s.streams[e.Mode&unix.S_IFMT]++
+				case e.Flags&bpf.FlagEffect != 0:
+					s.effects[bpf.Syscall[e.Nr]]++
+				}
+			}
+		}()
+		time.Sleep(50 * time.Millisecond)
+		tr.Flush()
+		<-done
+		if err := tr.NewEpoch(id); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// The last: a shell in a pid namespace signals itself by its own
+	// number there (1), not the host's.
+	self := run(`taskset -c 0 true && prlimit --nofile=100:100 true && kill -0 $$ && nice -n 1 true &&
+unshare --pid --fork sh -c 'trap "" USR1; kill -USR1 $$'`)
+	for _, name := range []string{"sched_setaffinity", "prlimit64", "kill", "setpriority"} {
+		if n := self.effects[name]; n != 0 {
+			t.Errorf("%s aimed at the caller reported %d times", name, n)
+		}
+	}
+	if self.streams[unix.S_IFIFO] != 0 {
+		t.Errorf("stream events without a pipe between the cgroup's processes: %v", self.streams)
+	}
+	other := run(`sleep 30 & p=$!; taskset -p 1 $p >/dev/null; taskset -p 1 $p >/dev/null; renice -n 2 -p $p >/dev/null; kill $p
+unshare --ipc sh -c 'ipcmk -Q >/dev/null'; echo hello | cat >/dev/null`)
+	for _, name := range []string{"sched_setaffinity", "setpriority", "kill", "msgget"} {
+		if n := other.effects[name]; n != 1 {
+			t.Errorf("%s on another process or an IPC object reported %d times, want once per epoch; all: %v", name, n, other.effects)
+		}
+	}
+	if other.streams[unix.S_IFIFO] < 2 {
+		t.Errorf("a pipe written and read gave %d stream events, want the write and the read", other.streams[unix.S_IFIFO])
+	}
+	if n, err := tr.Lost(); err != nil || n != 0 {
+		t.Errorf("lost %d events (%v)", n, err)
+	}
+}

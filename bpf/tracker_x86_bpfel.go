@@ -47,6 +47,7 @@ type trackerScratch struct {
 type trackerTracked struct {
 	_     structs.HostLayout
 	Epoch uint64
+	Seen  [8]uint64
 }
 
 type trackerWkey struct {
@@ -66,6 +67,7 @@ type trackerWval struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	trackerMapCgroups      = "cgroups"
+	trackerMapClasses      = "classes"
 	trackerMapEvents       = "events"
 	trackerMapInflight     = "inflight"
 	trackerMapLost         = "lost"
@@ -134,6 +136,7 @@ type trackerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type trackerMapSpecs struct {
 	Cgroups  *ebpf.MapSpec `ebpf:"cgroups"`
+	Classes  *ebpf.MapSpec `ebpf:"classes"`
 	Events   *ebpf.MapSpec `ebpf:"events"`
 	Inflight *ebpf.MapSpec `ebpf:"inflight"`
 	Lost     *ebpf.MapSpec `ebpf:"lost"`
@@ -170,6 +173,7 @@ func (o *trackerObjects) Close() error {
 // It can be passed to loadTrackerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trackerMaps struct {
 	Cgroups  *ebpf.Map `ebpf:"cgroups"`
+	Classes  *ebpf.Map `ebpf:"classes"`
 	Events   *ebpf.Map `ebpf:"events"`
 	Inflight *ebpf.Map `ebpf:"inflight"`
 	Lost     *ebpf.Map `ebpf:"lost"`
@@ -181,6 +185,7 @@ type trackerMaps struct {
 func (m *trackerMaps) Close() error {
 	return _TrackerClose(
 		m.Cgroups,
+		m.Classes,
 		m.Events,
 		m.Inflight,
 		m.Lost,

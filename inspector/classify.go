@@ -27,6 +27,13 @@ const (
 	// io_uring, shared writable file mappings, mounts, unresolvable or
 	// truncated paths): everything must be taken.
 	Unaccounted
+	// KernelChanged: a turn changed kernel state that lives outside every
+	// file and outside the memory of the processes sampled, and that a
+	// process dump records: an IPC object, data queued in (or taken from)
+	// a pipe, FIFO or socket that a process outliving the turn holds,
+	// another process's scheduling, affinity or I/O priority, a signal to
+	// another process, a memory file rewritten through /proc/PID/fd.
+	KernelChanged
 )
 
 // Fact is one observation about a turn.
@@ -50,8 +57,8 @@ type Result struct {
 const MaxReasons = 32
 
 // Classify applies the net-change rules to the facts of one turn:
-// changed files make it fs, process or shell changes proc, anything
-// unaccounted full.
+// changed files make it fs, process, shell or kernel changes proc,
+// anything unaccounted full.
 func Classify(facts []Fact) Result {
 	r := Result{Kind: state.None}
 	more := 0
@@ -74,6 +81,8 @@ func Classify(facts []Fact) Result {
 			k, why = state.Proc, "shell state unknown"
 		case Unaccounted:
 			k, why = state.Full, "unaccounted"
+		case KernelChanged:
+			k, why = state.Proc, "kernel state changed"
 		default:
 			k, why = state.Full, fmt.Sprintf("unknown fact %d", f.Kind)
 		}

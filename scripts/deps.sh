@@ -30,6 +30,8 @@ PKGS=(
 	libseccomp-dev pkg-config
 	# eBPF code generation (bpf2go) and inspection
 	clang llvm libbpf-dev bpftool
+	# the syscall table TestClassesCoverKernelHeaders (bpf) checks the classes against
+	linux-libc-dev
 	# Python client and its tests
 	python3 python3-msgpack python3-websockets
 	# the web view's browser test (server/ui): headless Chromium

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,6 +73,12 @@ type envState struct {
 	// change was the shell's state (TakeShellDelta).
 	delta     *pendingDelta
 	turnStart time.Time
+	// effects and objects: effect calls and stream objects since the
+	// last process artifact (kernelFacts); procSince: events before it
+	// (CLOCK_MONOTONIC ns) are in that artifact.
+	effects   []string
+	objects   map[objKey]Object
+	procSince uint64
 }
 
 // pendingDelta is a shell delta and the shell state it reaches.
@@ -160,8 +168,9 @@ func (in *Inspector) Track(envID string, cgroupID uint64) error {
 			return err
 		}
 	}
+	now := monotonicNow()
 	st := &envState{id: envID, cg: cgroupID, log: in.log.With(slog.String("env", envID)),
-		touched: map[string]struct{}{}, since: monotonicNow()}
+		touched: map[string]struct{}{}, since: now, objects: map[objKey]Object{}, procSince: now}
 	st.lostBase = in.lostLocked()
 	st.unaccounted = []string{"no baseline yet"}
 	in.envs[envID] = st
@@ -242,6 +251,10 @@ func (in *Inspector) read() {
 }
 
 func (in *Inspector) apply(e bpf.Event) {
+	if effect, unacc, obj, ok := EventKernel(e); ok {
+		in.applyKernel(e, effect, unacc, obj)
+		return
+	}
 	paths, why := EventPaths(e)
 	if len(paths) == 0 && why == "" {
 		return
@@ -258,6 +271,38 @@ func (in *Inspector) apply(e bpf.Event) {
 	}
 	if why != "" && len(st.unaccounted) < inspector.MaxReasons {
 		st.unaccounted = append(st.unaccounted, why)
+	}
+}
+
+// applyKernel records an effect call, an unaccounted one or a stream
+// object of event e.
+func (in *Inspector) applyKernel(e bpf.Event, effect, unacc string, obj *Object) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.events++
+	st, ok := in.byCg[e.CgroupID]
+	if !ok || e.TS < st.procSince {
+		return
+	}
+	switch {
+	case unacc != "":
+		if len(st.unaccounted) < inspector.MaxReasons {
+			st.unaccounted = append(st.unaccounted, unacc)
+		}
+	case effect != "":
+		if len(st.effects) < inspector.MaxReasons {
+			st.effects = append(st.effects, effect)
+		}
+	case obj != nil:
+		if len(st.objects) >= maxObjects {
+			if len(st.effects) < inspector.MaxReasons {
+				st.effects = append(st.effects, fmt.Sprintf("more than %d pipes, sockets and locked files used", maxObjects))
+			}
+			return
+		}
+		if _, seen := st.objects[keyOf(*obj)]; !seen {
+			st.objects[keyOf(*obj)] = *obj
+		}
 	}
 }
 
@@ -311,6 +356,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 		touched = append(touched, p)
 	}
 	procBase, haveProc, shellBase, imageShell := st.procBase, st.haveProc, st.shellBase, st.imageShell
+	effects, objects, lastShell := in.kernelLocked(st)
 	in.mu.Unlock()
 
 	var same []string
@@ -336,6 +382,10 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 		}
 	}
 	facts = append(facts, in.procFacts(t, shell.PID, procBase, haveProc)...)
+	if shellOK {
+		lastShell = shell.PID
+	}
+	facts = append(facts, kernelFacts(t.Cgroup, lastShell, effects, objects)...)
 	var delta *pendingDelta
 	if shellOK && inspector.OnlyShellChanged(facts) {
 		if script, ok := inspector.ShellDelta(imageShell, shell); ok {
@@ -399,6 +449,20 @@ func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched 
 	return facts
 }
 
+// noEBPF is the effect every turn has without eBPF: what the turn's
+// processes did to kernel state outside files cannot be seen.
+const noEBPF = "no eBPF: IPC objects, queued data and other processes' attributes cannot be seen"
+
+// kernelLocked copies st's effect calls and stream objects, and the shell
+// pid last read; in.mu held.
+func (in *Inspector) kernelLocked(st *envState) ([]string, map[objKey]Object, int) {
+	effects := slices.Clone(st.effects)
+	if in.tr == nil {
+		effects = append(effects, noEBPF)
+	}
+	return effects, maps.Clone(st.objects), st.shell.PID
+}
+
 // procFacts compares the long-lived processes with the baseline.
 func (in *Inspector) procFacts(t inspector.Target, shellPID int, base []inspector.ProcSample, haveBase bool) []inspector.Fact {
 	if t.Cgroup == "" {
@@ -451,6 +515,7 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k state.Kind, t i
 		touched = append(touched, p)
 	}
 	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
+	effects, objects, _ := in.kernelLocked(st)
 	in.mu.Unlock()
 	if !k.Has(state.FS) {
 		var same []string
@@ -461,6 +526,7 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k state.Kind, t i
 		// A shell delta reuses the last image for every other process:
 		// none may have run since it was taken.
 		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
+		facts = append(facts, kernelFacts(t.Cgroup, shellPID, effects, objects)...)
 	}
 	r := inspector.Classify(facts)
 	if delta && !inspector.OnlyShellChanged(append(facts, inspector.Fact{Kind: inspector.ShellChanged})) {
@@ -549,6 +615,7 @@ func (in *Inspector) Checkpointed(envID string, k state.Kind, t inspector.Target
 	if k.Has(state.Proc) {
 		st.procBase, st.haveProc = procs, true
 		st.shellBase, st.imageShell, st.delta = st.shell, st.shell, nil
+		st.effects, st.objects, st.procSince = nil, map[objKey]Object{}, now
 	}
 	if k == state.Full {
 		st.unaccounted = nil

@@ -196,6 +196,19 @@ var suite = []turnCase{
 	{name: "background server with a log", cmd: "sh -c 'while :; do echo tick >> /work/server.log; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.1", want: state.Full},
 	{name: "server keeps logging", cmd: "sleep 0.2", want: state.Full},
 	{name: "stop the server", cmd: "kill %2; wait %2 2>/dev/null; true", want: state.Proc, atLeast: true},
+	// Kernel state outside files and outside the sampled processes'
+	// memory: another process's affinity and I/O priority, data queued
+	// in a FIFO a sleeping process holds, taken from one the shell
+	// holds. Signal 0 only probes.
+	{name: "signal 0 probes", cmd: "kill -0 $$", want: state.None, fallback: state.Proc},
+	{name: "another idle process", cmd: "sleep 2000 >/dev/null 2>&1 & IDLE=$!", want: state.Proc},
+	{name: "its affinity", cmd: "taskset -p 1 $IDLE >/dev/null", want: state.Proc},
+	{name: "its I/O priority", cmd: "ionice -c 3 -p $IDLE", want: state.Proc},
+	{name: "a FIFO a sleeper holds", cmd: "mkfifo /work/q && sh -c 'exec 7<>/work/q; exec sleep 3000' >/dev/null 2>&1 & Q=$!; sleep 0.1", want: state.Full},
+	{name: "data queued in it", cmd: "echo queued > /work/q", want: state.Proc, atLeast: true},
+	{name: "the shell holds it too", cmd: "exec 8<>/work/q", want: state.Proc},
+	{name: "a child takes data from it", cmd: "head -c 3 <&8 >/dev/null", want: state.Proc, atLeast: true},
+	{name: "let them go", cmd: "exec 8<&-; kill $Q $IDLE; wait $Q $IDLE 2>/dev/null; rm /work/q; unset Q IDLE; true", want: state.Proc, atLeast: true},
 	{name: "memory changer", cmd: "sh -c 'x=; while :; do x=\"$x.\"; sleep 0.05; done' >/dev/null 2>&1 &", want: state.Proc},
 	{name: "memory changer runs on", cmd: "sleep 0.2", want: state.Proc},
 	{name: "memory changer runs on again", cmd: "ls >/dev/null; sleep 0.1", want: state.Proc},
@@ -209,8 +222,13 @@ func runSuite(t *testing.T, ins *watch.Inspector) {
 		got, took := r.turn(tc.cmd)
 		total += took
 		want := tc.want
-		if !ins.UsesBPF() && tc.fallback != "" {
-			want = tc.fallback
+		if !ins.UsesBPF() {
+			// Without eBPF nothing tells what a turn did to kernel
+			// state outside files: every turn takes the processes.
+			if tc.fallback != "" {
+				want = tc.fallback
+			}
+			want = want.Join(state.Proc)
 		}
 		ok := got.Kind == want
 		if tc.atLeast {

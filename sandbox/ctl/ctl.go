@@ -27,6 +27,17 @@ const ChannelFD = 100
 // init's descriptor table, at start and after every restore.
 const ServerEndFD = 101
 
+// The descriptors on which the managed shell holds init's channels: the
+// command socket, the stdout and stderr pipes of commands and the status
+// socket (sandbox/initd). They are the harness's, not the agent's: the
+// Inspector does not count them as state the shell holds.
+const (
+	ShellCmdFD    = 196
+	ShellOutFD    = 197
+	ShellErrFD    = 198
+	ShellStatusFD = 199
+)
+
 // Dir is the sandbox-internal directory Arbor owns (the init binary).
 const Dir = "/.arbor"
 

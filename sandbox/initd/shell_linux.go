@@ -22,10 +22,10 @@ import (
 // so init can be non-dumpable (see Run), which closes /proc/1/fd to every
 // process in the sandbox without CAP_SYS_PTRACE.
 const (
-	cmdFD    = 196
-	outFD    = 197
-	errFD    = 198
-	statusFD = 199
+	cmdFD    = ctl.ShellCmdFD
+	outFD    = ctl.ShellOutFD
+	errFD    = ctl.ShellErrFD
+	statusFD = ctl.ShellStatusFD
 )
 
 // A job is one command waiting for, or running in, the shell. Its
