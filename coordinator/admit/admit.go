@@ -51,7 +51,9 @@ type Queue struct {
 	// service is the recent service time (an exponential moving average
 	// of the admitted operations' durations; 0 until one ended).
 	service time.Duration
-	busy    int64
+	// waited is the recent wait of admitted requests (the same average).
+	waited time.Duration
+	busy   int64
 }
 
 type tenantQ struct {
@@ -81,6 +83,8 @@ type Stats struct {
 	Running, Queued, Slots int
 	// Service is the recent service time (0: none measured yet).
 	Service time.Duration
+	// Waited is the recent wait in the queue of the admitted requests.
+	Waited time.Duration
 	// Busy counts the requests refused since the queue was made.
 	Busy int64
 }
@@ -89,7 +93,7 @@ type Stats struct {
 func (q *Queue) Stats() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return Stats{Running: q.running, Queued: q.queued, Slots: q.o.Slots, Service: q.service, Busy: q.busy}
+	return Stats{Running: q.running, Queued: q.queued, Slots: q.o.Slots, Service: q.service, Waited: q.waited, Busy: q.busy}
 }
 
 // Ticket is an admitted request's slot: Done gives it back.
@@ -120,6 +124,7 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 	q.mu.Lock()
 	if q.running < q.o.Slots && q.queued == 0 {
 		q.running++
+		q.waited = average(q.waited, 0)
 		q.mu.Unlock()
 		return &Ticket{q: q, start: start}, nil
 	}
@@ -156,8 +161,9 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 	}
 	q.mu.Lock()
 	if w.granted {
-		q.mu.Unlock()
 		now := q.now()
+		q.waited = average(q.waited, now.Sub(start))
+		q.mu.Unlock()
 		return &Ticket{q: q, start: now, Waited: now.Sub(start)}, nil
 	}
 	q.remove(tenant, client, w)
@@ -265,7 +271,7 @@ func (q *Queue) done(d time.Duration) {
 	if q.service == 0 {
 		q.service = d
 	} else {
-		q.service += (d - q.service) / 5
+		q.service = average(q.service, d)
 	}
 	q.running--
 	q.grant()
@@ -289,6 +295,9 @@ func (q *Queue) grant() {
 		q.drop(t.name, c)
 	}
 }
+
+// average moves the recent average avg a fifth of the way to d.
+func average(avg, d time.Duration) time.Duration { return avg + (d-avg)/5 }
 
 // without is s without e (kept in order).
 func without[T comparable](s []T, e T) []T {
