@@ -1,0 +1,174 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
+	"github.com/arbor-env/arbor/server"
+	"github.com/arbor-env/arbor/server/protocol"
+	"github.com/arbor-env/arbor/state"
+)
+
+// admitRig is a server whose steps admission control bounds tightly: two
+// at once, a wait of at most 2 s; each step of the test sleeps 0.5 s, so
+// about 8 waiters fit the bound.
+func admitRig(t *testing.T) (string, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	_, addr := newServerWith(t, server.Options{Registry: reg, MaxInFlight: 1024},
+		coordinator.Options{Classify: classifyAs(state.None), AdmitWait: 2 * time.Second, AdmitSlots: coordinator.Slots{Step: 2}})
+	return addr, reg
+}
+
+// stepBusy reads arbor_admit_busy_total{class="step"}.
+func stepBusy(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "arbor_admit_busy_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "class" && l.GetValue() == coordinator.ClassStep {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatal("no arbor_admit_busy_total{class=\"step\"} in the registry")
+	return 0
+}
+
+func resetN(t *testing.T, c *arbor.Client, n int) []string {
+	t.Helper()
+	envs := make([]string, n)
+	for i := range envs {
+		r, err := c.Reset(context.Background(), arbor.ResetParams{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs[i] = r.EnvID
+	}
+	return envs
+}
+
+// TestAdmissionFloodIsFair: one client floods steps on 12 envs (each
+// env's steps pipelined), more than the step slots and the wait bound
+// hold; meanwhile a second client with one env steps one step at a time.
+// (a) Every step of the second client is admitted: round robin serves it
+// after at most one of the flood's, well within the bound. (b) The flood
+// gets busy answers (too_many_requests, retryable, with retry_after_ms)
+// rather than waiting without bound, and the server counts them. (c)
+// Every request is answered, ok or busy, nothing else. Then the same
+// flood from a client that backs off (the Go client's default) ends with
+// every step done.
+func TestAdmissionFloodIsFair(t *testing.T) {
+	addr, reg := admitRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	noRetry := &arbor.Options{BusyRetries: -1}
+	big, small := dial(t, addr, noRetry), dial(t, addr, noRetry)
+	bigEnvs, smallEnv := resetN(t, big, 12), resetN(t, small, 1)[0]
+	before := stepBusy(t, reg)
+
+	const perEnv = 2
+	type answer struct {
+		env string
+		err error
+	}
+	var pend []*arbor.Pending
+	var pendEnv []string
+	for range perEnv {
+		for _, env := range bigEnvs {
+			p, err := big.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: arbor.Bash("sleep 0.5", 0)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pend, pendEnv = append(pend, p), append(pendEnv, env)
+		}
+	}
+	answers := make(chan answer, len(pend))
+	for i, p := range pend {
+		go func() { answers <- answer{pendEnv[i], p.Wait(ctx, nil)} }()
+	}
+
+	// The second client, while the flood runs.
+	var smallErrs []error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 3 {
+			_, err := small.Step(ctx, smallEnv, arbor.Bash("sleep 0.5", 0))
+			smallErrs = append(smallErrs, err)
+		}
+	}()
+
+	ok, busy := 0, 0
+	for range pend {
+		a := <-answers
+		var pe *arbor.Error
+		switch {
+		case a.err == nil:
+			ok++
+		case errors.As(a.err, &pe) && pe.Code == protocol.CodeTooManyReqs:
+			busy++
+			if !pe.Retryable || pe.RetryAfterMS <= 0 {
+				t.Errorf("busy answer of env %s without a retry hint: %+v", a.env, pe)
+			}
+		default:
+			t.Errorf("flood step on env %s: %v, want ok or too_many_requests", a.env, a.err)
+		}
+	}
+	wg.Wait()
+	for i, err := range smallErrs {
+		if err != nil {
+			t.Errorf("step %d of the client with one env: %v, want it admitted", i, err)
+		}
+	}
+	t.Logf("flood: %d ok, %d busy of %d", ok, busy, len(pend))
+	if busy == 0 {
+		t.Errorf("no busy answer to %d steps on %d envs over 2 slots and a 2 s bound", len(pend), len(bigEnvs))
+	}
+	if ok == 0 {
+		t.Error("no step of the flood admitted")
+	}
+	if got := stepBusy(t, reg) - before; got != float64(busy) {
+		t.Errorf("arbor_admit_busy_total{class=step} rose by %v, the clients saw %d busy answers", got, busy)
+	}
+
+	// The same flood from a client that backs off on busy: every step
+	// ends done, and the server refused some of them on the way.
+	backing := dial(t, addr, &arbor.Options{BusyRetries: 100, BusyMaxWait: 2 * time.Minute})
+	before = stepBusy(t, reg)
+	errs := make(chan error, len(bigEnvs))
+	for _, env := range bigEnvs {
+		go func() {
+			_, err := backing.Step(ctx, env, arbor.Bash("sleep 0.5", 0))
+			errs <- err
+		}()
+	}
+	for range bigEnvs {
+		if err := <-errs; err != nil {
+			t.Errorf("step of a client that backs off: %v", err)
+		}
+	}
+	// 12 steps at once over 2 slots and about 8 waiters' room: some are
+	// refused, so the client did retry them.
+	refused := stepBusy(t, reg) - before
+	if refused == 0 {
+		t.Error("the second flood met no busy answer: the client's back-off was not exercised")
+	}
+	t.Logf("the backing-off flood was refused %v times and retried to completion", refused)
+}
