@@ -1,8 +1,12 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,24 +33,32 @@ func admitRig(t *testing.T) (string, *prometheus.Registry) {
 
 // stepBusy reads arbor_admit_busy_total{class="step"}.
 func stepBusy(t *testing.T, reg *prometheus.Registry) float64 {
+	return stepMetric(t, reg, "arbor_admit_busy_total")
+}
+
+// stepMetric reads the series {class="step"} of a counter or gauge.
+func stepMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "arbor_admit_busy_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "class" && l.GetValue() == coordinator.ClassStep {
-					return m.GetCounter().GetValue()
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatal("no arbor_admit_busy_total{class=\"step\"} in the registry")
+	t.Fatalf("no %s{class=\"step\"} in the registry", name)
 	return 0
 }
 
@@ -171,4 +183,67 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 		t.Error("the second flood met no busy answer: the client's back-off was not exercised")
 	}
 	t.Logf("the backing-off flood was refused %v times and retried to completion", refused)
+}
+
+// TestAdmissionBusyOverHTTP: OpenEnv's HTTP step route answers a busy
+// admission with 429, a Retry-After header and v1's code and hint in its
+// body; once the slot is free the same step is served.
+func TestAdmissionBusyOverHTTP(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	_, addr := newServerWith(t, server.Options{Registry: reg},
+		coordinator.Options{Classify: classifyAs(state.None), AdmitWait: 300 * time.Millisecond, AdmitSlots: coordinator.Slots{Step: 1}})
+	base := "http://" + addr + "/openenv/count"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code, r := oePost(t, base+"/reset", map[string]any{})
+	_, meta, _, _ := obsOf(t, r)
+	sess, _ := meta["session_id"].(string)
+	if code != 200 || sess == "" {
+		t.Fatalf("POST reset: %d %v", code, r)
+	}
+
+	// A v1 step holds the one step slot for 5 s.
+	c := dial(t, addr, nil)
+	env := resetN(t, c, 1)[0]
+	hold, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: arbor.Bash("sleep 5", 0)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stepMetric(t, reg, "arbor_admit_running") < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("the v1 step never held the slot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	step := func() (*http.Response, map[string]any) {
+		b, _ := json.Marshal(map[string]any{"action": bash("echo hi"), "session_id": sess})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/step", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+			t.Fatalf("POST step: %d, body not JSON: %v", resp.StatusCode, err)
+		}
+		return resp, m
+	}
+	resp, m := step()
+	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusTooManyRequests || err != nil || ra < 1 {
+		t.Errorf("POST step while the slot is held: %d Retry-After %q, want 429 and whole seconds", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if ms, _ := m["retry_after_ms"].(float64); m["arbor_code"] != protocol.CodeTooManyReqs || m["retryable"] != true || ms <= 0 {
+		t.Errorf("busy body %v, want arbor_code too_many_requests, retryable, retry_after_ms", m)
+	}
+
+	if err := hold.Wait(ctx, nil); err != nil {
+		t.Fatalf("the v1 step that held the slot: %v", err)
+	}
+	if resp, m := step(); resp.StatusCode != 200 {
+		t.Errorf("POST step with the slot free: %d %v", resp.StatusCode, m)
+	}
 }
