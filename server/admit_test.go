@@ -96,9 +96,11 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 
 	const perEnv = 2
 	type answer struct {
-		env string
-		err error
+		env  string
+		err  error
+		took time.Duration
 	}
+	start := time.Now()
 	var pend []*arbor.Pending
 	var pendEnv []string
 	for range perEnv {
@@ -112,22 +114,26 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 	}
 	answers := make(chan answer, len(pend))
 	for i, p := range pend {
-		go func() { answers <- answer{pendEnv[i], p.Wait(ctx, nil)} }()
+		go func() { err := p.Wait(ctx, nil); answers <- answer{pendEnv[i], err, time.Since(start)} }()
 	}
 
 	// The second client, while the flood runs.
 	var smallErrs []error
+	var smallMax time.Duration // the slowest step of the second client (logged)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for range 3 {
+			t0 := time.Now()
 			_, err := small.Step(ctx, smallEnv, arbor.Bash("sleep 0.5", 0))
 			smallErrs = append(smallErrs, err)
+			smallMax = max(smallMax, time.Since(t0))
 		}
 	}()
 
 	ok, busy := 0, 0
+	var busyMax time.Duration // the latest busy answer, since the flood began (logged)
 	for range pend {
 		a := <-answers
 		var pe *arbor.Error
@@ -136,6 +142,7 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 			ok++
 		case errors.As(a.err, &pe) && pe.Code == protocol.CodeTooManyReqs:
 			busy++
+			busyMax = max(busyMax, a.took)
 			if !pe.Retryable || pe.RetryAfterMS <= 0 {
 				t.Errorf("busy answer of env %s without a retry hint: %+v", a.env, pe)
 			}
@@ -149,7 +156,8 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 			t.Errorf("step %d of the client with one env: %v, want it admitted", i, err)
 		}
 	}
-	t.Logf("flood: %d ok, %d busy of %d", ok, busy, len(pend))
+	t.Logf("flood: %d ok, %d busy of %d in %v (last busy answer at %v); the one-env client's slowest step %v (0.5 s of sleep, bound 2 s)",
+		ok, busy, len(pend), time.Since(start).Round(time.Millisecond), busyMax.Round(time.Millisecond), smallMax.Round(time.Millisecond))
 	if busy == 0 {
 		t.Errorf("no busy answer to %d steps on %d envs over 2 slots and a 2 s bound", len(pend), len(bigEnvs))
 	}

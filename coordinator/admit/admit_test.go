@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,4 +244,38 @@ func TestMaxQueued(t *testing.T) {
 		t.Errorf("admit past MaxQueued: %v (retry after %v), want busy with a hint", err, state.RetryAfter(err))
 	}
 	hold.Done()
+}
+
+// BenchmarkAdmit is the cost of admission on the path of every reset,
+// step, branch and evaluate: a free slot, and a slot handed over through
+// the queue between goroutines of 8 clients.
+func BenchmarkAdmit(b *testing.B) {
+	b.Run("free", func(b *testing.B) {
+		q := New(Options{Slots: 4, Wait: time.Second})
+		ctx := context.Background()
+		for b.Loop() {
+			tk, err := q.Admit(ctx, "", "a")
+			if err != nil {
+				b.Fatal(err)
+			}
+			tk.Done()
+		}
+	})
+	b.Run("contended", func(b *testing.B) {
+		q := New(Options{Slots: 2})
+		ctx := context.Background()
+		var n atomic.Int64
+		b.SetParallelism(4)
+		b.RunParallel(func(pb *testing.PB) {
+			client := fmt.Sprint(n.Add(1) % 8)
+			for pb.Next() {
+				tk, err := q.Admit(ctx, "", client)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				tk.Done()
+			}
+		})
+	})
 }
