@@ -62,7 +62,7 @@ func stepMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-func resetN(t *testing.T, c *arbor.Client, n int) []string {
+func resetN(t testing.TB, c *arbor.Client, n int) []string {
 	t.Helper()
 	envs := make([]string, n)
 	for i := range envs {
@@ -253,5 +253,66 @@ func TestAdmissionBusyOverHTTP(t *testing.T) {
 	}
 	if resp, m := step(); resp.StatusCode != 200 {
 		t.Errorf("POST step with the slot free: %d %v", resp.StatusCode, m)
+	}
+}
+
+// BenchmarkAdmitFlood: 48 envs of one client each step 3 times (sleep
+// 0.2 s) at once over 4 step slots (20 steps/s at most), with the
+// default 1 s bound and without one. A busy step is sent again after
+// its retry_after_ms by the env's loop (so the attempts show). Reported:
+// the latency of the steps that ran (p50, p99, max), the busy answers,
+// and the steps per second.
+func BenchmarkAdmitFlood(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		wait time.Duration
+	}{{"bound=1s", time.Second}, {"unbounded", -1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			_, addr := newServerWith(b, server.Options{MaxInFlight: 1024},
+				coordinator.Options{Classify: classifyAs(state.None), AdmitWait: bc.wait, AdmitSlots: coordinator.Slots{Step: 4}})
+			ctx := context.Background()
+			c := dial(b, addr, &arbor.Options{BusyRetries: -1})
+			envs := resetN(b, c, 48)
+			for range b.N {
+				var mu sync.Mutex
+				var lat []time.Duration
+				busy := 0
+				var wg sync.WaitGroup
+				start := time.Now()
+				for _, env := range envs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for done := 0; done < 3; {
+							t0 := time.Now()
+							_, err := c.Step(ctx, env, arbor.Bash("sleep 0.2", 0))
+							var pe *arbor.Error
+							switch {
+							case err == nil:
+								done++
+								mu.Lock()
+								lat = append(lat, time.Since(t0))
+								mu.Unlock()
+							case errors.As(err, &pe) && pe.RetryAfterMS > 0:
+								mu.Lock()
+								busy++
+								mu.Unlock()
+								time.Sleep(pe.RetryAfter())
+							default:
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				took := time.Since(start)
+				b.ReportMetric(float64(percentile(lat, .5).Milliseconds()), "p50-ms")
+				b.ReportMetric(float64(percentile(lat, .99).Milliseconds()), "p99-ms")
+				b.ReportMetric(float64(percentile(lat, 1).Milliseconds()), "max-ms")
+				b.ReportMetric(float64(busy), "busy")
+				b.ReportMetric(float64(len(lat))/took.Seconds(), "steps/s")
+			}
+		})
 	}
 }

@@ -133,7 +133,7 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 	est := q.estimate(ahead)
 	if (q.o.MaxQueued > 0 && q.queued >= q.o.MaxQueued) || (bound > 0 && q.service > 0 && est > bound) {
 		q.busy++
-		hint := q.hint(est, bound)
+		hint := q.hint(est)
 		q.drop(tenant, c)
 		q.mu.Unlock()
 		return nil, state.RetryAfterError(hint, fmt.Errorf("%w: %d operations running, %d waiting, about %v to wait here, the bound is %v: retry in %v",
@@ -170,7 +170,7 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 	if err == nil {
 		q.busy++
 		est = q.estimate(q.queued)
-		hint := q.hint(est+bound, bound)
+		hint := q.hint(est)
 		err = state.RetryAfterError(hint, fmt.Errorf("%w: waited %v for one of %d slots (%d waiting): retry in %v",
 			state.ErrBusy, bound, q.o.Slots, q.queued, hint.Round(time.Millisecond)))
 	}
@@ -179,10 +179,14 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 }
 
 // hint is how long a refused request should wait before it tries again:
-// until its estimated wait est would fit in bound, at least one slot's
-// turnover, at least 10 ms. Under q.mu.
-func (q *Queue) hint(est, bound time.Duration) time.Duration {
-	h := max(est-bound, q.service/time.Duration(q.o.Slots), 10*time.Millisecond)
+// its estimated wait est, the time the requests ahead of it take to drain
+// (at least one slot's turnover, at least 10 ms, at most a minute). Not
+// est less the bound, the earliest its wait would fit: every request
+// refused together would come back together into the same full queue
+// (BenchmarkAdmitFlood in package server: ten times the busy answers for
+// about the same steps per second). Under q.mu.
+func (q *Queue) hint(est time.Duration) time.Duration {
+	h := max(est, q.service/time.Duration(q.o.Slots), 10*time.Millisecond)
 	return min(h, time.Minute)
 }
 

@@ -134,7 +134,7 @@ func withService(t *testing.T, o Options, d time.Duration) (*Queue, *clock) {
 
 // TestBusyAtOnce: with the slot held and the service time known, the
 // waiters whose estimated wait fits the bound queue, the next is refused
-// busy at once with a hint of when its wait would fit.
+// busy at once with its estimated wait as the hint.
 func TestBusyAtOnce(t *testing.T) {
 	q, _ := withService(t, Options{Slots: 1, Wait: 2 * time.Second}, time.Second)
 	hold, err := q.Admit(context.Background(), "", "")
@@ -151,8 +151,8 @@ func TestBusyAtOnce(t *testing.T) {
 	if !errors.Is(err, state.ErrBusy) {
 		t.Fatalf("third waiter: %v, want busy", err)
 	}
-	if h := state.RetryAfter(err); h != time.Second {
-		t.Errorf("retry after %v, want 1s (3 s estimated, 2 s bound)", h)
+	if h := state.RetryAfter(err); h != 3*time.Second {
+		t.Errorf("retry after %v, want 3s (the estimated wait: 2 ahead and itself, 1 s each)", h)
 	}
 	// Another client's first request is estimated behind one of a's
 	// only (round robin): 2 s, queued.
