@@ -93,7 +93,11 @@ func newAdmission(o Options, reg prometheus.Registerer) *admission {
 		wait = DefaultAdmitWait
 	}
 	for _, class := range Classes {
-		q := admit.New(admit.Options{Slots: o.AdmitSlots.of(class), Wait: wait})
+		// At most one waiter per env for steps, branches and evaluations
+		// (an env's operations are ordered before admission), and resets
+		// past max_envs could not be served: the queue's hard bound, also
+		// without a wait bound.
+		q := admit.New(admit.Options{Slots: o.AdmitSlots.of(class), Wait: wait, MaxQueued: o.MaxEnvs})
 		a.queues[class] = q
 		a.busy.WithLabelValues(class)
 		l := prometheus.Labels{"class": class}
