@@ -120,7 +120,8 @@ type Options struct {
 	// max_in_flight) is returned at once. BusyMaxWait bounds the time spent waiting on them (default
 	// 60 s); past either, the call returns the last busy answer. A busy
 	// answer means the request did not run, so sending it again is safe.
-	// Send does not retry.
+	// Send does not retry, nor does StepBatch retry its items (a busy
+	// item is in its result: send it again after its RetryAfter).
 	BusyRetries int
 	BusyMaxWait time.Duration
 }
