@@ -69,6 +69,13 @@ type Options struct {
 	// evaluate (trajectory.go). "": a file in a temporary directory,
 	// removed at Close.
 	Trajectories string
+	// AdmitWait bounds how long a reset, step, branch or evaluate waits
+	// for admission (admission.go; docs/architecture.md, "Admission
+	// control") before it is answered busy with a retry hint (default
+	// DefaultAdmitWait; negative: no bound, requests wait their turn).
+	AdmitWait time.Duration
+	// AdmitSlots: how many of each class run at once.
+	AdmitSlots Slots
 	// TrajectoryOutput is what a turn's record keeps of each of stdout,
 	// stderr, a command and a written file's content, head and tail
 	// (default 256 KiB, the sandbox's default output cap).
@@ -143,6 +150,7 @@ type Coordinator struct {
 	tasks Tasks
 	log   *slog.Logger
 	m     *metrics
+	adm   *admission // the queues of admission control (admission.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -212,6 +220,7 @@ func New(o Options) (*Coordinator, error) {
 		defer c.mu.Unlock()
 		return float64(len(c.envs))
 	})
+	c.adm = newAdmission(o, o.Registry)
 	o.Registry.MustRegister(tenantEnvs{c})
 	c.adoptRecovered(c.ctx)
 	if o.IdleTTL > 0 {
@@ -463,6 +472,11 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	if req.Image == "" && req.Task == "" && req.Dataset == "" {
 		return nil, fmt.Errorf("%w: reset needs image, task or dataset", state.ErrInvalidParams)
 	}
+	done, err := c.admit(ctx, ClassReset)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if err := c.reserve(1); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
 package coordinator
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -44,6 +46,9 @@ type Health struct {
 	ActiveEnvs int                `json:"active_envs"`
 	Revived    int64              `json:"revived"`
 	Disk       []DiskHealth       `json:"disk"`
+	// Admission is admission control's queues by class
+	// (arbor_admit_queued, _running, _busy_total; admission.go).
+	Admission []Admission `json:"admission"`
 }
 
 // DiskHealth is one watched file system (arbor_disk_*).
@@ -78,6 +83,7 @@ func (c *Coordinator) Health() (Health, error) {
 	for _, d := range u.Disk {
 		h.Disk = append(h.Disk, DiskHealth{Name: d.Name, Used: d.Used, Total: d.Total, Over: d.Over})
 	}
+	h.Admission = c.Admission()
 	return h, nil
 }
 
@@ -127,5 +133,17 @@ func (h *Health) Add(node string, o Health) {
 	for _, d := range o.Disk {
 		d.Name = node + "/" + d.Name
 		h.Disk = append(h.Disk, d)
+	}
+	// Queues add up by class; the recent wait and service time are the
+	// slowest node's.
+	for _, a := range o.Admission {
+		i := slices.IndexFunc(h.Admission, func(b Admission) bool { return b.Class == a.Class })
+		if i < 0 {
+			h.Admission = append(h.Admission, a)
+			continue
+		}
+		b := &h.Admission[i]
+		b.Slots, b.Running, b.Queued, b.Busy = b.Slots+a.Slots, b.Running+a.Running, b.Queued+a.Queued, b.Busy+a.Busy
+		b.WaitS, b.ServedS = max(b.WaitS, a.WaitS), max(b.ServedS, a.ServedS)
 	}
 }

@@ -10,7 +10,8 @@ import (
 // node's file systems under its name.
 func TestHealthAdd(t *testing.T) {
 	one := Health{Checkpoints: map[string]float64{"full": 1}, Verified: map[string]float64{"ok": 1},
-		Disk: []DiskHealth{{Name: "pool", Used: 1, Total: 2}}}
+		Disk:      []DiskHealth{{Name: "pool", Used: 1, Total: 2}},
+		Admission: []Admission{{Class: ClassStep, Slots: 4, Running: 1, Queued: 3, WaitS: 0.5, ServedS: 1, Busy: 2}}}
 	v := reflect.ValueOf(&one).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		switch f := v.Field(i); f.Kind() {
@@ -52,5 +53,9 @@ func TestHealthAdd(t *testing.T) {
 	want := []DiskHealth{{Name: "a/pool", Used: 1, Total: 2}, {Name: "b/pool", Used: 1, Total: 2}}
 	if !reflect.DeepEqual(sum.Disk, want) {
 		t.Errorf("disks %+v, want %+v", sum.Disk, want)
+	}
+	wantAdmit := []Admission{{Class: ClassStep, Slots: 8, Running: 2, Queued: 6, WaitS: 0.5, ServedS: 1, Busy: 4}}
+	if !reflect.DeepEqual(sum.Admission, wantAdmit) {
+		t.Errorf("admission %+v, want %+v (queues summed by class, the slowest wait)", sum.Admission, wantAdmit)
 	}
 }

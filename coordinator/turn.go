@@ -86,6 +86,13 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	if err != nil {
 		return nil, err
 	}
+	// Admission (admission.go) bounds the turns running at once, a
+	// rollback's too: a turn that would wait past its bound is busy.
+	done, err := c.admit(ctx, ClassStep)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if a.Tool == state.ToolRollback {
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -42,6 +43,9 @@ type conn struct {
 	// read but not started for the same reason (export_test.go).
 	paused atomic.Bool
 	gated  atomic.Int64
+	// client names the connection to admission control, which serves
+	// the connections of a tenant round robin (coordinator.WithClient).
+	client string
 }
 
 // claim records msgid as in flight; false when it already is (a client
@@ -91,6 +95,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	c := &conn{s: s, ws: ws, done: make(chan struct{}),
 		closing: make(chan struct{}), flushed: make(chan struct{}),
 		log: s.log.With(slog.String("remote", r.RemoteAddr))}
+	c.client = fmt.Sprintf("v1 %s %p", r.RemoteAddr, c)
 	c.ob = newOutbox(int64(s.o.MaxUnreadBytes), func(d int64) { s.m.unread.Add(float64(d)); s.answers.add(d) }, c.deadline)
 	c.who.Store(&id)
 	c.authed.Store(authed)
@@ -482,5 +487,5 @@ type who struct {
 // carrying its token (tenant.WithToken, for a forwarding server).
 func (c *conn) ctx() context.Context {
 	id := c.who.Load()
-	return tenant.WithToken(tenant.With(c.s.ctx, id.t), id.token)
+	return coordinator.WithClient(tenant.WithToken(tenant.With(c.s.ctx, id.t), id.token), c.client)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/internal/panics"
 	"github.com/arbor-env/arbor/internal/tenant"
 	"github.com/arbor-env/arbor/server/protocol"
@@ -185,12 +186,19 @@ func oeJSON(v any) ([]byte, error) {
 // 401 when it is missing or wrong; it returns the server's context acting
 // for the token's tenant and carrying the token (tenant.WithToken).
 func (s *Server) openenvAuthorized(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	// Admission control serves OpenEnv's peers round robin by host: a
+	// trainer opens a session (a connection, or HTTP requests) per env.
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ctx := coordinator.WithClient(s.ctx, "openenv "+host)
 	if !s.secured() {
-		return s.ctx, true
+		return ctx, true
 	}
 	if tok, present, ok := headerToken(r, true); present && ok {
 		if t, ok := s.authenticate(tok); ok {
-			return tenant.WithToken(tenant.With(s.ctx, t), tok), true
+			return tenant.WithToken(tenant.With(ctx, t), tok), true
 		}
 	}
 	w.Header().Set("WWW-Authenticate", `Basic realm="arbor"`)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/arbor-env/arbor/server/protocol"
 )
@@ -74,5 +75,18 @@ func oeCodeOf(pe *protocol.Error) oeCode {
 // oeErrorData is the data of an error answer: OpenEnv's {message, code}
 // and v1's code (arbor_code) and flags, so that nothing of v1's is lost.
 func oeErrorData(pe *protocol.Error) map[string]any {
-	return map[string]any{"message": pe.Message, "code": oeCodeOf(pe).ws, "arbor_code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
+	d := map[string]any{"message": pe.Message, "code": oeCodeOf(pe).ws, "arbor_code": pe.Code, "retryable": pe.Retryable, "infra": pe.Infra}
+	if pe.RetryAfterMS > 0 {
+		d["retry_after_ms"] = pe.RetryAfterMS
+	}
+	return d
+}
+
+// setRetryAfter sets the Retry-After header (whole seconds, at least 1)
+// of an HTTP answer of pe when pe carries a retry hint (a busy answer of
+// admission control; docs/openenv.md).
+func setRetryAfter(w http.ResponseWriter, pe *protocol.Error) {
+	if pe.RetryAfterMS > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt((pe.RetryAfterMS+999)/1000, 10))
+	}
 }

@@ -109,6 +109,7 @@ func (s *Server) openenvPost(typ string) http.HandlerFunc {
 			c.s.m.requests.WithLabelValues("openenv_http_"+typ, pe.Code).Inc()
 			ed := oeErrorData(pe)
 			ed["detail"] = pe.Message // FastAPI's error field
+			setRetryAfter(w, pe)
 			writeJSON(w, oeCodeOf(pe).http, ed)
 			return
 		}

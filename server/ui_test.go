@@ -10,6 +10,7 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
 )
 
@@ -136,9 +137,22 @@ func TestUIEvents(t *testing.T) {
 	next("hello")
 	var h struct {
 		Checkpoints map[string]float64 `json:"checkpoints"`
+		// Admission control's queues, which the view shows as cards.
+		Admission []struct {
+			Class string `json:"class"`
+			Slots int    `json:"slots"`
+		} `json:"admission"`
 	}
 	if err := json.Unmarshal([]byte(next("health")), &h); err != nil || len(h.Checkpoints) != 4 {
 		t.Errorf("health event: %v %+v", err, h)
+	}
+	if len(h.Admission) != len(coordinator.Classes) {
+		t.Errorf("health event's admission %+v, want one queue per class %v", h.Admission, coordinator.Classes)
+	}
+	for i, a := range h.Admission {
+		if i < len(coordinator.Classes) && (a.Class != coordinator.Classes[i] || a.Slots < 1) {
+			t.Errorf("health event's admission[%d] %+v, want class %s with slots", i, a, coordinator.Classes[i])
+		}
 	}
 	c := dial(t, addr, nil)
 	r, err := c.Reset(ctx, arbor.ResetParams{Image: "busybox"})

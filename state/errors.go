@@ -3,6 +3,7 @@ package state
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // The categories of failure, one sentinel each. Every error a layer
@@ -122,4 +123,28 @@ func Errorf(kind error, format string, args ...any) error {
 		f.errs = append(f.errs, u.Unwrap()...)
 	}
 	return f
+}
+
+// retryAfter is an error that says when a retry may succeed.
+type retryAfter struct {
+	err   error
+	after time.Duration
+}
+
+func (r *retryAfter) Error() string { return r.err.Error() }
+func (r *retryAfter) Unwrap() error { return r.err }
+
+// RetryAfterError is err with a hint of when to retry it (a busy answer's
+// retry_after_ms; docs/protocol.md, Errors). Its text is err's.
+func RetryAfterError(after time.Duration, err error) error {
+	return &retryAfter{err: err, after: after}
+}
+
+// RetryAfter is the retry hint err carries (RetryAfterError), 0 for none.
+func RetryAfter(err error) time.Duration {
+	var r *retryAfter
+	if errors.As(err, &r) {
+		return r.after
+	}
+	return 0
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -110,6 +111,19 @@ type Options struct {
 	// step_batch items (e.g. "error" for a frame the server could not
 	// attribute). It runs on the read loop: keep it short.
 	OnNotification func(method string, params []byte)
+	// BusyRetries is how many times a call answered too_many_requests
+	// with a retry_after_ms hint (the server's admission control was
+	// busy: docs/protocol.md, Errors) is sent again, each after the hint
+	// plus up to half of it again at random, so clients that were refused
+	// together do not come back together (default 8; negative: none).
+	// A too_many_requests without a hint (this connection's own
+	// max_in_flight) is returned at once. BusyMaxWait bounds the time spent waiting on them (default
+	// 60 s); past either, the call returns the last busy answer. A busy
+	// answer means the request did not run, so sending it again is safe.
+	// Send does not retry, nor does StepBatch retry its items (a busy
+	// item is in its result: send it again after its RetryAfter).
+	BusyRetries int
+	BusyMaxWait time.Duration
 }
 
 // Client is one connection to an Arbor server, safe for concurrent use.
@@ -284,11 +298,37 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 }
 
 func (c *Client) call(ctx context.Context, method string, params, result any, onItem func(BatchItemResult)) error {
-	p, err := c.Send(method, params, onItem)
-	if err != nil {
-		return err
+	retries, budget := c.opts.BusyRetries, c.opts.BusyMaxWait
+	if retries == 0 {
+		retries = 8
 	}
-	return p.Wait(ctx, result)
+	if budget <= 0 {
+		budget = time.Minute
+	}
+	for try := 0; ; try++ {
+		p, err := c.Send(method, params, onItem)
+		if err != nil {
+			return err
+		}
+		err = p.Wait(ctx, result)
+		var pe *Error
+		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooManyReqs || pe.RetryAfterMS <= 0 || try >= retries {
+			return err
+		}
+		d := pe.RetryAfter()
+		d += rand.N(d/2 + 1)
+		if d > budget {
+			return err
+		}
+		budget -= d
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+	}
 }
 
 // Pending is a request sent whose answer has not been taken (Send).

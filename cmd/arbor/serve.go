@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +73,8 @@ type serveOptions struct {
 	registry    registryFlags // image.go: reset and tasks pull registry references
 	pullFrom    []string
 	waitLock    time.Duration
+	admitWait   time.Duration
+	admitSlots  []string
 }
 
 func newServeCmd(g *globalOptions) *cobra.Command {
@@ -105,6 +109,8 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	f.Float64Var(&o.lowWater, "low-water", branch.DefaultLowWater, "share in use eviction brings a file system back under")
 	f.IntVar(&o.maxEnvs, "max-envs", 256, "most envs handed out at once")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 256, "most outstanding requests per connection")
+	f.DurationVar(&o.admitWait, "admit-wait", coordinator.DefaultAdmitWait, "longest a reset, step, branch or evaluate waits for admission; one that would wait longer is answered too_many_requests with retry_after_ms (docs/architecture.md, Admission control); 0: no bound")
+	f.StringSliceVar(&o.admitSlots, "admit-slots", nil, "operations of a class admitted at once, as CLASS=N (reset, step, branch, evaluate; default per CPU: step 8, reset 2, evaluate 2, branch 1)")
 	f.IntVar(&o.maxBatch, "max-batch", 1024, "most items of one step_batch")
 	f.StringVar(&o.maxFrame, "max-frame", "8M", "largest message a client may send")
 	f.StringVar(&o.maxUnread, "max-unread", "64M", "answers a connection may hold unread before the server stops reading its requests")
@@ -275,9 +281,16 @@ func serve(ctx context.Context, g *globalOptions, o *serveOptions) (err error) {
 	}
 	// One coordinator owns the turn and the envs; the protocol server,
 	// the agent tools and the LLM proxy are its adapters.
+	slots, err := admitSlots(o.admitSlots)
+	if err != nil {
+		return err
+	}
+	if o.admitWait == 0 {
+		o.admitWait = -1 // no bound (coordinator.Options.AdmitWait)
+	}
 	reg := prometheus.NewRegistry()
 	coo := coordinator.Options{Engine: e, Tasks: coordinator.FromEnvpool(p), VerifySkips: o.verifySkips,
-		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log,
+		MaxEnvs: o.maxEnvs, IdleTTL: o.idleTTL, Registry: reg, Logger: log, AdmitWait: o.admitWait, AdmitSlots: slots,
 		// Beside the engine's manifest, so trajectories survive a restart
 		// as the states do (docs/protocol.md, "trajectory").
 		Trajectories: filepath.Join(g.stateDir, "engine", "trajectories.db")}
@@ -515,4 +528,29 @@ func stopNotice(co *coordinator.Coordinator, reg prometheus.Gatherer, drain bool
 			fmt.Sprintf("waiting for the requests in flight (%d now, up to --grace %v, until %s)", inFlight, o.grace, now.Add(o.cluster.drain+o.grace).Format(time.TimeOnly)))
 	}
 	return fmt.Sprintf("arbor: stopping: %s, then closing %d envs, the warm pool and the engine (up to %v each)", what, envs, closeTimeout)
+}
+
+// admitSlots reads --admit-slots' CLASS=N items.
+func admitSlots(items []string) (coordinator.Slots, error) {
+	var s coordinator.Slots
+	for _, it := range items {
+		class, v, ok := strings.Cut(it, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 1 {
+			return s, fmt.Errorf("--admit-slots %q: want CLASS=N with N at least 1", it)
+		}
+		switch class {
+		case coordinator.ClassReset:
+			s.Reset = n
+		case coordinator.ClassStep:
+			s.Step = n
+		case coordinator.ClassBranch:
+			s.Branch = n
+		case coordinator.ClassEvaluate:
+			s.Evaluate = n
+		default:
+			return s, fmt.Errorf("--admit-slots %q: no class %q (reset, step, branch, evaluate)", it, class)
+		}
+	}
+	return s, nil
 }

@@ -74,7 +74,11 @@ func ErrorOf(err error) *Error {
 	}
 	for _, c := range codes {
 		if errors.Is(err, c.err) {
-			return Errorf(c.code, "%v", err)
+			e := Errorf(c.code, "%v", err)
+			if d := state.RetryAfter(err); d > 0 {
+				e.RetryAfterMS = max(d.Milliseconds(), 1)
+			}
+			return e
 		}
 	}
 	return Errorf(CodeInternal, "%v", err)

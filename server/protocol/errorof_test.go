@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/cr"
@@ -97,6 +98,15 @@ func TestErrorOf(t *testing.T) {
 	}
 	if protocol.ErrorOf(nil) != nil {
 		t.Error("protocol.ErrorOf(nil) is not nil")
+	}
+	// A busy answer of admission control carries its retry hint, through
+	// wrapping; other errors carry none.
+	busy := fmt.Errorf("step in env e-1: %w", state.RetryAfterError(1500*time.Millisecond, state.Errorf(state.ErrBusy, "queue full")))
+	if pe := protocol.ErrorOf(busy); pe.Code != protocol.CodeTooManyReqs || !pe.Retryable || pe.RetryAfterMS != 1500 || pe.RetryAfter() != 1500*time.Millisecond {
+		t.Errorf("protocol.ErrorOf(busy with a hint) = %+v, want too_many_requests, retryable, retry_after_ms 1500", pe)
+	}
+	if pe := protocol.ErrorOf(state.Errorf(state.ErrBusy, "3 requests in flight")); pe.RetryAfterMS != 0 {
+		t.Errorf("busy without a hint got retry_after_ms %d", pe.RetryAfterMS)
 	}
 }
 

@@ -3,18 +3,26 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error is the error object of a response: {code, message, retryable,
-// infra}. Infra marks a failure of Arbor itself (restore, checkpoint,
-// sandbox, timeout of the server), which trainers mask instead of
-// scoring; everything else is the caller's mistake.
+// infra, retry_after_ms}. Infra marks a failure of Arbor itself (restore,
+// checkpoint, sandbox, timeout of the server), which trainers mask instead
+// of scoring; everything else is the caller's mistake.
 type Error struct {
 	Code      string `msgpack:"code" json:"code"`
 	Message   string `msgpack:"message" json:"message"`
 	Retryable bool   `msgpack:"retryable" json:"retryable"`
 	Infra     bool   `msgpack:"infra" json:"infra"`
+	// RetryAfterMS, when set, is how long the server suggests waiting
+	// before retrying (a busy answer of admission control): absent on
+	// other errors and from older servers.
+	RetryAfterMS int64 `msgpack:"retry_after_ms,omitempty" json:"retry_after_ms,omitempty"`
 }
+
+// RetryAfter is e's retry hint, 0 for none.
+func (e *Error) RetryAfter() time.Duration { return time.Duration(e.RetryAfterMS) * time.Millisecond }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 

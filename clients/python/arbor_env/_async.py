@@ -1,6 +1,7 @@
 import asyncio
 import logging
 import math
+import random
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
@@ -103,10 +104,15 @@ class AsyncClient:
     connection (default and ceiling: the max_in_flight of the server's
     hello); more wait on the client. A too_many_requests answer was refused
     before anything ran (the server counts a request until just after its
-    answer is sent, and it also refuses requests while its memory for
-    unread answers is full), so the call sends it again after a short
-    backoff (50 ms doubling to 1 s, up to 20 times, within its timeout)
-    instead of raising.
+    answer is sent, it refuses requests while its memory for unread answers
+    is full, and its admission control refuses a request that would wait
+    longer than its bound), so the call sends it again instead of raising:
+    after the answer's retry_after (admission control's hint) plus up to
+    half of it again at random, so that clients refused together do not
+    come back together, else after a short backoff (50 ms doubling to 1 s);
+    up to busy_retries times (default 20), within its timeout and at most
+    busy_max_wait seconds of such waits (default 60); past them the
+    ArborError (code too_many_requests, retry_after set) is raised.
 
     A URL that is not a v1 endpoint (not ws:// or wss://, or answered with
     an HTTP status such as 404 instead of a websocket upgrade) raises
@@ -116,7 +122,8 @@ class AsyncClient:
 
     def __init__(self, url: str, token: Optional[str] = None, open_timeout: float = 10.0,
                  timeout: Optional[float] = None, reconnect: bool = True, reconnect_timeout: float = 30.0,
-                 origin: Optional[str] = None, max_in_flight: Optional[int] = None) -> None:
+                 origin: Optional[str] = None, max_in_flight: Optional[int] = None,
+                 busy_retries: int = 20, busy_max_wait: float = 60.0) -> None:
         if max_in_flight is not None and int(max_in_flight) < 1:
             raise ValueError("max_in_flight must be at least 1, not %r" % (max_in_flight,))
         self.url = url
@@ -126,6 +133,8 @@ class AsyncClient:
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.origin = origin
+        self.busy_retries = busy_retries
+        self.busy_max_wait = busy_max_wait
         self._max_in_flight = None if max_in_flight is None else int(max_in_flight)
         self.max_in_flight: Optional[int] = self._max_in_flight  # in effect: min(asked, hello's)
         self.version: Optional[int] = None
@@ -235,7 +244,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         attempts = busy = 0
-        delay = 0.05
+        delay, waited = 0.05, 0.0
         while True:
             conn = await self._connection()
             left = None if deadline is None else max(0.0, deadline - loop.time())
@@ -252,12 +261,18 @@ class AsyncClient:
                 # Refused before it ran (the connection's in-flight limit or
                 # the server's answer memory): safe to send again.
                 busy += 1
-                if e.code != "too_many_requests" or busy > 20 or self._closing:
+                if e.code != "too_many_requests" or busy > self.busy_retries or self._closing:
                     raise
-                if deadline is not None and loop.time() + delay >= deadline:
+                if e.retry_after is not None:
+                    wait = e.retry_after * (1 + random.random() / 2)
+                else:
+                    wait, delay = delay, min(delay * 2, 1.0)
+                if deadline is not None and loop.time() + wait >= deadline:
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                if waited + wait > self.busy_max_wait:
+                    raise
+                waited += wait
+                await asyncio.sleep(wait)
 
     def on_notification(self, fn: Callable[[str, Any], None]) -> None:
         """fn(method, params) receives server notifications not tied to a

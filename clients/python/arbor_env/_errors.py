@@ -9,15 +9,21 @@ class ArborError(Exception):
     "client_timeout", "bad_response", "bad_url"). retryable says the same request may
     succeed later *and* that sending it again is safe. infra marks a failure
     of Arbor itself rather than of the request or the agent: trainers should
-    mask such episodes instead of scoring them.
+    mask such episodes instead of scoring them. retry_after, when the server
+    sent one (a too_many_requests of its admission control), is how many
+    seconds it suggests waiting before sending the request again.
     """
 
-    def __init__(self, code: str, message: str, retryable: bool = False, infra: bool = False) -> None:
+    def __init__(self, code: str, message: str, retryable: bool = False, infra: bool = False,
+                 retry_after: Optional[float] = None) -> None:
         super().__init__("%s: %s" % (code, message))
         self.code = code
         self.message = message
         self.retryable = retryable
         self.infra = infra
+        # Seconds the server suggests waiting before a retry (its
+        # retry_after_ms: a busy answer of its admission control), or None.
+        self.retry_after = retry_after
 
     def __repr__(self) -> str:
         return "ArborError(%r, %r, retryable=%r, infra=%r)" % (self.code, self.message, self.retryable, self.infra)

@@ -45,11 +45,13 @@ def unpack(data: bytes) -> Any:
 def error_from_wire(err: Any) -> ArborError:
     """Turns a response's error object into an ArborError."""
     if isinstance(err, dict):
+        after = err.get("retry_after_ms")
         return ArborError(
             str(err.get("code", "internal")),
             str(err.get("message", "")),
             bool(err.get("retryable", False)),
             infra=bool(err.get("infra", False)),
+            retry_after=after / 1000.0 if isinstance(after, (int, float)) and not isinstance(after, bool) and after > 0 else None,
         )
     return BadResponseError("error object is not a map: %r" % (err,))
 

@@ -46,15 +46,18 @@ class Client:
     timeout (seconds, None: wait forever) bounds each call on the client
     side (every method also takes its own timeout=). A call that times out
     raises ClientTimeoutError; it is retryable only when repeating it is
-    safe (for a step: with its request_key). reconnect, reconnect_timeout
-    origin and max_in_flight: as AsyncClient's.
+    safe (for a step: with its request_key). reconnect, reconnect_timeout,
+    origin, max_in_flight, busy_retries and busy_max_wait (the back-off
+    on a busy server): as AsyncClient's.
     """
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: Optional[float] = None,
                  open_timeout: float = 10.0, reconnect: bool = True, reconnect_timeout: float = 30.0,
-                 origin: Optional[str] = None, max_in_flight: Optional[int] = None) -> None:
+                 origin: Optional[str] = None, max_in_flight: Optional[int] = None,
+                 busy_retries: int = 20, busy_max_wait: float = 60.0) -> None:
         self._a = AsyncClient(url, token, open_timeout, timeout=timeout, reconnect=reconnect,
-                              reconnect_timeout=reconnect_timeout, origin=origin, max_in_flight=max_in_flight)
+                              reconnect_timeout=reconnect_timeout, origin=origin, max_in_flight=max_in_flight,
+                              busy_retries=busy_retries, busy_max_wait=busy_max_wait)
         self._loop = _Loop()
         self._closed = False
         try:

@@ -514,6 +514,14 @@
       cards.push(card('disk ' + d.name, d.total ? (100 * d.used / d.total).toFixed(0) + '%' : '-', bytes(d.used) + ' of ' + bytes(d.total), d.over));
     }
     cards.forEach((c, i) => { c.dataset.metric = ['kinds', 'exposed', 'queue', 'hot', 'cold', 'warm', 'misses', 'states'][i] || 'disk'; });
+    // Admission control's queues (docs/ui.md): waiting now, running of
+    // the slots, the recent wait, and the busy answers since start.
+    for (const a of h.admission || []) {
+      const c = card('admit ' + a.class, a.queued + ' waiting',
+        `running ${a.running}/${a.slots} · wait ${secs(a.wait_s || 0)} · ${a.busy} busy`, a.queued > a.slots);
+      c.dataset.metric = 'admit-' + a.class;
+      cards.push(c);
+    }
     $('health').replaceChildren(...cards);
   }
 
