@@ -315,8 +315,10 @@ func BenchmarkIsolation(b *testing.B) {
 
 // BenchmarkClassify is the cost of classifying a turn (Engine.Classify:
 // the eBPF inspector's EndTurn, with the shell state query and the
-// descriptor table) on the sandbox of benchEnv, for a read-only turn and a
-// file edit.
+// descriptor table) on the sandbox of benchEnv, for a read-only turn, a
+// file edit and a pipeline while a background process holds a socket (the
+// pipe's stream calls make the Inspector read every process's
+// descriptors, docs/inspector.md "Syscall classes").
 func BenchmarkClassify(b *testing.B) {
 	r := branchtest.ForTest(b, branchtest.Options{Inspector: true})
 	ctx := context.Background()
@@ -324,13 +326,14 @@ func BenchmarkClassify(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run(b, r.Engine, env, "mkdir -p /work && cd /work && export K=v && f() { echo fun; } && seq 1000 > /work/numbers && exec 3>>/work/log")
+	run(b, r.Engine, env, "mkdir -p /work && cd /work && export K=v && f() { echo fun; } && seq 1000 > /work/numbers && exec 3>>/work/log && (nc -l -p 9999 >/dev/null 2>&1 &)")
 	if _, err := r.Engine.Checkpoint(ctx, env, state.Full); err != nil {
 		b.Fatal(err)
 	}
 	for _, tc := range []struct{ name, cmd string }{
 		{"read-only", "cat /work/numbers >/dev/null"},
 		{"file-edit", "echo x >> /work/numbers"},
+		{"pipeline", "seq 1000 | wc -l >/dev/null"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var lat latencies
