@@ -229,3 +229,29 @@ func pathChanged(ctx context.Context, bud *Budget, liveRoot, snapRoot, p string)
 	}
 	return !same, nil
 }
+
+// DirTimesDiffer reports whether sandbox path p is a directory in both
+// trees whose modification times differ. PathChangedWithin leaves a
+// directory's mtime out (an entry coming or going moves it); the
+// Inspector asks this for the directories a turn set the times of
+// (utimensat: `touch -d`), which a restore of the older snapshot would
+// bring back wrong.
+func DirTimesDiffer(liveRoot, snapRoot, p string) (bool, error) {
+	var st [2]unix.Stat_t
+	for i, root := range []string{liveRoot, snapRoot} {
+		host, missing, err := ResolveIn(root, p)
+		if err != nil {
+			return true, err
+		}
+		if missing {
+			return false, nil
+		}
+		if err := unix.Lstat(host, &st[i]); err != nil {
+			return false, nil // gone: PathChangedWithin has said so
+		}
+		if st[i].Mode&unix.S_IFMT != unix.S_IFDIR {
+			return false, nil
+		}
+	}
+	return st[0].Mtim != st[1].Mtim, nil
+}

@@ -60,7 +60,7 @@ func TestCompareCap(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			in := NewFallback(Options{Logger: slog.New(slog.DiscardHandler), MaxCompareBytes: tt.max})
 			var same []string
-			facts := in.fileFacts(context.Background(), target, nil, &same)
+			facts := in.fileFacts(context.Background(), target, nil, nil, &same)
 			if strings.Join(same, " ") != strings.Join(tt.wantSame, " ") {
 				t.Errorf("unchanged %q, want %q", same, tt.wantSame)
 			}

@@ -49,6 +49,10 @@ var unaccountedCalls = map[string]string{
 	"ptrace": "ptrace", "process_vm_writev": "process_vm_writev",
 }
 
+// timesCalls set a file's times: a directory's mtime they set is
+// compared (inspector.DirTimesDiffer).
+var timesCalls = map[string]bool{"utime": true, "utimes": true, "futimesat": true, "utimensat": true}
+
 // EventPaths returns the sandbox paths (absolute, not yet cleaned: ".."
 // and symlinks are resolved against a root later) that event e may have
 // changed, or why it cannot be accounted for. Process events touch no path.

@@ -55,8 +55,10 @@ type envState struct {
 	// since: events before it (CLOCK_MONOTONIC ns) are already in the last
 	// filesystem artifact.
 	since uint64
-	// touched: paths possibly changed since the last filesystem artifact.
+	// touched: paths possibly changed since the last filesystem artifact;
+	// timed: those a call set the times of (a directory's are compared).
 	touched map[string]struct{}
+	timed   map[string]struct{}
 	// unaccounted: reasons that force the next checkpoint to be full.
 	unaccounted []string
 	lostBase    uint64
@@ -170,7 +172,7 @@ func (in *Inspector) Track(envID string, cgroupID uint64) error {
 	}
 	now := monotonicNow()
 	st := &envState{id: envID, cg: cgroupID, log: in.log.With(slog.String("env", envID)),
-		touched: map[string]struct{}{}, since: now, objects: map[objKey]Object{}, procSince: now}
+		touched: map[string]struct{}{}, timed: map[string]struct{}{}, since: now, objects: map[objKey]Object{}, procSince: now}
 	st.lostBase = in.lostLocked()
 	st.unaccounted = []string{"no baseline yet"}
 	in.envs[envID] = st
@@ -266,8 +268,12 @@ func (in *Inspector) apply(e bpf.Event) {
 	if !ok || e.TS < st.since {
 		return
 	}
+	timed := timesCalls[bpf.Syscall[e.Nr]]
 	for _, p := range paths {
 		st.touched[p] = struct{}{}
+		if timed {
+			st.timed[p] = struct{}{}
+		}
 	}
 	if why != "" && len(st.unaccounted) < inspector.MaxReasons {
 		st.unaccounted = append(st.unaccounted, why)
@@ -355,12 +361,13 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	for p := range st.touched {
 		touched = append(touched, p)
 	}
+	timed := maps.Clone(st.timed)
 	procBase, haveProc, shellBase, imageShell := st.procBase, st.haveProc, st.shellBase, st.imageShell
 	effects, objects, lastShell := in.kernelLocked(st)
 	in.mu.Unlock()
 
 	var same []string
-	files := in.fileFacts(ctx, t, touched, &same)
+	files := in.fileFacts(ctx, t, touched, timed, &same)
 	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 
 	// The shell, then the processes (the shell is told apart by its pid).
@@ -397,6 +404,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 	st.delta = delta
 	for _, p := range same {
 		delete(st.touched, p)
+		delete(st.timed, p)
 	}
 	if shellOK {
 		st.shell = shell
@@ -414,7 +422,7 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 // change list) with the last filesystem artifact, reading at most
 // in.maxRead bytes of content in all; same collects the paths found
 // unchanged.
-func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched []string, same *[]string) []inspector.Fact {
+func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched []string, timed map[string]struct{}, same *[]string) []inspector.Fact {
 	var facts []inspector.Fact
 	if in.tr == nil {
 		if t.Changes == nil {
@@ -443,6 +451,12 @@ func (in *Inspector) fileFacts(ctx context.Context, t inspector.Target, touched 
 		case changed:
 			facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p})
 		default:
+			if _, ok := timed[p]; ok {
+				if differ, err := inspector.DirTimesDiffer(t.LiveRoot, t.SnapshotRoot, p); err != nil || differ {
+					facts = append(facts, inspector.Fact{Kind: inspector.FileChanged, Path: p, Detail: "directory times set"})
+					continue
+				}
+			}
 			*same = append(*same, p)
 		}
 	}
@@ -514,12 +528,13 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k state.Kind, t i
 	for p := range st.touched {
 		touched = append(touched, p)
 	}
+	timed := maps.Clone(st.timed)
 	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
 	effects, objects, _ := in.kernelLocked(st)
 	in.mu.Unlock()
 	if !k.Has(state.FS) {
 		var same []string
-		files := in.fileFacts(ctx, t, touched, &same)
+		files := in.fileFacts(ctx, t, touched, timed, &same)
 		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
 	}
 	if !k.Has(state.Proc) || delta {
@@ -609,7 +624,7 @@ func (in *Inspector) Checkpointed(envID string, k state.Kind, t inspector.Target
 		return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 	}
 	if k.Has(state.FS) {
-		st.touched = map[string]struct{}{}
+		st.touched, st.timed = map[string]struct{}{}, map[string]struct{}{}
 		st.since = now
 	}
 	if k.Has(state.Proc) {
