@@ -32,7 +32,7 @@ func ShellDelta(from, to ShellState) (script string, ok bool) {
 		return "", true
 	}
 	f, t := from.sections, to.sections
-	for _, s := range []string{SectionTraps, SectionJobs, SectionLimits} {
+	for _, s := range []string{SectionTraps, SectionJobs, SectionBuiltins, SectionLimits} {
 		if !slices.Equal(f[s], t[s]) {
 			return "", false
 		}

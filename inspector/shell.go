@@ -23,10 +23,11 @@ const ShellQuery = `if [ -n "${BASH_VERSION-}" ]; then
 echo "shell=bash"; echo "@@arbor-shell dirs"; printf 'dir=%s\n' "${DIRSTACK[@]:1}"; echo "@@arbor-shell vars"; declare -p
 echo "@@arbor-shell functions"; declare -f; echo "@@arbor-shell funcattrs"; declare -F; echo "@@arbor-shell aliases"; alias
 echo "@@arbor-shell options"; shopt -p; set -o; echo "@@arbor-shell traps"; trap -p; echo "@@arbor-shell jobs"; jobs -l
+echo "@@arbor-shell builtins"; hash -l 2>/dev/null; history; complete -p; enable -n; bind -X 2>/dev/null; bind -s 2>/dev/null
 else
 echo "shell=sh"; echo "@@arbor-shell dirs"; echo "@@arbor-shell vars"; set; echo "@@arbor-shell functions"
 echo "@@arbor-shell funcattrs"; echo "@@arbor-shell aliases"; alias; echo "@@arbor-shell options"; set -o
-echo "@@arbor-shell traps"; trap; echo "@@arbor-shell jobs"; jobs -l
+echo "@@arbor-shell traps"; trap; echo "@@arbor-shell jobs"; jobs -l; echo "@@arbor-shell builtins"
 fi
 echo "@@arbor-shell limits"; ulimit -a; echo "@@arbor-shell umask"; umask; echo "@@arbor-shell cwd"; echo "cwd=$PWD"; pwd -P 2>/dev/null; echo "pid=$$"`
 
@@ -44,14 +45,19 @@ const (
 	SectionOptions   = "options" // shopt -p, set -o
 	SectionTraps     = "traps"
 	SectionJobs      = "jobs"
-	SectionLimits    = "limits" // ulimit -a
-	SectionUmask     = "umask"
-	SectionCwd       = "cwd" // cwd=$PWD, pwd -P
+	// SectionBuiltins: what other builtins keep (bash: the hash table,
+	// which the shell's setup turns off so that commands do not fill it,
+	// history, completions, disabled builtins, key bindings); empty for
+	// sh (docs/inspector.md, "Kernel objects", shell rows).
+	SectionBuiltins = "builtins"
+	SectionLimits   = "limits" // ulimit -a
+	SectionUmask    = "umask"
+	SectionCwd      = "cwd" // cwd=$PWD, pwd -P
 )
 
 // Sections lists the section names in the order ShellQuery prints them.
 var Sections = []string{SectionDirs, SectionVars, SectionFunctions, SectionFuncAttrs, SectionAliases, SectionOptions,
-	SectionTraps, SectionJobs, SectionLimits, SectionUmask, SectionCwd}
+	SectionTraps, SectionJobs, SectionBuiltins, SectionLimits, SectionUmask, SectionCwd}
 
 // dynamicVars change by themselves from one command to the next.
 var dynamicVars = map[string]bool{

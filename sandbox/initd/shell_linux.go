@@ -313,6 +313,12 @@ func (s *shell) startOn() error {
 		// own score (from init's -1000, which it inherits) itself.
 		setup += "; echo " + agentOOMScore + " 2>/dev/null >/proc/self/oom_score_adj"
 	}
+	if s.isBash {
+		// Commands do not fill the hash table (the Inspector's digest
+		// reads it: a restore of an older image would lose what a
+		// skipped turn put there); `hash` works again after set -h.
+		setup += "; set +h"
+	}
 	if !s.isBash {
 		// busybox ash, its terminal without echo, reads lines with
 		// fgets, and a signal while it waits (SIGCHLD when a background
