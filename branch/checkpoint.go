@@ -174,7 +174,7 @@ func (c *ckpt) fail(err error) error {
 	}
 	if agentCaused(err) {
 		// The sandbox's own doing: the cause stays testable
-		// (docs/protocol.md, Errors: env_error).
+		// (docs/protocol.md, Errors: env_error, unrestorable_state).
 		err = fmt.Errorf("%w: state %s of env %s: %w", state.ErrCheckpoint, c.sid, envID, err)
 		e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", c.sid), slog.Any("err", err))
 	} else {

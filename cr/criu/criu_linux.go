@@ -191,6 +191,15 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 			return nil
 		}
 	}
+	// What no restore brings back refuses the dump; what CRIU leaves
+	// out but Arbor can set again is recorded with the images
+	// (procattrs_linux.go, mqueue_linux.go).
+	if err := refuseQueues(r.PID); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
+	if err := recordAttrs(r.Dir, r.PID); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
 	var sp *spare
 	if r.UserNS {
 		sp, err = c.dumpInNetns(r.PID)
@@ -242,10 +251,12 @@ type RestoreRequest struct {
 }
 
 // notify answers a restore's notifications: it places the root task
-// (setup-namespaces) and learns its pid (post-restore).
+// (setup-namespaces), learns its pid and gives the stopped tree what CRIU
+// does not restore (post-restore).
 type notify struct {
 	join   func(int) error
 	pid    int
+	dir    string     // the images, with their attrsFile
 	ghosts *ghostPlan // swapped in at post-restore (ghostdir_linux.go)
 }
 
@@ -257,7 +268,12 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 		}
 	case "post-restore":
 		n.pid = int(m.GetPid())
-		// The tree is restored and stopped; CRIU removes its ghosts next.
+		// The tree is restored and stopped: it gets the attributes
+		// recorded at the dump (or the restore fails), and CRIU
+		// removes its ghosts next.
+		if err := applyAttrs(n.dir, n.pid); err != nil {
+			return err
+		}
 		return n.ghosts.swap()
 	}
 	return nil
@@ -361,7 +377,7 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *La
 		return 0, err
 	}
 	defer unplaceLinks(links)
-	n := &notify{join: r.Join, ghosts: ghosts}
+	n := &notify{join: r.Join, dir: r.Dir, ghosts: ghosts}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		WorkDirFd:         proto.Int32(int32(wd.Fd())),

@@ -1,0 +1,117 @@
+package criu
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/state"
+)
+
+// posixQueues lists the POSIX message queues of the IPC namespace of the
+// host pid pid, with their mqueue file's line ("QSIZE:5 NOTIFY:0 ..."),
+// by name. CRIU has no image for them: a dump leaves them out and a
+// restore would bring the namespace back without them (docs/inspector.md,
+// "Kernel state coverage", ipc:mqueue). Sandboxes mount no mqueue file
+// system, and a queue needs no holder to live on, so the namespace's own
+// is read through a mount of it that is never attached anywhere
+// (fsopen, fsmount): the mqueue file system takes the IPC namespace of
+// the thread that opens it, so this thread enters the sandbox's for the
+// fsopen only. It must come back, never end in the sandbox's namespace:
+// a thread that ends takes the sandboxes it started with it (their init
+// has a parent-death signal).
+func posixQueues(pid int) (map[string]string, error) {
+	fs, err := openMqueueFS(pid)
+	if err != nil {
+		return nil, fmt.Errorf("list POSIX message queues of pid %d: %w", pid, err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return nil, fmt.Errorf("list POSIX message queues of pid %d: create mqueue: %w", pid, err)
+	}
+	mnt, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return nil, fmt.Errorf("list POSIX message queues of pid %d: mount mqueue: %w", pid, err)
+	}
+	defer unix.Close(mnt)
+	// The mount's descriptor is a path only: its root is opened to read.
+	dfd, err := unix.Openat(mnt, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list POSIX message queues of pid %d: open mqueue: %w", pid, err)
+	}
+	root := os.NewFile(uintptr(dfd), "mqueue")
+	defer root.Close()
+	names, err := root.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list POSIX message queues of pid %d: %w", pid, err)
+	}
+	q := make(map[string]string, len(names))
+	for _, n := range names {
+		fd, err := unix.Openat(mnt, n, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return nil, fmt.Errorf("read POSIX message queue /%s: %w", n, err)
+		}
+		f := os.NewFile(uintptr(fd), n)
+		b, err := io.ReadAll(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read POSIX message queue /%s: %w", n, err)
+		}
+		q["/"+n] = strings.Join(strings.Fields(string(b)), " ")
+	}
+	return q, nil
+}
+
+// openMqueueFS opens a new mqueue file system context in the IPC
+// namespace of pid: on this goroutine's thread, which enters that
+// namespace for the fsopen and goes back to its own.
+func openMqueueFS(pid int) (fd int, err error) {
+	target, err := os.Open(fmt.Sprintf("/proc/%d/ns/ipc", pid))
+	if err != nil {
+		return -1, fmt.Errorf("open ipc namespace: %w", err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	own, err := os.Open("/proc/thread-self/ns/ipc")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("open own ipc namespace: %w", err)
+	}
+	defer own.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWIPC); err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("enter ipc namespace: %w", err)
+	}
+	fd, ferr := unix.Fsopen("mqueue", unix.FSOPEN_CLOEXEC)
+	if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWIPC); err != nil {
+		// The thread stays locked to this goroutine rather than go
+		// back to the runtime in the sandbox's namespace.
+		if ferr == nil {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("leave ipc namespace: %w", err)
+	}
+	runtime.UnlockOSThread()
+	if ferr != nil {
+		return -1, fmt.Errorf("open mqueue: %w", ferr)
+	}
+	return fd, nil
+}
+
+// refuseQueues fails with state.ErrUnrestorableState, naming each queue,
+// when the IPC namespace of the host pid pid holds POSIX message queues.
+func refuseQueues(pid int) error {
+	q, err := posixQueues(pid)
+	if err != nil || len(q) == 0 {
+		return err
+	}
+	names := sortedKeys(q)
+	for i, n := range names {
+		names[i] = fmt.Sprintf("POSIX message queue %s (%s)", n, q[n])
+	}
+	return fmt.Errorf("%w: %s: CRIU cannot restore it", state.ErrUnrestorableState, strings.Join(names, ", "))
+}

@@ -1,0 +1,285 @@
+package criu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/state"
+)
+
+// hostTask is one task of a tree: its host ids and the ids it has in the
+// tree's own pid namespace.
+type hostTask struct {
+	tid, pid     int // host
+	nsTID, nsPID int // the sandbox's
+}
+
+// treeTasks lists every task (each thread) of the tree rooted at the host
+// pid root. A task that exits during the walk is left out.
+func treeTasks(root int) ([]hostTask, error) {
+	var out []hostTask
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if gone(err) && pid != root {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list tasks of pid %d: %w", pid, err)
+		}
+		nsPID := 0
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			dir := fmt.Sprintf("/proc/%d/task/%d", pid, tid)
+			nsTID, err := nsID(dir)
+			if gone(err) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if tid == pid {
+				nsPID = nsTID
+			}
+			out = append(out, hostTask{tid: tid, pid: pid, nsTID: nsTID})
+			kids, err := os.ReadFile(dir + "/children")
+			if gone(err) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read children of task %d: %w", tid, err)
+			}
+			for _, f := range strings.Fields(string(kids)) {
+				if k, err := strconv.Atoi(f); err == nil {
+					queue = append(queue, k)
+				}
+			}
+		}
+		for i := range out {
+			if out[i].pid == pid {
+				out[i].nsPID = nsPID
+			}
+		}
+	}
+	return out, nil
+}
+
+// nsID is the innermost id (the last of NSpid) of the task whose /proc
+// directory is dir.
+func nsID(dir string) (int, error) {
+	b, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				return strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s/status: no NSpid", dir)
+}
+
+// gone: err says the task exited.
+func gone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
+}
+
+// readAttrs reads t's attributes.
+func readAttrs(t hostTask) (taskAttrs, error) {
+	a := taskAttrs{TID: t.nsTID, PID: t.nsPID}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(t.tid, &set); err != nil {
+		return a, fmt.Errorf("read CPU affinity of task %d: %w", t.tid, err)
+	}
+	for cpu := 0; cpu < len(set)*64; cpu++ {
+		if set.IsSet(cpu) {
+			a.Affinity = append(a.Affinity, cpu)
+		}
+	}
+	prio, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(t.tid), 0)
+	if errno != 0 {
+		return a, fmt.Errorf("read I/O priority of task %d: %w", t.tid, errno)
+	}
+	a.IOPrio = int(prio)
+	proc := fmt.Sprintf("/proc/%d/", t.tid) // a thread's own, also when not listed
+	b, err := os.ReadFile(proc + "timerslack_ns")
+	if err != nil {
+		return a, fmt.Errorf("read timer slack of task %d: %w", t.tid, err)
+	}
+	if a.TimerSlack, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err != nil {
+		return a, fmt.Errorf("read timer slack of task %d: %w", t.tid, err)
+	}
+	if b, err = os.ReadFile(proc + "status"); err != nil {
+		return a, fmt.Errorf("read status of task %d: %w", t.tid, err)
+	}
+	a.Speculation = speculationLines(string(b))
+	if t.tid != t.pid {
+		return a, nil
+	}
+	if b, err = os.ReadFile(proc + "coredump_filter"); err != nil {
+		return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
+	}
+	f, err := strconv.ParseUint(strings.TrimSpace(string(b)), 16, 32)
+	if err != nil {
+		return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
+	}
+	f32 := uint32(f)
+	a.CoredumpFilter = &f32
+	b, err = os.ReadFile(proc + "autogroup")
+	if errors.Is(err, os.ErrNotExist) {
+		return a, nil // a kernel without autogroups
+	}
+	if err != nil {
+		return a, fmt.Errorf("read autogroup of pid %d: %w", t.pid, err)
+	}
+	nice, err := parseAutogroup(string(b))
+	if err != nil {
+		return a, fmt.Errorf("read autogroup of pid %d: %w", t.pid, err)
+	}
+	a.AutogroupNice = &nice
+	return a, nil
+}
+
+// recordAttrs writes attrsFile into dir for the tree rooted at the host
+// pid root. The tree should be frozen (the engine's is), or what it
+// records may be older than the dump.
+func recordAttrs(dir string, root int) error {
+	tasks, err := treeTasks(root)
+	if err != nil {
+		return err
+	}
+	var rec attrsRecord
+	for _, t := range tasks {
+		a, err := readAttrs(t)
+		if gone(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		rec.Tasks = append(rec.Tasks, a)
+	}
+	b, err := encodeAttrs(rec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, attrsFile), b, 0o644); err != nil {
+		return fmt.Errorf("record task attributes: %w", err)
+	}
+	return nil
+}
+
+// applyAttrs gives the tree restored from dir, rooted at the host pid
+// root and not yet running, the attributes recorded at its dump. One that
+// does not come out as recorded (a CPU the host or the cgroup does not
+// allow, speculation control, which nothing sets from outside) fails it
+// with state.ErrUnrestorableState, naming the task and the attribute:
+// never a copy that differs.
+func applyAttrs(dir string, root int) error {
+	b, err := os.ReadFile(filepath.Join(dir, attrsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // an image older than the record
+	}
+	if err != nil {
+		return fmt.Errorf("read task attributes: %w", err)
+	}
+	rec, err := decodeAttrs(b)
+	if err != nil {
+		return err
+	}
+	tasks, err := treeTasks(root)
+	if err != nil {
+		return err
+	}
+	byNS := make(map[int]hostTask, len(tasks))
+	for _, t := range tasks {
+		byNS[t.nsTID] = t
+	}
+	for _, want := range rec.Tasks {
+		t, ok := byNS[want.TID]
+		if !ok {
+			return fmt.Errorf("apply task attributes: task %d is not in the restored tree", want.TID)
+		}
+		got, err := readAttrs(t)
+		if err != nil {
+			return err
+		}
+		if len(attrDiffs(want, got)) == 0 {
+			continue
+		}
+		// Each attribute that differs is set, then everything read
+		// back: what the kernel refused or narrowed shows there.
+		var setErrs []string
+		if err := setAttrs(t, want, got); err != nil {
+			setErrs = append(setErrs, err.Error())
+		}
+		if got, err = readAttrs(t); err != nil {
+			return err
+		}
+		if d := attrDiffs(want, got); len(d) > 0 {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.tid))
+			msg := fmt.Sprintf("task %d of process %d (%s): %s", want.TID, want.PID, strings.TrimSpace(string(comm)), strings.Join(d, "; "))
+			if len(setErrs) > 0 {
+				msg += " (" + strings.Join(setErrs, "; ") + ")"
+			}
+			return fmt.Errorf("%w: %s cannot be given back after the restore", state.ErrUnrestorableState, msg)
+		}
+	}
+	return nil
+}
+
+// setAttrs sets on t those of want's attributes that differ from got.
+func setAttrs(t hostTask, want, got taskAttrs) error {
+	var errs []string
+	if !slices.Equal(want.Affinity, got.Affinity) {
+		var set unix.CPUSet
+		for _, cpu := range want.Affinity {
+			if cpu >= 0 && cpu < len(set)*64 {
+				set.Set(cpu)
+			}
+		}
+		if err := unix.SchedSetaffinity(t.tid, &set); err != nil {
+			errs = append(errs, fmt.Sprintf("set CPU affinity: %v", err))
+		}
+	}
+	if want.IOPrio != got.IOPrio {
+		if _, _, errno := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(t.tid), uintptr(want.IOPrio)); errno != 0 {
+			errs = append(errs, fmt.Sprintf("set I/O priority: %v", errno))
+		}
+	}
+	proc := fmt.Sprintf("/proc/%d/", t.tid)
+	if want.TimerSlack != got.TimerSlack {
+		if err := os.WriteFile(proc+"timerslack_ns", []byte(strconv.FormatUint(want.TimerSlack, 10)), 0); err != nil {
+			errs = append(errs, fmt.Sprintf("set timer slack: %v", err))
+		}
+	}
+	if want.CoredumpFilter != nil && (got.CoredumpFilter == nil || *got.CoredumpFilter != *want.CoredumpFilter) {
+		if err := os.WriteFile(proc+"coredump_filter", []byte(fmt.Sprintf("%#x", *want.CoredumpFilter)), 0); err != nil {
+			errs = append(errs, fmt.Sprintf("set coredump_filter: %v", err))
+		}
+	}
+	if want.AutogroupNice != nil && (got.AutogroupNice == nil || *got.AutogroupNice != *want.AutogroupNice) {
+		if err := os.WriteFile(proc+"autogroup", []byte(strconv.Itoa(*want.AutogroupNice)), 0); err != nil {
+			errs = append(errs, fmt.Sprintf("set autogroup nice: %v", err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
+}
