@@ -1,0 +1,97 @@
+package criu_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/arbor-env/arbor/cr/criu"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
+	"github.com/arbor-env/arbor/state"
+)
+
+// TestRestoreRefusesAttributeItCannotGiveBack: a recorded attribute the
+// restored task does not come out with (a CPU this host does not have,
+// speculation control, which nothing sets from outside) fails the restore
+// with state.ErrUnrestorableState naming the task and the attribute,
+// instead of handing out a copy that differs; the images as recorded
+// restore.
+func TestRestoreRefusesAttributeItCannotGiveBack(t *testing.T) {
+	c, snap := setup(t)
+	ctx := context.Background()
+	sb := startSource(t, snap, "crattrs", sandboxtest.BusyboxRoot(t, ""))
+	if r, err := sb.Exec(ctx, "sleep 1000 </dev/null >/dev/null 2>&1 &", sandbox.ExecOptions{}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("start daemon: %v %+v", err, r)
+	}
+	imgs := t.TempDir()
+	_, rec := dump(t, c, snap, sb, "snap1", imgs, false)
+	recorded, err := os.ReadFile(filepath.Join(imgs, "arbor-attrs.json"))
+	if err != nil {
+		t.Fatalf("the dump recorded no attributes: %v", err)
+	}
+	for i, tt := range []struct {
+		name string
+		edit func(task map[string]any)
+		want string // in the error; "" restores
+	}{
+		{"as recorded", func(map[string]any) {}, ""},
+		{"a CPU the host lacks", func(task map[string]any) { task["affinity"] = []int{0, 1000} }, "CPU affinity 0,1000"},
+		{"speculation control", func(task map[string]any) {
+			task["speculation"] = map[string]string{"Speculation_Store_Bypass": "thread force mitigated"}
+		}, `Speculation_Store_Bypass "thread force mitigated"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var r struct {
+				Tasks []map[string]any `json:"tasks"`
+			}
+			if err := json.Unmarshal(recorded, &r); err != nil {
+				t.Fatal(err)
+			}
+			var daemon map[string]any
+			for _, task := range r.Tasks {
+				if task["tid"] == task["pid"] && task["tid"].(float64) > 2 {
+					daemon = task // the shell's child, after init and the shell
+				}
+			}
+			if daemon == nil {
+				t.Fatalf("no daemon in the record %s", recorded)
+			}
+			tt.edit(daemon)
+			b, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(imgs, "arbor-attrs.json"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			vol := fmt.Sprintf("child%d", i)
+			if err := snap.Clone(ctx, "snap1", vol); err != nil {
+				t.Fatal(err)
+			}
+			child, err := sandbox.Restore(ctx, sandbox.Config{ID: "crattrs" + vol, Root: snap.Path(vol)}, rec, func(join func(int) error) (int, error) {
+				return c.Restore(ctx, criu.RestoreRequest{Dir: imgs, Root: snap.Path(vol), Join: join})
+			})
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				child.Destroy(ctx)
+				return
+			}
+			if err == nil {
+				child.Destroy(ctx)
+				t.Fatalf("restore with %s recorded succeeded", tt.want)
+			}
+			t.Logf("refused: %v", err)
+			if !errors.Is(err, state.ErrUnrestorableState) || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "(sleep)") {
+				t.Fatalf("restore: %v; want state.ErrUnrestorableState naming %s of the sleep", err, tt.want)
+			}
+		})
+	}
+}
