@@ -27,10 +27,12 @@ type taskAttrs struct {
 	IOPrio int `json:"ioprio"`
 	// TimerSlack is /proc/TID/timerslack_ns.
 	TimerSlack uint64 `json:"timerslack_ns"`
-	// Speculation is the task's speculation control as /proc/TID/status
-	// shows it (its Speculation* lines); no interface sets it from
-	// outside, so a restore only checks it.
-	Speculation map[string]string `json:"speculation,omitempty"`
+	// Fixed is what no interface sets from outside, so that a restore
+	// only checks it: the task's speculation control, tagged-address
+	// mask and x86 thread features as /proc/TID/status shows them, and
+	// for the process (on its leader) ksm_stat's ksm_merge_any
+	// (prctl PR_SET_MEMORY_MERGE).
+	Fixed map[string]string `json:"fixed,omitempty"`
 	// Of the whole process, on its leader (TID == PID) only:
 	// CoredumpFilter is /proc/PID/coredump_filter, AutogroupNice the
 	// nice of its autogroup (/proc/PID/autogroup).
@@ -71,9 +73,9 @@ func attrDiffs(want, got taskAttrs) []string {
 	if want.TimerSlack != got.TimerSlack {
 		d = append(d, fmt.Sprintf("timer slack %d ns (restored: %d ns)", want.TimerSlack, got.TimerSlack))
 	}
-	for _, k := range sortedKeys(want.Speculation) {
-		if v := want.Speculation[k]; got.Speculation[k] != v {
-			d = append(d, fmt.Sprintf("%s %q (restored: %q; no interface sets it from outside)", k, v, got.Speculation[k]))
+	for _, k := range sortedKeys(want.Fixed) {
+		if v := want.Fixed[k]; got.Fixed[k] != v {
+			d = append(d, fmt.Sprintf("%s %q (restored: %q; no interface sets it from outside)", k, v, got.Fixed[k]))
 		}
 	}
 	if want.CoredumpFilter != nil && (got.CoredumpFilter == nil || *got.CoredumpFilter != *want.CoredumpFilter) {
@@ -152,17 +154,22 @@ func parseAutogroup(s string) (int, error) {
 	return strconv.Atoi(f[2])
 }
 
-// speculationLines picks the Speculation* lines of a status file.
-func speculationLines(status string) map[string]string {
-	m := map[string]string{}
-	for _, line := range strings.Split(status, "\n") {
+// fixedPrefixes are the status lines (and ksm_stat's) of fields no
+// interface sets from outside the task.
+var fixedPrefixes = []string{"Speculation", "untag_mask", "x86_Thread_features", "ksm_merge_any"}
+
+// fixedLines adds to m the lines of a status (or ksm_stat) file that
+// fixedPrefixes name, and returns m (nil when it stays empty).
+func fixedLines(m map[string]string, file string) map[string]string {
+	for _, line := range strings.Split(file, "\n") {
 		k, v, ok := strings.Cut(line, ":")
-		if ok && strings.HasPrefix(k, "Speculation") {
-			m[k] = strings.TrimSpace(v)
+		if !ok || !slices.ContainsFunc(fixedPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+			continue
 		}
-	}
-	if len(m) == 0 {
-		return nil
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[k] = strings.TrimSpace(v)
 	}
 	return m
 }

@@ -127,10 +127,15 @@ func readAttrs(t hostTask) (taskAttrs, error) {
 	if b, err = os.ReadFile(proc + "status"); err != nil {
 		return a, fmt.Errorf("read status of task %d: %w", t.tid, err)
 	}
-	a.Speculation = speculationLines(string(b))
+	a.Fixed = fixedLines(nil, string(b))
 	if t.tid != t.pid {
 		return a, nil
 	}
+	b, err = os.ReadFile(proc + "ksm_stat")
+	if err != nil && !errors.Is(err, os.ErrNotExist) { // a kernel without KSM has none
+		return a, fmt.Errorf("read ksm_stat of pid %d: %w", t.pid, err)
+	}
+	a.Fixed = fixedLines(a.Fixed, string(b))
 	if b, err = os.ReadFile(proc + "coredump_filter"); err != nil {
 		return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
 	}
@@ -187,7 +192,7 @@ func recordAttrs(dir string, root int) error {
 // applyAttrs gives the tree restored from dir, rooted at the host pid
 // root and not yet running, the attributes recorded at its dump. One that
 // does not come out as recorded (a CPU the host or the cgroup does not
-// allow, speculation control, which nothing sets from outside) fails it
+// allow, speculation control or another field nothing sets from outside) fails it
 // with state.ErrUnrestorableState, naming the task and the attribute:
 // never a copy that differs.
 func applyAttrs(dir string, root int) error {

@@ -18,7 +18,7 @@ import (
 
 // TestRestoreRefusesAttributeItCannotGiveBack: a recorded attribute the
 // restored task does not come out with (a CPU this host does not have,
-// speculation control, which nothing sets from outside) fails the restore
+// speculation control or KSM merging of a whole process, which nothing sets from outside) fails the restore
 // with state.ErrUnrestorableState naming the task and the attribute,
 // instead of handing out a copy that differs; the images as recorded
 // restore.
@@ -26,7 +26,7 @@ func TestRestoreRefusesAttributeItCannotGiveBack(t *testing.T) {
 	c, snap := setup(t)
 	ctx := context.Background()
 	sb := startSource(t, snap, "crattrs", sandboxtest.BusyboxRoot(t, ""))
-	if r, err := sb.Exec(ctx, "sleep 1000 </dev/null >/dev/null 2>&1 &", sandbox.ExecOptions{}); err != nil || r.ExitCode != 0 {
+	if r, err := sb.Exec(ctx, `sleep 1000 </dev/null >/dev/null 2>&1 & until [ "$(cat /proc/$!/comm)" = sleep ]; do :; done`, sandbox.ExecOptions{}); err != nil || r.ExitCode != 0 {
 		t.Fatalf("start daemon: %v %+v", err, r)
 	}
 	imgs := t.TempDir()
@@ -42,8 +42,11 @@ func TestRestoreRefusesAttributeItCannotGiveBack(t *testing.T) {
 	}{
 		{"as recorded", func(map[string]any) {}, ""},
 		{"a CPU the host lacks", func(task map[string]any) { task["affinity"] = []int{0, 1000} }, "CPU affinity 0,1000"},
+		{"KSM of the whole process", func(task map[string]any) {
+			task["fixed"] = map[string]string{"ksm_merge_any": "yes"}
+		}, `ksm_merge_any "yes"`},
 		{"speculation control", func(task map[string]any) {
-			task["speculation"] = map[string]string{"Speculation_Store_Bypass": "thread force mitigated"}
+			task["fixed"] = map[string]string{"Speculation_Store_Bypass": "thread force mitigated"}
 		}, `Speculation_Store_Bypass "thread force mitigated"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,7 +14,7 @@ func TestAttrsRecordRoundTrip(t *testing.T) {
 	rec := attrsRecord{Tasks: []taskAttrs{
 		{TID: 1, PID: 1, Affinity: []int{0, 1}, IOPrio: 0, TimerSlack: 50000, CoredumpFilter: &filter, AutogroupNice: &nice},
 		{TID: 7, PID: 5, Affinity: []int{0}, IOPrio: 3 << ioprioClassShift, TimerSlack: 77777,
-			Speculation: map[string]string{"Speculation_Store_Bypass": "thread mitigated"}},
+			Fixed: map[string]string{"Speculation_Store_Bypass": "thread mitigated"}},
 	}}
 	b, err := encodeAttrs(rec)
 	if err != nil {
@@ -37,9 +37,9 @@ func TestAttrsRecordRoundTrip(t *testing.T) {
 	other, filter2, nice2 := base, uint32(0x7), 0
 	other.Affinity, other.IOPrio, other.TimerSlack = []int{0, 1, 2, 3, 6}, 2<<ioprioClassShift|7, 1
 	other.CoredumpFilter, other.AutogroupNice = &filter2, &nice2
-	other.Speculation = map[string]string{}
+	other.Fixed = map[string]string{}
 	want := base
-	want.Speculation = map[string]string{"SpeculationIndirectBranch": "conditional force disabled"}
+	want.Fixed = map[string]string{"SpeculationIndirectBranch": "conditional force disabled"}
 	for _, tt := range []struct {
 		name       string
 		want, got  taskAttrs
@@ -77,9 +77,14 @@ func TestParseProcAttrs(t *testing.T) {
 	if _, err := parseAutogroup("garbage"); err == nil {
 		t.Error("autogroup garbage parsed")
 	}
-	m := speculationLines("Name:\tsh\nSpeculation_Store_Bypass:\tthread vulnerable\nSpeculationIndirectBranch:\tconditional enabled\nCpus_allowed:\t3\n")
-	if len(m) != 2 || m["Speculation_Store_Bypass"] != "thread vulnerable" || m["SpeculationIndirectBranch"] != "conditional enabled" {
-		t.Errorf("speculation lines: %v", m)
+	m := fixedLines(nil, "Name:\tsh\nSpeculation_Store_Bypass:\tthread vulnerable\nSpeculationIndirectBranch:\tconditional enabled\nCpus_allowed:\t3\nuntag_mask:\t0xffffffffffffffff\n")
+	m = fixedLines(m, "ksm_rmap_items 0\nksm_merge_any: yes\nksm_mergeable: no\n")
+	if len(m) != 4 || m["Speculation_Store_Bypass"] != "thread vulnerable" || m["SpeculationIndirectBranch"] != "conditional enabled" ||
+		m["untag_mask"] != "0xffffffffffffffff" || m["ksm_merge_any"] != "yes" {
+		t.Errorf("fixed lines: %v", m)
+	}
+	if m := fixedLines(nil, "Name:\tsh\n"); m != nil {
+		t.Errorf("fixed lines of a status without any: %v", m)
 	}
 	if got := cpuList([]int{0, 2, 3, 4, 9}); got != "0,2-4,9" {
 		t.Errorf("cpu list: %q", got)
