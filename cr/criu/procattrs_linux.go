@@ -139,12 +139,14 @@ func readAttrs(t hostTask) (taskAttrs, error) {
 	if b, err = os.ReadFile(proc + "coredump_filter"); err != nil {
 		return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
 	}
-	f, err := strconv.ParseUint(strings.TrimSpace(string(b)), 16, 32)
-	if err != nil {
-		return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
+	if s := strings.TrimSpace(string(b)); s != "" { // a zombie has no memory, and no filter
+		f, err := strconv.ParseUint(s, 16, 32)
+		if err != nil {
+			return a, fmt.Errorf("read coredump_filter of pid %d: %w", t.pid, err)
+		}
+		f32 := uint32(f)
+		a.CoredumpFilter = &f32
 	}
-	f32 := uint32(f)
-	a.CoredumpFilter = &f32
 	b, err = os.ReadFile(proc + "autogroup")
 	if errors.Is(err, os.ErrNotExist) {
 		return a, nil // a kernel without autogroups
