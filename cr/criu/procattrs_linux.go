@@ -19,6 +19,7 @@ import (
 type hostTask struct {
 	tid, pid     int // host
 	nsTID, nsPID int // the sandbox's
+	status       string
 }
 
 // treeTasks lists every task (each thread) of the tree rooted at the host
@@ -43,7 +44,7 @@ func treeTasks(root int) ([]hostTask, error) {
 				continue
 			}
 			dir := fmt.Sprintf("/proc/%d/task/%d", pid, tid)
-			nsTID, err := nsID(dir)
+			status, nsTID, err := nsID(dir)
 			if gone(err) {
 				continue
 			}
@@ -53,7 +54,7 @@ func treeTasks(root int) ([]hostTask, error) {
 			if tid == pid {
 				nsPID = nsTID
 			}
-			out = append(out, hostTask{tid: tid, pid: pid, nsTID: nsTID})
+			out = append(out, hostTask{tid: tid, pid: pid, nsTID: nsTID, status: status})
 			kids, err := os.ReadFile(dir + "/children")
 			if gone(err) {
 				continue
@@ -76,22 +77,23 @@ func treeTasks(root int) ([]hostTask, error) {
 	return out, nil
 }
 
-// nsID is the innermost id (the last of NSpid) of the task whose /proc
-// directory is dir.
-func nsID(dir string) (int, error) {
+// nsID reads the status of the task whose /proc directory is dir and
+// its innermost id (the last of NSpid).
+func nsID(dir string) (string, int, error) {
 	b, err := os.ReadFile(dir + "/status")
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
 			f := strings.Fields(v)
 			if len(f) > 0 {
-				return strconv.Atoi(f[len(f)-1])
+				id, err := strconv.Atoi(f[len(f)-1])
+				return string(b), id, err
 			}
 		}
 	}
-	return 0, fmt.Errorf("%s/status: no NSpid", dir)
+	return "", 0, fmt.Errorf("%s/status: no NSpid", dir)
 }
 
 // gone: err says the task exited.
@@ -99,7 +101,8 @@ func gone(err error) bool {
 	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
 }
 
-// readAttrs reads t's attributes.
+// readAttrs reads t's attributes; those of its status, which nothing
+// sets from outside, as the walk that found t read them.
 func readAttrs(t hostTask) (taskAttrs, error) {
 	a := taskAttrs{TID: t.nsTID, PID: t.nsPID}
 	var set unix.CPUSet
@@ -124,10 +127,7 @@ func readAttrs(t hostTask) (taskAttrs, error) {
 	if a.TimerSlack, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err != nil {
 		return a, fmt.Errorf("read timer slack of task %d: %w", t.tid, err)
 	}
-	if b, err = os.ReadFile(proc + "status"); err != nil {
-		return a, fmt.Errorf("read status of task %d: %w", t.tid, err)
-	}
-	a.Fixed = fixedLines(nil, string(b))
+	a.Fixed = fixedLines(nil, t.status)
 	if t.tid != t.pid {
 		return a, nil
 	}
