@@ -432,6 +432,11 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *La
 	if n.pid == 0 {
 		return 0, errors.New("criu restore reported no pid")
 	}
+	// What nothing sets from outside is compared once CRIU is done
+	// (procattrs_linux.go); the caller has not handed the tree out.
+	if err := checkFixed(r.Dir, n.pid); err != nil {
+		return 0, fmt.Errorf("criu restore into %s: %w", r.Root, err)
+	}
 	if daemon != nil {
 		// Every uffd reached the daemon during the restore; one that is
 		// gone already cannot serve them.

@@ -5,4 +5,5 @@ var (
 	PosixQueues = posixQueues
 	RecordAttrs = recordAttrs
 	ApplyAttrs  = applyAttrs
+	CheckFixed  = checkFixed
 )

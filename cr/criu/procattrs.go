@@ -63,6 +63,11 @@ func decodeAttrs(b []byte) (attrsRecord, error) {
 // attrDiffs names what of want got lacks, one entry per attribute that
 // differs ("CPU affinity 0 (restored: 0-1)"); empty when they agree.
 func attrDiffs(want, got taskAttrs) []string {
+	return append(settableDiffs(want, got), fixedDiffs(want, got)...)
+}
+
+// settableDiffs is attrDiffs of the attributes Arbor sets.
+func settableDiffs(want, got taskAttrs) []string {
 	var d []string
 	if !slices.Equal(want.Affinity, got.Affinity) {
 		d = append(d, fmt.Sprintf("CPU affinity %s (restored: %s)", cpuList(want.Affinity), cpuList(got.Affinity)))
@@ -73,16 +78,22 @@ func attrDiffs(want, got taskAttrs) []string {
 	if want.TimerSlack != got.TimerSlack {
 		d = append(d, fmt.Sprintf("timer slack %d ns (restored: %d ns)", want.TimerSlack, got.TimerSlack))
 	}
-	for _, k := range sortedKeys(want.Fixed) {
-		if v := want.Fixed[k]; got.Fixed[k] != v {
-			d = append(d, fmt.Sprintf("%s %q (restored: %q; no interface sets it from outside)", k, v, got.Fixed[k]))
-		}
-	}
 	if want.CoredumpFilter != nil && (got.CoredumpFilter == nil || *got.CoredumpFilter != *want.CoredumpFilter) {
 		d = append(d, fmt.Sprintf("coredump_filter %#x (restored: %s)", *want.CoredumpFilter, optString(got.CoredumpFilter, "%#x")))
 	}
 	if want.AutogroupNice != nil && (got.AutogroupNice == nil || *got.AutogroupNice != *want.AutogroupNice) {
 		d = append(d, fmt.Sprintf("autogroup nice %d (restored: %s)", *want.AutogroupNice, optString(got.AutogroupNice, "%d")))
+	}
+	return d
+}
+
+// fixedDiffs is attrDiffs of the fields nothing sets from outside.
+func fixedDiffs(want, got taskAttrs) []string {
+	var d []string
+	for _, k := range sortedKeys(want.Fixed) {
+		if v := want.Fixed[k]; got.Fixed[k] != v {
+			d = append(d, fmt.Sprintf("%s %q (restored: %q; no interface sets it from outside)", k, v, got.Fixed[k]))
+		}
 	}
 	return d
 }

@@ -192,12 +192,47 @@ func recordAttrs(dir string, root int) error {
 }
 
 // applyAttrs gives the tree restored from dir, rooted at the host pid
-// root and not yet running, the attributes recorded at its dump. One that
-// does not come out as recorded (a CPU the host or the cgroup does not
-// allow, speculation control or another field nothing sets from outside) fails it
-// with state.ErrUnrestorableState, naming the task and the attribute:
-// never a copy that differs.
+// root and not yet running (CRIU's post-restore), the attributes recorded
+// at its dump that Arbor sets. One that does not come out as recorded (a
+// CPU the host or the cgroup does not allow) fails it with
+// state.ErrUnrestorableState, naming the task and the attribute: never a
+// copy that differs.
 func applyAttrs(dir string, root int) error {
+	return eachRecorded(dir, root, func(t hostTask, want, got taskAttrs) ([]string, error) {
+		if len(settableDiffs(want, got)) == 0 {
+			return nil, nil
+		}
+		// Each attribute that differs is set, then everything read
+		// back: what the kernel refused or narrowed shows there.
+		serr := setAttrs(t, want, got)
+		got, err := readAttrs(t)
+		if err != nil {
+			return nil, err
+		}
+		d := settableDiffs(want, got)
+		if len(d) > 0 && serr != nil {
+			d = append(d, serr.Error())
+		}
+		return d, nil
+	})
+}
+
+// checkFixed fails, with state.ErrUnrestorableState, a restored tree
+// whose fields that nothing sets from outside (speculation control, ...)
+// differ from the record. It runs once CRIU is done: CRIU restores
+// seccomp filters, which may force a speculation mitigation, after its
+// post-restore, and the tree is not handed out before.
+func checkFixed(dir string, root int) error {
+	return eachRecorded(dir, root, func(_ hostTask, want, got taskAttrs) ([]string, error) {
+		return fixedDiffs(want, got), nil
+	})
+}
+
+// eachRecorded calls f with each task of the tree rooted at the host pid
+// root that the record in dir lists, the record and what the task has
+// now; f returns what still differs, which fails the restore with
+// state.ErrUnrestorableState. Images without a record pass.
+func eachRecorded(dir string, root int, f func(t hostTask, want, got taskAttrs) ([]string, error)) error {
 	b, err := os.ReadFile(filepath.Join(dir, attrsFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // an image older than the record
@@ -226,25 +261,14 @@ func applyAttrs(dir string, root int) error {
 		if err != nil {
 			return err
 		}
-		if len(attrDiffs(want, got)) == 0 {
-			continue
-		}
-		// Each attribute that differs is set, then everything read
-		// back: what the kernel refused or narrowed shows there.
-		var setErrs []string
-		if err := setAttrs(t, want, got); err != nil {
-			setErrs = append(setErrs, err.Error())
-		}
-		if got, err = readAttrs(t); err != nil {
+		d, err := f(t, want, got)
+		if err != nil {
 			return err
 		}
-		if d := attrDiffs(want, got); len(d) > 0 {
+		if len(d) > 0 {
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.tid))
-			msg := fmt.Sprintf("task %d of process %d (%s): %s", want.TID, want.PID, strings.TrimSpace(string(comm)), strings.Join(d, "; "))
-			if len(setErrs) > 0 {
-				msg += " (" + strings.Join(setErrs, "; ") + ")"
-			}
-			return fmt.Errorf("%w: %s cannot be given back after the restore", state.ErrUnrestorableState, msg)
+			return fmt.Errorf("%w: task %d of process %d (%s): %s cannot be given back after the restore",
+				state.ErrUnrestorableState, want.TID, want.PID, strings.TrimSpace(string(comm)), strings.Join(d, "; "))
 		}
 	}
 	return nil
