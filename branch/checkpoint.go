@@ -201,6 +201,14 @@ func (c *ckpt) frozen(ctx context.Context) error {
 	if err := c.plan(); err != nil {
 		return err
 	}
+	if c.procArt == nil && (c.fsArt != nil || c.delta != nil) {
+		// The state keeps an earlier process image, which holds no
+		// POSIX message queue (a dump refuses them): one living now
+		// would be lost (docs/inspector.md, "Kernel state coverage").
+		if err := criu.RefuseQueues(c.sb.InitPID()); err != nil {
+			return err
+		}
+	}
 	crashPoint("intent", c.made)
 	if c.fsArt != nil {
 		t := time.Now()

@@ -93,7 +93,9 @@ func timerSlack(t *testing.T, env *branch.Env) string {
 
 // TestPOSIXMessageQueueRefused: a POSIX message queue in the sandbox's
 // IPC namespace (CRIU has no image for it) fails the checkpoint that
-// meets it, naming the queue, with state.ErrUnrestorableState; a branch
+// meets it (a full one, or one of the files only that would keep the
+// process image from before the queue), naming the queue, with
+// state.ErrUnrestorableState; a branch
 // of that state answers the same, wire code unrestorable_state, neither
 // infra nor retryable (a policy could make a queue on purpose so that
 // its failing branches error out). The state before the queue still
@@ -118,6 +120,11 @@ func TestPOSIXMessageQueueRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, e, env, "/work/mqmake /q1 hello")
+	// A checkpoint of the files only, which keeps the image from before
+	// the queue, is refused too.
+	if _, err := e.Checkpoint(ctx, env, state.FS); !errors.Is(err, state.ErrUnrestorableState) || !strings.Contains(err.Error(), "POSIX message queue /q1") {
+		t.Fatalf("files-only checkpoint with a queue: %v; want state.ErrUnrestorableState naming /q1", err)
+	}
 	sid, _, err := e.CheckpointAsync(env, state.Full)
 	if err != nil {
 		t.Fatal(err)

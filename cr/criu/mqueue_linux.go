@@ -102,9 +102,12 @@ func openMqueueFS(pid int) (fd int, err error) {
 	return fd, nil
 }
 
-// refuseQueues fails with state.ErrUnrestorableState, naming each queue,
+// RefuseQueues fails with state.ErrUnrestorableState, naming each queue,
 // when the IPC namespace of the host pid pid holds POSIX message queues.
-func refuseQueues(pid int) error {
+// Dump calls it; so does a checkpoint that keeps an earlier process image
+// (no image holds a queue, so a state taken while one lives would be
+// restored without it).
+func RefuseQueues(pid int) error {
 	q, err := posixQueues(pid)
 	if err != nil || len(q) == 0 {
 		return err
