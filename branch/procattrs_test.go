@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
 )
@@ -103,27 +102,16 @@ func timerSlack(t *testing.T, env *branch.Env) string {
 func TestPOSIXMessageQueueRefused(t *testing.T) {
 	e, env := busyboxEnv(t)
 	ctx := context.Background()
-	bin := filepath.Join(t.TempDir(), "mqmake")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/mqmake").CombinedOutput(); err != nil {
-		t.Fatalf("build mqmake: %v\n%s", err, out)
-	}
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, e, env, "mkdir -p /work")
-	if err := os.WriteFile(filepath.Join("/proc", strconv.Itoa(env.Sandbox().InitPID()), "root/work/mqmake"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	sandboxtest.InstallForger(t, env.Sandbox().Root())
 	before, err := e.Checkpoint(ctx, env, state.Full)
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, e, env, "/work/mqmake /q1 hello")
+	run(t, e, env, "forger mqueue")
 	// A checkpoint of the files only, which keeps the image from before
 	// the queue, is refused too.
-	if _, err := e.Checkpoint(ctx, env, state.FS); !errors.Is(err, state.ErrUnrestorableState) || !strings.Contains(err.Error(), "POSIX message queue /q1") {
-		t.Fatalf("files-only checkpoint with a queue: %v; want state.ErrUnrestorableState naming /q1", err)
+	if _, err := e.Checkpoint(ctx, env, state.FS); !errors.Is(err, state.ErrUnrestorableState) || !strings.Contains(err.Error(), "POSIX message queue /forger") {
+		t.Fatalf("files-only checkpoint with a queue: %v; want state.ErrUnrestorableState naming /forger", err)
 	}
 	sid, _, err := e.CheckpointAsync(env, state.Full)
 	if err != nil {
@@ -131,14 +119,14 @@ func TestPOSIXMessageQueueRefused(t *testing.T) {
 	}
 	branchtest.WaitFor(t, "the checkpoint to fail", func() bool { return e.StateFailure(sid) != nil })
 	ferr := e.StateFailure(sid)
-	if !errors.Is(ferr, state.ErrUnrestorableState) || !strings.Contains(ferr.Error(), "POSIX message queue /q1") {
-		t.Fatalf("checkpoint with a queue: %v; want state.ErrUnrestorableState naming /q1", ferr)
+	if !errors.Is(ferr, state.ErrUnrestorableState) || !strings.Contains(ferr.Error(), "POSIX message queue /forger") {
+		t.Fatalf("checkpoint with a queue: %v; want state.ErrUnrestorableState naming /forger", ferr)
 	}
 	_, err = e.Branch(ctx, branch.Source{State: sid}, 1)
 	pe := protocol.ErrorOf(err)
 	if !errors.Is(err, state.ErrUnrestorableState) || pe.Code != protocol.CodeUnrestorableState || pe.Infra || pe.Retryable ||
-		!strings.Contains(pe.Message, "POSIX message queue /q1") {
-		t.Fatalf("branch of the state with a queue: %v (%+v); want unrestorable_state naming /q1, not infra, not retryable", err, pe)
+		!strings.Contains(pe.Message, "POSIX message queue /forger") {
+		t.Fatalf("branch of the state with a queue: %v (%+v); want unrestorable_state naming /forger, not infra, not retryable", err, pe)
 	}
 	res, err := e.Branch(ctx, branch.Source{State: before}, 1)
 	if err != nil || res.Errors[0] != nil {

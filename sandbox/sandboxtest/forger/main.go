@@ -10,6 +10,7 @@
 //	forger [-docker-caps] window    open the pty init holds in the test pause of ARBOR_TEST_PTY_HOLD=/tmp/pty-hold, and keep it
 //	forger [-docker-caps] connect   look for init's control channel (the old socket path, /proc/1/fd, pidfd_getfd) and send it an exec request
 //	forger [-docker-caps] rebind    bind /.arbor/ctl.sock (where an older init listened) with a socket that answers every request with a forged result
+//	forger [-docker-caps] mqueue    make the POSIX message queue /forger holding one message, "hello", and exit: the queue lives on without a holder, and no checkpoint can take it (unrestorable_state)
 //
 // -docker-caps first drops every capability outside Docker's default set
 // (as the hardened sandbox does), so the test shows what holds then.
@@ -48,7 +49,7 @@ func main() {
 		args = args[1:]
 	}
 	if len(args) != 1 {
-		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind")
+		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue")
 	}
 	mode := args[0]
 	switch mode {
@@ -64,6 +65,8 @@ func main() {
 		connect()
 	case "rebind":
 		rebind()
+	case "mqueue":
+		mqueue()
 	default:
 		fail("unknown mode %q", mode)
 	}
@@ -349,4 +352,23 @@ func rebind() {
 			}
 		}(c)
 	}
+}
+
+// mqueue makes the POSIX message queue /forger with one message (a
+// busybox sandbox has no tool for it): a queue needs no holder, and CRIU
+// has no image for it.
+func mqueue() {
+	name, err := unix.BytePtrFromString("forger") // mq_open's name, without its "/"
+	if err != nil {
+		fail("mqueue: %v", err)
+	}
+	fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), unix.O_CREAT|unix.O_WRONLY, 0o600, 0, 0, 0)
+	if errno != 0 {
+		fail("mq_open /forger: %v", errno)
+	}
+	msg := []byte("hello")
+	if _, _, errno := unix.Syscall6(unix.SYS_MQ_TIMEDSEND, fd, uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg)), 0, 0, 0); errno != 0 {
+		fail("mq_timedsend /forger: %v", errno)
+	}
+	report("mqueue", "made /forger")
 }
