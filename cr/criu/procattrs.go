@@ -20,8 +20,11 @@ const attrsFile = "arbor-attrs.json"
 type taskAttrs struct {
 	TID int `json:"tid"`
 	PID int `json:"pid"` // its thread group
-	// Affinity is the CPUs it may run on (sched_getaffinity).
-	Affinity []int `json:"affinity"`
+	// Affinity is the CPUs it may run on (sched_getaffinity); none
+	// when it had the dumping server's own, the default every sandbox
+	// starts with, which a restore gives it as the restoring server's
+	// own (another node may have other CPUs).
+	Affinity []int `json:"affinity,omitempty"`
 	// IOPrio is ioprio_get(IOPRIO_WHO_PROCESS)'s raw value: class << 13
 	// | level.
 	IOPrio int `json:"ioprio"`
@@ -69,7 +72,7 @@ func attrDiffs(want, got taskAttrs) []string {
 // settableDiffs is attrDiffs of the attributes Arbor sets.
 func settableDiffs(want, got taskAttrs) []string {
 	var d []string
-	if !slices.Equal(want.Affinity, got.Affinity) {
+	if want.Affinity != nil && !slices.Equal(want.Affinity, got.Affinity) {
 		d = append(d, fmt.Sprintf("CPU affinity %s (restored: %s)", cpuList(want.Affinity), cpuList(got.Affinity)))
 	}
 	if want.IOPrio != got.IOPrio {

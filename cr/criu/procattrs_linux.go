@@ -105,14 +105,9 @@ func gone(err error) bool {
 // sets from outside, as the walk that found t read them.
 func readAttrs(t hostTask) (taskAttrs, error) {
 	a := taskAttrs{TID: t.nsTID, PID: t.nsPID}
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(t.tid, &set); err != nil {
-		return a, fmt.Errorf("read CPU affinity of task %d: %w", t.tid, err)
-	}
-	for cpu := 0; cpu < len(set)*64; cpu++ {
-		if set.IsSet(cpu) {
-			a.Affinity = append(a.Affinity, cpu)
-		}
+	var err error
+	if a.Affinity, err = affinity(t.tid); err != nil {
+		return a, err
 	}
 	prio, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(t.tid), 0)
 	if errno != 0 {
@@ -162,11 +157,30 @@ func readAttrs(t hostTask) (taskAttrs, error) {
 	return a, nil
 }
 
+// affinity lists the CPUs task tid (0: this thread) may run on.
+func affinity(tid int) ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(tid, &set); err != nil {
+		return nil, fmt.Errorf("read CPU affinity of task %d: %w", tid, err)
+	}
+	var cpus []int
+	for cpu := 0; cpu < len(set)*64; cpu++ {
+		if set.IsSet(cpu) {
+			cpus = append(cpus, cpu)
+		}
+	}
+	return cpus, nil
+}
+
 // recordAttrs writes attrsFile into dir for the tree rooted at the host
 // pid root. The tree should be frozen (the engine's is), or what it
 // records may be older than the dump.
 func recordAttrs(dir string, root int) error {
 	tasks, err := treeTasks(root)
+	if err != nil {
+		return err
+	}
+	own, err := affinity(0) // what CRIU, so the tree, starts with
 	if err != nil {
 		return err
 	}
@@ -178,6 +192,9 @@ func recordAttrs(dir string, root int) error {
 		}
 		if err != nil {
 			return err
+		}
+		if slices.Equal(a.Affinity, own) {
+			a.Affinity = nil
 		}
 		rec.Tasks = append(rec.Tasks, a)
 	}

@@ -51,6 +51,7 @@ func TestAttrsRecordRoundTrip(t *testing.T) {
 			"CPU affinity 0-1 (restored: 0-3,6)", "I/O priority none (level 0) (restored: best-effort level 7)",
 			"timer slack 50000 ns (restored: 1 ns)", `SpeculationIndirectBranch "conditional force disabled" (restored: ""; no interface sets it from outside)`,
 			"coredump_filter 0x33 (restored: 0x7)", "autogroup nice 3 (restored: 0)"}},
+		{"the server's own affinity (none recorded) is not compared", taskAttrs{TID: 7, PID: 5}, taskAttrs{TID: 7, PID: 5, Affinity: []int{0, 1, 2}}, 0, nil},
 		{"a thread has no process attributes", taskAttrs{TID: 7, PID: 5}, taskAttrs{TID: 7, PID: 5, CoredumpFilter: &filter}, 0, nil},
 		{"idle", taskAttrs{IOPrio: 3 << ioprioClassShift}, taskAttrs{}, 1, []string{"I/O priority idle"}},
 	} {
