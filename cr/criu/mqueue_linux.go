@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +27,9 @@ import (
 // has a parent-death signal).
 func posixQueues(pid int) (map[string]string, error) {
 	fs, err := openMqueueFS(pid)
+	if errors.Is(err, unix.ENODEV) {
+		return nil, nil // a kernel without POSIX message queues
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list POSIX message queues of pid %d: %w", pid, err)
 	}
@@ -97,7 +101,7 @@ func openMqueueFS(pid int) (fd int, err error) {
 	}
 	runtime.UnlockOSThread()
 	if ferr != nil {
-		return -1, fmt.Errorf("open mqueue: %w", ferr)
+		return -1, fmt.Errorf("open mqueue: %w", ferr) // ENODEV: none in this kernel
 	}
 	return fd, nil
 }
