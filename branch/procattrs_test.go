@@ -137,3 +137,19 @@ func TestPOSIXMessageQueueRefused(t *testing.T) {
 		t.Errorf("live env after the refused checkpoint: %q", got)
 	}
 }
+
+// TestHeldPOSIXMessageQueueRefused: a process holding a POSIX message
+// queue open whose name it removed (no listing of the namespace shows it,
+// and CRIU cannot dump the descriptor) makes the checkpoint fail with
+// state.ErrUnrestorableState naming the holder, not with an infra error
+// of CRIU's.
+func TestHeldPOSIXMessageQueueRefused(t *testing.T) {
+	e, env := busyboxEnv(t)
+	sandboxtest.InstallForger(t, env.Sandbox().Root())
+	run(t, e, env, "forger mqheld </dev/null >/dev/null 2>&1 & until [ -e /tmp/forger-mqheld ]; do :; done")
+	_, err := e.Checkpoint(context.Background(), env, state.Full)
+	t.Logf("refused: %v", err)
+	if pe := protocol.ErrorOf(err); !errors.Is(err, state.ErrUnrestorableState) || pe.Infra || !strings.Contains(err.Error(), "POSIX message queue /forger-held") || !strings.Contains(err.Error(), "(forger)") {
+		t.Fatalf("checkpoint with a held queue: %v; want state.ErrUnrestorableState naming /forger-held and its holder", err)
+	}
+}

@@ -106,19 +106,65 @@ func openMqueueFS(pid int) (fd int, err error) {
 	return fd, nil
 }
 
+// mqueueMagic is the mqueue file system's magic number (linux/magic.h).
+const mqueueMagic = 0x19800202
+
+// heldQueues lists the POSIX message queues the processes of the tree
+// rooted at the host pid root hold open ("/q1 held by pid 5 (server) fd
+// 3"), whether or not they still have a name: CRIU cannot dump such a
+// descriptor.
+func heldQueues(root int) ([]string, error) {
+	tasks, err := treeTasks(root)
+	if err != nil {
+		return nil, err
+	}
+	var held []string
+	for _, t := range tasks {
+		if t.tid != t.pid {
+			continue
+		}
+		dir := fmt.Sprintf("/proc/%d/fd", t.pid)
+		ents, err := os.ReadDir(dir)
+		if gone(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list descriptors of pid %d: %w", t.pid, err)
+		}
+		for _, e := range ents {
+			var st unix.Statfs_t
+			if err := unix.Statfs(dir+"/"+e.Name(), &st); err != nil || st.Type != mqueueMagic {
+				continue // closed meanwhile, or not a queue
+			}
+			name, _ := os.Readlink(dir + "/" + e.Name())
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.pid))
+			held = append(held, fmt.Sprintf("POSIX message queue %s held by pid %d (%s) fd %s", name, t.nsPID, strings.TrimSpace(string(comm)), e.Name()))
+		}
+	}
+	return held, nil
+}
+
 // RefuseQueues fails with state.ErrUnrestorableState, naming each queue,
-// when the IPC namespace of the host pid pid holds POSIX message queues.
-// Dump calls it; so does a checkpoint that keeps an earlier process image
-// (no image holds a queue, so a state taken while one lives would be
-// restored without it).
+// when the IPC namespace of the host pid pid, the root of a sandbox's
+// tree, holds POSIX message queues, or a process of the tree holds one
+// open. Dump calls it; so does a checkpoint that keeps an earlier process
+// image (no image holds a queue, so a state taken while one lives would
+// be restored without it).
 func RefuseQueues(pid int) error {
 	q, err := posixQueues(pid)
-	if err != nil || len(q) == 0 {
+	if err != nil {
 		return err
 	}
-	names := sortedKeys(q)
-	for i, n := range names {
-		names[i] = fmt.Sprintf("POSIX message queue %s (%s)", n, q[n])
+	var what []string
+	for _, n := range sortedKeys(q) {
+		what = append(what, fmt.Sprintf("POSIX message queue %s (%s)", n, q[n]))
 	}
-	return fmt.Errorf("%w: %s: CRIU cannot restore it", state.ErrUnrestorableState, strings.Join(names, ", "))
+	held, err := heldQueues(pid)
+	if err != nil {
+		return err
+	}
+	if what = append(what, held...); len(what) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: CRIU cannot restore it", state.ErrUnrestorableState, strings.Join(what, ", "))
 }

@@ -11,6 +11,7 @@
 //	forger [-docker-caps] connect   look for init's control channel (the old socket path, /proc/1/fd, pidfd_getfd) and send it an exec request
 //	forger [-docker-caps] rebind    bind /.arbor/ctl.sock (where an older init listened) with a socket that answers every request with a forged result
 //	forger [-docker-caps] mqueue    make the POSIX message queue /forger holding one message, "hello", and exit: the queue lives on without a holder, and no checkpoint can take it (unrestorable_state)
+//	forger [-docker-caps] mqheld    make the POSIX message queue /forger-held, remove its name, and hold it open until killed (a queue no listing of the namespace shows)
 //
 // -docker-caps first drops every capability outside Docker's default set
 // (as the hardened sandbox does), so the test shows what holds then.
@@ -49,7 +50,7 @@ func main() {
 		args = args[1:]
 	}
 	if len(args) != 1 {
-		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue")
+		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue|mqheld")
 	}
 	mode := args[0]
 	switch mode {
@@ -67,6 +68,8 @@ func main() {
 		rebind()
 	case "mqueue":
 		mqueue()
+	case "mqheld":
+		mqheld()
 	default:
 		fail("unknown mode %q", mode)
 	}
@@ -358,17 +361,37 @@ func rebind() {
 // busybox sandbox has no tool for it): a queue needs no holder, and CRIU
 // has no image for it.
 func mqueue() {
-	name, err := unix.BytePtrFromString("forger") // mq_open's name, without its "/"
-	if err != nil {
-		fail("mqueue: %v", err)
-	}
-	fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), unix.O_CREAT|unix.O_WRONLY, 0o600, 0, 0, 0)
-	if errno != 0 {
-		fail("mq_open /forger: %v", errno)
-	}
+	fd := mqOpen("forger")
 	msg := []byte("hello")
 	if _, _, errno := unix.Syscall6(unix.SYS_MQ_TIMEDSEND, fd, uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg)), 0, 0, 0); errno != 0 {
 		fail("mq_timedsend /forger: %v", errno)
 	}
 	report("mqueue", "made /forger")
+}
+
+// mqheld makes the POSIX message queue /forger-held, removes its name and
+// holds the queue open until killed.
+func mqheld() {
+	mqOpen("forger-held")
+	name, _ := unix.BytePtrFromString("forger-held")
+	if _, _, errno := unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0); errno != 0 {
+		fail("mq_unlink /forger-held: %v", errno)
+	}
+	report("mqheld", "holding /forger-held")
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+// mqOpen creates (or opens) the POSIX message queue /name for writing.
+func mqOpen(name string) uintptr {
+	p, err := unix.BytePtrFromString(name) // mq_open's name, without its "/"
+	if err != nil {
+		fail("mq_open /%s: %v", name, err)
+	}
+	fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)), unix.O_CREAT|unix.O_WRONLY, 0o600, 0, 0, 0)
+	if errno != 0 {
+		fail("mq_open /%s: %v", name, errno)
+	}
+	return fd
 }
