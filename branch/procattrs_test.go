@@ -10,6 +10,8 @@ import (
 
 	"github.com/arbor-env/arbor/branch"
 	"github.com/arbor-env/arbor/branch/branchtest"
+	"github.com/arbor-env/arbor/sandbox"
+	"github.com/arbor-env/arbor/sandbox/launch"
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 	"github.com/arbor-env/arbor/server/protocol"
 	"github.com/arbor-env/arbor/state"
@@ -148,8 +150,33 @@ func TestHeldPOSIXMessageQueueRefused(t *testing.T) {
 	sandboxtest.InstallForger(t, env.Sandbox().Root())
 	run(t, e, env, "forger mqheld </dev/null >/dev/null 2>&1 & until [ -e /tmp/forger-mqheld ]; do :; done")
 	_, err := e.Checkpoint(context.Background(), env, state.Full)
-	t.Logf("refused: %v", err)
 	if pe := protocol.ErrorOf(err); !errors.Is(err, state.ErrUnrestorableState) || pe.Infra || !strings.Contains(err.Error(), "POSIX message queue /forger-held") || !strings.Contains(err.Error(), "(forger)") {
 		t.Fatalf("checkpoint with a held queue: %v; want state.ErrUnrestorableState naming /forger-held and its holder", err)
+	}
+}
+
+// TestHeldIOURingRefused: an io_uring a process holds (CRIU 4.2 cannot
+// dump one) makes the checkpoint fail with state.ErrUnrestorableState
+// naming the holder, not with CRIU's own failure, which read as infra.
+// The sandbox is unhardened: the hardened one's seccomp profile refuses
+// io_uring_setup.
+func TestHeldIOURingRefused(t *testing.T) {
+	dir := t.TempDir()
+	e := newRigLauncher(t, newBtrfs(t, dir), dir, 0, func(l *launch.Launcher) {
+		l.Isolation.Unhardened = true
+		l.UserNS = sandbox.UserNSConfig{}
+	}).e
+	env, _, err := e.NewEnv(context.Background(), "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseEnv(context.Background(), env)
+	sandboxtest.InstallForger(t, env.Sandbox().Root())
+	if got := run(t, e, env, "forger iouring </dev/null >/dev/null 2>&1 & until [ -e /tmp/forger-iouring ]; do :; done; cat /tmp/forger-iouring"); got != "holding an io_uring\n" {
+		t.Fatalf("the test needs a process holding an io_uring: %q", got)
+	}
+	_, err = e.Checkpoint(context.Background(), env, state.Full)
+	if pe := protocol.ErrorOf(err); !errors.Is(err, state.ErrUnrestorableState) || pe.Infra || !strings.Contains(err.Error(), "io_uring descriptor held by pid") || !strings.Contains(err.Error(), "(forger)") {
+		t.Fatalf("checkpoint with an io_uring: %v; want state.ErrUnrestorableState naming the io_uring and its holder", err)
 	}
 }

@@ -109,11 +109,21 @@ func openMqueueFS(pid int) (fd int, err error) {
 // mqueueMagic is the mqueue file system's magic number (linux/magic.h).
 const mqueueMagic = 0x19800202
 
-// heldQueues lists the POSIX message queues the processes of the tree
-// rooted at the host pid root hold open ("/q1 held by pid 5 (server) fd
-// 3"), whether or not they still have a name: CRIU cannot dump such a
-// descriptor.
-func heldQueues(root int) ([]string, error) {
+// undumpable are the descriptor kinds CRIU cannot dump, by their link
+// target (docs/inspector.md, "Kernel objects": the dump fails).
+var undumpable = map[string]string{
+	"anon_inode:[io_uring]":    "io_uring",
+	"anon_inode:[userfaultfd]": "userfaultfd",
+	"anon_inode:[perf_event]":  "perf_event",
+	"anon_inode:bpf-prog":      "BPF program",
+}
+
+// heldUndumpable lists the descriptors the processes of the tree rooted
+// at the host pid root hold that CRIU cannot dump, its own failure then
+// reading as the server's: POSIX message queues, whether or not they
+// still have a name ("POSIX message queue /q1 held by pid 5 (server) fd
+// 3"), and the kinds of undumpable.
+func heldUndumpable(root int) ([]string, error) {
 	tasks, err := treeTasks(root)
 	if err != nil {
 		return nil, err
@@ -132,13 +142,21 @@ func heldQueues(root int) ([]string, error) {
 			return nil, fmt.Errorf("list descriptors of pid %d: %w", t.pid, err)
 		}
 		for _, e := range ents {
-			var st unix.Statfs_t
-			if err := unix.Statfs(dir+"/"+e.Name(), &st); err != nil || st.Type != mqueueMagic {
-				continue // closed meanwhile, or not a queue
+			fd := dir + "/" + e.Name()
+			target, err := os.Readlink(fd)
+			if err != nil {
+				continue // closed meanwhile
 			}
-			name, _ := os.Readlink(dir + "/" + e.Name())
+			what := ""
+			if kind, ok := undumpable[target]; ok {
+				what = kind + " descriptor"
+			} else if st := (unix.Statfs_t{}); unix.Statfs(fd, &st) == nil && st.Type == mqueueMagic {
+				what = "POSIX message queue " + target
+			} else {
+				continue
+			}
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.pid))
-			held = append(held, fmt.Sprintf("POSIX message queue %s held by pid %d (%s) fd %s", name, t.nsPID, strings.TrimSpace(string(comm)), e.Name()))
+			held = append(held, fmt.Sprintf("%s held by pid %d (%s) fd %s", what, t.nsPID, strings.TrimSpace(string(comm)), e.Name()))
 		}
 	}
 	return held, nil
@@ -147,7 +165,7 @@ func heldQueues(root int) ([]string, error) {
 // RefuseQueues fails with state.ErrUnrestorableState, naming each queue,
 // when the IPC namespace of the host pid pid, the root of a sandbox's
 // tree, holds POSIX message queues, or a process of the tree holds one
-// open. Dump calls it; so does a checkpoint that keeps an earlier process
+// open, or another descriptor CRIU cannot dump (heldUndumpable). Dump calls it; so does a checkpoint that keeps an earlier process
 // image (no image holds a queue, so a state taken while one lives would
 // be restored without it).
 func RefuseQueues(pid int) error {
@@ -159,7 +177,7 @@ func RefuseQueues(pid int) error {
 	for _, n := range sortedKeys(q) {
 		what = append(what, fmt.Sprintf("POSIX message queue %s (%s)", n, q[n]))
 	}
-	held, err := heldQueues(pid)
+	held, err := heldUndumpable(pid)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@
 //	forger [-docker-caps] rebind    bind /.arbor/ctl.sock (where an older init listened) with a socket that answers every request with a forged result
 //	forger [-docker-caps] mqueue    make the POSIX message queue /forger holding one message, "hello", and exit: the queue lives on without a holder, and no checkpoint can take it (unrestorable_state)
 //	forger [-docker-caps] mqheld    make the POSIX message queue /forger-held, remove its name, and hold it open until killed (a queue no listing of the namespace shows)
+//	forger [-docker-caps] iouring   make an io_uring and hold it until killed (CRIU cannot dump one); /tmp/forger-iouring says whether the kernel gave one
 //
 // -docker-caps first drops every capability outside Docker's default set
 // (as the hardened sandbox does), so the test shows what holds then.
@@ -50,7 +51,7 @@ func main() {
 		args = args[1:]
 	}
 	if len(args) != 1 {
-		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue|mqheld")
+		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue|mqheld|iouring")
 	}
 	mode := args[0]
 	switch mode {
@@ -70,6 +71,8 @@ func main() {
 		mqueue()
 	case "mqheld":
 		mqheld()
+	case "iouring":
+		iouring()
 	default:
 		fail("unknown mode %q", mode)
 	}
@@ -394,4 +397,18 @@ func mqOpen(name string) uintptr {
 		fail("mq_open /%s: %v", name, errno)
 	}
 	return fd
+}
+
+// iouring makes an io_uring and holds it until killed.
+func iouring() {
+	var params [120]byte // struct io_uring_params, zeroed
+	_, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 4, uintptr(unsafe.Pointer(&params[0])), 0)
+	if errno != 0 {
+		report("iouring", "refused: %v", errno)
+		os.Exit(1)
+	}
+	report("iouring", "holding an io_uring")
+	for {
+		time.Sleep(time.Hour)
+	}
 }
