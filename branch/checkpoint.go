@@ -203,9 +203,10 @@ func (c *ckpt) frozen(ctx context.Context) error {
 	}
 	if c.procArt == nil && (c.fsArt != nil || c.delta != nil) {
 		// The state keeps an earlier process image, which holds no
-		// POSIX message queue (a dump refuses them): one living now
-		// would be lost (docs/inspector.md, "Kernel state coverage").
-		if err := criu.RefuseQueues(c.sb.InitPID()); err != nil {
+		// POSIX message queue nor undumpable descriptor (a dump
+		// refuses them): one living now would be lost
+		// (docs/inspector.md, "Kernel state coverage").
+		if err := criu.RefuseUnrestorable(c.sb.InitPID()); err != nil {
 			return err
 		}
 	}

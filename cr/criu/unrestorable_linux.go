@@ -162,13 +162,14 @@ func heldUndumpable(root int) ([]string, error) {
 	return held, nil
 }
 
-// RefuseQueues fails with state.ErrUnrestorableState, naming each queue,
-// when the IPC namespace of the host pid pid, the root of a sandbox's
-// tree, holds POSIX message queues, or a process of the tree holds one
-// open, or another descriptor CRIU cannot dump (heldUndumpable). Dump calls it; so does a checkpoint that keeps an earlier process
-// image (no image holds a queue, so a state taken while one lives would
-// be restored without it).
-func RefuseQueues(pid int) error {
+// RefuseUnrestorable fails with state.ErrUnrestorableState, naming each
+// one, when the IPC namespace of the host pid pid, the root of a
+// sandbox's tree, holds POSIX message queues, or a process of the tree
+// holds one open, or another descriptor CRIU cannot dump
+// (heldUndumpable). Dump calls it; so does a checkpoint that keeps an
+// earlier process image (no image holds such state, so a state taken
+// while it lives would be restored without it).
+func RefuseUnrestorable(pid int) error {
 	q, err := posixQueues(pid)
 	if err != nil {
 		return err
