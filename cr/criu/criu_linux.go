@@ -194,10 +194,14 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	// What no restore brings back refuses the dump; what CRIU leaves
 	// out but Arbor can set again is recorded with the images
 	// (procattrs_linux.go, unrestorable_linux.go).
-	if err := RefuseUnrestorable(r.PID); err != nil {
+	tasks, err := treeTasks(r.PID)
+	if err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
 	}
-	if err := recordAttrs(r.Dir, r.PID); err != nil {
+	if err := refuseUnrestorable(r.PID, tasks); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
+	if err := recordAttrs(r.Dir, tasks); err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
 	}
 	var sp *spare

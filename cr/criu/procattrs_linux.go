@@ -172,14 +172,10 @@ func affinity(tid int) ([]int, error) {
 	return cpus, nil
 }
 
-// recordAttrs writes attrsFile into dir for the tree rooted at the host
-// pid root. The tree should be frozen (the engine's is), or what it
-// records may be older than the dump.
-func recordAttrs(dir string, root int) error {
-	tasks, err := treeTasks(root)
-	if err != nil {
-		return err
-	}
+// recordAttrs writes attrsFile into dir for tasks, a tree's. The tree
+// should be frozen (the engine's is), or what it records may be older
+// than the dump.
+func recordAttrs(dir string, tasks []hostTask) error {
 	own, err := affinity(0) // what CRIU, so the tree, starts with
 	if err != nil {
 		return err

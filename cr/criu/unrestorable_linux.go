@@ -118,16 +118,12 @@ var undumpable = map[string]string{
 	"anon_inode:bpf-prog":      "BPF program",
 }
 
-// heldUndumpable lists the descriptors the processes of the tree rooted
-// at the host pid root hold that CRIU cannot dump, its own failure then
+// heldUndumpable lists the descriptors the processes among tasks (a
+// tree's) hold that CRIU cannot dump, its own failure then
 // reading as the server's: POSIX message queues, whether or not they
 // still have a name ("POSIX message queue /q1 held by pid 5 (server) fd
 // 3"), and the kinds of undumpable.
-func heldUndumpable(root int) ([]string, error) {
-	tasks, err := treeTasks(root)
-	if err != nil {
-		return nil, err
-	}
+func heldUndumpable(tasks []hostTask) ([]string, error) {
 	var held []string
 	for _, t := range tasks {
 		if t.tid != t.pid {
@@ -170,6 +166,16 @@ func heldUndumpable(root int) ([]string, error) {
 // earlier process image (no image holds such state, so a state taken
 // while it lives would be restored without it).
 func RefuseUnrestorable(pid int) error {
+	tasks, err := treeTasks(pid)
+	if err != nil {
+		return err
+	}
+	return refuseUnrestorable(pid, tasks)
+}
+
+// refuseUnrestorable is RefuseUnrestorable of the tree whose tasks the
+// caller listed.
+func refuseUnrestorable(pid int, tasks []hostTask) error {
 	q, err := posixQueues(pid)
 	if err != nil {
 		return err
@@ -178,7 +184,7 @@ func RefuseUnrestorable(pid int) error {
 	for _, n := range sortedKeys(q) {
 		what = append(what, fmt.Sprintf("POSIX message queue %s (%s)", n, q[n]))
 	}
-	held, err := heldUndumpable(pid)
+	held, err := heldUndumpable(tasks)
 	if err != nil {
 		return err
 	}
