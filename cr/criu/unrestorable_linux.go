@@ -3,9 +3,9 @@ package criu
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -13,9 +13,9 @@ import (
 	"github.com/arbor-env/arbor/state"
 )
 
-// posixQueues lists the POSIX message queues of the IPC namespace of the
-// host pid pid, with their mqueue file's line ("QSIZE:5 NOTIFY:0 ..."),
-// by name. CRIU has no image for them: a dump leaves them out and a
+// posixQueues lists the names of the POSIX message queues of the IPC
+// namespace of the host pid pid, sorted ("/q1"). It does not read them:
+// reading a queue's file moves its times, and the env runs on. CRIU has no image for them: a dump leaves them out and a
 // restore would bring the namespace back without them (docs/inspector.md,
 // "Kernel state coverage", ipc:mqueue). Sandboxes mount no mqueue file
 // system, and a queue needs no holder to live on, so the namespace's own
@@ -25,7 +25,7 @@ import (
 // fsopen only. It must come back, never end in the sandbox's namespace:
 // a thread that ends takes the sandboxes it started with it (their init
 // has a parent-death signal).
-func posixQueues(pid int) (map[string]string, error) {
+func posixQueues(pid int) ([]string, error) {
 	fs, err := openMqueueFS(pid)
 	if errors.Is(err, unix.ENODEV) {
 		return nil, nil // a kernel without POSIX message queues
@@ -53,21 +53,11 @@ func posixQueues(pid int) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list POSIX message queues of pid %d: %w", pid, err)
 	}
-	q := make(map[string]string, len(names))
-	for _, n := range names {
-		fd, err := unix.Openat(mnt, n, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return nil, fmt.Errorf("read POSIX message queue /%s: %w", n, err)
-		}
-		f := os.NewFile(uintptr(fd), n)
-		b, err := io.ReadAll(f)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("read POSIX message queue /%s: %w", n, err)
-		}
-		q["/"+n] = strings.Join(strings.Fields(string(b)), " ")
+	for i, n := range names {
+		names[i] = "/" + n
 	}
-	return q, nil
+	slices.Sort(names)
+	return names, nil
 }
 
 // openMqueueFS opens a new mqueue file system context in the IPC
@@ -181,8 +171,8 @@ func refuseUnrestorable(pid int, tasks []hostTask) error {
 		return err
 	}
 	var what []string
-	for _, n := range sortedKeys(q) {
-		what = append(what, fmt.Sprintf("POSIX message queue %s (%s)", n, q[n]))
+	for _, n := range q {
+		what = append(what, "POSIX message queue "+n)
 	}
 	held, err := heldUndumpable(tasks)
 	if err != nil {
