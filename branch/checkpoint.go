@@ -174,7 +174,7 @@ func (c *ckpt) fail(err error) error {
 	}
 	if agentCaused(err) {
 		// The sandbox's own doing: the cause stays testable
-		// (docs/protocol.md, Errors: env_error).
+		// (docs/protocol.md, Errors: env_error, unrestorable_state).
 		err = fmt.Errorf("%w: state %s of env %s: %w", state.ErrCheckpoint, c.sid, envID, err)
 		e.log.Info("checkpoint failed on the sandbox's own state", slog.String("env", envID), slog.String("state", c.sid), slog.Any("err", err))
 	} else {
@@ -200,6 +200,15 @@ func (c *ckpt) frozen(ctx context.Context) error {
 	c.settle(ctx)
 	if err := c.plan(); err != nil {
 		return err
+	}
+	if c.procArt == nil && (c.fsArt != nil || c.delta != nil) {
+		// The state keeps an earlier process image, which holds no
+		// POSIX message queue nor undumpable descriptor (a dump
+		// refuses them): one living now would be lost
+		// (docs/inspector.md, "Kernel state coverage").
+		if err := criu.RefuseUnrestorable(c.sb.InitPID()); err != nil {
+			return err
+		}
 	}
 	crashPoint("intent", c.made)
 	if c.fsArt != nil {

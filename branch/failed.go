@@ -50,13 +50,15 @@ func (f *failedStates) get(sid string) error {
 
 // StateFailure returns why the checkpoint of state sid failed, when it
 // did (recently); nil otherwise. The error wraps state.ErrCheckpoint and, when
-// the sandbox's own state was the cause, cr.ErrAgentState or
-// sandbox.ErrBroken.
+// the sandbox's own state was the cause, cr.ErrAgentState,
+// sandbox.ErrBroken or state.ErrUnrestorableState.
 func (e *Engine) StateFailure(sid string) error { return e.failed.get(sid) }
 
-// agentCaused reports whether err blames the sandbox's own processes.
+// agentCaused reports whether err blames the sandbox's own processes or
+// the state they hold (state.ErrUnrestorableState: no restore could bring
+// it back), so that the cause stays testable.
 func agentCaused(err error) bool {
-	return errors.Is(err, cr.ErrAgentState) || errors.Is(err, sandbox.ErrBroken)
+	return errors.Is(err, cr.ErrAgentState) || errors.Is(err, sandbox.ErrBroken) || errors.Is(err, state.ErrUnrestorableState)
 }
 
 // unknownState is the error of a look-up of sid that the manifest does

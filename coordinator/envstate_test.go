@@ -23,7 +23,7 @@ import (
 // trainer would mask. "" means the operation works.
 func TestAgentOutcomes(t *testing.T) {
 	ctx := context.Background()
-	const env = protocol.CodeEnvError
+	const env, unrestorable = protocol.CodeEnvError, protocol.CodeUnrestorableState
 	tests := []struct {
 		name, cmd string
 		// Expected codes of: the attempt's turn, the next turn, checkpoint,
@@ -41,6 +41,14 @@ func TestAgentOutcomes(t *testing.T) {
 		// /.arbor, or an impostor where an older init listened, changes
 		// nothing.
 		{name: "rm -rf /.arbor", cmd: "rm -rf /.arbor"},
+		// A POSIX message queue (CRIU has no image for it): every
+		// state that would hold it is refused, unrestorable_state,
+		// neither infra nor retryable; the turns go on. The attempt's
+		// turn wrote the forger's report, so it took a checkpoint (of
+		// the files at least), which was refused; evaluate forks the
+		// env's state, refused too: the agent cannot trade a bad
+		// reward for an error a trainer masks.
+		{name: "a POSIX message queue", cmd: "forger mqueue", ckpt: unrestorable, branchEnv: unrestorable, branchState: unrestorable, eval: unrestorable},
 		{name: "an impostor at the old control socket path", cmd: "forger rebind </dev/null >/dev/null 2>&1 & while [ ! -e /tmp/forger-rebind ]; do sleep 0.01; done"},
 	}
 	for _, tt := range tests {

@@ -67,6 +67,13 @@ var (
 	// ErrCheckpoint: a turn's checkpoint failed: the env runs on, that
 	// turn's state is unusable.
 	ErrCheckpoint = New(ErrUnrestorable, "checkpoint failed")
+	// ErrUnrestorableState: the sandbox holds state that no restore can
+	// bring back exactly (a POSIX message queue, for which CRIU has no
+	// image; an attribute the restored task cannot be given back): the
+	// state is refused rather than restored different. Not infra and not
+	// retryable: it is the env's own state, as the agent's doing is
+	// (docs/protocol.md, Errors: unrestorable_state).
+	ErrUnrestorableState = New(ErrUnrestorable, "unrestorable state")
 	// ErrLost: the env was open when the server last stopped uncleanly
 	// and could not be brought back.
 	ErrLost = New(ErrUnrestorable, "environment lost in a restart")

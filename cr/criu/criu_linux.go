@@ -191,6 +191,19 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 			return nil
 		}
 	}
+	// What no restore brings back refuses the dump; what CRIU leaves
+	// out but Arbor can set again is recorded with the images
+	// (procattrs_linux.go, unrestorable_linux.go).
+	tasks, err := treeTasks(r.PID)
+	if err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
+	if err := refuseUnrestorable(r.PID, tasks); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
+	if err := recordAttrs(r.Dir, tasks); err != nil {
+		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
+	}
 	var sp *spare
 	if r.UserNS {
 		sp, err = c.dumpInNetns(r.PID)
@@ -242,10 +255,12 @@ type RestoreRequest struct {
 }
 
 // notify answers a restore's notifications: it places the root task
-// (setup-namespaces) and learns its pid (post-restore).
+// (setup-namespaces), learns its pid and gives the stopped tree what CRIU
+// does not restore (post-restore).
 type notify struct {
 	join   func(int) error
 	pid    int
+	dir    string     // the images, with their attrsFile
 	ghosts *ghostPlan // swapped in at post-restore (ghostdir_linux.go)
 }
 
@@ -257,7 +272,12 @@ func (n *notify) handle(m *rpc.CriuNotify) error {
 		}
 	case "post-restore":
 		n.pid = int(m.GetPid())
-		// The tree is restored and stopped; CRIU removes its ghosts next.
+		// The tree is restored and stopped: it gets the attributes
+		// recorded at the dump (or the restore fails), and CRIU
+		// removes its ghosts next.
+		if err := applyAttrs(n.dir, n.pid); err != nil {
+			return err
+		}
 		return n.ghosts.swap()
 	}
 	return nil
@@ -361,7 +381,7 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *La
 		return 0, err
 	}
 	defer unplaceLinks(links)
-	n := &notify{join: r.Join, ghosts: ghosts}
+	n := &notify{join: r.Join, dir: r.Dir, ghosts: ghosts}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(dir.Fd())),
 		WorkDirFd:         proto.Int32(int32(wd.Fd())),
@@ -415,6 +435,11 @@ func (c *Checkpointer) restore(ctx context.Context, r RestoreRequest, daemon *La
 	}
 	if n.pid == 0 {
 		return 0, errors.New("criu restore reported no pid")
+	}
+	// What nothing sets from outside is compared once CRIU is done
+	// (procattrs_linux.go); the caller has not handed the tree out.
+	if err := checkFixed(r.Dir, n.pid); err != nil {
+		return 0, fmt.Errorf("criu restore into %s: %w", r.Root, err)
 	}
 	if daemon != nil {
 		// Every uffd reached the daemon during the restore; one that is

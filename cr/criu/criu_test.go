@@ -20,7 +20,7 @@ import (
 	"github.com/arbor-env/arbor/sandbox/sandboxtest"
 )
 
-func setup(t *testing.T) (*criu.Checkpointer, *btrfs.Snapshotter) {
+func setup(t testing.TB) (*criu.Checkpointer, *btrfs.Snapshotter) {
 	t.Helper()
 	return sandboxtest.CRIU(t, slog.Default()), sandboxtest.Btrfs(t, t.TempDir(), 2<<30, nil)
 }
@@ -162,7 +162,7 @@ func TestDumpOrphanHoldingTTY(t *testing.T) {
 
 // startSource starts sandbox id on a new volume "src" holding a copy of
 // root, destroyed at the end of the test.
-func startSource(t *testing.T, snap *btrfs.Snapshotter, id, root string) *sandbox.Sandbox {
+func startSource(t testing.TB, snap *btrfs.Snapshotter, id, root string) *sandbox.Sandbox {
 	t.Helper()
 	ctx := context.Background()
 	if err := snap.CreateVolume(ctx, "src"); err != nil {

@@ -20,6 +20,10 @@ var codes = []struct {
 	// agent's own doing is its outcome, never an infra error a trainer
 	// would mask.
 	{state.ErrAgent, CodeEnvError},
+	// So is state no restore brings back exactly, whether the checkpoint
+	// or the restore met it: refused, never masked as infra (a policy
+	// could make it on purpose to have its failing branches error out).
+	{state.ErrUnrestorableState, CodeUnrestorableState},
 	{state.ErrInvalidParams, CodeInvalidParams},
 	{state.ErrUnknownEnv, CodeUnknownEnv},
 	{state.ErrLost, CodeEnvLost},
@@ -65,7 +69,8 @@ func ErrorOf(err error) *Error {
 		}
 		return pe
 	}
-	if errors.Is(err, state.ErrUnknownState) && errors.Is(err, state.ErrCheckpoint) && !errors.Is(err, state.ErrAgent) {
+	if errors.Is(err, state.ErrUnknownState) && errors.Is(err, state.ErrCheckpoint) &&
+		!errors.Is(err, state.ErrAgent) && !errors.Is(err, state.ErrUnrestorableState) {
 		// A state whose checkpoint failed, for a reason of the server's:
 		// that failure, not an unknown id; no retry brings it back.
 		e := Errorf(CodeCheckpointFail, "%v", err)

@@ -68,6 +68,12 @@ const (
 	// Neither infra nor retryable: the episode failed (docs/protocol.md,
 	// Errors).
 	CodeEnvError = "env_error"
+	// CodeUnrestorableState: the state asked for holds kernel state no
+	// restore brings back exactly (a POSIX message queue, an attribute the
+	// restored process cannot be given back); the message names it. The
+	// checkpoint that met it failed with the same code. Neither infra nor
+	// retryable: it is the env's own state, and a retry fails the same.
+	CodeUnrestorableState = "unrestorable_state"
 	// CodeVerifierError: the task's verifier ran but its result is no
 	// reward under the task's rules (garbage where a number was due, a
 	// reward outside the task's range). A fault of the task, not of the
@@ -91,29 +97,30 @@ func Errorf(code, format string, args ...any) *Error {
 
 // Sentinels for errors.Is on errors a client received.
 var (
-	ErrMalformed       = &Error{Code: CodeMalformed}
-	ErrUnknownMethod   = &Error{Code: CodeUnknownMethod}
-	ErrInvalidParams   = &Error{Code: CodeInvalidParams}
-	ErrBadRequest      = &Error{Code: CodeBadRequest}
-	ErrTooLarge        = &Error{Code: CodeTooLarge}
-	ErrUnauthorized    = &Error{Code: CodeUnauthorized}
-	ErrUnknownEnv      = &Error{Code: CodeUnknownEnv}
-	ErrUnknownState    = &Error{Code: CodeUnknownState}
-	ErrUnknownTask     = &Error{Code: CodeUnknownTask}
-	ErrTooManyReqs     = &Error{Code: CodeTooManyReqs}
-	ErrTooManyEnvs     = &Error{Code: CodeTooManyEnvs}
-	ErrShuttingDown    = &Error{Code: CodeShuttingDown}
-	ErrRestoreFailed   = &Error{Code: CodeRestoreFailed}
-	ErrCheckpoint      = &Error{Code: CodeCheckpointFail}
-	ErrSandbox         = &Error{Code: CodeSandboxFailed}
-	ErrTimeout         = &Error{Code: CodeTimeout}
-	ErrEnvLost         = &Error{Code: CodeEnvLost}
-	ErrNoSpace         = &Error{Code: CodeNoSpace}
-	ErrInternal        = &Error{Code: CodeInternal}
-	ErrNodeUnavailable = &Error{Code: CodeNodeUnavailable}
-	ErrOverBudget      = &Error{Code: CodeOverBudget}
-	ErrEnvError        = &Error{Code: CodeEnvError}
-	ErrVerifierError   = &Error{Code: CodeVerifierError}
+	ErrMalformed         = &Error{Code: CodeMalformed}
+	ErrUnknownMethod     = &Error{Code: CodeUnknownMethod}
+	ErrInvalidParams     = &Error{Code: CodeInvalidParams}
+	ErrBadRequest        = &Error{Code: CodeBadRequest}
+	ErrTooLarge          = &Error{Code: CodeTooLarge}
+	ErrUnauthorized      = &Error{Code: CodeUnauthorized}
+	ErrUnknownEnv        = &Error{Code: CodeUnknownEnv}
+	ErrUnknownState      = &Error{Code: CodeUnknownState}
+	ErrUnknownTask       = &Error{Code: CodeUnknownTask}
+	ErrTooManyReqs       = &Error{Code: CodeTooManyReqs}
+	ErrTooManyEnvs       = &Error{Code: CodeTooManyEnvs}
+	ErrShuttingDown      = &Error{Code: CodeShuttingDown}
+	ErrRestoreFailed     = &Error{Code: CodeRestoreFailed}
+	ErrCheckpoint        = &Error{Code: CodeCheckpointFail}
+	ErrSandbox           = &Error{Code: CodeSandboxFailed}
+	ErrTimeout           = &Error{Code: CodeTimeout}
+	ErrEnvLost           = &Error{Code: CodeEnvLost}
+	ErrNoSpace           = &Error{Code: CodeNoSpace}
+	ErrInternal          = &Error{Code: CodeInternal}
+	ErrNodeUnavailable   = &Error{Code: CodeNodeUnavailable}
+	ErrOverBudget        = &Error{Code: CodeOverBudget}
+	ErrEnvError          = &Error{Code: CodeEnvError}
+	ErrUnrestorableState = &Error{Code: CodeUnrestorableState}
+	ErrVerifierError     = &Error{Code: CodeVerifierError}
 )
 
 // IsInfra reports whether err is an infrastructure failure reported by the

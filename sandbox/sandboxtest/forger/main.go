@@ -10,6 +10,9 @@
 //	forger [-docker-caps] window    open the pty init holds in the test pause of ARBOR_TEST_PTY_HOLD=/tmp/pty-hold, and keep it
 //	forger [-docker-caps] connect   look for init's control channel (the old socket path, /proc/1/fd, pidfd_getfd) and send it an exec request
 //	forger [-docker-caps] rebind    bind /.arbor/ctl.sock (where an older init listened) with a socket that answers every request with a forged result
+//	forger [-docker-caps] mqueue    make the POSIX message queue /forger holding one message, "hello", and exit: the queue lives on without a holder, and no checkpoint can take it (unrestorable_state)
+//	forger [-docker-caps] mqheld    make the POSIX message queue /forger-held, remove its name, and hold it open until killed (a queue no listing of the namespace shows)
+//	forger [-docker-caps] iouring   make an io_uring and hold it until killed (CRIU cannot dump one); /tmp/forger-iouring says whether the kernel gave one
 //
 // -docker-caps first drops every capability outside Docker's default set
 // (as the hardened sandbox does), so the test shows what holds then.
@@ -48,7 +51,7 @@ func main() {
 		args = args[1:]
 	}
 	if len(args) != 1 {
-		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind")
+		fail("usage: forger [-docker-caps] status|signals|pty|window|connect|rebind|mqueue|mqheld|iouring")
 	}
 	mode := args[0]
 	switch mode {
@@ -64,6 +67,12 @@ func main() {
 		connect()
 	case "rebind":
 		rebind()
+	case "mqueue":
+		mqueue()
+	case "mqheld":
+		mqheld()
+	case "iouring":
+		iouring()
 	default:
 		fail("unknown mode %q", mode)
 	}
@@ -348,5 +357,58 @@ func rebind() {
 				fmt.Fprintf(c, `{"stdout":"cHduZWQK","exit_code":0,"cwd":"/pwned","shell_pid":2}`+"\n")
 			}
 		}(c)
+	}
+}
+
+// mqueue makes the POSIX message queue /forger with one message (a
+// busybox sandbox has no tool for it): a queue needs no holder, and CRIU
+// has no image for it.
+func mqueue() {
+	fd := mqOpen("forger")
+	msg := []byte("hello")
+	if _, _, errno := unix.Syscall6(unix.SYS_MQ_TIMEDSEND, fd, uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg)), 0, 0, 0); errno != 0 {
+		fail("mq_timedsend /forger: %v", errno)
+	}
+	report("mqueue", "made /forger")
+}
+
+// mqheld makes the POSIX message queue /forger-held, removes its name and
+// holds the queue open until killed.
+func mqheld() {
+	mqOpen("forger-held")
+	name, _ := unix.BytePtrFromString("forger-held")
+	if _, _, errno := unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0); errno != 0 {
+		fail("mq_unlink /forger-held: %v", errno)
+	}
+	report("mqheld", "holding /forger-held")
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+// mqOpen creates (or opens) the POSIX message queue /name for writing.
+func mqOpen(name string) uintptr {
+	p, err := unix.BytePtrFromString(name) // mq_open's name, without its "/"
+	if err != nil {
+		fail("mq_open /%s: %v", name, err)
+	}
+	fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)), unix.O_CREAT|unix.O_WRONLY, 0o600, 0, 0, 0)
+	if errno != 0 {
+		fail("mq_open /%s: %v", name, errno)
+	}
+	return fd
+}
+
+// iouring makes an io_uring and holds it until killed.
+func iouring() {
+	var params [120]byte // struct io_uring_params, zeroed
+	_, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 4, uintptr(unsafe.Pointer(&params[0])), 0)
+	if errno != 0 {
+		report("iouring", "refused: %v", errno)
+		os.Exit(1)
+	}
+	report("iouring", "holding an io_uring")
+	for {
+		time.Sleep(time.Hour)
 	}
 }
