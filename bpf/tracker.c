@@ -694,10 +694,16 @@ static __always_inline int stream_fd(struct tracked *t, __u64 cgid, long nr, lon
 	e->nr = nr;
 	e->ret = ret;
 	e->dirfd[0] = (__s32)fd;
-	e->mode = BPF_CORE_READ(ino, i_mode);
-	e->ino = BPF_CORE_READ(ino, i_ino);
-	e->dev = BPF_CORE_READ(ino, i_sb, s_dev);
 	e->flags = F_STREAM;
+	if ((BPF_CORE_READ(ino, i_mode) & S_IFMT) == S_IFIFO) {
+		// A named FIFO's times move with its data: its path too (an
+		// anonymous pipe's is outside the task's root).
+		put_fd(e, task, f);
+	} else {
+		e->mode = BPF_CORE_READ(ino, i_mode);
+		e->ino = BPF_CORE_READ(ino, i_ino);
+		e->dev = BPF_CORE_READ(ino, i_sb, s_dev);
+	}
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }

@@ -184,6 +184,20 @@ var turnGrammar = []turnGen{
 	{1, func(r *rand.Rand) string {
 		return fmt.Sprintf("ulimit -S -c 0; ulimit -H -c %d 2>/dev/null", 1000+r.Intn(9000))
 	}},
+	// Kernel state outside files (docs/inspector.md, "Syscall classes"):
+	// another process's affinity, I/O priority and timer slack, which
+	// CRIU does not restore (Arbor re-applies them); a FIFO the shell
+	// holds, written and read through its descriptor.
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("taskset -p %d $! >/dev/null 2>&1", 1+r.Intn(2)) }},
+	{1, func(r *rand.Rand) string {
+		return pick(r, []string{"ionice -c 3 -p $! 2>/dev/null", "ionice -c 2 -n 7 -p $! 2>/dev/null", "ionice -c 2 -n 1 -p $! 2>/dev/null"})
+	}},
+	{1, func(r *rand.Rand) string {
+		return fmt.Sprintf("echo %d > /proc/$!/timerslack_ns 2>/dev/null", 50000+r.Intn(50000))
+	}},
+	{1, func(r *rand.Rand) string { return "mkfifo /work/q 2>/dev/null; exec 6<>/work/q" }},
+	{1, func(r *rand.Rand) string { return fmt.Sprintf("[ -e /proc/$$/fd/6 ] && echo q%d >&6", r.Intn(9)) }},
+	{1, func(r *rand.Rand) string { return "[ -e /proc/$$/fd/6 ] && read -t 0.1 -u 6 FQ; true" }},
 }
 
 // bashGrammar is added in bash (the debian image): arrays and attributes,
@@ -207,6 +221,11 @@ var bashGrammar = []turnGen{
 	{1, func(r *rand.Rand) string {
 		return fmt.Sprintf("prlimit --pid $! --nofile=%d:%d >/dev/null 2>&1", 100+r.Intn(100), 300+r.Intn(100))
 	}},
+	// System V IPC objects (util-linux's ipcmk and ipcrm).
+	{1, func(r *rand.Rand) string {
+		return pick(r, []string{"ipcmk -Q >/dev/null 2>&1", "ipcmk -S 2 >/dev/null 2>&1", "ipcmk -M 4096 >/dev/null 2>&1"})
+	}},
+	{1, func(r *rand.Rand) string { return "ipcrm -a >/dev/null 2>&1; true" }},
 }
 
 // skipRegressions are turn sequences that were missed once (by the
@@ -324,8 +343,9 @@ for d in /proc/[0-9]*; do
     sig="$sig $k=$v"
   done
   st=$(cut -d' ' -f3 $d/stat); case $st in [RSDI]) st=live;; esac
-  echo "proc ${d#/proc/} $st $(tr '\0' ' ' < $d/cmdline)$sig nice=$(sed 's/.*) //' $d/stat | cut -d' ' -f17) oom=$(cat $d/oom_score_adj) cwd=$(readlink $d/cwd)"
+  echo "proc ${d#/proc/} $st $(tr '\0' ' ' < $d/cmdline)$sig nice=$(sed 's/.*) //' $d/stat | cut -d' ' -f17) oom=$(cat $d/oom_score_adj) cwd=$(readlink $d/cwd) cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' $d/status) io=$(ionice -p ${d#/proc/} 2>/dev/null) slack=$(cat $d/timerslack_ns 2>/dev/null)"
 done
+for k in msg sem shm; do awk -v k=$k 'NR > 1 { print "ipc", k, $1, $2, $3, $4, (k == "msg" ? $5 : "") }' /proc/sysvipc/$k 2>/dev/null; done
 )`
 
 type skipMiss struct {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -300,6 +301,12 @@ func (in *Inspector) applyKernel(e bpf.Event, effect, unacc string, obj *Object)
 			st.effects = append(st.effects, effect)
 		}
 	case obj != nil:
+		if e.Flags&bpf.FlagFDFile != 0 && e.Flags&bpf.FlagOutside1 == 0 && strings.HasPrefix(e.Path[1], "/") && e.TS >= st.since {
+			// A named FIFO: its times moved.
+			for _, p := range inspector.SnapshotPath(e.Path[1]) {
+				st.touched[p] = struct{}{}
+			}
+		}
 		if len(st.objects) >= maxObjects {
 			if len(st.effects) < inspector.MaxReasons {
 				st.effects = append(st.effects, fmt.Sprintf("more than %d pipes, sockets and locked files used", maxObjects))

@@ -212,6 +212,9 @@ var suite = []turnCase{
 	{name: "a FIFO a sleeper holds", cmd: "mkfifo /work/q && sh -c 'exec 7<>/work/q; exec sleep 3000' >/dev/null 2>&1 & Q=$!; sleep 0.1", want: state.Full},
 	{name: "data queued in it", cmd: "echo queued > /work/q", want: state.Proc, atLeast: true},
 	{name: "the shell holds it too", cmd: "exec 8<>/work/q", want: state.Proc},
+	// Through a descriptor already open: no open call names the FIFO,
+	// the write itself does (its times move with the data).
+	{name: "the shell writes into it", cmd: "echo more >&8", want: state.Full},
 	{name: "a child takes data from it", cmd: "head -c 3 <&8 >/dev/null", want: state.Proc, atLeast: true},
 	{name: "let them go", cmd: "exec 8<&-; kill $Q $IDLE; wait $Q $IDLE 2>/dev/null; rm /work/q; unset Q IDLE; true", want: state.Proc, atLeast: true},
 	{name: "memory changer", cmd: "sh -c 'x=; while :; do x=\"$x.\"; sleep 0.05; done' >/dev/null 2>&1 &", want: state.Proc},
