@@ -57,8 +57,10 @@ type API struct {
 type box struct {
 	template string
 	metadata map[string]string
-	started  time.Time
-	end      time.Time
+	// envs are create's envVars, set for every command.
+	envs    map[string]string
+	started time.Time
+	end     time.Time
 	// paused is the state id pause checkpointed ("" while running).
 	paused string
 }
@@ -234,8 +236,10 @@ func (a *API) create(ctx context.Context, r *http.Request) (int, any, error) {
 	if b.TemplateID == "" {
 		return 0, nil, state.Errorf(state.ErrInvalidParams, "templateID: required (an Arbor task or image)")
 	}
-	if len(b.EnvVars) > 0 {
-		return 0, nil, fmt.Errorf("envVars on create: %w", ErrNotImplemented)
+	for k := range b.EnvVars {
+		if !validEnvName(k) {
+			return 0, nil, state.Errorf(state.ErrInvalidParams, "envVars: %q is not a variable name", k)
+		}
 	}
 	req := coordinator.ResetRequest{Image: b.TemplateID}
 	if slices.Contains(a.c.TaskNames(), b.TemplateID) {
@@ -246,38 +250,56 @@ func (a *API) create(ctx context.Context, r *http.Request) (int, any, error) {
 		return 0, nil, fmt.Errorf("create sandbox of template %q: %w", b.TemplateID, err)
 	}
 	id := res.Env.ID
-	a.record(id, b.TemplateID, b.Metadata, b.Timeout)
+	a.record(id, b.TemplateID, b.Metadata, b.EnvVars, b.Timeout)
 	return http.StatusCreated, a.newSandbox(r, id, b.TemplateID, res.StateID), nil
 }
 
 // record keeps E2B's facts of a new sandbox.
-func (a *API) record(id, template string, metadata map[string]string, timeout *int) {
+func (a *API) record(id, template string, metadata, envs map[string]string, timeout *int) {
 	now := time.Now().UTC()
 	d := defaultTimeout
 	if timeout != nil {
 		d = time.Duration(*timeout) * time.Second
 	}
 	a.mu.Lock()
-	a.boxes[id] = &box{template: template, metadata: metadata, started: now, end: now.Add(d)}
+	a.boxes[id] = &box{template: template, metadata: metadata, envs: envs, started: now, end: now.Add(d)}
 	a.mu.Unlock()
 }
 
 // lookup is the record of sandbox id as ctx's tenant sees it: an env
 // handed out to it (one made elsewhere, by protocol v1, gets a record).
+// A sandbox past its timeout is killed here, as E2B kills it at its end
+// (docs/e2b.md: at its next request, not on a timer).
 func (a *API) lookup(ctx context.Context, id string) (box, error) {
 	if !a.c.Has(id) || !a.c.Sees(ctx, id) {
 		return box{}, fmt.Errorf("%w: %s", ErrUnknownSandbox, id)
 	}
+	now := time.Now().UTC()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	b, ok := a.boxes[id]
 	if !ok {
-		now := time.Now().UTC()
 		task, _ := a.c.Task(id)
 		b = &box{template: task.Name, started: now, end: now.Add(defaultTimeout)}
 		a.boxes[id] = b
 	}
-	return *b, nil
+	out := *b
+	a.mu.Unlock()
+	if now.After(out.end) {
+		a.expire(ctx, id)
+		return box{}, fmt.Errorf("%w: %s (its timeout ended at %s)", ErrUnknownSandbox, id, out.end.Format(time.RFC3339))
+	}
+	return out, nil
+}
+
+// expire kills sandbox id, whose timeout ended.
+func (a *API) expire(ctx context.Context, id string) {
+	a.cancelAll(id)
+	if err := a.ticket(id, func() error { return a.c.CloseEnv(ctx, id) }); err != nil {
+		a.log.Warn("kill a sandbox past its timeout", slog.String("sandbox", id), slog.Any("err", err))
+	}
+	a.mu.Lock()
+	delete(a.boxes, id)
+	a.mu.Unlock()
 }
 
 // update changes sandbox id's record with fn.
@@ -524,7 +546,7 @@ func (a *API) branch(ctx context.Context, r *http.Request, id string, b box, fb 
 			out[i] = forkResult{Error: map[string]any{"code": code, "message": e.Error()}}
 			continue
 		}
-		a.record(ch.ID, template, maps(b.metadata), fb.Timeout)
+		a.record(ch.ID, template, copyMap(b.metadata), copyMap(b.envs), fb.Timeout)
 		s := a.newSandbox(r, ch.ID, template, res.State)
 		out[i] = forkResult{Sandbox: &s}
 	}
@@ -532,7 +554,7 @@ func (a *API) branch(ctx context.Context, r *http.Request, id string, b box, fb 
 	return w, out, nil
 }
 
-func maps(m map[string]string) map[string]string {
+func copyMap(m map[string]string) map[string]string {
 	if m == nil {
 		return nil
 	}

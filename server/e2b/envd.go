@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"mime"
 	"mime/multipart"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -173,14 +175,27 @@ func shellCommand(p *processConfig) (string, error) {
 	if p.Cwd != nil && *p.Cwd != "" {
 		pre = append(pre, "cd -- "+quote(*p.Cwd))
 	}
-	for k, v := range p.Envs {
+	for _, k := range slices.Sorted(maps.Keys(p.Envs)) {
 		if !validEnvName(k) {
 			return "", state.Errorf(state.ErrInvalidParams, "process.envs: %q is not a variable name", k)
 		}
-		pre = append(pre, "export "+k+"="+quote(v))
+		pre = append(pre, "export "+k+"="+quote(p.Envs[k]))
 	}
 	pre = append(pre, body)
 	return "(" + strings.Join(pre, " && ") + "\n)", nil
+}
+
+// withEnvs is p with the sandbox's envs under its own.
+func withEnvs(p *processConfig, envs map[string]string) *processConfig {
+	if p == nil || len(envs) == 0 {
+		return p
+	}
+	q := *p
+	q.Envs = copyMap(envs)
+	for k, v := range p.Envs {
+		q.Envs[k] = v
+	}
+	return &q
 }
 
 func validEnvName(k string) bool {
@@ -207,7 +222,12 @@ func (a *API) start(ctx context.Context, req *connect.Request[startRequest], str
 	if len(req.Msg.Pty) > 0 && string(req.Msg.Pty) != "null" {
 		return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("pty: %w", ErrNotImplemented))
 	}
-	cmd, err := shellCommand(req.Msg.Process)
+	b, err := a.lookup(ctx, id)
+	if err != nil {
+		return rpcError(err)
+	}
+	p := withEnvs(req.Msg.Process, b.envs)
+	cmd, err := shellCommand(p)
 	if err != nil {
 		return rpcError(err)
 	}
@@ -224,7 +244,7 @@ func (a *API) start(ctx context.Context, req *connect.Request[startRequest], str
 	// any turn); SendSignal or the timeout stop it.
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	pid := a.track(id, *req.Msg.Process, cancel)
+	pid := a.track(id, *p, cancel)
 	defer a.untrack(pid)
 	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: pid}}}); err != nil {
 		return err

@@ -20,6 +20,7 @@ var sdkCases = []string{
 	"create",
 	"command foreground",
 	"command env and cwd",
+	"sandbox envs and timeout",
 	"command streaming callbacks",
 	"command non-zero exit",
 	"command not found",

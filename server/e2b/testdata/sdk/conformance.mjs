@@ -69,6 +69,17 @@ await check('command env and cwd', async () => {
   eq(r.stdout, 'hi /tmp\n', 'stdout')
 })
 
+await check('sandbox envs and timeout', async () => {
+  const s = await Sandbox.create(template, { envs: { FROM_CREATE: 'yes', B: 'b' }, timeoutMs: 2000 })
+  eq((await s.commands.run('echo $FROM_CREATE $B', { envs: { B: 'own' } })).stdout, 'yes own\n', 'envs')
+  await s.setTimeout(60000)
+  await new Promise((r) => setTimeout(r, 2500))
+  eq((await s.getInfo()).state, 'running', 'extended')
+  await s.setTimeout(1000)
+  await new Promise((r) => setTimeout(r, 1500))
+  await rejects(s.getInfo(), SandboxNotFoundError, 'past its timeout')
+})
+
 await check('command streaming callbacks', async () => {
   const out = []
   const err = []
