@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -104,6 +105,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", a.rest(a.resume))
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", a.rest(a.setTimeout))
 	mux.HandleFunc("POST /sandboxes/{id}/fork", a.rest(a.fork))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", a.rest(a.snapshot))
 	// Arbor's extensions (docs/e2b.md, "Beyond E2B").
 	mux.HandleFunc("GET /sandboxes/{id}/states", a.rest(a.states))
 	mux.HandleFunc("POST /sandboxes/{id}/rollback", a.rest(a.rollback))
@@ -241,17 +243,50 @@ func (a *API) create(ctx context.Context, r *http.Request) (int, any, error) {
 			return 0, nil, state.Errorf(state.ErrInvalidParams, "envVars: %q is not a variable name", k)
 		}
 	}
-	req := coordinator.ResetRequest{Image: b.TemplateID}
+	var id, sid string
 	if slices.Contains(a.c.TaskNames(), b.TemplateID) {
-		req = coordinator.ResetRequest{Task: b.TemplateID}
+		res, err := a.c.Reset(ctx, coordinator.ResetRequest{Task: b.TemplateID})
+		if err != nil {
+			return 0, nil, fmt.Errorf("create sandbox of task %q: %w", b.TemplateID, err)
+		}
+		id, sid = res.Env.ID, res.StateID
+	} else if br, err := a.c.Branch(ctx, coordinator.BranchRequest{StateID: b.TemplateID, N: 1}); err == nil {
+		// A snapshot id (createSnapshot's, or any state id the tenant
+		// sees): a branch of it.
+		if br.Children[0] == nil {
+			return 0, nil, fmt.Errorf("create sandbox of snapshot %s: %w", b.TemplateID, br.Errors[0])
+		}
+		id, sid = br.Children[0].ID, br.State
+	} else if !errors.Is(err, state.ErrUnknownState) {
+		return 0, nil, fmt.Errorf("create sandbox of snapshot %s: %w", b.TemplateID, err)
+	} else {
+		res, err := a.c.Reset(ctx, coordinator.ResetRequest{Image: b.TemplateID})
+		if err != nil {
+			return 0, nil, fmt.Errorf("create sandbox of template %q (no task, snapshot or image has that name): %w", b.TemplateID, err)
+		}
+		id, sid = res.Env.ID, res.StateID
 	}
-	res, err := a.c.Reset(ctx, req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("create sandbox of template %q: %w", b.TemplateID, err)
-	}
-	id := res.Env.ID
 	a.record(id, b.TemplateID, b.Metadata, b.EnvVars, b.Timeout)
-	return http.StatusCreated, a.newSandbox(r, id, b.TemplateID, res.StateID), nil
+	return http.StatusCreated, a.newSandbox(r, id, b.TemplateID, sid), nil
+}
+
+// snapshot answers createSnapshot: a checkpoint of the sandbox now, whose
+// state id is the snapshot's id and name (Sandbox.create of it branches
+// it; the sandbox runs on).
+func (a *API) snapshot(ctx context.Context, r *http.Request) (int, any, error) {
+	id := r.PathValue("id")
+	if _, err := a.lookup(ctx, id); err != nil {
+		return 0, nil, err
+	}
+	var sid string
+	err := a.ticket(id, func() (err error) {
+		sid, err = a.c.Checkpoint(ctx, id)
+		return err
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	return http.StatusCreated, map[string]any{"snapshotID": sid, "names": []string{sid}}, nil
 }
 
 // record keeps E2B's facts of a new sandbox.

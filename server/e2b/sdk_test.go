@@ -31,6 +31,7 @@ var sdkCases = []string{
 	"files large",
 	"fork live into 4 that diverge",
 	"fork from a past state and roll back",
+	"snapshot",
 	"pause and resume",
 	"errors",
 	"kill",

@@ -200,6 +200,17 @@ await check('fork from a past state and roll back', async () => {
   await past2.kill()
 })
 
+await check('snapshot', async () => {
+  await sbx.files.write('/tmp/snap.txt', 'at snapshot')
+  const snap = await sbx.createSnapshot()
+  eq(snap.names, [snap.snapshotId], 'names')
+  await sbx.files.write('/tmp/snap.txt', 'after')
+  const s = await Sandbox.create(snap.snapshotId)
+  eq(await s.files.read('/tmp/snap.txt'), 'at snapshot', 'sandbox of the snapshot')
+  eq(await sbx.files.read('/tmp/snap.txt'), 'after', 'source runs on')
+  await s.kill()
+})
+
 await check('pause and resume', async () => {
   await sbx.files.write('/tmp/p.txt', 'before pause')
   eq(await sbx.pause(), true, 'pause')
