@@ -82,7 +82,9 @@ func TestSDK(t *testing.T) {
 // npmInstall installs sdkDir's locked packages once per lock file (in
 // ARBOR_NPM_CACHE, default the user cache dir) and returns the directory
 // holding node_modules.
-func npmInstall(t *testing.T) string {
+func npmInstall(t *testing.T) string { return npmInstallB(t) }
+
+func npmInstallB(t testing.TB) string {
 	t.Helper()
 	for _, bin := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(bin); err != nil {
