@@ -249,11 +249,43 @@ func (a *API) start(ctx context.Context, req *connect.Request[startRequest], str
 	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: pid}}}); err != nil {
 		return err
 	}
-	var res *coordinator.TurnResult
-	err = a.ticket(id, func() (err error) {
-		res, err = a.c.Turn(tctx, id, coordinator.Action{Tool: state.ToolBash, Cmd: cmd, Timeout: timeout, MaxOutput: maxOutput})
-		return err
-	})
+	// The turn runs in a goroutine that ends with it (its timeout, or
+	// SendSignal's cancel); the handler waits for it, sending the
+	// keepalive events the SDK asks for (Keepalive-Ping-Interval, in
+	// seconds) meanwhile, and after a failed send (a client gone) only
+	// waits.
+	type turnDone struct {
+		res *coordinator.TurnResult
+		err error
+	}
+	done := make(chan turnDone, 1)
+	go func() {
+		var d turnDone
+		d.err = a.ticket(id, func() (err error) {
+			d.res, err = a.c.Turn(tctx, id, coordinator.Action{Tool: state.ToolBash, Cmd: cmd, Timeout: timeout, MaxOutput: maxOutput})
+			return err
+		})
+		done <- d
+	}()
+	var tick <-chan time.Time
+	if n, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && n > 0 {
+		t := time.NewTicker(time.Duration(n) * time.Second)
+		defer t.Stop()
+		tick = t.C
+	}
+	var d turnDone
+wait:
+	for {
+		select {
+		case d = <-done:
+			break wait
+		case <-tick:
+			if stream.Send(&startResponse{Event: processEvent{Keepalive: &keepAlive{}}}) != nil {
+				tick = nil
+			}
+		}
+	}
+	res, err := d.res, d.err
 	if err != nil {
 		if tctx.Err() != nil {
 			// Killed by SendSignal: as envd, a signalled end.

@@ -49,17 +49,11 @@ func envelope(body string) string {
 // streaming answer (flags 2), the last envelope.
 func lastEnvelope(t *testing.T, body string) string {
 	t.Helper()
-	b := []byte(body)
-	last := ""
-	for len(b) >= 5 {
-		n := binary.BigEndian.Uint32(b[1:5])
-		if int(n) > len(b)-5 {
-			t.Fatalf("truncated envelope in %q", body)
-		}
-		last = string(b[5 : 5+n])
-		b = b[5+n:]
+	ms := envelopes(t, body)
+	if len(ms) == 0 {
+		return ""
 	}
-	return last
+	return ms[len(ms)-1]
 }
 
 // TestTenants: another tenant's API key reaches none of a sandbox's
