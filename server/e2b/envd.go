@@ -89,6 +89,14 @@ func (a *API) envdHTTP(fn func(w http.ResponseWriter, r *http.Request) error) ht
 
 // rpcRoutes mounts the Connect services on mux.
 func (a *API) rpcRoutes(mux *http.ServeMux) {
+	for p, h := range a.rpcHandlers() {
+		mux.Handle(p, a.envdAuth(h))
+	}
+}
+
+// rpcHandlers are the Connect services' handlers by route: the calls
+// served, and the services' other calls answered unimplemented.
+func (a *API) rpcHandlers() map[string]http.Handler {
 	opt := connect.WithHandlerOptions(connect.WithCodec(jsonCodec{}), connect.WithInterceptors(sandboxCheck{}))
 	routes := map[string]http.Handler{
 		"/process.Process/Start":          connect.NewServerStreamHandler("/process.Process/Start", a.start, opt),
@@ -104,9 +112,7 @@ func (a *API) rpcRoutes(mux *http.ServeMux) {
 		"/process.Process/Connect":        connect.NewServerStreamHandler("/process.Process/Connect", unimplementedStream, opt),
 		"/filesystem.Filesystem/WatchDir": connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", unimplementedStream, opt),
 	}
-	for p, h := range routes {
-		mux.Handle(p, a.envdAuth(h))
-	}
+	return routes
 }
 
 // sandboxCheck answers a call on a sandbox envdAuth refused with that
@@ -495,7 +501,7 @@ func (a *API) stat(ctx context.Context, req *connect.Request[pathRequest]) (*con
 	return connect.NewResponse(&entryResponse{Entry: e}), nil
 }
 
-func (a *API) listDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[listDirResponse], error) {
+func (a *API) listDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
 	p, depth := req.Msg.Path, max(int(req.Msg.Depth), 1)
 	cmd := must(p) + "{ [ -d " + quote(p) + " ] || exit 20; } && find " + quote(p) + " -mindepth 1 -maxdepth " + strconv.Itoa(depth) +
 		" -exec stat -c '" + statFormat + "' -- {} +"

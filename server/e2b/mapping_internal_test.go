@@ -158,7 +158,7 @@ func TestMessagesJSON(t *testing.T) {
 	if err := c.Unmarshal([]byte(`{"process":{"pid":"7"},"signal":15}`), &sig); err != nil || *sig.Process.Pid != 7 || sig.Signal != sigTerm {
 		t.Errorf("decoded %+v, %v", sig, err)
 	}
-	var lr pathRequest
+	var lr listDirRequest
 	if err := c.Unmarshal([]byte(`{"path":"/tmp","depth":2}`), &lr); err != nil || lr.Depth != 2 {
 		t.Errorf("decoded %+v, %v", lr, err)
 	}

@@ -13,7 +13,8 @@ import (
 // (package process, package filesystem), field names in lowerCamelCase,
 // 64-bit integers as strings, bytes as base64, enums by name, a oneof as
 // the one field set. jsonCodec carries them; the binary codec is not
-// served.
+// served. TestDescriptors holds each to the descriptor the pinned SDK
+// embeds (field names, JSON names, types), so a drift fails a test.
 
 // jsonCodec is connect's "json" codec over encoding/json and the structs
 // below.
@@ -187,6 +188,10 @@ type entryInfo struct {
 }
 
 type pathRequest struct {
+	Path string `json:"path"`
+}
+
+type listDirRequest struct {
 	Path  string  `json:"path"`
 	Depth uint32s `json:"depth"`
 }
