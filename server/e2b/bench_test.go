@@ -6,7 +6,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
+	"github.com/arbor-env/arbor/internal/npmtest"
 )
 
 // BenchmarkSDK measures create, a command round trip and fork(4) of a
@@ -24,14 +24,8 @@ import (
 // rounds of each side (a round: 1 create, 5 commands, 1 fork(4)).
 func BenchmarkSDK(b *testing.B) {
 	url, _ := newServer(b)
-	dir := npmInstallB(b)
-	script, err := os.ReadFile(filepath.Join(sdkDir, "bench.mjs"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bench.mjs"), script, 0o644); err != nil {
-		b.Fatal(err)
-	}
+	dir := npmInstall(b)
+	npmtest.Script(b, sdkDir, "bench.mjs", dir)
 	b.ResetTimer()
 	// The SDK's side.
 	cmd := exec.Command("node", "bench.mjs", e2bTask.Name, strconv.Itoa(b.N))

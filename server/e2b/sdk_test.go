@@ -3,13 +3,12 @@ package e2b_test
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/arbor-env/arbor/internal/npmtest"
 )
 
 // sdkDir holds the pinned SDK's package files and the script.
@@ -45,13 +44,7 @@ var sdkCases = []string{
 func TestSDK(t *testing.T) {
 	url, _ := newServer(t)
 	dir := npmInstall(t)
-	script, err := os.ReadFile(filepath.Join(sdkDir, "conformance.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "conformance.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	npmtest.Script(t, sdkDir, "conformance.mjs", dir)
 	cmd := exec.Command("node", "conformance.mjs", e2bTask.Name)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY=tok-alpha")
@@ -79,50 +72,6 @@ func TestSDK(t *testing.T) {
 	}
 }
 
-// npmInstall installs sdkDir's locked packages once per lock file (in
-// ARBOR_NPM_CACHE, default the user cache dir) and returns the directory
-// holding node_modules.
-func npmInstall(t *testing.T) string { return npmInstallB(t) }
-
-func npmInstallB(t testing.TB) string {
-	t.Helper()
-	for _, bin := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Fatalf("%s not found: run make deps (it installs Debian's nodejs and npm)", bin)
-		}
-	}
-	lock, err := os.ReadFile(filepath.Join(sdkDir, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkg, err := os.ReadFile(filepath.Join(sdkDir, "package.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(append(append([]byte{}, pkg...), lock...))
-	root := os.Getenv("ARBOR_NPM_CACHE")
-	if root == "" {
-		if root, err = os.UserCacheDir(); err != nil {
-			t.Fatal(err)
-		}
-		root = filepath.Join(root, "arbor", "npm")
-	}
-	dir := filepath.Join(root, "e2b-sdk-"+hex.EncodeToString(sum[:6]))
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json")); err == nil {
-		return dir
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"package.json": pkg, "package-lock.json": lock} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-	}
-	return dir
-}
+// npmInstall installs the pinned SDK (testdata/sdk's lock file) and
+// returns the folder holding node_modules.
+func npmInstall(tb testing.TB) string { return npmtest.Install(tb, sdkDir, "e2b-sdk") }
