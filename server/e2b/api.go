@@ -111,7 +111,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/rollback", a.rest(a.rollback))
 	mux.HandleFunc("POST /sandboxes/fork", a.rest(a.forkState))
 	// envd's routes.
-	mux.HandleFunc("GET /health", a.envdHTTP(a.health))
+	mux.Handle("GET /health", a.envdAuth(http.HandlerFunc(a.health)))
 	mux.HandleFunc("GET /files", a.envdHTTP(a.readFile))
 	mux.HandleFunc("POST /files", a.envdHTTP(a.writeFiles))
 	a.rpcRoutes(mux)

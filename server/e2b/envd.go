@@ -385,10 +385,15 @@ func (a *API) sendSignal(ctx context.Context, req *connect.Request[sendSignalReq
 	return connect.NewResponse(&sendSignalResponse{}), nil
 }
 
-// health answers envd's GET /health: 204 while the sandbox runs.
-func (a *API) health(w http.ResponseWriter, _ *http.Request) error {
+// health answers envd's GET /health: 204 while the sandbox runs, 502
+// (the SDK's "not running": isRunning answers false) when it is paused,
+// killed or not the tenant's.
+func (a *API) health(w http.ResponseWriter, r *http.Request) {
+	if _, err := sandboxOf(r.Context()); err != nil {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": err.Error()})
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
-	return nil
 }
 
 // fsTurn runs a file system command in the sandbox as a turn (readOnly:

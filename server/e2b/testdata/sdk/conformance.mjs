@@ -216,6 +216,7 @@ await check('pause and resume', async () => {
   eq(await sbx.pause(), true, 'pause')
   eq(await sbx.pause(), false, 'pause again')
   eq((await sbx.getInfo()).state, 'paused', 'state')
+  eq(await sbx.isRunning(), false, 'isRunning when paused')
   const paused = (await Sandbox.list({ query: { state: ['paused'] } }).nextItems()).map((s) => s.sandboxId)
   if (!paused.includes(sbx.sandboxId)) throw new Error(`list paused: ${paused}`)
   // The SDK's classes for a sandbox not running: a command's start
@@ -246,6 +247,7 @@ await check('kill', async () => {
   eq(await sbx.kill(), true, 'kill')
   await rejects(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError, 'getInfo after kill')
   eq(await Sandbox.kill(sbx.sandboxId), false, 'kill again')
+  eq(await sbx.isRunning(), false, 'isRunning after kill')
   await rejects(sbx.commands.run('echo gone'), SandboxError, 'command after kill')
 })
 
