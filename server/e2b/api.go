@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -567,7 +568,7 @@ func (a *API) branch(ctx context.Context, r *http.Request, id string, b box, fb 
 		err = do()
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("fork %s%s: %w", id, fb.StateID, err)
+		return 0, nil, fmt.Errorf("fork sandbox %q state %q: %w", id, fb.StateID, err)
 	}
 	template := b.template
 	if template == "" {
@@ -585,20 +586,10 @@ func (a *API) branch(ctx context.Context, r *http.Request, id string, b box, fb 
 		s := a.newSandbox(r, ch.ID, template, res.State)
 		out[i] = forkResult{Sandbox: &s}
 	}
-	w := http.StatusCreated
-	return w, out, nil
+	return http.StatusCreated, out, nil
 }
 
-func copyMap(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
+func copyMap(m map[string]string) map[string]string { return maps.Clone(m) }
 
 // stateInfo is one state of GET /sandboxes/{id}/states.
 type stateInfo struct {
