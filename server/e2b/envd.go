@@ -109,7 +109,7 @@ func (a *API) rpcHandlers() map[string]http.Handler {
 		"/filesystem.Filesystem/Remove":   connect.NewUnaryHandler("/filesystem.Filesystem/Remove", a.remove, opt),
 		"/process.Process/":               connect.NewUnaryHandler("/process.Process/", unimplemented, opt),
 		"/filesystem.Filesystem/":         connect.NewUnaryHandler("/filesystem.Filesystem/", unimplemented, opt),
-		"/process.Process/Connect":        connect.NewServerStreamHandler("/process.Process/Connect", unimplementedStream, opt),
+		"/process.Process/Connect":        connect.NewServerStreamHandler("/process.Process/Connect", a.connectProcess, opt),
 		"/filesystem.Filesystem/WatchDir": connect.NewServerStreamHandler("/filesystem.Filesystem/WatchDir", unimplementedStream, opt),
 	}
 	return routes
@@ -157,6 +157,12 @@ type command struct {
 	sandbox string
 	config  processConfig
 	cancel  context.CancelFunc
+	// done is closed when the turn ended, res and err set before.
+	done chan struct{}
+	res  *coordinator.TurnResult
+	err  error
+	// killed: SendSignal (or kill) cancelled the turn.
+	killed bool
 }
 
 // shellCommand is the command line a Start runs in the sandbox's shell:
@@ -250,40 +256,64 @@ func (a *API) start(ctx context.Context, req *connect.Request[startRequest], str
 	// any turn); SendSignal or the timeout stop it.
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	pid := a.track(id, *p, cancel)
+	c := &command{sandbox: id, config: *p, cancel: cancel, done: make(chan struct{})}
+	pid := a.track(c)
 	defer a.untrack(pid)
 	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: pid}}}); err != nil {
 		return err
 	}
 	// The turn runs in a goroutine that ends with it (its timeout, or
-	// SendSignal's cancel); the handler waits for it, sending the
-	// keepalive events the SDK asks for (Keepalive-Ping-Interval, in
-	// seconds) meanwhile, and after a failed send (a client gone) only
-	// waits.
-	type turnDone struct {
-		res *coordinator.TurnResult
-		err error
-	}
-	done := make(chan turnDone, 1)
+	// SendSignal's cancel); its result travels in c, published by
+	// closing c.done.
 	go func() {
-		var d turnDone
-		d.err = a.ticket(id, func() (err error) {
-			d.res, err = a.c.Turn(tctx, id, coordinator.Action{Tool: state.ToolBash, Cmd: cmd, Timeout: timeout, MaxOutput: maxOutput})
+		var res *coordinator.TurnResult
+		err := a.ticket(id, func() (err error) {
+			res, err = a.c.Turn(tctx, id, coordinator.Action{Tool: state.ToolBash, Cmd: cmd, Timeout: timeout, MaxOutput: maxOutput})
 			return err
 		})
-		done <- d
+		c.res, c.err, c.killed = res, err, tctx.Err() != nil
+		close(c.done)
 	}()
+	return follow(req.Header(), stream, c, timeout)
+}
+
+// connectProcess answers Process.Connect: the stream of a running
+// command (selected by pid) from now on: its start event, then, when its
+// turn ends, its output and end, as Start's.
+func (a *API) connectProcess(ctx context.Context, req *connect.Request[connectRequest], stream *connect.ServerStream[startResponse]) error {
+	sel := req.Msg.Process.Pid
+	if sel == nil {
+		return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("select a process by tag: %w", ErrNotImplemented))
+	}
+	id, _ := sandboxOf(ctx)
+	a.mu.Lock()
+	c, ok := a.running[uint32(*sel)]
+	a.mu.Unlock()
+	if !ok || c.sandbox != id {
+		return rpcError(fmt.Errorf("%w: %d", ErrUnknownProcess, *sel))
+	}
+	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: uint32(*sel)}}}); err != nil {
+		return err
+	}
+	return follow(req.Header(), stream, c, 0)
+}
+
+// follow waits for command c's turn, sending the keepalive events the
+// client asks for (Keepalive-Ping-Interval, in seconds) meanwhile (after
+// a failed send, a client gone, it only waits: the turn is not the
+// client's to stop), then sends its output and its end, and its state
+// id as the Arbor-State-Id trailer.
+func follow(h http.Header, stream *connect.ServerStream[startResponse], c *command, timeout time.Duration) error {
 	var tick <-chan time.Time
-	if n, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && n > 0 {
+	if n, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && n > 0 {
 		t := time.NewTicker(time.Duration(n) * time.Second)
 		defer t.Stop()
 		tick = t.C
 	}
-	var d turnDone
 wait:
 	for {
 		select {
-		case d = <-done:
+		case <-c.done:
 			break wait
 		case <-tick:
 			if stream.Send(&startResponse{Event: processEvent{Keepalive: &keepAlive{}}}) != nil {
@@ -291,9 +321,9 @@ wait:
 			}
 		}
 	}
-	res, err := d.res, d.err
+	res, err := c.res, c.err
 	if err != nil {
-		if tctx.Err() != nil {
+		if c.killed {
 			// Killed by SendSignal: as envd, a signalled end.
 			msg := "signal: killed"
 			return stream.Send(&startResponse{Event: processEvent{End: &endEvent{ExitCode: -1, Exited: false, Status: msg, Error: &msg}}})
@@ -330,11 +360,11 @@ wait:
 
 // track records a running command and returns its pid (an id of this
 // API's: the command runs in the sandbox's shell, whose pid is Arbor's).
-func (a *API) track(id string, p processConfig, cancel context.CancelFunc) uint32 {
+func (a *API) track(c *command) uint32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.nextPID++
-	a.running[a.nextPID] = &command{sandbox: id, config: p, cancel: cancel}
+	a.running[a.nextPID] = c
 	return a.nextPID
 }
 

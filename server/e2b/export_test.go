@@ -18,6 +18,8 @@ var Messages = map[string]any{
 	"process.ListResponse":            listResponse{},
 	"process.SendSignalRequest":       sendSignalRequest{},
 	"process.SendSignalResponse":      sendSignalResponse{},
+	"process.ConnectRequest":          connectRequest{},
+	"process.ConnectResponse":         startResponse{},
 	"filesystem.EntryInfo":            entryInfo{},
 	"filesystem.StatRequest":          pathRequest{},
 	"filesystem.ListDirRequest":       listDirRequest{},

@@ -159,6 +159,10 @@ type sendSignalRequest struct {
 
 type sendSignalResponse struct{}
 
+type connectRequest struct {
+	Process processSelector `json:"process"`
+}
+
 // anyMessage stands for the requests of the calls not served: they are
 // answered unimplemented before their body matters.
 type anyMessage struct{}

@@ -109,17 +109,27 @@ await check('command timeout', async () => {
 })
 
 await check('command background', async () => {
-  const h = await sbx.commands.run('sleep 0.3; echo bg', { background: true })
+  const h = await sbx.commands.run('sleep 2; echo bg', { background: true })
   if (typeof h.pid !== 'number') throw new Error(`pid: ${h.pid}`)
+  const got = []
+  const c = await sbx.commands.connect(h.pid, { onStdout: (d) => got.push(d) })
   const r = await h.wait()
   eq(r.stdout, 'bg\n', 'background stdout')
+  eq((await c.wait()).stdout, 'bg\n', 'connected stdout')
+  eq(got.join(''), 'bg\n', 'connected onStdout')
+  await rejects(sbx.commands.connect(h.pid), NotFoundError, 'connect to an ended command')
 })
 
 await check('command background kill', async () => {
   const h = await sbx.commands.run('sleep 30', { background: true })
   const listed = await sbx.commands.list()
   if (!listed.some((p) => p.pid === h.pid)) throw new Error(`list: ${JSON.stringify(listed)} lacks ${h.pid}`)
+  // Another handle on the running command (commands.connect).
+  const again = await sbx.commands.connect(h.pid)
+  eq(again.pid, h.pid, 'connect pid')
   eq(await h.kill(), true, 'kill')
+  const e2 = await rejects(again.wait(), CommandExitError, 'killed command, connected')
+  eq(e2.exitCode, -1, 'killed, connected')
   // Killed, not ended: sleep 30 would have exited 0.
   const e = await rejects(h.wait(), CommandExitError, 'killed command')
   eq([e.exitCode, e.error], [-1, 'signal: killed'], 'killed')
