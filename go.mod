@@ -3,6 +3,7 @@ module github.com/arbor-env/arbor
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/cilium/ebpf v0.22.0

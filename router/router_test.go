@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/arbor-env/arbor/internal/tenant"
+	"github.com/arbor-env/arbor/server/e2b"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -127,7 +130,9 @@ func startNodeMax(t testing.TB, etcd, id, ip string, max int, tasks ...envpool.T
 		t.Fatal(err)
 	}
 	n.tr = cluster.NewTransfer(cluster.TransferOptions{Coordinator: co, Node: n.reg, Timeout: time.Minute, Logger: quiet()})
-	s, err := server.New(server.Options{Coordinator: co, Handlers: map[string]http.Handler{cluster.TransferPrefix: n.tr.Handler()}, Logger: quiet()})
+	routes := e2b.New(e2b.Options{Coordinator: co, Logger: quiet()}).Routes()
+	routes[cluster.TransferPrefix] = n.tr.Handler()
+	s, err := server.New(server.Options{Coordinator: co, Handlers: routes, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +175,8 @@ func startRouter(t testing.TB, etcd string, tokens ...string) (*router.Router, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Forwarder: rt, Token: token, Logger: quiet()})
+	s, err := server.New(server.Options{Forwarder: rt, Token: token, Logger: quiet(),
+		Handlers: e2b.NewProxy(e2b.ProxyOptions{Placer: rt, Auth: tenant.Auth{Token: token}, Logger: quiet()}).Routes()})
 	if err != nil {
 		t.Fatal(err)
 	}

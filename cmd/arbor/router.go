@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/arbor-env/arbor/server/e2b"
+
 	"github.com/spf13/cobra"
 
 	"github.com/arbor-env/arbor/internal/tenant"
@@ -82,8 +84,10 @@ func runRouter(ctx context.Context, o *routerOptions) error {
 		return err
 	}
 	defer r.Close()
+	// The E2B API by proxy: each sandbox's requests go to its node.
+	e2bRoutes := e2b.NewProxy(e2b.ProxyOptions{Placer: r, Auth: auth, Logger: log}).Routes()
 	s, err := server.New(server.Options{Forwarder: r, Token: o.token, Tokens: auth.Tokens, MaxInFlight: o.maxInFlight,
-		MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Logger: log})
+		MaxFrameBytes: int(maxFrame), MaxUnreadBytes: int(maxUnread), Handlers: e2bRoutes, Logger: log})
 	if err != nil {
 		return err
 	}

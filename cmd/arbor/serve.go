@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arbor-env/arbor/server/e2b"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
@@ -63,6 +65,7 @@ type serveOptions struct {
 	workers     int
 	grace       time.Duration
 	mcp         bool
+	e2b         bool
 	inspect     string
 	verifySkips float64
 	llmUpstream string
@@ -131,6 +134,7 @@ task) and listens on 127.0.0.1:7878. Listening elsewhere needs --token.`,
 	o.userNS.add(f)
 	o.cluster.add(f)
 	f.DurationVar(&o.waitLock, "wait-lock", 0, "when another arbor serve holds the state dir (one still stopping), wait this long for it to end (0: fail at once)")
+	f.BoolVar(&o.e2b, "e2b", true, "also serve the E2B-compatible API (sandboxes, commands, files, fork) on the same port (docs/e2b.md)")
 	f.BoolVar(&o.mcp, "mcp", false, "also serve the agent tools over MCP at /v1/mcp/ENV_ID and /v1/mcp?task=|image= (docs/agent-tools.md)")
 	return cmd
 }
@@ -407,7 +411,8 @@ func openPool(ctx context.Context, e *branch.Engine, catalog envpool.Catalog, o 
 }
 
 // serveRoutes are the handlers beside protocol v1 on the listener: the
-// agent tools over MCP (--mcp), the LLM proxy (--llm-upstream) and a
+// agent tools over MCP (--mcp), the LLM proxy (--llm-upstream), the
+// E2B-compatible API (--e2b) and a
 // cluster node's state transfers (tr, nil outside a cluster). closeAll
 // stops the proxy, then MCP.
 func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, node *cluster.Node, auth tenant.Auth, log *slog.Logger) (routes map[string]http.Handler, tr *cluster.Transfer, closeAll func(), err error) {
@@ -430,6 +435,15 @@ func serveRoutes(o *serveOptions, addr net.Addr, co *coordinator.Coordinator, no
 			}
 			stopMCP()
 		}
+	}
+	if o.e2b {
+		if routes == nil {
+			routes = map[string]http.Handler{}
+		}
+		for p, h := range e2b.New(e2b.Options{Coordinator: co, Auth: auth, Logger: log}).Routes() {
+			routes[p] = h
+		}
+		fmt.Fprintf(os.Stderr, "arbor: E2B-compatible API at http://%s (E2B_API_URL and E2B_SANDBOX_URL; docs/e2b.md)\n", addr)
 	}
 	if node != nil {
 		// Other nodes ship states here, and this node ships its own, on

@@ -18,8 +18,8 @@ import (
 
 // TestServeTokens: the real arbor serve with --tokens FILE (and --mcp):
 // two tenants' clients each see and drive only their own envs, over the
-// websocket, the web view and MCP; a malformed file stops the server at
-// start.
+// websocket, the web view, MCP and the E2B API (on by default: its REST
+// and envd routes); a malformed file stops the server at start.
 func TestServeTokens(t *testing.T) {
 	servetest.RequireHost(t)
 	dir := t.TempDir()
@@ -95,6 +95,38 @@ func TestServeTokens(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || strings.Contains(string(body), ra.EnvID) || !strings.Contains(string(body), rb.EnvID) {
 		t.Errorf("beta's web view: %d %s", resp.StatusCode, body)
+	}
+	// The E2B API: an env is a sandbox of its tenant's, and another
+	// tenant's key reaches neither its REST route nor its commands.
+	e2bCall := func(method, path, key, sandbox, ctype, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, method, "http://"+srv.Addr+path, strings.NewReader(body))
+		req.Header.Set("X-API-KEY", key)
+		if sandbox != "" {
+			req.Header.Set("E2b-Sandbox-Id", sandbox)
+		}
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := e2bCall("GET", "/sandboxes/"+ra.EnvID, "tok-alpha", "", "", ""); code != 200 || !strings.Contains(body, `"running"`) {
+		t.Errorf("alpha's E2B sandbox info: %d %s", code, body)
+	}
+	if code, body := e2bCall("GET", "/sandboxes/"+ra.EnvID, "tok-beta", "", "", ""); code != http.StatusNotFound {
+		t.Errorf("beta's E2B info of alpha's sandbox: %d %s, want 404", code, body)
+	}
+	stat := `{"path":"/"}`
+	if code, body := e2bCall("POST", "/filesystem.Filesystem/Stat", "tok-alpha", ra.EnvID, "application/json", stat); code != 200 || !strings.Contains(body, "FILE_TYPE_DIRECTORY") {
+		t.Errorf("alpha's E2B stat: %d %s", code, body)
+	}
+	if code, body := e2bCall("POST", "/filesystem.Filesystem/Stat", "tok-beta", ra.EnvID, "application/json", stat); code != http.StatusNotFound || !strings.Contains(body, "not_found") {
+		t.Errorf("beta's E2B stat in alpha's sandbox: %d %s, want not_found", code, body)
 	}
 	req, _ = http.NewRequestWithContext(ctx, "POST", "http://"+srv.Addr+"/v1/mcp/"+ra.EnvID, strings.NewReader(`{}`))
 	req.Header.Set("Authorization", "Bearer tok-beta")
