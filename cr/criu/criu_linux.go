@@ -179,29 +179,37 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	if r.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(r.FreezeCgroup)
 	}
-	var onNotify func(*rpc.CriuNotify) error
+	// What CRIU leaves out but Arbor can set again is recorded with the
+	// images at post-dump, while CRIU still holds the tree stopped: the
+	// tasks recorded are the tasks dumped (a tree that is not frozen
+	// before the dump forks and reaps meanwhile; procattrs_linux.go).
+	opts.NotifyScripts = proto.Bool(true)
 	if r.Root != "" {
-		opts.LinkRemap, opts.NotifyScripts = proto.Bool(true), proto.Bool(true)
-		onNotify = func(m *rpc.CriuNotify) error {
-			if m.GetScript() == "post-dump" {
-				// CRIU removes its link remaps after this, as the tree
-				// keeps running.
-				return recordLinks(r.Dir, r.Root)
-			}
+		opts.LinkRemap = proto.Bool(true)
+	}
+	onNotify := func(m *rpc.CriuNotify) error {
+		if m.GetScript() != "post-dump" {
 			return nil
 		}
+		if r.Root != "" {
+			// CRIU removes its link remaps after this, as the tree
+			// keeps running.
+			if err := recordLinks(r.Dir, r.Root); err != nil {
+				return err
+			}
+		}
+		tasks, err := treeTasks(r.PID)
+		if err != nil {
+			return err
+		}
+		return recordAttrs(r.Dir, tasks)
 	}
-	// What no restore brings back refuses the dump; what CRIU leaves
-	// out but Arbor can set again is recorded with the images
-	// (procattrs_linux.go, unrestorable_linux.go).
+	// What no restore brings back refuses the dump (unrestorable_linux.go).
 	tasks, err := treeTasks(r.PID)
 	if err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
 	}
 	if err := refuseUnrestorable(r.PID, tasks); err != nil {
-		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
-	}
-	if err := recordAttrs(r.Dir, tasks); err != nil {
 		return DumpStats{}, fmt.Errorf("criu dump of pid %d: %w", r.PID, err)
 	}
 	var sp *spare

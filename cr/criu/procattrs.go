@@ -43,6 +43,20 @@ type taskAttrs struct {
 	AutogroupNice  *int    `json:"autogroup_nice,omitempty"`
 }
 
+// Defaults every task starts with on Linux (prctl(2), proc(5)).
+const (
+	defaultTimerSlack     = 50000
+	defaultCoredumpFilter = 0x33
+)
+
+// settable reports whether a holds anything a restore must set: an
+// attribute other than the default every restored task starts with.
+func (a taskAttrs) settable() bool {
+	return len(a.Affinity) > 0 || a.IOPrio != 0 || a.TimerSlack != defaultTimerSlack ||
+		a.CoredumpFilter != nil && *a.CoredumpFilter != defaultCoredumpFilter ||
+		a.AutogroupNice != nil && *a.AutogroupNice != 0
+}
+
 // attrsRecord is attrsFile's content.
 type attrsRecord struct {
 	Tasks []taskAttrs `json:"tasks"`
