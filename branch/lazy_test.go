@@ -102,9 +102,8 @@ func volumes(t *testing.T, r *rig) int {
 
 // TestLazyBranch: branch(2) of a past state of a sandbox holding 256 MiB,
 // restored lazily: each child holds the state's files and, checked over a
-// SHA-256 of all of it, the state's memory; right after the branch it has
-// not been charged all of it; its daemon finishes; the daemons are gone
-// once the children are closed.
+// SHA-256 of all of it, the state's memory; both were restored lazily;
+// its daemon finishes; the daemons are gone once the children are closed.
 func TestLazyBranch(t *testing.T) {
 	r, _, sid := lazyRig(t)
 	ctx := context.Background()
@@ -122,10 +121,12 @@ func TestLazyBranch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// How much a child holds right after depends on how far its
+		// daemon's background copy got meanwhile (a loaded machine: all
+		// of it); that the restore was lazy is LazyRestores below, and
+		// the memory right after is `arbor bench --branch-only`'s
+		// (benchmarks/branchmem_linux.go).
 		t.Logf("child %d right after: memory.current %d MiB, anon %d MiB", i, m.Current>>20, m.Anon>>20)
-		if m.Current >= lazyMB<<20 {
-			t.Errorf("child %d is charged %d MiB right after the branch: restored eagerly", i, m.Current>>20)
-		}
 	}
 	u, err := r.e.Usage()
 	if err != nil {
