@@ -27,7 +27,7 @@ func ReadShell(ctx context.Context, t Target) (ShellState, error) {
 	if t.Shell == nil {
 		return ShellState{}, fmt.Errorf("no shell given")
 	}
-	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20, NoLimitCheck: true})
 	if err != nil {
 		return ShellState{}, fmt.Errorf("read shell state: %w", err)
 	}
