@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/arbor-env/arbor/internal/procfs"
 	"github.com/arbor-env/arbor/sandbox"
 )
 
@@ -27,7 +27,7 @@ func ReadShell(ctx context.Context, t Target) (ShellState, error) {
 	if t.Shell == nil {
 		return ShellState{}, fmt.Errorf("no shell given")
 	}
-	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20})
+	r, err := t.Shell.Exec(ctx, ShellQuery, sandbox.ExecOptions{Timeout: 10 * time.Second, MaxOutput: 8 << 20, NoLimitCheck: true})
 	if err != nil {
 		return ShellState{}, fmt.Errorf("read shell state: %w", err)
 	}
@@ -55,10 +55,29 @@ const oLargefile = 0o100000
 // oCloexec is close-on-exec as fdinfo shows it (O_CLOEXEC).
 const oCloexec = 0o2000000
 
-// kernelObject matches the names /proc/PID/fd gives what is not a path:
-// "pipe:[1234]", "socket:[99]", "anon_inode:[eventfd]". The inode number
-// is dropped: a restore makes new pipes and sockets.
-var kernelObject = regexp.MustCompile(`^([a-z_]+):\[[0-9]+\]$`)
+// kernelObject returns the kind of kernel object a /proc/PID/fd name
+// that is not a path names, "pipe" of "pipe:[1234]" and "socket" of
+// "socket:[99]" (the form ^[a-z_]+:\[[0-9]+\]$), and ok false for any
+// other name ("anon_inode:[eventfd]" too). The inode number is dropped: a
+// restore makes new pipes and sockets. A scan, not a regexp: it runs for
+// every descriptor of every turn (docs/inspector.md, "Cost").
+func kernelObject(name string) (kind string, ok bool) {
+	kind, num, ok := strings.Cut(name, ":[")
+	if !ok || kind == "" || len(num) < 2 || num[len(num)-1] != ']' {
+		return "", false
+	}
+	for _, c := range kind {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return "", false
+		}
+	}
+	for _, c := range num[:len(num)-1] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return kind, true
+}
 
 // FDTable lists the open file descriptors of the process whose pid in the
 // sandbox is nsPID (in the sandbox whose v2 cgroup is cgroup and whose root
@@ -78,13 +97,13 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		return "", err
 	}
 	dir := fmt.Sprintf("/proc/%d/fd", host)
-	ents, err := os.ReadDir(dir)
+	ents, err := procfs.ReadDirNames(dir)
 	if err != nil {
 		return "", err
 	}
 	fds := make([]int, 0, len(ents))
 	for _, e := range ents {
-		if n, err := strconv.Atoi(e.Name()); err == nil {
+		if n, err := strconv.Atoi(e); err == nil {
 			fds = append(fds, n)
 		}
 	}
@@ -97,9 +116,9 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 			continue // closed meanwhile
 		}
 		file := true
-		switch m := kernelObject.FindStringSubmatch(target); {
-		case m != nil:
-			target, file = m[1], false
+		switch kind, ok := kernelObject(target); {
+		case ok:
+			target, file = kind, false
 		case strings.HasPrefix(target, "anon_inode:"):
 			file = false
 		case root != "" && root != "/" && (target == root || strings.HasPrefix(target, root+"/")):
@@ -149,7 +168,7 @@ const promptWait = 2 * time.Second
 func atPrompt(pid int) error {
 	deadline := time.Now().Add(promptWait)
 	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		b, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
 		if err != nil {
 			return err
 		}
@@ -168,7 +187,7 @@ func atPrompt(pid int) error {
 // same open file can take or drop while the holder sleeps, and CRIU
 // restores) without their index, owner pid and device:inode.
 func fdInfo(p string) (flags, pos, locks string) {
-	b, err := os.ReadFile(p)
+	b, err := procfs.ReadFile(p)
 	if err != nil {
 		return "?", "?", ""
 	}
@@ -201,12 +220,12 @@ func fdInfo(p string) (flags, pos, locks string) {
 // and its oom_score_adj.
 func ProcAttrs(pid int) string {
 	var b strings.Builder
-	if l, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid)); err == nil {
+	if l, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/limits", pid)); err == nil {
 		b.Write(l)
 	} else {
 		fmt.Fprintf(&b, "limits: %v\n", err)
 	}
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+	if st, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 		// Fields after the command's closing parenthesis: state is the
 		// first (field 3), nice the 17th (field 19).
 		if i := bytes.LastIndexByte(st, ')'); i >= 0 {
@@ -215,7 +234,7 @@ func ProcAttrs(pid int) string {
 			}
 		}
 	}
-	if o, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil {
+	if o, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err == nil {
 		fmt.Fprintf(&b, "oom_score_adj %s", o)
 	}
 	return b.String()
@@ -227,7 +246,7 @@ func hostPID(cgroup string, nsPID int) (int, error) {
 	if nsPID <= 0 {
 		return 0, fmt.Errorf("no shell pid")
 	}
-	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	b, err := procfs.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
 		return 0, err
 	}
@@ -236,7 +255,7 @@ func hostPID(cgroup string, nsPID int) (int, error) {
 		if err != nil {
 			continue
 		}
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		st, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			continue
 		}

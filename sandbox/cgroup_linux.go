@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/internal/procfs"
 )
 
 // cgroupRoot is where the cgroup file systems are mounted.
@@ -402,12 +404,11 @@ func (cg *cgroup) memory() (Memory, error) {
 
 // keyed reads "key value" lines and returns value for key (0 if absent).
 func keyed(path, key string) int64 {
-	f, err := os.Open(path)
+	b, err := procfs.ReadFile(path) // after every command (docs/inspector.md, "Cost")
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), " ")
 		if ok && k == key {

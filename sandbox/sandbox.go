@@ -183,6 +183,13 @@ type ExecOptions struct {
 	// MaxOutput caps each of stdout and stderr (default 256 KiB, at most
 	// MaxOutputCeiling); the head and the tail are kept.
 	MaxOutput int
+	// NoLimitCheck leaves out the limit and disk checks around the command
+	// (four cgroup reads and a quota read): for the harness's own queries
+	// that run right after a command (the Inspector's shell query), whose
+	// Result no one shows. A limit hit meanwhile is reported with the next
+	// command that checks, instead of in that Result (docs/inspector.md,
+	// "Cost").
+	NoLimitCheck bool
 }
 
 // RunOptions tune Sandbox.Run.

@@ -764,7 +764,9 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 		return nil, ErrClosed
 	}
 	var events []LimitEvent
-	events = append(events, s.checkLimits()...)
+	if !o.NoLimitCheck {
+		events = append(events, s.checkLimits()...)
+	}
 	// Init needs at most a few seconds beyond the command's own timeout to
 	// kill it and bring the shell back.
 	max := OutputCap(o.MaxOutput)
@@ -786,11 +788,13 @@ func (s *Sandbox) Exec(ctx context.Context, cmd string, o ExecOptions) (*Result,
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("exec in sandbox %s: %w", s.cfg.ID, err)
 	}
-	events = append(events, s.checkLimits()...)
+	if !o.NoLimitCheck {
+		events = append(events, s.checkLimits()...)
+		events = append(events, s.checkDisk(ctx)...)
+	}
 	if resp.Rejected > 0 {
 		s.log.Debug("init dropped forged or stray status records", slog.Int("count", resp.Rejected))
 	}
-	events = append(events, s.checkDisk(ctx)...)
 	if resp.ShellExited {
 		if r, err := s.call(ctx, ctl.Request{Op: ctl.OpShell}, 10*time.Second); err == nil {
 			s.shellPID = r.ShellPID

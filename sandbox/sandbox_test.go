@@ -348,6 +348,25 @@ func TestMemoryHogStoppedByMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestNoLimitCheckDefers: a memory limit hit by a command run with
+// NoLimitCheck (as the Inspector's shell query is) is not in its Result
+// but in the next checked command's, not lost.
+func TestNoLimitCheckDefers(t *testing.T) {
+	sb := start(t, sandbox.Limits{MemoryBytes: 64 << 20})
+	r, err := sb.Exec(context.Background(), "head -c 400000000 /dev/zero | tail -c 300000000 | wc -c",
+		sandbox.ExecOptions{Timeout: 60 * time.Second, NoLimitCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Limits) != 0 {
+		t.Errorf("limits checked around a NoLimitCheck command: %+v", r.Limits)
+	}
+	next := run(t, sb, "echo fine", 5*time.Second)
+	if len(next.Limits) == 0 || next.Limits[0].Resource != "memory" {
+		t.Errorf("the memory limit hit by the unchecked command not reported by the next: %+v", next.Limits)
+	}
+}
+
 func TestCommandTooLarge(t *testing.T) {
 	sb := start(t, sandbox.Limits{})
 	_, err := sb.Exec(context.Background(), strings.Repeat("x", ctl.MaxCommand+1), sandbox.ExecOptions{})

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/internal/procfs"
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
@@ -80,7 +81,7 @@ type holders struct {
 // v2 cgroup dir cgroup.
 func scanHolders(cgroup string, shellNS int) (holders, error) {
 	h := holders{byIno: map[objKey]string{}, harness: map[objKey]bool{}}
-	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	b, err := procfs.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
 		return h, err
 	}
@@ -97,13 +98,13 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 			h.init = pid
 		}
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		ents, _ := os.ReadDir(dir)
+		ents, _ := procfs.ReadDirNames(dir)
 		for _, e := range ents {
-			fd, err := strconv.Atoi(e.Name())
+			fd, err := strconv.Atoi(e)
 			if err != nil {
 				continue
 			}
-			link, err := os.Readlink(dir + "/" + e.Name())
+			link, err := os.Readlink(dir + "/" + e)
 			if err != nil {
 				continue
 			}
@@ -120,7 +121,7 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 				continue // one inode for every anonymous file
 			default:
 				var st unix.Stat_t
-				if unix.Stat(dir+"/"+e.Name(), &st) != nil {
+				if unix.Stat(dir+"/"+e, &st) != nil {
 					continue
 				}
 				k = objKey{st.Ino, st.Mode & unix.S_IFMT}
@@ -141,7 +142,7 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 			continue
 		}
 		// Memory files mapped (a memfd a daemon mapped and closed).
-		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		if m, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
 			for _, line := range strings.Split(string(m), "\n") {
 				fs := strings.Fields(line)
 				if len(fs) < 6 {
@@ -161,7 +162,7 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 // nsPIDOf returns pid's pid in its own namespace and its command name; 0
 // when it is gone.
 func nsPIDOf(pid int) (int, string) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	b, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, ""
 	}

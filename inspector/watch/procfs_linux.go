@@ -1,8 +1,6 @@
 package watch
 
 import (
-	"github.com/arbor-env/arbor/inspector"
-
 	"bufio"
 	"bytes"
 	"fmt"
@@ -14,13 +12,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/arbor-env/arbor/inspector"
+	"github.com/arbor-env/arbor/internal/procfs"
 )
 
 // sampleProcs reads every process of the v2 cgroup dir cg except the
 // sandbox's init (pid 1 inside) and the managed shell (shellNS, its pid
 // inside). returns gives eBPF return counts when available.
 func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]inspector.ProcSample, error) {
-	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+	b, err := procfs.ReadFile(filepath.Join(cg, "cgroup.procs"))
 	if err != nil {
 		return nil, fmt.Errorf("list processes of %s: %w", cg, err)
 	}
@@ -30,8 +31,8 @@ func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool
 		if err != nil {
 			continue
 		}
-		p, ns, ok := sampleProc(pid)
-		if !ok || ns == 1 || (shellNS > 0 && ns == shellNS) {
+		p, ok := sampleProc(pid, func(ns int) bool { return ns == 1 || (shellNS > 0 && ns == shellNS) })
+		if !ok {
 			continue // gone meanwhile, init, or the shell
 		}
 		if returns != nil {
@@ -42,27 +43,15 @@ func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool
 	return out, nil
 }
 
-func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
+// sampleProc reads pid's process sample, unless skip says its pid inside
+// its namespace is one not compared (init, the shell): that pid is read
+// first, so the processes every turn leaves out cost one read of their
+// status, not the whole sample (docs/inspector.md, "Cost").
+func sampleProc(pid int, skip func(nsPID int) bool) (p inspector.ProcSample, ok bool) {
 	dir := fmt.Sprintf("/proc/%d", pid)
-	stat, err := os.ReadFile(dir + "/stat")
-	if err != nil {
-		return p, 0, false
-	}
-	// comm may hold spaces and parentheses: fields start after the last ')'.
-	i := bytes.LastIndexByte(stat, ')')
-	j := bytes.IndexByte(stat, '(')
-	if i < 0 || j < 0 {
-		return p, 0, false
-	}
-	p.PID = pid
-	p.Comm = string(stat[j+1 : i])
-	fs := strings.Fields(string(stat[i+1:]))
-	if len(fs) < 20 {
-		return p, 0, false
-	}
-	p.Zombie = fs[0] == "Z" || fs[0] == "X"
-	p.Start, _ = strconv.ParseUint(fs[19], 10, 64)
-	if st, err := os.ReadFile(dir + "/status"); err == nil {
+	nsPID := 0
+	var pending string
+	if st, err := procfs.ReadFile(dir + "/status"); err == nil {
 		for _, line := range strings.Split(string(st), "\n") {
 			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
 				if f := strings.Fields(v); len(f) > 0 {
@@ -70,52 +59,73 @@ func sampleProc(pid int) (p inspector.ProcSample, nsPID int, ok bool) {
 				}
 			}
 			if v, ok := strings.CutPrefix(line, "ShdPnd:"); ok {
-				p.Pending = strings.TrimSpace(v)
+				pending = strings.TrimSpace(v)
 			}
 		}
 	}
+	if skip(nsPID) {
+		return p, false
+	}
+	stat, err := procfs.ReadFile(dir + "/stat")
+	if err != nil {
+		return p, false
+	}
+	// comm may hold spaces and parentheses: fields start after the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	j := bytes.IndexByte(stat, '(')
+	if i < 0 || j < 0 {
+		return p, false
+	}
+	p.PID = pid
+	p.Comm = string(stat[j+1 : i])
+	fs := strings.Fields(string(stat[i+1:]))
+	if len(fs) < 20 {
+		return p, false
+	}
+	p.Zombie = fs[0] == "Z" || fs[0] == "X"
+	p.Start, _ = strconv.ParseUint(fs[19], 10, 64)
+	p.Pending = pending
 	// T: stopped by a signal; t (tracing stop) and a frozen cgroup
 	// (which shows the state the task had) are not.
 	p.Stopped = fs[0] == "T"
 	p.Attrs = inspector.ProcAttrs(pid)
-	tasks, _ := os.ReadDir(dir + "/task")
+	tasks, _ := procfs.ReadDirNames(dir + "/task")
 	p.Threads = len(tasks)
 	for _, t := range tasks {
-		td := dir + "/task/" + t.Name()
-		if s, err := os.ReadFile(td + "/schedstat"); err == nil {
+		td := dir + "/task/" + t
+		if s, err := procfs.ReadFile(td + "/schedstat"); err == nil {
 			if f := strings.Fields(string(s)); len(f) > 0 {
 				ns, _ := strconv.ParseInt(f[0], 10, 64)
 				p.Runtime += time.Duration(ns)
 			}
 		}
-		if st, err := os.ReadFile(td + "/status"); err == nil {
+		if st, err := procfs.ReadFile(td + "/status"); err == nil {
 			for _, line := range strings.Split(string(st), "\n") {
 				if v, ok := strings.CutPrefix(line, "SigPnd:"); ok && strings.Trim(v, "\t 0") != "" {
-					p.Pending += " " + t.Name() + ":" + strings.TrimSpace(v)
+					p.Pending += " " + t + ":" + strings.TrimSpace(v)
 				}
 			}
 		}
 		// "running", or -1 (no syscall: stopped in user mode), means it
 		// will execute user code again without a syscall returning.
-		if s, err := os.ReadFile(td + "/syscall"); err == nil {
+		if s, err := procfs.ReadFile(td + "/syscall"); err == nil {
 			if strings.HasPrefix(string(s), "running") || strings.HasPrefix(string(s), "-1 ") {
 				p.Running = true
 			}
 		}
 	}
 	p.SharedWritable = sharedWritable(dir + "/maps")
-	return p, nsPID, true
+	return p, true
 }
 
 // sharedWritable lists the files a process maps shared and writable.
 func sharedWritable(maps string) []string {
-	f, err := os.Open(maps)
+	b, err := procfs.ReadFile(maps)
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
 		if len(fs) < 6 || len(fs[1]) < 4 || fs[1][1] != 'w' || fs[1][3] != 's' {
@@ -188,7 +198,7 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 	if len(changed) == 0 && len(gone) == 0 {
 		return nil
 	}
-	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	b, err := procfs.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
 		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", err)}}
 	}
@@ -232,9 +242,9 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 			hold(pid, t, "has it as its cwd", false)
 		}
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		ents, _ := os.ReadDir(dir)
+		ents, _ := procfs.ReadDirNames(dir)
 		for _, e := range ents {
-			t, err := os.Readlink(dir + "/" + e.Name())
+			t, err := os.Readlink(dir + "/" + e)
 			if err != nil || !strings.HasPrefix(t, "/") {
 				continue
 			}
@@ -245,7 +255,7 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 			if len(changed) == 0 {
 				continue
 			}
-			hold(pid, t, "holds it open", statIn(dir+"/"+e.Name()))
+			hold(pid, t, "holds it open", statIn(dir+"/"+e))
 			// A removed file still linked at another path is restored
 			// through that path, which the image does not name (a link
 			// remap, docs/inspector.md), and one no path links through
@@ -253,7 +263,7 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 			// rename of a name that links it, which its path does not
 			// show, so the image is taken again.
 			var st unix.Stat_t
-			if deleted && !seen[p] && unix.Stat(dir+"/"+e.Name(), &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if deleted && !seen[p] && unix.Stat(dir+"/"+e, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
 				seen[p] = true
 				out = append(out, inspector.Fact{Kind: inspector.ProcRan, PID: pid,
 					Detail: fmt.Sprintf("files changed while process %d holds the removed file %s", pid, p)})
@@ -262,7 +272,7 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 		if len(changed) == 0 {
 			continue
 		}
-		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		if m, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
 			for _, line := range strings.Split(string(m), "\n") {
 				if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(fs[5], "/") {
 					ino, _ := strconv.ParseUint(fs[4], 10, 64)
