@@ -37,7 +37,7 @@ func TestAttrsRecordRoundTrip(t *testing.T) {
 	other, filter2, nice2 := base, uint32(0x7), 0
 	other.Affinity, other.IOPrio, other.TimerSlack = []int{0, 1, 2, 3, 6}, 2<<ioprioClassShift|7, 1
 	other.CoredumpFilter, other.AutogroupNice = &filter2, &nice2
-	other.Fixed = map[string]string{}
+	other.Fixed = map[string]string{"SpeculationIndirectBranch": "always enabled"}
 	want := base
 	want.Fixed = map[string]string{"SpeculationIndirectBranch": "conditional force disabled"}
 	for _, tt := range []struct {
@@ -49,7 +49,7 @@ func TestAttrsRecordRoundTrip(t *testing.T) {
 		{"same", base, base, 0, nil},
 		{"every attribute", want, other, 6, []string{
 			"CPU affinity 0-1 (restored: 0-3,6)", "I/O priority none (level 0) (restored: best-effort level 7)",
-			"timer slack 50000 ns (restored: 1 ns)", `SpeculationIndirectBranch "conditional force disabled" (restored: ""; no interface sets it from outside)`,
+			"timer slack 50000 ns (restored: 1 ns)", `SpeculationIndirectBranch "conditional force disabled" (restored: "always enabled"; no interface sets it from outside)`,
 			"coredump_filter 0x33 (restored: 0x7)", "autogroup nice 3 (restored: 0)"}},
 		{"the server's own affinity (none recorded) is not compared", taskAttrs{TID: 7, PID: 5}, taskAttrs{TID: 7, PID: 5, Affinity: []int{0, 1, 2}}, 0, nil},
 		{"a thread has no process attributes", taskAttrs{TID: 7, PID: 5}, taskAttrs{TID: 7, PID: 5, CoredumpFilter: &filter}, 0, nil},
@@ -89,5 +89,28 @@ func TestParseProcAttrs(t *testing.T) {
 	}
 	if got := cpuList([]int{0, 2, 3, 4, 9}); got != "0,2-4,9" {
 		t.Errorf("cpu list: %q", got)
+	}
+}
+
+// TestFixedDiffs: a field that differs is named; one the task no longer
+// shows (no memory: a zombie, or a task exiting) is not a difference.
+func TestFixedDiffs(t *testing.T) {
+	want := taskAttrs{Fixed: map[string]string{"untag_mask": "0xffffffffffffffff", "ksm_merge_any": "no"}}
+	tests := []struct {
+		name string
+		got  map[string]string
+		n    int
+	}{
+		{name: "same", got: map[string]string{"untag_mask": "0xffffffffffffffff", "ksm_merge_any": "no"}, n: 0},
+		{name: "one differs", got: map[string]string{"untag_mask": "0xffffffffffffffff", "ksm_merge_any": "yes"}, n: 1},
+		{name: "empty value differs", got: map[string]string{"untag_mask": "", "ksm_merge_any": "no"}, n: 1},
+		{name: "no memory any more", got: nil, n: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if d := fixedDiffs(want, taskAttrs{Fixed: tt.got}); len(d) != tt.n {
+				t.Errorf("fixedDiffs = %q, want %d differences", d, tt.n)
+			}
+		})
 	}
 }
