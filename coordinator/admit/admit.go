@@ -135,9 +135,10 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 		q.busy++
 		hint := q.hint(est)
 		q.drop(tenant, c)
+		running, queued := q.running, q.queued // read under q.mu
 		q.mu.Unlock()
 		return nil, state.RetryAfterError(hint, fmt.Errorf("%w: %d operations running, %d waiting, about %v to wait here, the bound is %v: retry in %v",
-			state.ErrBusy, q.running, q.queued, est.Round(time.Millisecond), bound, hint.Round(time.Millisecond)))
+			state.ErrBusy, running, queued, est.Round(time.Millisecond), bound, hint.Round(time.Millisecond)))
 	}
 	w := &waiter{ready: make(chan struct{})}
 	c.waiters = append(c.waiters, w)
