@@ -131,6 +131,19 @@ func TestTenants(t *testing.T) {
 			t.Errorf("beta forks alpha's state: %d %s, want 404", code, body)
 		}
 	})
+	// A template may name a snapshot (a state id): another tenant's is
+	// answered as a name nothing has, and makes no sandbox.
+	t.Run("create from a state", func(t *testing.T) {
+		const unknown = "s0123456789ab"
+		code, body := call(t, "POST", url+"/sandboxes", beta, "", "application/json", `{"templateID":"`+st.Head+`"}`)
+		ucode, ubody := call(t, "POST", url+"/sandboxes", beta, "", "application/json", `{"templateID":"`+unknown+`"}`)
+		if code == http.StatusCreated || code != ucode {
+			t.Errorf("beta creates from alpha's state: %d %s; from an unknown one: %d %s; want the same refusal", code, body, ucode, ubody)
+		}
+		if got, want := strings.ReplaceAll(body, st.Head, "ID"), strings.ReplaceAll(ubody, unknown, "ID"); got != want {
+			t.Errorf("answer %q, an unknown state's %q", got, want)
+		}
+	})
 	t.Run("list", func(t *testing.T) {
 		_, body := call(t, "GET", url+"/v2/sandboxes", beta, "", "", "")
 		if strings.Contains(body, id) {
