@@ -97,7 +97,7 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 		return "", err
 	}
 	dir := fmt.Sprintf("/proc/%d/fd", host)
-	ents, err := procfs.ReadDirNames(dir)
+	ents, err := procfs.ReadDirNamesMax(dir, MaxShellFDs)
 	if err != nil {
 		return "", err
 	}
@@ -154,6 +154,12 @@ func FDTable(cgroup string, nsPID int, root string) (string, error) {
 	b.WriteString(ProcAttrs(host))
 	return b.String(), nil
 }
+
+// MaxShellFDs bounds the descriptors of the shell FDTable reads: a shell
+// holding more is not read (its state is unknown, and the turn dumps it),
+// so an agent's `ulimit -n` and a million descriptors cost the server a
+// bounded read per turn (docs/inspector.md, "Cost").
+const MaxShellFDs = 4096
 
 // promptWait bounds how long FDTable waits for the shell to be back at its
 // prompt.

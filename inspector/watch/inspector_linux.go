@@ -28,6 +28,11 @@ type Options struct {
 	// than 0 reads nothing (any regular file whose metadata match counts
 	// as changed).
 	MaxCompareBytes int64
+	// MaxScan bounds the descriptors and mapping lines of the sandbox's
+	// processes one EndTurn, Settle or Checkpointed reads; a turn whose
+	// processes hold more is unaccounted (a full checkpoint). 0 means
+	// DefaultMaxScan.
+	MaxScan int
 }
 
 // Inspector classifies the turns of the environments it tracks.
@@ -35,6 +40,7 @@ type Inspector struct {
 	log     *slog.Logger
 	tr      *bpf.Tracker // nil without eBPF
 	maxRead int64        // Options.MaxCompareBytes, resolved
+	maxScan int          // Options.MaxScan
 
 	mu     sync.Mutex
 	envs   map[string]*envState
@@ -120,7 +126,7 @@ func newInspector(o Options, tr *bpf.Tracker) *Inspector {
 	if maxRead == 0 {
 		maxRead = inspector.DefaultMaxRead
 	}
-	return &Inspector{log: o.Logger, tr: tr, maxRead: maxRead, envs: map[string]*envState{}, byCg: map[uint64]*envState{}, stop: make(chan struct{})}
+	return &Inspector{log: o.Logger, tr: tr, maxRead: maxRead, maxScan: o.MaxScan, envs: map[string]*envState{}, byCg: map[uint64]*envState{}, stop: make(chan struct{})}
 }
 
 // UsesBPF reports whether the inspector watches through eBPF.
@@ -375,9 +381,10 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 
 	var same []string
 	files := in.fileFacts(ctx, t, touched, timed, &same)
-	facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
+	facts = append(facts, files...)
 
-	// The shell, then the processes (the shell is told apart by its pid).
+	// The shell, then the processes (the shell is told apart by its pid),
+	// from one scan of them after the shell's query ran.
 	var shell inspector.ShellState
 	shellOK := false
 	if st, err := inspector.ReadShell(ctx, t); err != nil {
@@ -395,11 +402,13 @@ func (in *Inspector) EndTurn(ctx context.Context, envID string, t inspector.Targ
 			facts = append(facts, inspector.Fact{Kind: inspector.ShellChanged, Detail: "the shell cannot list functions and the command may define one"})
 		}
 	}
-	facts = append(facts, in.procFacts(t, shell.PID, procBase, haveProc)...)
+	sc := in.scan(t)
+	facts = append(facts, heldFacts(sc, t.LiveRoot, files, same)...)
+	facts = append(facts, in.procFacts(sc, t, shell.PID, procBase, haveProc)...)
 	if shellOK {
 		lastShell = shell.PID
 	}
-	facts = append(facts, kernelFacts(t.Cgroup, lastShell, effects, objects)...)
+	facts = append(facts, kernelFacts(sc, lastShell, effects, objects)...)
 	var delta *pendingDelta
 	if shellOK && inspector.OnlyShellChanged(facts) {
 		if script, ok := inspector.ShellDelta(imageShell, shell); ok {
@@ -485,11 +494,11 @@ func (in *Inspector) kernelLocked(st *envState) ([]string, map[objKey]Object, in
 }
 
 // procFacts compares the long-lived processes with the baseline.
-func (in *Inspector) procFacts(t inspector.Target, shellPID int, base []inspector.ProcSample, haveBase bool) []inspector.Fact {
+func (in *Inspector) procFacts(sc *scan, t inspector.Target, shellPID int, base []inspector.ProcSample, haveBase bool) []inspector.Fact {
 	if t.Cgroup == "" {
 		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: "no cgroup given"}}
 	}
-	now, err := sampleProcs(t.Cgroup, shellPID, in.returns())
+	now, err := sampleProcs(sc, shellPID, in.returns())
 	switch {
 	case err != nil:
 		return []inspector.Fact{{Kind: inspector.ProcRan, Detail: err.Error()}}
@@ -539,16 +548,17 @@ func (in *Inspector) Settle(ctx context.Context, envID string, k state.Kind, t i
 	shellPID, base, haveBase := st.shell.PID, st.procBase, st.haveProc
 	effects, objects, _ := in.kernelLocked(st)
 	in.mu.Unlock()
+	sc := in.scan(t)
 	if !k.Has(state.FS) {
 		var same []string
 		files := in.fileFacts(ctx, t, touched, timed, &same)
-		facts = append(append(facts, files...), heldFacts(t.Cgroup, t.LiveRoot, files, same)...)
+		facts = append(append(facts, files...), heldFacts(sc, t.LiveRoot, files, same)...)
 	}
 	if !k.Has(state.Proc) || delta {
 		// A shell delta reuses the last image for every other process:
 		// none may have run since it was taken.
-		facts = append(facts, in.procFacts(t, shellPID, base, haveBase)...)
-		facts = append(facts, kernelFacts(t.Cgroup, shellPID, effects, objects)...)
+		facts = append(facts, in.procFacts(sc, t, shellPID, base, haveBase)...)
+		facts = append(facts, kernelFacts(sc, shellPID, effects, objects)...)
 	}
 	r := inspector.Classify(facts)
 	if delta && !inspector.OnlyShellChanged(append(facts, inspector.Fact{Kind: inspector.ShellChanged})) {
@@ -586,6 +596,12 @@ func (in *Inspector) TakeShellDelta(envID string) (inspector.Delta, bool) {
 	return d.d, true
 }
 
+// scan starts one reading of t's processes (docs/inspector.md, "Cost"),
+// bounded by Options.MaxScan.
+func (in *Inspector) scan(t inspector.Target) *scan {
+	return newScan(t.Cgroup, in.maxScan)
+}
+
 func (in *Inspector) returns() func(uint32) (uint64, bool) {
 	if in.tr == nil {
 		return nil
@@ -612,7 +628,7 @@ func (in *Inspector) Checkpointed(envID string, k state.Kind, t inspector.Target
 			return fmt.Errorf("%w: %s", ErrUnknownEnv, envID)
 		}
 		var err error
-		if procs, err = sampleProcs(t.Cgroup, shellPID, in.returns()); err != nil {
+		if procs, err = sampleProcs(in.scan(t), shellPID, in.returns()); err != nil {
 			// The image holds processes no sample describes: the next
 			// turn must dump them again, whatever it does.
 			in.mu.Lock()

@@ -2,8 +2,6 @@ package watch
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/arbor-env/arbor/inspector"
-	"github.com/arbor-env/arbor/internal/procfs"
 	"github.com/arbor-env/arbor/sandbox/ctl"
 )
 
@@ -23,7 +20,7 @@ import (
 // is not such a process: what it holds is the harness's (the pipes of
 // commands' output, the peers of the shell's channels), and so are the
 // shell's own channel descriptors (ctl.ShellCmdFD...ctl.ShellStatusFD).
-func kernelFacts(cgroup string, shellNS int, effects []string, objects map[objKey]Object) []inspector.Fact {
+func kernelFacts(s *scan, shellNS int, effects []string, objects map[objKey]Object) []inspector.Fact {
 	var facts []inspector.Fact
 	for _, why := range effects {
 		facts = append(facts, inspector.Fact{Kind: inspector.KernelChanged, Detail: why})
@@ -31,9 +28,12 @@ func kernelFacts(cgroup string, shellNS int, effects []string, objects map[objKe
 	if len(objects) == 0 {
 		return facts
 	}
-	h, err := scanHolders(cgroup, shellNS)
-	if err != nil {
-		return append(facts, inspector.Fact{Kind: inspector.KernelChanged, Detail: fmt.Sprintf("list the descriptors of the processes: %v", err)})
+	if s.err != nil {
+		return append(facts, inspector.Fact{Kind: inspector.KernelChanged, Detail: fmt.Sprintf("list the descriptors of the processes: %v", s.err)})
+	}
+	h := holdersOf(s, shellNS)
+	if s.over != "" {
+		return append(facts, s.overFact()...)
 	}
 	keys := make([]objKey, 0, len(objects))
 	for k := range objects {
@@ -77,20 +77,11 @@ type holders struct {
 	init    int               // init's host pid
 }
 
-// scanHolders reads the descriptors and mappings of every process of the
-// v2 cgroup dir cgroup.
-func scanHolders(cgroup string, shellNS int) (holders, error) {
+// holdersOf reads the descriptors and mappings of every process of s.
+func holdersOf(s *scan, shellNS int) holders {
 	h := holders{byIno: map[objKey]string{}, harness: map[objKey]bool{}}
-	b, err := procfs.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
-	if err != nil {
-		return h, err
-	}
-	for _, f := range strings.Fields(string(b)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
-		ns, comm := nsPIDOf(pid)
+	for _, p := range s.procs {
+		pid, ns, comm := p.pid, p.ns, p.comm
 		if ns == 0 {
 			continue // gone meanwhile
 		}
@@ -98,16 +89,8 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 			h.init = pid
 		}
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		ents, _ := procfs.ReadDirNames(dir)
-		for _, e := range ents {
-			fd, err := strconv.Atoi(e)
-			if err != nil {
-				continue
-			}
-			link, err := os.Readlink(dir + "/" + e)
-			if err != nil {
-				continue
-			}
+		for _, fe := range s.fdsOf(p) {
+			fd, link := fe.fd, fe.link
 			var k objKey
 			sock := false
 			switch {
@@ -121,7 +104,7 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 				continue // one inode for every anonymous file
 			default:
 				var st unix.Stat_t
-				if unix.Stat(dir+"/"+e, &st) != nil {
+				if unix.Stat(dir+"/"+strconv.Itoa(fd), &st) != nil {
 					continue
 				}
 				k = objKey{st.Ino, st.Mode & unix.S_IFMT}
@@ -142,40 +125,17 @@ func scanHolders(cgroup string, shellNS int) (holders, error) {
 			continue
 		}
 		// Memory files mapped (a memfd a daemon mapped and closed).
-		if m, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
-			for _, line := range strings.Split(string(m), "\n") {
-				fs := strings.Fields(line)
-				if len(fs) < 6 {
-					continue
-				}
-				if ino, _ := strconv.ParseUint(fs[4], 10, 64); ino != 0 {
-					if k := (objKey{ino, unix.S_IFREG}); h.byIno[k] == "" {
-						h.byIno[k] = fmt.Sprintf("process %d (%s), which maps %s", pid, comm, strings.Join(fs[5:], " "))
-					}
+		for _, line := range strings.Split(string(s.mapsOf(p)), "\n") {
+			fs := strings.Fields(line)
+			if len(fs) < 6 {
+				continue
+			}
+			if ino, _ := strconv.ParseUint(fs[4], 10, 64); ino != 0 {
+				if k := (objKey{ino, unix.S_IFREG}); h.byIno[k] == "" {
+					h.byIno[k] = fmt.Sprintf("process %d (%s), which maps %s", pid, comm, strings.Join(fs[5:], " "))
 				}
 			}
 		}
 	}
-	return h, nil
-}
-
-// nsPIDOf returns pid's pid in its own namespace and its command name; 0
-// when it is gone.
-func nsPIDOf(pid int) (int, string) {
-	b, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, ""
-	}
-	ns, comm := 0, ""
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Name:"); ok {
-			comm = strings.TrimSpace(v)
-		}
-		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			if f := strings.Fields(v); len(f) > 0 {
-				ns, _ = strconv.Atoi(f[len(f)-1])
-			}
-		}
-	}
-	return ns, comm
+	return h
 }

@@ -3,6 +3,7 @@ package watch
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -17,55 +18,40 @@ import (
 	"github.com/arbor-env/arbor/internal/procfs"
 )
 
-// sampleProcs reads every process of the v2 cgroup dir cg except the
-// sandbox's init (pid 1 inside) and the managed shell (shellNS, its pid
-// inside). returns gives eBPF return counts when available.
-func sampleProcs(cg string, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]inspector.ProcSample, error) {
-	b, err := procfs.ReadFile(filepath.Join(cg, "cgroup.procs"))
-	if err != nil {
-		return nil, fmt.Errorf("list processes of %s: %w", cg, err)
+// sampleProcs samples every process of scan s except the sandbox's init
+// (pid 1 inside) and the managed shell (shellNS, its pid inside): those
+// two cost their status line alone (docs/inspector.md, "Cost"). returns
+// gives eBPF return counts when available. A scan past its budget is an
+// error: the sample would not describe every process.
+func sampleProcs(s *scan, shellNS int, returns func(tgid uint32) (uint64, bool)) ([]inspector.ProcSample, error) {
+	if s.err != nil {
+		return nil, s.err
 	}
 	var out []inspector.ProcSample
-	for _, f := range strings.Fields(string(b)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
-		p, ok := sampleProc(pid, func(ns int) bool { return ns == 1 || (shellNS > 0 && ns == shellNS) })
-		if !ok {
+	for _, sp := range s.procs {
+		if sp.ns == 0 || sp.ns == 1 || (shellNS > 0 && sp.ns == shellNS) {
 			continue // gone meanwhile, init, or the shell
 		}
+		p, ok := sampleProc(s, sp)
+		if !ok {
+			continue
+		}
 		if returns != nil {
-			p.Returns, p.HasReturns = returns(uint32(pid))
+			p.Returns, p.HasReturns = returns(uint32(sp.pid))
 		}
 		out = append(out, p)
+	}
+	if s.over != "" {
+		return nil, errors.New(s.over)
 	}
 	return out, nil
 }
 
-// sampleProc reads pid's process sample, unless skip says its pid inside
-// its namespace is one not compared (init, the shell): that pid is read
-// first, so the processes every turn leaves out cost one read of their
-// status, not the whole sample (docs/inspector.md, "Cost").
-func sampleProc(pid int, skip func(nsPID int) bool) (p inspector.ProcSample, ok bool) {
+// sampleProc reads the process sample of sp.
+func sampleProc(s *scan, sp *scanned) (p inspector.ProcSample, ok bool) {
+	pid := sp.pid
 	dir := fmt.Sprintf("/proc/%d", pid)
-	nsPID := 0
-	var pending string
-	if st, err := procfs.ReadFile(dir + "/status"); err == nil {
-		for _, line := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					nsPID, _ = strconv.Atoi(f[len(f)-1])
-				}
-			}
-			if v, ok := strings.CutPrefix(line, "ShdPnd:"); ok {
-				pending = strings.TrimSpace(v)
-			}
-		}
-	}
-	if skip(nsPID) {
-		return p, false
-	}
+	pending := sp.pending
 	stat, err := procfs.ReadFile(dir + "/stat")
 	if err != nil {
 		return p, false
@@ -93,8 +79,8 @@ func sampleProc(pid int, skip func(nsPID int) bool) (p inspector.ProcSample, ok 
 	p.Threads = len(tasks)
 	for _, t := range tasks {
 		td := dir + "/task/" + t
-		if s, err := procfs.ReadFile(td + "/schedstat"); err == nil {
-			if f := strings.Fields(string(s)); len(f) > 0 {
+		if b, err := procfs.ReadFile(td + "/schedstat"); err == nil {
+			if f := strings.Fields(string(b)); len(f) > 0 {
 				ns, _ := strconv.ParseInt(f[0], 10, 64)
 				p.Runtime += time.Duration(ns)
 			}
@@ -108,22 +94,18 @@ func sampleProc(pid int, skip func(nsPID int) bool) (p inspector.ProcSample, ok 
 		}
 		// "running", or -1 (no syscall: stopped in user mode), means it
 		// will execute user code again without a syscall returning.
-		if s, err := procfs.ReadFile(td + "/syscall"); err == nil {
-			if strings.HasPrefix(string(s), "running") || strings.HasPrefix(string(s), "-1 ") {
+		if b, err := procfs.ReadFile(td + "/syscall"); err == nil {
+			if strings.HasPrefix(string(b), "running") || strings.HasPrefix(string(b), "-1 ") {
 				p.Running = true
 			}
 		}
 	}
-	p.SharedWritable = sharedWritable(dir + "/maps")
+	p.SharedWritable = sharedWritable(s.mapsOf(sp))
 	return p, true
 }
 
-// sharedWritable lists the files a process maps shared and writable.
-func sharedWritable(maps string) []string {
-	b, err := procfs.ReadFile(maps)
-	if err != nil {
-		return nil
-	}
+// sharedWritable lists the files a maps file b maps shared and writable.
+func sharedWritable(b []byte) []string {
 	var out []string
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
@@ -163,7 +145,7 @@ func sharedWritable(maps string) []string {
 // back from the image's ghost or from another name that links it, which
 // the event does not say (the skip fuzzer found `exec 3>>t; ln t u; rm t;
 // echo w >&3` classified proc).
-func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []inspector.Fact {
+func heldFacts(s *scan, root string, facts []inspector.Fact, same []string) []inspector.Fact {
 	root = filepath.Clean(root)
 	changed := map[string]bool{}
 	type devIno struct{ dev, ino uint64 }
@@ -198,9 +180,8 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 	if len(changed) == 0 && len(gone) == 0 {
 		return nil
 	}
-	b, err := procfs.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
-	if err != nil {
-		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", err)}}
+	if s.err != nil {
+		return []inspector.Fact{{Kind: inspector.Unaccounted, Detail: fmt.Sprintf("list processes for their open files: %v", s.err)}}
 	}
 	inSandbox := func(p string) string {
 		p = strings.TrimSuffix(p, " (deleted)")
@@ -233,19 +214,15 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 		var st unix.Stat_t
 		return len(inodes) > 0 && unix.Stat(p, &st) == nil && inodes[devIno{st.Dev, st.Ino}]
 	}
-	for _, f := range strings.Fields(string(b)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
+	for _, sp := range s.procs {
+		pid := sp.pid
 		if t, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil {
 			hold(pid, t, "has it as its cwd", false)
 		}
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		ents, _ := procfs.ReadDirNames(dir)
-		for _, e := range ents {
-			t, err := os.Readlink(dir + "/" + e)
-			if err != nil || !strings.HasPrefix(t, "/") {
+		for _, fe := range s.fdsOf(sp) {
+			t, e := fe.link, strconv.Itoa(fe.fd)
+			if !strings.HasPrefix(t, "/") {
 				continue
 			}
 			p, deleted := inSandbox(t), strings.HasSuffix(t, " (deleted)")
@@ -272,7 +249,7 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 		if len(changed) == 0 {
 			continue
 		}
-		if m, err := procfs.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		if m := s.mapsOf(sp); m != nil {
 			for _, line := range strings.Split(string(m), "\n") {
 				if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(fs[5], "/") {
 					ino, _ := strconv.ParseUint(fs[4], 10, 64)
@@ -281,5 +258,5 @@ func heldFacts(cgroup, root string, facts []inspector.Fact, same []string) []ins
 			}
 		}
 	}
-	return out
+	return append(out, s.overFact()...)
 }

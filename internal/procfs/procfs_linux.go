@@ -8,15 +8,29 @@
 package procfs
 
 import (
+	"errors"
 	"os"
 	"slices"
 
 	"golang.org/x/sys/unix"
 )
 
+// ErrTooLarge is the error of ReadFileMax and ReadDirNamesMax for a file
+// or folder larger than their bound (wrapped in an *os.PathError).
+var ErrTooLarge = errors.New("larger than the bound")
+
 // ReadFile reads the whole of the file at path, like os.ReadFile, and
 // fails with the same *os.PathError.
 func ReadFile(path string) ([]byte, error) {
+	return ReadFileMax(path, -1)
+}
+
+// ReadFileMax is ReadFile for a file of at most max bytes (max < 0: no
+// bound); a longer one fails with ErrTooLarge after max+1 bytes read. A
+// sandbox's process decides how long its /proc files are (65530 mappings
+// make a maps file of megabytes), so what the server reads of them is
+// bounded (docs/inspector.md, "Cost").
+func ReadFileMax(path string, max int) ([]byte, error) {
 	fd, err := openRetry(path)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
@@ -38,6 +52,9 @@ func ReadFile(path string) ([]byte, error) {
 			return b, nil
 		}
 		b = b[:len(b)+n]
+		if max >= 0 && len(b) > max {
+			return nil, &os.PathError{Op: "read", Path: path, Err: ErrTooLarge}
+		}
 	}
 }
 
@@ -54,6 +71,14 @@ func openRetry(path string) (int, error) {
 // or task folder) sorted by name, without "." and "..", as os.ReadDir
 // does, and fails like it with an *os.PathError.
 func ReadDirNames(path string) ([]string, error) {
+	return ReadDirNamesMax(path, -1)
+}
+
+// ReadDirNamesMax is ReadDirNames for a folder of at most max names (max
+// < 0: no bound); a larger one fails with ErrTooLarge once more than max
+// were read, so a process holding a million descriptors costs the reader
+// a bounded amount.
+func ReadDirNamesMax(path string, max int) ([]string, error) {
 	fd, err := openRetry(path)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
@@ -74,5 +99,8 @@ func ReadDirNames(path string) ([]string, error) {
 			return names, nil
 		}
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		if max >= 0 && len(names) > max {
+			return nil, &os.PathError{Op: "readdirent", Path: path, Err: ErrTooLarge}
+		}
 	}
 }

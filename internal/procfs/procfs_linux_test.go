@@ -110,3 +110,33 @@ func TestReadDirNames(t *testing.T) {
 		t.Errorf("a missing folder: %v, want fs.ErrNotExist", err)
 	}
 }
+
+// TestBounds: a file or folder up to the bound reads whole; one past it
+// fails with ErrTooLarge, and a negative bound reads anything.
+func TestBounds(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "f")
+	if err := os.WriteFile(f, bytes.Repeat([]byte("x"), 20000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 300; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("n%03d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := procfs.ReadFileMax(f, 20000); err != nil || len(b) != 20000 {
+		t.Errorf("ReadFileMax(20000 bytes, 20000) = %d bytes, %v", len(b), err)
+	}
+	if _, err := procfs.ReadFileMax(f, 19999); !errors.Is(err, procfs.ErrTooLarge) {
+		t.Errorf("ReadFileMax(20000 bytes, 19999): %v, want ErrTooLarge", err)
+	}
+	if b, err := procfs.ReadFileMax(f, -1); err != nil || len(b) != 20000 {
+		t.Errorf("ReadFileMax(20000 bytes, -1) = %d bytes, %v", len(b), err)
+	}
+	if n, err := procfs.ReadDirNamesMax(dir, 301); err != nil || len(n) != 301 {
+		t.Errorf("ReadDirNamesMax(301 names, 301) = %d names, %v", len(n), err)
+	}
+	if _, err := procfs.ReadDirNamesMax(dir, 300); !errors.Is(err, procfs.ErrTooLarge) {
+		t.Errorf("ReadDirNamesMax(301 names, 300): %v, want ErrTooLarge", err)
+	}
+}
