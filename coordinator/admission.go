@@ -52,6 +52,12 @@ func (s Slots) of(class string) int {
 	return max(per*runtime.NumCPU(), 2)
 }
 
+// slotHold is how long a step keeps its slot while its command runs;
+// past it the slot is given back until the command ends (admit's
+// Ticket.PauseAfter). Short commands keep theirs, so a flood of quick
+// steps still meets the queue's bounds.
+const slotHold = time.Second
+
 // DefaultAdmitWait is Options.AdmitWait's default.
 const DefaultAdmitWait = 10 * time.Second
 
@@ -111,9 +117,9 @@ func newAdmission(o Options, reg prometheus.Registerer) *admission {
 }
 
 // admit waits for a slot of class for ctx's request (its tenant, its
-// client): done ends it. It answers state.ErrBusy, with a retry hint,
-// when the request would wait past its bound.
-func (c *Coordinator) admit(ctx context.Context, class string) (done func(), err error) {
+// client): the ticket's Done ends it. It answers state.ErrBusy, with a
+// retry hint, when the request would wait past its bound.
+func (c *Coordinator) admit(ctx context.Context, class string) (*admit.Ticket, error) {
 	start := time.Now()
 	t, err := c.adm.queues[class].Admit(ctx, tenant.From(ctx).Name, clientOf(ctx))
 	c.adm.wait.WithLabelValues(class).Observe(time.Since(start).Seconds())
@@ -123,7 +129,7 @@ func (c *Coordinator) admit(ctx context.Context, class string) (done func(), err
 		}
 		return nil, err
 	}
-	return t.Done, nil
+	return t, nil
 }
 
 // Admission is one class's queue as the web view shows it.

@@ -472,11 +472,11 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	if req.Image == "" && req.Task == "" && req.Dataset == "" {
 		return nil, fmt.Errorf("%w: reset needs image, task or dataset", state.ErrInvalidParams)
 	}
-	done, err := c.admit(ctx, ClassReset)
+	ticket, err := c.admit(ctx, ClassReset)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer ticket.Done()
 	if err := c.reserve(1); err != nil {
 		return nil, err
 	}

@@ -111,11 +111,11 @@ func (c *Coordinator) Branch(ctx context.Context, req BranchRequest) (*BranchRes
 		parent = c.envs[st.Env]
 		c.mu.Unlock()
 	}
-	done, err := c.admit(ctx, ClassBranch)
+	ticket, err := c.admit(ctx, ClassBranch)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer ticket.Done()
 	if err := c.reserve(req.N); err != nil {
 		return nil, err
 	}
@@ -282,11 +282,11 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (
 	if err != nil {
 		return Evaluation{}, err
 	}
-	done, err := c.admit(ctx, ClassEvaluate)
+	ticket, err := c.admit(ctx, ClassEvaluate)
 	if err != nil {
 		return Evaluation{}, err
 	}
-	defer done()
+	defer ticket.Done()
 	c.observePending(m)
 	ev, err := c.tasks.Evaluate(ctx, env, m.task, m.seed)
 	if err != nil {

@@ -88,11 +88,11 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 	}
 	// Admission (admission.go) bounds the turns running at once, a
 	// rollback's too: a turn that would wait past its bound is busy.
-	done, err := c.admit(ctx, ClassStep)
+	ticket, err := c.admit(ctx, ClassStep)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer ticket.Done()
 	if a.Tool == state.ToolRollback {
 		return c.rollbackTurn(ctx, env, m, a, start)
 	}
@@ -103,7 +103,14 @@ func (c *Coordinator) Turn(ctx context.Context, envID string, a Action) (*TurnRe
 			envID, n, m.task.MaxTurns)
 	}
 	cmd := a.command()
+	// The command runs on its sandbox's CPU, not the server's: past
+	// slotHold its slot is given back until it ends (a long command held
+	// it, and a few starved every other env's steps:
+	// TestLongCommandsDoNotHoldSlots), and taken again, never refused,
+	// for the classification and the commit.
+	resume := ticket.PauseAfter(slotHold)
 	res, err := c.e.Exec(ctx, env, cmd, sandbox.ExecOptions{Timeout: c.commandTimeout(m, a.Timeout), MaxOutput: a.MaxOutput})
+	resume()
 	if err != nil {
 		return nil, fmt.Errorf("step in env %s: %w", envID, revivedError(err, m))
 	}

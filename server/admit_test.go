@@ -7,12 +7,14 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/arbor-env/arbor/branch"
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
 	"github.com/arbor-env/arbor/server"
@@ -21,14 +23,41 @@ import (
 )
 
 // admitRig is a server whose steps admission control bounds tightly: two
-// at once, a wait of at most 2 s; each step of the test sleeps 0.5 s, so
-// about 8 waiters fit the bound.
+// at once, a wait of at most 2 s; each step of the test is 0.5 s of
+// server work (serverWork), so about 8 waiters fit the bound.
 func admitRig(t *testing.T) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	_, addr := newServerWith(t, server.Options{Registry: reg, MaxInFlight: 1024},
-		coordinator.Options{Classify: classifyAs(state.None), AdmitWait: 2 * time.Second, AdmitSlots: coordinator.Slots{Step: 2}})
+		coordinator.Options{Classify: classifySlow(state.None), AdmitWait: 2 * time.Second, AdmitSlots: coordinator.Slots{Step: 2}})
 	return addr, reg
+}
+
+// serverWork is a command whose turn costs the server d of work while
+// holding its step slot (classifySlow's classification takes d), the
+// command itself nothing: a command's own run gives its slot back
+// (TestLongCommandsDoNotHoldSlots).
+func serverWork(d time.Duration) arbor.Action {
+	return arbor.Bash("# server work "+d.String(), 0)
+}
+
+// classifySlow classifies every turn k, taking the time a serverWork
+// command names.
+func classifySlow(k state.Kind) func(context.Context, *branch.Env, string) (branch.Turn, error) {
+	return func(ctx context.Context, _ *branch.Env, cmd string) (branch.Turn, error) {
+		if v, ok := strings.CutPrefix(cmd, "# server work "); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return branch.Turn{}, err
+			}
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return branch.Turn{}, ctx.Err()
+			}
+		}
+		return branch.Turn{Kind: k}, nil
+	}
 }
 
 // stepBusy reads arbor_admit_busy_total{class="step"}.
@@ -105,7 +134,7 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 	var pendEnv []string
 	for range perEnv {
 		for _, env := range bigEnvs {
-			p, err := big.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: arbor.Bash("sleep 0.5", 0)}, nil)
+			p, err := big.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: serverWork(500 * time.Millisecond)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +155,7 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 		defer wg.Done()
 		for range 3 {
 			t0 := time.Now()
-			_, err := small.Step(ctx, smallEnv, arbor.Bash("sleep 0.5", 0))
+			_, err := small.Step(ctx, smallEnv, serverWork(500*time.Millisecond))
 			smallErrs = append(smallErrs, err)
 			smallMax = max(smallMax, time.Since(t0))
 		}
@@ -156,7 +185,7 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 			t.Errorf("step %d of the client with one env: %v, want it admitted", i, err)
 		}
 	}
-	t.Logf("flood: %d ok, %d busy of %d in %v (last busy answer at %v); the one-env client's slowest step %v (0.5 s of sleep, bound 2 s)",
+	t.Logf("flood: %d ok, %d busy of %d in %v (last busy answer at %v); the one-env client's slowest step %v (0.5 s of server work, bound 2 s)",
 		ok, busy, len(pend), time.Since(start).Round(time.Millisecond), busyMax.Round(time.Millisecond), smallMax.Round(time.Millisecond))
 	if busy == 0 {
 		t.Errorf("no busy answer to %d steps on %d envs over 2 slots and a 2 s bound", len(pend), len(bigEnvs))
@@ -175,7 +204,7 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 	errs := make(chan error, len(bigEnvs))
 	for _, env := range bigEnvs {
 		go func() {
-			_, err := backing.Step(ctx, env, arbor.Bash("sleep 0.5", 0))
+			_, err := backing.Step(ctx, env, serverWork(500*time.Millisecond))
 			errs <- err
 		}()
 	}
@@ -193,13 +222,60 @@ func TestAdmissionFloodIsFair(t *testing.T) {
 	t.Logf("the backing-off flood was refused %v times and retried to completion", refused)
 }
 
+// TestLongCommandsDoNotHoldSlots: a step's command runs on its
+// sandbox's CPU, so past a second it stops holding one of the server's
+// step slots: with one slot, three envs whose commands sleep longer than
+// the admission bound, another env's steps are served, not refused busy
+// (before, a few long commands made every other env's step busy), and
+// the long steps still end well, each classified and committed after its
+// command.
+func TestLongCommandsDoNotHoldSlots(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	_, addr := newServerWith(t, server.Options{Registry: reg},
+		coordinator.Options{Classify: classifyAs(state.None), AdmitWait: 5 * time.Second, AdmitSlots: coordinator.Slots{Step: 1}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := dial(t, addr, &arbor.Options{BusyRetries: -1})
+	envs := resetN(t, c, 4)
+	var long []*arbor.Pending
+	for _, env := range envs[:3] {
+		p, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: arbor.Bash("sleep 12; echo slept", 0)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		long = append(long, p)
+	}
+	time.Sleep(500 * time.Millisecond) // the long commands are running
+	for i := range 3 {
+		r, err := c.Step(ctx, envs[3], arbor.Bash("echo hi", 0))
+		if err != nil {
+			t.Fatalf("step %d of the fourth env while three commands sleep 12 s over one slot, a bound of 5 s: %v, want it served", i, err)
+		}
+		if got := string(r.Obs.Stdout); got != "hi\n" {
+			t.Errorf("step %d: stdout %q", i, got)
+		}
+	}
+	for i, p := range long {
+		var r protocol.StepResult
+		if err := p.Wait(ctx, &r); err != nil {
+			t.Fatalf("long step %d: %v", i, err)
+		}
+		if got := string(r.Obs.Stdout); got != "slept\n" || r.Info.StateID == "" {
+			t.Errorf("long step %d: stdout %q, state %q", i, got, r.Info.StateID)
+		}
+	}
+	if got := stepBusy(t, reg); got != 0 {
+		t.Errorf("%v steps refused busy, want none", got)
+	}
+}
+
 // TestAdmissionBusyOverHTTP: OpenEnv's HTTP step route answers a busy
 // admission with 429, a Retry-After header and v1's code and hint in its
 // body; once the slot is free the same step is served.
 func TestAdmissionBusyOverHTTP(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	_, addr := newServerWith(t, server.Options{Registry: reg},
-		coordinator.Options{Classify: classifyAs(state.None), AdmitWait: 300 * time.Millisecond, AdmitSlots: coordinator.Slots{Step: 1}})
+		coordinator.Options{Classify: classifySlow(state.None), AdmitWait: 300 * time.Millisecond, AdmitSlots: coordinator.Slots{Step: 1}})
 	base := "http://" + addr + "/openenv/count"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -213,7 +289,7 @@ func TestAdmissionBusyOverHTTP(t *testing.T) {
 	// A v1 step holds the one step slot for 5 s.
 	c := dial(t, addr, nil)
 	env := resetN(t, c, 1)[0]
-	hold, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: arbor.Bash("sleep 5", 0)}, nil)
+	hold, err := c.Send(protocol.MethodStep, protocol.StepParams{EnvID: env, Action: serverWork(5 * time.Second)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +345,7 @@ func BenchmarkAdmitFlood(b *testing.B) {
 	}{{"bound=1s", time.Second}, {"unbounded", -1}} {
 		b.Run(bc.name, func(b *testing.B) {
 			_, addr := newServerWith(b, server.Options{MaxInFlight: 1024},
-				coordinator.Options{Classify: classifyAs(state.None), AdmitWait: bc.wait, AdmitSlots: coordinator.Slots{Step: 4}})
+				coordinator.Options{Classify: classifySlow(state.None), AdmitWait: bc.wait, AdmitSlots: coordinator.Slots{Step: 4}})
 			ctx := context.Background()
 			c := dial(b, addr, &arbor.Options{BusyRetries: -1})
 			envs := resetN(b, c, 48)
@@ -285,7 +361,7 @@ func BenchmarkAdmitFlood(b *testing.B) {
 						defer wg.Done()
 						for done := 0; done < 3; {
 							t0 := time.Now()
-							_, err := c.Step(ctx, env, arbor.Bash("sleep 0.2", 0))
+							_, err := c.Step(ctx, env, serverWork(200*time.Millisecond))
 							var pe *arbor.Error
 							switch {
 							case err == nil:

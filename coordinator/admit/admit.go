@@ -53,6 +53,8 @@ type Queue struct {
 	service time.Duration
 	// waited is the recent wait of admitted requests (the same average).
 	waited time.Duration
+	// resumed are paused tickets waiting for a slot again, served first.
+	resumed []*waiter
 	busy   int64
 }
 
@@ -98,17 +100,71 @@ func (q *Queue) Stats() Stats {
 
 // Ticket is an admitted request's slot: Done gives it back.
 type Ticket struct {
-	q     *Queue
-	start time.Time
+	q *Queue
 	// Waited is how long the request waited in the queue.
 	Waited time.Duration
-	once   sync.Once
+
+	mu     sync.Mutex
+	start  time.Time     // when it last took its slot
+	held   time.Duration // time it held a slot before its last Pause
+	paused  bool // its slot given back (PauseAfter)
+	resumed bool // PauseAfter's resume ran
+	ended   bool
 }
 
-// Done ends the admitted operation: its slot goes to the next waiter and
-// its duration into the recent service time.
+// Done ends the admitted operation: its slot (unless paused) goes to the
+// next waiter, and the time it held one into the recent service time.
+// Later calls do nothing.
 func (t *Ticket) Done() {
-	t.once.Do(func() { t.q.done(t.q.now().Sub(t.start)) })
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended {
+		return
+	}
+	t.ended = true
+	held := t.held
+	if !t.paused {
+		held += t.q.now().Sub(t.start)
+	}
+	t.q.done(held, !t.paused)
+}
+
+// PauseAfter gives the ticket's slot back if its operation still runs
+// after d, for as long as it waits on something other than the server's
+// work (a step's command running in its sandbox, on the sandbox's own
+// CPU): when a step held its slot for the whole command, 16 envs running
+// `sleep 600` made every other env's step busy. The resume it returns
+// ends that wait: it takes a slot again if the ticket gave its one back,
+// waiting as long as it takes (the operation was admitted and is under
+// way: a command that ran must be classified and committed), never
+// refused, and served before every request not admitted yet. An
+// operation shorter than d keeps its slot throughout, so the queue's
+// fairness and bounds still govern what the server does at once.
+func (t *Ticket) PauseAfter(d time.Duration) (resume func()) {
+	timer := time.AfterFunc(d, t.pause)
+	return func() {
+		timer.Stop()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.resumed = true // a pause not run yet does nothing
+		if !t.paused || t.ended {
+			return
+		}
+		t.q.resume()
+		t.paused = false
+		t.start = t.q.now()
+	}
+}
+
+func (t *Ticket) pause() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.paused || t.ended || t.resumed {
+		return
+	}
+	t.paused = true
+	t.held += t.q.now().Sub(t.start)
+	t.q.release()
 }
 
 // Admit waits for a slot for a request of client of tenant. It answers a
@@ -122,14 +178,14 @@ func (q *Queue) Admit(ctx context.Context, tenant, client string) (*Ticket, erro
 		bound, byDeadline = max(d.Sub(start), time.Nanosecond), true
 	}
 	q.mu.Lock()
-	if q.running < q.o.Slots && q.queued == 0 {
+	if q.running < q.o.Slots && q.queued == 0 && len(q.resumed) == 0 {
 		q.running++
 		q.waited = average(q.waited, 0)
 		q.mu.Unlock()
 		return &Ticket{q: q, start: start}, nil
 	}
 	c := q.client(tenant, client)
-	ahead := q.ahead(tenant, c)
+	ahead := q.ahead(tenant, c) + len(q.resumed)
 	est := q.estimate(ahead)
 	if (q.o.MaxQueued > 0 && q.queued >= q.o.MaxQueued) || (bound > 0 && q.service > 0 && est > bound) {
 		q.busy++
@@ -269,8 +325,9 @@ func (q *Queue) remove(tenant, client string, w *waiter) {
 	q.drop(tenant, c)
 }
 
-// done ends an admitted operation that took d. Under no lock.
-func (q *Queue) done(d time.Duration) {
+// done ends an admitted operation that held a slot for d in all; holding
+// says it holds one now. Under no lock.
+func (q *Queue) done(d time.Duration, holding bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.service == 0 {
@@ -278,14 +335,46 @@ func (q *Queue) done(d time.Duration) {
 	} else {
 		q.service = average(q.service, d)
 	}
+	if holding {
+		q.running--
+		q.grant()
+	}
+}
+
+// release gives back a paused ticket's slot. Under no lock.
+func (q *Queue) release() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.running--
 	q.grant()
+}
+
+// resume waits for a slot for a paused ticket, ahead of every waiter not
+// admitted yet. Under no lock.
+func (q *Queue) resume() {
+	q.mu.Lock()
+	if q.running < q.o.Slots && len(q.resumed) == 0 {
+		q.running++
+		q.mu.Unlock()
+		return
+	}
+	w := &waiter{ready: make(chan struct{})}
+	q.resumed = append(q.resumed, w)
+	q.mu.Unlock()
+	<-w.ready
 }
 
 // grant hands free slots to waiters round robin: the first tenant, its
 // first client, its oldest waiter; the tenant and the client then go to
 // the back of their rings. Under q.mu.
 func (q *Queue) grant() {
+	for q.running < q.o.Slots && len(q.resumed) > 0 {
+		w := q.resumed[0]
+		q.resumed = q.resumed[1:]
+		w.granted = true
+		close(w.ready)
+		q.running++
+	}
 	for q.running < q.o.Slots && q.queued > 0 {
 		t := q.tenants[0]
 		c := t.clients[0]

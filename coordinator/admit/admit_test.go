@@ -279,3 +279,79 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	})
 }
+
+// TestPauseAfter: a ticket still running after PauseAfter's delay gives
+// its slot back, and the next request is served at once; its resume waits
+// while the slots are held, is never refused (not even with the queue
+// full), and is served before requests that queued earlier; the time it
+// held a slot, not its pause, is its service time. A resume before the
+// delay keeps the slot throughout. Done ends a ticket once.
+func TestPauseAfter(t *testing.T) {
+	q := New(Options{Slots: 1, MaxQueued: 1})
+	c := &clock{t: time.Unix(1000, 0)}
+	q.now = c.now
+	quick, err := q.Admit(context.Background(), "t", "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := quick.PauseAfter(time.Hour)
+	resume()
+	if s := q.Stats(); s.Running != 1 {
+		t.Fatalf("running %d after a resume before the delay, want 1", s.Running)
+	}
+	quick.Done()
+
+	a, err := q.Admit(context.Background(), "t", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.add(time.Second)
+	resumeA := a.PauseAfter(time.Millisecond)
+	waitFor(t, func() bool { return q.Stats().Running == 0 })
+	b, err := q.Admit(context.Background(), "t", "b")
+	if err != nil {
+		t.Fatalf("admit while the only slot's ticket is paused: %v", err)
+	}
+	// A request queues behind b and fills the queue; then a resumes.
+	queued := make(chan *Ticket, 1)
+	go func() {
+		tk, err := q.Admit(context.Background(), "t", "c")
+		if err != nil {
+			t.Errorf("queued request: %v", err)
+		}
+		queued <- tk
+	}()
+	waitFor(t, func() bool { return q.Stats().Queued == 1 })
+	if _, err := q.Admit(context.Background(), "t", "e"); !errors.Is(err, state.ErrBusy) {
+		t.Fatalf("admit with the queue full: %v, want busy", err)
+	}
+	resumed := make(chan struct{})
+	go func() { resumeA(); close(resumed) }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-resumed:
+		t.Fatal("resumed while the slot is held")
+	default:
+	}
+	c.add(3 * time.Second)
+	b.Done()
+	<-resumed
+	if s := q.Stats(); s.Running != 1 || s.Queued != 1 {
+		t.Fatalf("after b ended: running %d queued %d, want the resumed ticket running before the queued request", s.Running, s.Queued)
+	}
+	c.add(time.Second)
+	a.Done()
+	a.Done()
+	tk := <-queued
+	if s := q.Stats(); s.Running != 1 || s.Queued != 0 {
+		t.Fatalf("after a ended: running %d queued %d, want the queued request running", s.Running, s.Queued)
+	}
+	// Service times: b held 3 s, a 1 s + 1 s = 2 s (its pause not counted).
+	if got, want := q.Stats().Service, average(3*time.Second, 2*time.Second); got != want { // the quick one held 0: no average yet
+		t.Errorf("service %v, want %v", got, want)
+	}
+	tk.Done()
+	if s := q.Stats(); s.Running != 0 {
+		t.Errorf("running %d after every ticket ended, want 0", s.Running)
+	}
+}
