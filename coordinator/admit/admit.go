@@ -55,7 +55,7 @@ type Queue struct {
 	waited time.Duration
 	// resumed are paused tickets waiting for a slot again, served first.
 	resumed []*waiter
-	busy   int64
+	busy    int64
 }
 
 type tenantQ struct {
@@ -104,11 +104,11 @@ type Ticket struct {
 	// Waited is how long the request waited in the queue.
 	Waited time.Duration
 
-	mu     sync.Mutex
-	start  time.Time     // when it last took its slot
-	held   time.Duration // time it held a slot before its last Pause
-	paused  bool // its slot given back (PauseAfter)
-	resumed bool // PauseAfter's resume ran
+	mu      sync.Mutex
+	start   time.Time     // when it last took its slot
+	held    time.Duration // time it held a slot before its last Pause
+	paused  bool          // its slot given back (PauseAfter)
+	resumed bool          // PauseAfter's resume ran
 	ended   bool
 }
 
