@@ -187,6 +187,9 @@ type loadResult struct {
 	cpu      time.Duration // utime+stime
 	cpuChild time.Duration // cutime+cstime: children it reaped (CRIU, helpers)
 	hostIdle float64       // share of the host's CPU time idle
+	// metrics are the changes of the server's arbor_ series over the
+	// level (counters, histograms' sums and counts).
+	metrics map[string]float64
 }
 
 func (lr *loadResult) ok(method string, d time.Duration) {
@@ -230,10 +233,11 @@ func sumCounts(m map[string]int) int {
 func runLoad(t *testing.T, ctx context.Context, s *server, cfg loadConfig) *loadResult {
 	lr := &loadResult{envs: cfg.envs, lat: map[string][]time.Duration{}, classes: map[string]int{},
 		calls: map[string]int{}, busyReturned: map[string]int{}}
-	m0, err := requestCounts(s)
+	raw0, err := s.Metrics()
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
+	m0 := requestCounts(raw0)
 	cpu0, child0, err := procCPU(s.pid)
 	if err != nil {
 		t.Fatal(err)
@@ -267,9 +271,16 @@ func runLoad(t *testing.T, ctx context.Context, s *server, cfg loadConfig) *load
 	if total1 > total0 {
 		lr.hostIdle = 1 - float64(busy1-busy0)/float64(total1-total0)
 	}
-	m1, err := requestCounts(s)
+	raw1, err := s.Metrics()
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
+	}
+	m1 := requestCounts(raw1)
+	lr.metrics = map[string]float64{}
+	for k, v := range raw1 {
+		if strings.HasPrefix(k, "arbor_") {
+			lr.metrics[k] = v - raw0[k]
+		}
 	}
 	lr.served, lr.busy = map[string]int{}, map[string]int{}
 	for k, v := range m1 {
@@ -474,12 +485,9 @@ func (a *agent) branch(ctx context.Context, env string) bool {
 // metricKey is one series of arbor_requests_total.
 type metricKey struct{ method, code string }
 
-// requestCounts reads arbor_requests_total by method and code.
-func requestCounts(s *server) (map[metricKey]int, error) {
-	m, err := s.Metrics()
-	if err != nil {
-		return nil, err
-	}
+// requestCounts picks arbor_requests_total by method and code out of
+// the server's metrics.
+func requestCounts(m map[string]float64) map[metricKey]int {
 	out := map[metricKey]int{}
 	for k, v := range m {
 		rest, ok := strings.CutPrefix(k, "arbor_requests_total{")
@@ -499,7 +507,7 @@ func requestCounts(s *server) (map[metricKey]int, error) {
 		}
 		out[key] += int(v)
 	}
-	return out, nil
+	return out
 }
 
 // clockTick is USER_HZ, the unit of /proc/PID/stat's times.
@@ -627,6 +635,7 @@ func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thin
 		sort.Strings(kinds)
 		fmt.Fprintf(w, "\nTurns by command and the checkpoint the server took: %s. Episodes evaluated: %d (reward 1: %d, 0: %d).\n",
 			strings.Join(kinds, ", "), lr.episodes, lr.rewards[1], lr.rewards[0])
+		writeServerView(w, lr.metrics)
 		if lr.nerr > 0 {
 			fmt.Fprintf(w, "\nErrors (%d):\n\n", lr.nerr)
 			for _, e := range lr.errs {
@@ -639,6 +648,33 @@ func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thin
 	for _, l := range append(errs, warns...)[:min(10, len(errs)+len(warns))] {
 		fmt.Fprintf(w, "    %s\n", l)
 	}
+}
+
+// writeServerView writes where the server's time went over a level,
+// from its /metrics: admission per class (docs/architecture.md,
+// Admission control), the step's own time and the checkpoints.
+func writeServerView(w *bytes.Buffer, m map[string]float64) {
+	mean := func(name string) string {
+		if n := m[name+"_count"]; n > 0 {
+			return fmt.Sprintf("%.0f ms", 1000*m[name+"_sum"]/n)
+		}
+		return "-"
+	}
+	fmt.Fprintf(w, "\nThe server's view (/metrics, over the level):\n\n| class | admitted | mean admission wait | refused busy |\n| --- | ---: | ---: | ---: |\n")
+	for _, c := range []string{"reset", "step", "branch", "evaluate"} {
+		l := fmt.Sprintf(`{class="%s"}`, c)
+		fmt.Fprintf(w, "| %s | %.0f | %s | %.0f |\n", c, m["arbor_admit_wait_seconds_count"+l], mean("arbor_admit_wait_seconds"+l), m["arbor_admit_busy_total"+l])
+	}
+	var kinds []string
+	for _, k := range []string{"none", "fs", "proc", "full"} {
+		kinds = append(kinds, fmt.Sprintf("%s %.0f", k, m[fmt.Sprintf(`arbor_checkpoints_total{kind="%s"}`, k)]))
+	}
+	fmt.Fprintf(w, "\nStep served (bash, after admission) in %s on average; branch(2) in %s. Checkpoints queued: %s; "+
+		"background checkpoints %.0f, %s each on average; checkpoint run time %.0f s, of it %.0f s waited through by requests "+
+		"(arbor_checkpoint_exposed_seconds_total; time queued behind other checkpoints not counted).\n",
+		mean(`arbor_step_seconds{tool="bash"}`), mean("arbor_branch_seconds"), strings.Join(kinds, ", "),
+		m[`arbor_checkpoint_seconds_count{mode="background"}`], mean(`arbor_checkpoint_seconds{mode="background"}`),
+		m["arbor_checkpoint_time_seconds_total"], m["arbor_checkpoint_exposed_seconds_total"])
 }
 
 func memTotal() string {
