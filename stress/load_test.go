@@ -41,6 +41,7 @@ import (
 // Knobs: ARBOR_LOAD_ENVS (the levels, e.g. "64 128 256"; default "16"),
 // ARBOR_LOAD_DURATION (each level's time; default 20s), ARBOR_LOAD_THINK
 // (think time range, default "500ms-2s"), ARBOR_LOAD_SEED,
+// ARBOR_LOAD_FLAGS (more arbor serve flags, e.g. "--workers 4"),
 // ARBOR_LOAD_REPORT (write the markdown report to this file).
 func TestLoad(t *testing.T) {
 	requireHost(t)
@@ -53,7 +54,8 @@ func TestLoad(t *testing.T) {
 
 	// Every agent holds its env and, during a branch, two children: the
 	// default --max-envs (256) would refuse a branch at 128 agents.
-	s := startServer(t, "--max-envs", strconv.Itoa(3*top+8))
+	flags := append([]string{"--max-envs", strconv.Itoa(3*top + 8)}, strings.Fields(os.Getenv("ARBOR_LOAD_FLAGS"))...)
+	s := startServer(t, flags...)
 	g := newCgroups(s)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(len(levels))*(dur+10*time.Minute))
 	defer cancel()
@@ -81,7 +83,7 @@ func TestLoad(t *testing.T) {
 	leaks := compare(base, after, g, true)
 
 	var rep bytes.Buffer
-	writeLoadReport(&rep, results, dur, thinkMin, thinkMax, seed, s)
+	writeLoadReport(&rep, results, dur, thinkMin, thinkMax, seed, flags, s)
 	fmt.Fprintf(&rep, "\nLeaks after the last level (every env closed): ")
 	if len(leaks) == 0 {
 		fmt.Fprintf(&rep, "none.\n")
@@ -594,11 +596,12 @@ func pct(d []time.Duration, p float64) string {
 }
 
 // writeLoadReport writes the levels' figures as markdown.
-func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thinkMax time.Duration, seed int64, s *server) {
+func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thinkMax time.Duration, seed int64, flags []string, s *server) {
 	rev, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	host, _ := os.Hostname()
-	fmt.Fprintf(w, "# Load test\n\n%s, commit %s, host %s (%d CPUs, %s). `make load`: stress.TestLoad, seed %d.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(rev)), host, runtime.NumCPU(), memTotal(), seed)
+	fmt.Fprintf(w, "# Load test\n\n%s, commit %s, host %s (%d CPUs, %s). `make load`: stress.TestLoad, seed %d; "+
+		"arbor serve --warm 1 %s.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(rev)), host, runtime.NumCPU(), memTotal(), seed, strings.Join(flags, " "))
 	fmt.Fprintf(w, "Each level runs N agents for %s, each on a connection of its own (clients/go, default busy back-off): "+
 		"episodes of the hello task (busybox), 3-7 turns after a think time of %s-%s (read-only, file write, export, background process), "+
 		"a branch(2) after 1 turn in 8 with a turn in each child and both discarded, the solution in half the episodes, evaluate, close.\n\n",
