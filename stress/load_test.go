@@ -657,16 +657,18 @@ func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thin
 // from its /metrics: admission per class (docs/architecture.md,
 // Admission control), the step's own time and the checkpoints.
 func writeServerView(w *bytes.Buffer, m map[string]float64) {
-	mean := func(name string) string {
-		if n := m[name+"_count"]; n > 0 {
-			return fmt.Sprintf("%.0f ms", 1000*m[name+"_sum"]/n)
+	// mean of a histogram: name, then its labels ("" or {k="v"}).
+	mean := func(name string, labels ...string) string {
+		l := strings.Join(labels, "")
+		if n := m[name+"_count"+l]; n > 0 {
+			return fmt.Sprintf("%.0f ms", 1000*m[name+"_sum"+l]/n)
 		}
 		return "-"
 	}
 	fmt.Fprintf(w, "\nThe server's view (/metrics, over the level):\n\n| class | admitted | mean admission wait | refused busy |\n| --- | ---: | ---: | ---: |\n")
 	for _, c := range []string{"reset", "step", "branch", "evaluate"} {
 		l := fmt.Sprintf(`{class="%s"}`, c)
-		fmt.Fprintf(w, "| %s | %.0f | %s | %.0f |\n", c, m["arbor_admit_wait_seconds_count"+l], mean("arbor_admit_wait_seconds"+l), m["arbor_admit_busy_total"+l])
+		fmt.Fprintf(w, "| %s | %.0f | %s | %.0f |\n", c, m["arbor_admit_wait_seconds_count"+l], mean("arbor_admit_wait_seconds", l), m["arbor_admit_busy_total"+l])
 	}
 	var kinds []string
 	for _, k := range []string{"none", "fs", "proc", "full"} {
@@ -675,8 +677,8 @@ func writeServerView(w *bytes.Buffer, m map[string]float64) {
 	fmt.Fprintf(w, "\nStep served (bash, after admission) in %s on average; branch(2) in %s. Checkpoints queued: %s; "+
 		"background checkpoints %.0f, %s each on average; checkpoint run time %.0f s, of it %.0f s waited through by requests "+
 		"(arbor_checkpoint_exposed_seconds_total; time queued behind other checkpoints not counted).\n",
-		mean(`arbor_step_seconds{tool="bash"}`), mean("arbor_branch_seconds"), strings.Join(kinds, ", "),
-		m[`arbor_checkpoint_seconds_count{mode="background"}`], mean(`arbor_checkpoint_seconds{mode="background"}`),
+		mean("arbor_step_seconds", `{tool="bash"}`), mean("arbor_branch_seconds"), strings.Join(kinds, ", "),
+		m[`arbor_checkpoint_seconds_count{mode="background"}`], mean("arbor_checkpoint_seconds", `{mode="background"}`),
 		m["arbor_checkpoint_time_seconds_total"], m["arbor_checkpoint_exposed_seconds_total"])
 }
 
