@@ -186,6 +186,8 @@ type loadResult struct {
 	busy   map[string]int // busy (too_many_requests) answers, by method
 	// From /proc/PID of the server, over the level.
 	rssPeak  int64
+	fdsPeak  int           // open files of the server
+	envsPeak int           // arbor_active_envs
 	cpu      time.Duration // utime+stime
 	cpuChild time.Duration // cutime+cstime: children it reaped (CRIU, helpers)
 	hostIdle float64       // share of the host's CPU time idle
@@ -217,9 +219,10 @@ func (lr *loadResult) fail(format string, args ...any) {
 }
 
 func (lr *loadResult) summary() string {
-	return fmt.Sprintf("%d steps in %s (%.1f/s), %d episodes, %d busy answers, %d errors, RSS peak %d MiB, CPU %.2f cores",
+	return fmt.Sprintf("%d steps in %s (%.1f/s), %d episodes, %d busy answers, %d errors, RSS peak %d MiB, CPU %.2f cores, "+
+		"at most %d envs open and %d files open by the server",
 		lr.steps, lr.elapsed.Round(time.Second), float64(lr.steps)/lr.elapsed.Seconds(), lr.episodes, sumCounts(lr.busy), lr.nerr,
-		lr.rssPeak>>20, lr.cpu.Seconds()/lr.elapsed.Seconds())
+		lr.rssPeak>>20, lr.cpu.Seconds()/lr.elapsed.Seconds(), lr.envsPeak, lr.fdsPeak)
 }
 
 func sumCounts(m map[string]int) int {
@@ -246,8 +249,8 @@ func runLoad(t *testing.T, ctx context.Context, s *server, cfg loadConfig) *load
 	}
 	busy0, total0 := hostCPU()
 	sampling, stopSampling := context.WithCancel(ctx)
-	sampled := make(chan int64)
-	go func() { sampled <- sampleRSS(sampling, s.pid) }()
+	sampled := make(chan peaks)
+	go func() { sampled <- samplePeaks(sampling, s) }()
 
 	began := time.Now()
 	end := began.Add(cfg.duration)
@@ -263,7 +266,8 @@ func runLoad(t *testing.T, ctx context.Context, s *server, cfg loadConfig) *load
 	wg.Wait()
 	lr.elapsed = time.Since(began)
 	stopSampling()
-	lr.rssPeak = <-sampled
+	pk := <-sampled
+	lr.rssPeak, lr.fdsPeak, lr.envsPeak = pk.rss, pk.fds, pk.envs
 	cpu1, child1, err := procCPU(s.pid)
 	if err != nil {
 		t.Fatal(err)
@@ -556,19 +560,31 @@ func hostCPU() (busy, total int64) {
 	return busy, total
 }
 
-// sampleRSS reads pid's VmRSS every 250 ms until ctx ends and returns
-// the most seen.
-func sampleRSS(ctx context.Context, pid int) int64 {
-	var peak int64
+// peaks are the most a level's sampling saw of the server.
+type peaks struct {
+	rss       int64
+	fds, envs int
+}
+
+// samplePeaks reads the server's VmRSS and open files every 250 ms,
+// and its open envs (arbor_active_envs) every second, until ctx ends.
+func samplePeaks(ctx context.Context, s *server) peaks {
+	var pk peaks
 	tk := time.NewTicker(250 * time.Millisecond)
 	defer tk.Stop()
-	for {
-		if r := procRSS(pid); r > peak {
-			peak = r
+	for i := 0; ; i++ {
+		pk.rss = max(pk.rss, procRSS(s.pid))
+		if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.pid)); err == nil {
+			pk.fds = max(pk.fds, len(fds))
+		}
+		if i%4 == 0 {
+			if m, err := s.Metrics(); err == nil {
+				pk.envs = max(pk.envs, int(m["arbor_active_envs"]))
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return peak
+			return pk
 		case <-tk.C:
 		}
 	}
@@ -606,6 +622,7 @@ func writeLoadReport(w *bytes.Buffer, results []*loadResult, dur, thinkMin, thin
 		"episodes of the hello task (busybox), 3-7 turns after a think time of %s-%s (read-only, file write, export, background process), "+
 		"a branch(2) after 1 turn in 8 with a turn in each child and both discarded, the solution in half the episodes, evaluate, close.\n\n",
 		dur, thinkMin, thinkMax)
+	fmt.Fprintf(w, "The server's limit of open files: %s.\n\n", openFilesLimit(s.pid))
 	fmt.Fprintf(w, "| envs | steps/s | step p50 | step p99 | evaluate p50 | evaluate p99 | reset p50 | reset p99 | branch p50 | branch p99 | busy answers | errors | RSS peak | CPU (cores) | host idle |\n")
 	fmt.Fprintf(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, lr := range results {
@@ -680,6 +697,19 @@ func writeServerView(w *bytes.Buffer, m map[string]float64) {
 		mean("arbor_step_seconds", `{tool="bash"}`), mean("arbor_branch_seconds"), strings.Join(kinds, ", "),
 		m[`arbor_checkpoint_seconds_count{mode="background"}`], mean("arbor_checkpoint_seconds", `{mode="background"}`),
 		m["arbor_checkpoint_time_seconds_total"], m["arbor_checkpoint_exposed_seconds_total"])
+}
+
+// openFilesLimit is pid's soft RLIMIT_NOFILE as /proc/PID/limits gives it.
+func openFilesLimit(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Max open files"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				return f[0]
+			}
+		}
+	}
+	return "unknown"
 }
 
 func memTotal() string {
