@@ -8,7 +8,6 @@ import (
 	"math/rand"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -91,16 +90,7 @@ func TestLoad(t *testing.T) {
 	for _, l := range leaks {
 		fmt.Fprintf(&rep, "\n- %s", l)
 	}
-	if p := os.Getenv("ARBOR_LOAD_REPORT"); p != "" {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Error(err)
-		} else if err := os.WriteFile(p, rep.Bytes(), 0o644); err != nil {
-			t.Error(err)
-		} else {
-			t.Logf("report: %s", p)
-		}
-	}
-	t.Log("\n" + rep.String())
+	writeReport(t, os.Getenv("ARBOR_LOAD_REPORT"), rep.Bytes())
 	for _, l := range leaks {
 		t.Errorf("leak: %s", l)
 	}
@@ -573,7 +563,7 @@ func samplePeaks(ctx context.Context, s *server) peaks {
 	tk := time.NewTicker(250 * time.Millisecond)
 	defer tk.Stop()
 	for i := 0; ; i++ {
-		pk.rss = max(pk.rss, procRSS(s.pid))
+		pk.rss = max(pk.rss, rssOf(s.pid))
 		if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.pid)); err == nil {
 			pk.fds = max(pk.fds, len(fds))
 		}
@@ -588,20 +578,6 @@ func samplePeaks(ctx context.Context, s *server) peaks {
 		case <-tk.C:
 		}
 	}
-}
-
-func procRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func pct(d []time.Duration, p float64) string {
