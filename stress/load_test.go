@@ -667,10 +667,11 @@ func writeServerView(w *bytes.Buffer, m map[string]float64) {
 	for _, k := range []string{"none", "fs", "proc", "full"} {
 		kinds = append(kinds, fmt.Sprintf("%s %.0f", k, m[fmt.Sprintf(`arbor_checkpoints_total{kind="%s"}`, k)]))
 	}
-	fmt.Fprintf(w, "\nStep served (bash, after admission) in %s on average; branch(2) in %s. States by checkpoint kind (arbor_checkpoints_total; a reset counts its restored state as full): %s; "+
+	fmt.Fprintf(w, "\nServed once admitted, on average: step (bash) %s, branch(2) %s, reset %s, evaluate %s. States by checkpoint kind (arbor_checkpoints_total; a reset counts its restored state as full): %s; "+
 		"background checkpoints %.0f, %s each on average; checkpoint run time %.0f s, of it %.0f s waited through by requests "+
 		"(arbor_checkpoint_exposed_seconds_total; time queued behind other checkpoints not counted).\n",
-		mean("arbor_step_seconds", `{tool="bash"}`), mean("arbor_branch_seconds"), strings.Join(kinds, ", "),
+		mean("arbor_step_seconds", `{tool="bash"}`), mean("arbor_branch_seconds"), mean("arbor_reset_seconds"), mean("arbor_evaluate_seconds"),
+		strings.Join(kinds, ", "),
 		m[`arbor_checkpoint_seconds_count{mode="background"}`], mean("arbor_checkpoint_seconds", `{mode="background"}`),
 		m["arbor_checkpoint_time_seconds_total"], m["arbor_checkpoint_exposed_seconds_total"])
 }
