@@ -699,3 +699,24 @@ func memTotal() string {
 	}
 	return "RAM unknown"
 }
+
+// TestRequestCounts: arbor_requests_total's series, as servetest.Metrics
+// keys them, add up by method and code; other series are left out.
+func TestRequestCounts(t *testing.T) {
+	got := requestCounts(map[string]float64{
+		`arbor_requests_total{code="ok",method="step"}`:                 7,
+		`arbor_requests_total{code="too_many_requests",method="reset"}`: 2,
+		`arbor_requests_total{code="ok",method="reset"}`:                3,
+		`arbor_admit_busy_total{class="reset"}`:                         2,
+		"arbor_active_envs":                                             4,
+	})
+	want := map[metricKey]int{{"step", "ok"}: 7, {"reset", protocol.CodeTooManyReqs}: 2, {"reset", "ok"}: 3}
+	if len(got) != len(want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%v: %d, want %d", k, got[k], n)
+		}
+	}
+}
