@@ -30,10 +30,13 @@ STRESS_CLIENTS ?= 8
 # SKIPFUZZ_TURNS is set, how many turns it runs instead (5000: about 35 min).
 SKIPFUZZ_FOR ?= 10m
 SKIPFUZZ_TURNS ?=
+# make load: the levels (concurrent agent loops) and each level's time.
+LOAD_ENVS ?= 64 128 256
+LOAD_DURATION ?= 60s
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench stress soak lint ui-screenshot
+.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench stress load soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -97,6 +100,12 @@ stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a rep
 	ARBOR_STRESS_DURATION=$(STRESS_DURATION) ARBOR_STRESS_CLIENTS=$(STRESS_CLIENTS) \
 	ARBOR_STRESS_REPORT=$(CURDIR)/stress/results/$$(date -u +%Y%m%dT%H%M%SZ).md \
 	$(GO) test -count=1 -timeout 60m -run '^TestStress$$' -v ./stress/
+
+load: build ## the load test (stress TestLoad): LOAD_ENVS agent loops (64 128 256) for LOAD_DURATION (60s) each -> benchmarks/results/load.md
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
+	ARBOR_LOAD_ENVS="$(LOAD_ENVS)" ARBOR_LOAD_DURATION=$(LOAD_DURATION) \
+	ARBOR_LOAD_REPORT=$(CURDIR)/benchmarks/results/load.md \
+	$(GO) test -count=1 -timeout 90m -run '^TestLoad$$' -v ./stress/
 
 chaos: build ## the chaos test for CHAOS_DURATION (5m): workers' episodes while the server is killed -9, CRIU killed and the state dir filled at random; reports envs lost and states corrupted (targets 0)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_CHAOS_DURATION=$(CHAOS_DURATION) \

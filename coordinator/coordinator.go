@@ -477,6 +477,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 		return nil, err
 	}
 	defer ticket.Done()
+	admitted := time.Now()
 	if err := c.reserve(1); err != nil {
 		return nil, err
 	}
@@ -496,6 +497,7 @@ func (c *Coordinator) Reset(ctx context.Context, req ResetRequest) (*ResetResult
 	c.trailReset(res.StateID)
 	c.o.Hooks.StateMade(res.Env.ID, res.StateID)
 	c.m.checkpoints.WithLabelValues(string(state.Full)).Inc()
+	c.m.reset.Observe(time.Since(admitted).Seconds())
 	c.publish(Event{Type: EventReset, Env: res.Env.ID, Task: task.Name, State: res.StateID, Kind: string(state.Full)})
 	c.log.Debug("reset", slog.String("env", res.Env.ID), slog.String("task", task.Name), slog.String("image", task.Image))
 	return &ResetResult{Env: res.Env, StateID: res.StateID, Task: task, Instruction: res.Instruction}, nil

@@ -287,6 +287,7 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (
 		return Evaluation{}, err
 	}
 	defer ticket.Done()
+	admitted := time.Now()
 	c.observePending(m)
 	ev, err := c.tasks.Evaluate(ctx, env, m.task, m.seed)
 	if err != nil {
@@ -298,6 +299,7 @@ func (c *Coordinator) Evaluate(ctx context.Context, envID string, finish bool) (
 		return Evaluation{}, err
 	}
 	m.used.Store(time.Now().UnixNano())
+	c.m.evaluate.Observe(time.Since(admitted).Seconds())
 	if ev.Details == nil {
 		ev.Details = map[string]any{}
 	}

@@ -14,6 +14,8 @@ type metrics struct {
 	branch      prometheus.Histogram
 	checkpoint  *prometheus.HistogramVec
 	restore     prometheus.Histogram
+	reset       prometheus.Histogram
+	evaluate    prometheus.Histogram
 	checkpoints *prometheus.CounterVec
 	verified    *prometheus.CounterVec
 }
@@ -33,6 +35,15 @@ func newMetrics(reg prometheus.Registerer, e *branch.Engine, activeEnvs func() f
 		restore: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "arbor_restore_seconds", Help: "Time to restore a state into an env (rollback).", Buckets: buckets,
 		}),
+		// Reset and evaluate each restore a state (a task's post-setup
+		// state, a fork of the env to grade): under load they, not the
+		// step, are what a fleet of agents waits on.
+		reset: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "arbor_reset_seconds", Help: "Time to serve a successful reset once admitted (a warm env taken or a state restored).", Buckets: buckets,
+		}),
+		evaluate: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "arbor_evaluate_seconds", Help: "Time to serve a successful evaluate once admitted (the grader's fork and the verifier).", Buckets: buckets,
+		}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "arbor_checkpoints_total", Help: "Checkpoints queued, by kind (none counts turns that needed none).",
 		}, []string{"kind"}),
@@ -40,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, e *branch.Engine, activeEnvs func() f
 			Name: "arbor_verify_total", Help: "Turns checked in verification mode, by result (ok, miss, or error: the check could not run).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.checkpoints, m.verified,
+	reg.MustRegister(m.step, m.branch, m.checkpoint, m.restore, m.reset, m.evaluate, m.checkpoints, m.verified,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "arbor_active_envs", Help: "Open envs handed out to clients."}, activeEnvs))
 	for _, k := range []string{"none", "fs", "proc", "full"} {
 		m.checkpoints.WithLabelValues(k)

@@ -89,8 +89,9 @@ func TestTurnClassesThroughServer(t *testing.T) {
 	}
 }
 
-// TestMetrics scrapes /metrics after a step: the histograms, the counters
-// by kind and the engine's accounting are there, with no env ids in labels.
+// TestMetrics scrapes /metrics after a reset and a step: the histograms
+// (the reset counted once, no evaluate), the counters by kind and the
+// engine's accounting are there, with no env ids in labels.
 func TestMetrics(t *testing.T) {
 	_, addr := newServer(t, server.Options{})
 	ctx := context.Background()
@@ -108,7 +109,8 @@ func TestMetrics(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, name := range []string{"arbor_step_seconds_bucket", "arbor_checkpoints_total{kind=\"full\"}", "arbor_active_envs",
-		"arbor_checkpoint_exposed_seconds_total", "arbor_image_hot_bytes", "arbor_states"} {
+		"arbor_checkpoint_exposed_seconds_total", "arbor_image_hot_bytes", "arbor_states",
+		"\narbor_reset_seconds_count 1\n", "\narbor_evaluate_seconds_count 0\n"} {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -215,16 +215,7 @@ func TestStress(t *testing.T) {
 	for _, l := range append(errs, warns...)[:min(20, len(errs)+len(warns))] {
 		fmt.Fprintf(&rep, "    %s\n", l)
 	}
-	if p := os.Getenv("ARBOR_STRESS_REPORT"); p != "" {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Error(err)
-		} else if err := os.WriteFile(p, rep.Bytes(), 0o644); err != nil {
-			t.Error(err)
-		} else {
-			t.Logf("report: %s", p)
-		}
-	}
-	t.Log("\n" + rep.String())
+	writeReport(t, os.Getenv("ARBOR_STRESS_REPORT"), rep.Bytes())
 	for _, l := range leaks {
 		t.Errorf("leak: %s", l)
 	}
@@ -234,6 +225,22 @@ func TestStress(t *testing.T) {
 	if rec.nfail > 0 {
 		t.Errorf("%d failures (seed %d); first: %s", rec.nfail, cfg.seed, rec.failures[0])
 	}
+}
+
+// writeReport logs a run's markdown report and writes it to path too
+// unless path is "".
+func writeReport(t *testing.T, path string, rep []byte) {
+	t.Helper()
+	if path != "" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Error(err)
+		} else if err := os.WriteFile(path, rep, 0o644); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("report: %s", path)
+		}
+	}
+	t.Log("\n" + string(rep))
 }
 
 // warmUp runs one of each request so that what the server makes lazily

@@ -208,7 +208,9 @@ func (s *Server) Kill() {
 	}
 }
 
-// Metrics reads the server's /metrics samples without labels.
+// Metrics reads the server's /metrics samples, keyed by name, with
+// its labels as /metrics writes them when it has any
+// (arbor_requests_total{code="ok",method="step"}).
 func (s *Server) Metrics() (map[string]float64, error) {
 	resp, err := http.Get("http://" + s.Addr + "/metrics")
 	if err != nil {
@@ -218,10 +220,12 @@ func (s *Server) Metrics() (map[string]float64, error) {
 	m := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+		l := sc.Text()
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 || strings.HasPrefix(l, "#") {
 			continue
 		}
+		name, v := l[:i], l[i+1:]
 		if f, err := strconv.ParseFloat(v, 64); err == nil {
 			m[name] = f
 		}
