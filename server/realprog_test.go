@@ -150,11 +150,13 @@ func pgStep(sql string) string {
 // pgRows is what a fresh connection reads: the committed rows of t.
 const pgRows = `psql -h /work/pg -U postgres -XAtc "select coalesce(string_agg(k || '=' || v, ',' order by k), '-') from t"`
 
-// pgHeld is what the held connection reads: its backend (the same
-// process in every child), its open transaction's id if any, and the
-// rows as it sees them (its own uncommitted changes too).
-const pgHeld = "select pg_backend_pid() = (select pid from pg_stat_activity where application_name = $$held$$) as same_backend, " +
-	"pg_current_xact_id_if_assigned() is not null as in_tx, coalesce(string_agg(k || $$=$$ || v, $$,$$ order by k), $$-$$) from t;"
+// pgHeld is what the held connection reads: its backend's pid (the
+// same process in every child: a reconnect would get another, and psql
+// would say it reset the connection), whether it is in a transaction
+// that wrote, and the rows as it sees them (its own uncommitted changes
+// too).
+const pgHeld = "select pg_backend_pid(), pg_current_xact_id_if_assigned() is not null as in_tx, " +
+	"coalesce(string_agg(k || $$=$$ || v, $$,$$ order by k), $$-$$) from t;"
 
 // jupyterClient is a long-lived client of the kernel of
 // /work/kernel.json (jupyter_client's BlockingKernelClient, its channels
