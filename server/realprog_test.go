@@ -623,12 +623,22 @@ func realprogReport(table string) string {
 	if f := flag.Lookup("test.benchtime"); f != nil {
 		bt = f.Value.String()
 	}
+	// The load average says how shared the machine was (branch times
+	// grow with it).
+	load := "unknown"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			load = strings.Join(f[:3], " ")
+		}
+	}
 	return fmt.Sprintf(`# Real programs, branched exactly
 
 Written by `+"`make bench-realprog`"+` (part of `+"`make bench`"+`): `+"`BenchmarkRealPrograms`"+`
-(server/realprog_test.go) with `+"`-benchtime %s`"+`, %s UTC, Linux %s, %d CPUs.
+(server/realprog_test.go) with `+"`-benchtime %s`"+`, %s UTC, Linux %s, %d CPUs,
+load average at the end %s.
 Each program of the real-programs suite (docs/inspector.md, "Real
-programs") runs one episode in a sandbox of image realprog: its setup, then
+programs") runs one episode in a sandbox of image realprog (postgres:
+realprog-users, the same labelled as running other users): its setup, then
 four turns each followed by its probe; then every turn's state is branched
 (`+"`branch {state_id, n: 2}`"+`) once per round, and each child's probe must
 print what the live env's printed at that state (the first round: one child
@@ -637,7 +647,8 @@ episode's steps (setup, turns and probes); branch p50 is over the rounds'
 branch calls; exact: every child read what the live env read, no
 checkpoint failed and every kind was right.
 
-%s`, bt, time.Now().UTC().Format("2006-01-02 15:04"), unix.ByteSliceToString(uts.Release[:]), runtime.NumCPU(), table)
+%s`, bt, time.Now().UTC().Format("2006-01-02 15:04"), unix.ByteSliceToString(uts.Release[:]), runtime.NumCPU(),
+		load, table)
 }
 
 // kindCounts summarises kinds as "proc 5, full 4".
