@@ -7,6 +7,7 @@ STATE_DIR ?= /var/lib/arbor
 # zfs-fuse started when ZFS does not answer; docs/zfs.md).
 BACKEND ?= btrfs
 GOTEST_FLAGS ?= -race -count=1 -timeout 18m
+REALPROG_BENCHTIME ?= 3x
 # Fuzzing budget per fuzz target: seconds in make test, minutes in make fuzz.
 TEST_FUZZTIME ?= 5s
 FUZZTIME ?= 2m
@@ -36,7 +37,7 @@ LOAD_DURATION ?= 60s
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench stress load soak lint ui-screenshot
+.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench bench-realprog gobench stress load soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -89,8 +90,13 @@ fuzz-skips: build ## the differential skip fuzzer (make test runs 60 turns) for 
 generate: ## regenerate committed generated code
 	$(GO) generate ./...
 
-bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces, and Arbor on ZFS beside btrfs -> benchmarks/results
+bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces, and Arbor on ZFS beside btrfs; then bench-realprog -> benchmarks/results
 	$(BIN)/arbor --log-level warn bench $(BENCH_FLAGS) --out benchmarks/results
+	$(MAKE) bench-realprog
+
+bench-realprog: build ## the real-programs suite as a table (BenchmarkRealPrograms, REALPROG_BENCHTIME rounds of branches, default 3x) -> benchmarks/results/realprog.md
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_REALPROG_REPORT=$(CURDIR)/benchmarks/results/realprog.md \
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench '^BenchmarkRealPrograms$$' -benchtime $(REALPROG_BENCHTIME) ./server/
 
 gobench: build ## the Go micro-benchmarks (go test -bench)
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...

@@ -32,6 +32,20 @@ type Config struct {
 	Cmd        []string          `json:"cmd,omitempty"`
 }
 
+// LabelOtherUsers is the image label ("true") that says programs of the
+// image run as users other than the shell's: a daemon that drops to its
+// own uid (PostgreSQL, Debian's redis). CRIU reads the resource limits of
+// every task it dumps, which for a task of another uid needs
+// CAP_SYS_RESOURCE; a launcher whose host lacks it starts such an image's
+// sandboxes in user namespace mode, as it does for a non-root image user
+// (docs/images.md, "The image config in a sandbox").
+const LabelOtherUsers = "org.arbor.other-users"
+
+// OtherUsers reports whether c carries LabelOtherUsers set to "true".
+func (c *Config) OtherUsers() bool {
+	return c != nil && c.Labels[LabelOtherUsers] == "true"
+}
+
 // configFrom takes the parts of an OCI config a sandbox uses, resolving
 // its user in the tree at root: a user name or group the image does not
 // define is an error (the image could not run as it says).

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -59,6 +60,9 @@ type Recipe struct {
 	Workdir string `yaml:"workdir,omitempty" json:"workdir,omitempty"`
 	// User is the image config's user ("name", "uid", "name:group").
 	User string `yaml:"user,omitempty" json:"user,omitempty"`
+	// Labels are added to the image config's labels (a key replaces the
+	// base's): LabelOtherUsers, for one.
+	Labels map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
 	// Timeout bounds each run command and the package install (a Go
 	// duration, "10m"); DefaultRecipeTimeout when empty.
 	Timeout string `yaml:"timeout,omitempty" json:"-"`
@@ -164,6 +168,11 @@ func (r *Recipe) validate() error {
 	}
 	if strings.ContainsAny(r.User, " \t\n\x00") {
 		return fmt.Errorf("user: %q is not a user (name, uid, name:group)", r.User)
+	}
+	for k, v := range r.Labels {
+		if k == "" || strings.ContainsAny(k, " \t\n\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("labels: %q is not a label key", k)
+		}
 	}
 	r.timeout = DefaultRecipeTimeout
 	if r.Timeout != "" {
@@ -328,11 +337,11 @@ func mergeEnv(base, add []string) []string {
 	return out
 }
 
-// config is the base's config with the recipe's env, workdir and user
-// applied, its user resolved in the tree at root as an OCI image's is
+// config is the base's config with the recipe's env, workdir, user and
+// labels applied, its user resolved in the tree at root as an OCI image's is
 // (configFrom); nil when neither says anything.
 func (r *Recipe) config(base *Config, root string) (*Config, error) {
-	if base == nil && len(r.Env) == 0 && r.Workdir == "" && r.User == "" {
+	if base == nil && len(r.Env) == 0 && r.Workdir == "" && r.User == "" && len(r.Labels) == 0 {
 		return nil, nil
 	}
 	var b Config
@@ -346,6 +355,13 @@ func (r *Recipe) config(base *Config, root string) (*Config, error) {
 	}
 	if r.User != "" {
 		oc.User = r.User
+	}
+	if len(r.Labels) > 0 {
+		oc.Labels = maps.Clone(b.Labels)
+		if oc.Labels == nil {
+			oc.Labels = map[string]string{}
+		}
+		maps.Copy(oc.Labels, r.Labels)
 	}
 	return configFrom(&v1.ConfigFile{Config: oc}, root)
 }

@@ -52,6 +52,7 @@ run: ["echo hi > /etc/motd"]
 env: ["K=V"]
 workdir: /work/
 user: "1000:1000"
+labels: {org.arbor.other-users: "true"}
 timeout: 5m
 `, ""},
 		{"reference base", "base: 127.0.0.1:5000/swe/py:latest\n", ""},
@@ -75,6 +76,7 @@ timeout: 5m
 		{"bad env", "base: busybox\nenv: [NOVALUE]\n", "not KEY=VALUE"},
 		{"relative workdir", "base: busybox\nworkdir: work\n", "not absolute"},
 		{"empty run", "base: busybox\nrun: [\"  \"]\n", "empty command"},
+		{"bad label", "base: busybox\nlabels: {\"a b\": x}\n", "not a label key"},
 		{"bad timeout", "base: busybox\ntimeout: soon\n", "timeout"},
 	}
 	for _, tt := range tests {

@@ -2,14 +2,18 @@ package server_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	arbor "github.com/arbor-env/arbor/clients/go"
 	"github.com/arbor-env/arbor/coordinator"
@@ -30,6 +34,8 @@ import (
 // realProg is one program of the suite.
 type realProg struct {
 	name string
+	// image is the image it runs in: realprog when empty.
+	image string
 	// setup starts the program (a step each).
 	setup []string
 	// turns change the program's state, one step each.
@@ -131,6 +137,59 @@ function next() {
 }
 next();
 `
+
+// pgStep sends SQL to the psql client reading /work/pg/q.in, which holds
+// one connection to the server open across turns, and prints what psql
+// printed for it (a nonce \echo marks its end in /work/pg/q.out). sql
+// uses no single quotes.
+func pgStep(sql string) string {
+	return fmt.Sprintf(`(l=$(wc -l < /work/pg/q.out); n=$(date +%%s%%N); printf '%%s\n\\echo @%%s\n' '%s' "$n" > /work/pg/q.in; `+
+		`until grep -qx "@$n" /work/pg/q.out; do sleep 0.02; done; sed -n "$((l+1)),\$p" /work/pg/q.out | grep -vx "@$n")`, sql)
+}
+
+// pgRows is what a fresh connection reads: the committed rows of t.
+const pgRows = `psql -h /work/pg -U postgres -XAtc "select coalesce(string_agg(k || '=' || v, ',' order by k), '-') from t"`
+
+// pgHeld is what the held connection reads: its backend's pid (the
+// same process in every child: a reconnect would get another, and psql
+// would say it reset the connection), whether it is in a transaction
+// that wrote, and the rows as it sees them (its own uncommitted changes
+// too).
+const pgHeld = "select pg_backend_pid(), pg_current_xact_id_if_assigned() is not null as in_tx, " +
+	"coalesce(string_agg(k || $$=$$ || v, $$,$$ order by k), $$-$$) from t;"
+
+// jupyterClient is a long-lived client of the kernel of
+// /work/kernel.json (jupyter_client's BlockingKernelClient, its channels
+// open across turns, as a notebook's are): it runs each cell it reads
+// from the FIFO /work/j.cmd and answers on /work/j.ack with the execute
+// reply's count and status, then the kernel's output.
+const jupyterClient = `import jupyter_client
+kc = jupyter_client.BlockingKernelClient(connection_file="/work/kernel.json")
+kc.load_connection_file()
+kc.start_channels()
+kc.wait_for_ready(timeout=20)
+while True:
+    with open("/work/j.cmd") as f:
+        code = f.read()
+    out = []
+    def hook(msg):
+        t, c = msg["msg_type"], msg["content"]
+        if t == "stream":
+            out.append(c["text"])
+        elif t in ("execute_result", "display_data"):
+            out.append(c["data"]["text/plain"] + "\n")
+        elif t == "error":
+            out.append(c["ename"] + ": " + c["evalue"] + "\n")
+    r = kc.execute_interactive(code, output_hook=hook, timeout=20)
+    with open("/work/j.ack", "w") as f:
+        f.write("[%d] %s\n" % (r["content"]["execution_count"], r["content"]["status"]) + "".join(out))
+`
+
+// jupyterStep runs the cell code (no single quotes) in the kernel
+// through the client and prints its answer.
+func jupyterStep(code string) string {
+	return "printf %s '" + code + "' > /work/j.cmd && cat /work/j.ack"
+}
 
 // realPrograms is the suite, in the order of issue 36's list that the
 // image and time allow.
@@ -252,6 +311,50 @@ var realPrograms = []realProg{
 		// same local port, reused).
 		probe: "echo /get > /work/n.cmd && cat /work/n.ack",
 	},
+	{
+		name: "postgres",
+		// The server runs as the postgres user: user namespace mode where
+		// the server lacks CAP_SYS_RESOURCE (images/realprog-users.yaml).
+		image:  "realprog-users",
+		daemon: true,
+		setup: []string{
+			// Debian's server binaries, run as the postgres user (the server
+			// refuses root), on a Unix socket only.
+			"mkdir -p /work/pg && chown postgres:postgres /work/pg && mkfifo /work/pg/q.in && touch /work/pg/q.out" +
+				" && runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D /work/pg/data -U postgres -A trust --no-locale -E UTF8 --no-sync > /work/pg/initdb.log" +
+				` && runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D /work/pg/data -l /work/pg/server.log -w -s` +
+				` -o "-k /work/pg -c listen_addresses= -c shared_buffers=16MB -c max_connections=20" start`,
+			// The held connection: psql reading a FIFO held open by a sleep.
+			"(PGAPPNAME=held stdbuf -oL psql -h /work/pg -U postgres -XqAt < /work/pg/q.in > /work/pg/q.out 2>&1 &) && (sleep infinity > /work/pg/q.in &) && " +
+				pgStep("create table t (k text primary key, v int); insert into t values ($$a$$, 1); "+pgHeld),
+		},
+		turns: []string{
+			pgStep("insert into t values ($$b$$, 2), ($$c$$, 3); " + pgHeld),
+			// A transaction left open on the held connection: its rows are
+			// its own until the next turn commits them.
+			pgStep("begin; insert into t values ($$d$$, 4); update t set v = 10 where k = $$a$$; " + pgHeld),
+			pgStep("delete from t where k = $$b$$; commit; " + pgHeld),
+			// Another connection writes; the held one sees it.
+			`psql -h /work/pg -U postgres -Xqc "insert into t values ('e', 5)" && ` + pgStep(pgHeld),
+		},
+		probe: pgRows + " && " + pgStep(pgHeld),
+	},
+	{
+		name:   "jupyter",
+		daemon: true,
+		setup: []string{
+			"mkfifo /work/j.cmd /work/j.ack && cat > /work/client.py <<'EOF'\n" + jupyterClient + "EOF\n" +
+				"(python3 -m ipykernel_launcher -f /work/kernel.json > /work/kernel.log 2>&1 &) && until test -s /work/kernel.json; do sleep 0.05; done" +
+				" && (python3 /work/client.py > /work/client.log 2>&1 &) && " + jupyterStep(`import random; random.seed(3); x = 41; x`),
+		},
+		turns: []string{
+			jupyterStep(`x += 1; xs = [random.random() for _ in range(2)]; print(len(xs)); x`),
+			jupyterStep(`d = {"x": x}; del xs; f = lambda n: n * x; f(2)`),
+			jupyterStep(`x *= 10; d["y"] = f(3); random.random()`),
+			jupyterStep(`del f; d.pop("x"); x - 1`),
+		},
+		probe: jupyterStep(`print(x, sorted(d.items()) if "d" in dir() else None, "xs" in dir(), "f" in dir(), random.random())`),
+	},
 }
 
 var (
@@ -259,8 +362,8 @@ var (
 	realprogErr  error
 )
 
-// realprogImage builds image realprog from its recipe, once per test
-// binary (the recipe's .debs are cached on the host: docs/images.md).
+// realprogImage builds images realprog and realprog-users from their
+// recipes, once per test binary (the recipe's .debs are cached on the host: docs/images.md).
 func realprogImage(t testing.TB) {
 	t.Helper()
 	if skipReason != "" {
@@ -272,12 +375,16 @@ func realprogImage(t testing.TB) {
 			realprogErr = err
 			return
 		}
-		start := time.Now()
-		_, realprogErr = images.BuildRecipe(context.Background(), "realprog", p, nil)
-		t.Logf("image realprog built in %s", time.Since(start).Round(time.Millisecond))
+		for _, name := range []string{"realprog", "realprog-users"} {
+			start := time.Now()
+			if _, realprogErr = images.BuildRecipe(context.Background(), name, filepath.Join(filepath.Dir(p), name+".yaml"), nil); realprogErr != nil {
+				return
+			}
+			t.Logf("image %s built in %s", name, time.Since(start).Round(time.Millisecond))
+		}
 	})
 	if realprogErr != nil {
-		t.Fatalf("build image realprog: %v", realprogErr)
+		t.Fatalf("build the realprog images: %v", realprogErr)
 	}
 }
 
@@ -306,7 +413,11 @@ type realResult struct {
 func runRealProg(t testing.TB, c *arbor.Client, p realProg, rounds int) realResult {
 	t.Helper()
 	ctx := context.Background()
-	r, err := c.Reset(ctx, arbor.ResetParams{Image: "realprog"})
+	img := p.image
+	if img == "" {
+		img = "realprog"
+	}
+	r, err := c.Reset(ctx, arbor.ResetParams{Image: img})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,12 +599,56 @@ func BenchmarkRealPrograms(b *testing.B) {
 			rows[p.name] = fmt.Sprintf("| %s | %d | %s | %.0f ms | %s |", p.name, len(p.turns), kindCounts(res.kinds), float64(p50.Microseconds())/1000, exact)
 		})
 	}
-	fmt.Fprintln(os.Stdout, "| program | turns | checkpoint kinds (steps) | branch p50 | exact |\n|---|---|---|---|---|")
+	table := "| program | turns | checkpoint kinds (steps) | branch p50 | exact |\n|---|---|---|---|---|\n"
 	for _, p := range realPrograms {
 		if r, ok := rows[p.name]; ok {
-			fmt.Fprintln(os.Stdout, r)
+			table += r + "\n"
 		}
 	}
+	fmt.Fprint(os.Stdout, table)
+	if path := os.Getenv("ARBOR_REALPROG_REPORT"); path != "" {
+		// make bench-realprog's report (benchmarks/results/realprog.md).
+		if err := os.WriteFile(path, []byte(realprogReport(table)), 0o644); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// realprogReport is the markdown report of a run of
+// BenchmarkRealPrograms with table, its rows.
+func realprogReport(table string) string {
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	bt := "1x"
+	if f := flag.Lookup("test.benchtime"); f != nil {
+		bt = f.Value.String()
+	}
+	// The load average says how shared the machine was (branch times
+	// grow with it).
+	load := "unknown"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			load = strings.Join(f[:3], " ")
+		}
+	}
+	return fmt.Sprintf(`# Real programs, branched exactly
+
+Written by `+"`make bench-realprog`"+` (part of `+"`make bench`"+`): `+"`BenchmarkRealPrograms`"+`
+(server/realprog_test.go) with `+"`-benchtime %s`"+`, %s UTC, Linux %s, %d CPUs,
+load average at the end %s.
+Each program of the real-programs suite (docs/inspector.md, "Real
+programs") runs one episode in a sandbox of image realprog (postgres:
+realprog-users, the same labelled as running other users): its setup, then
+four turns each followed by its probe; then every turn's state is branched
+(`+"`branch {state_id, n: 2}`"+`) once per round, and each child's probe must
+print what the live env's printed at that state (the first round: one child
+also runs the next turn and probe). Checkpoint kinds are those of the
+episode's steps (setup, turns and probes); branch p50 is over the rounds'
+branch calls; exact: every child read what the live env read, no
+checkpoint failed and every kind was right.
+
+%s`, bt, time.Now().UTC().Format("2006-01-02 15:04"), unix.ByteSliceToString(uts.Release[:]), runtime.NumCPU(),
+		load, table)
 }
 
 // kindCounts summarises kinds as "proc 5, full 4".

@@ -119,15 +119,17 @@ func (l *Launcher) LaunchWith(ctx context.Context, imageName string, o Options) 
 	}
 	imageName = img.Name
 	u := l.UserNS.WithDefaults()
-	if shell := ShellConfig(img.Config); !u.Enabled && shell.UID|shell.GID != 0 && !canDumpOtherUsers() {
+	if shell := ShellConfig(img.Config); !u.Enabled && (shell.UID|shell.GID != 0 || img.Config.OtherUsers()) && !canDumpOtherUsers() {
 		// CRIU reads each task's resource limits (prlimit), which for a
 		// task of another uid needs CAP_SYS_RESOURCE; this host's root
-		// lacks it, so a non-root image user's shell could never be
-		// checkpointed with host ids. In user namespace mode the server
-		// owns the sandbox's namespace and may (docs/images.md).
+		// lacks it, so a non-root image user's shell, or a daemon of an
+		// image labelled as running other users (image.LabelOtherUsers),
+		// could never be checkpointed with host ids. In user namespace
+		// mode the server owns the sandbox's namespace and may
+		// (docs/images.md).
 		u = sandbox.UserNSConfig{Enabled: true, Size: l.UserNS.Size}.WithDefaults()
 		log.Info("non-root image user without CAP_SYS_RESOURCE: user namespace mode",
-			slog.String("image", imageName), slog.Uint64("uid", uint64(shell.UID)))
+			slog.String("image", imageName), slog.Uint64("uid", uint64(shell.UID)), slog.Bool("other_users", img.Config.OtherUsers()))
 	}
 	if u.Enabled {
 		if img, err = l.Images.Shifted(ctx, imageName, u.HostID, u.Size); err != nil {
