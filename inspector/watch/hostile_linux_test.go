@@ -1,8 +1,6 @@
 package watch_test
 
 import (
-	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 
@@ -32,15 +30,7 @@ func TestScanIsBounded(t *testing.T) {
 		{name: "bound of 200", max: 200, want: state.Full, overMsg: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ins, err := watch.New(watch.Options{Logger: slog.New(slog.DiscardHandler), MaxScan: tt.max})
-			if errors.Is(err, watch.ErrUnavailable) {
-				t.Skipf("eBPF unavailable: %v", err)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ins.Close()
-			r := newRig(t, ins)
+			r := newRig(t, newEBPF(t, watch.Options{MaxScan: tt.max}))
 			res, _ := r.turn(hold)
 			if !res.Kind.Has(state.Proc) {
 				t.Fatalf("starting the holder: %s %v, want proc", res.Kind, res.Reasons)
@@ -60,15 +50,7 @@ func TestScanIsBounded(t *testing.T) {
 		})
 	}
 	t.Run("shell past MaxShellFDs", func(t *testing.T) {
-		ins, err := watch.New(watch.Options{Logger: slog.New(slog.DiscardHandler)})
-		if errors.Is(err, watch.ErrUnavailable) {
-			t.Skipf("eBPF unavailable: %v", err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ins.Close()
-		r := newRig(t, ins)
+		r := newRig(t, newEBPF(t, watch.Options{}))
 		// From 200 up: 196-199 are the shell's own channels (a command
 		// that closes them gets its shell restarted).
 		open := `ulimit -n 8192 && i=200; while [ $i -lt 4400 ]; do eval "exec $i</dev/null"; i=$((i+1)); done; unset i`

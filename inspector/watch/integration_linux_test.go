@@ -265,16 +265,24 @@ func runSuite(t *testing.T, ins *watch.Inspector) {
 	t.Logf("EndTurn took %v per turn on average", total/time.Duration(len(suite)))
 }
 
-func TestTurnsWithEBPF(t *testing.T) {
-	ins, err := watch.New(watch.Options{Logger: slog.New(slog.DiscardHandler)})
+// newEBPF is an Inspector with eBPF and options o (its logger quiet),
+// closed when t ends.
+func newEBPF(t *testing.T, o watch.Options) *watch.Inspector {
+	t.Helper()
+	o.Logger = slog.New(slog.DiscardHandler)
+	ins, err := watch.New(o)
 	if errors.Is(err, watch.ErrUnavailable) {
 		t.Skipf("eBPF unavailable: %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ins.Close()
-	runSuite(t, ins)
+	t.Cleanup(func() { ins.Close() })
+	return ins
+}
+
+func TestTurnsWithEBPF(t *testing.T) {
+	runSuite(t, newEBPF(t, watch.Options{}))
 }
 
 func TestTurnsWithoutEBPF(t *testing.T) {
