@@ -49,6 +49,11 @@ func TestAgentOutcomes(t *testing.T) {
 		// env's state, refused too: the agent cannot trade a bad
 		// reward for an error a trainer masks.
 		{name: "a POSIX message queue", cmd: "forger mqueue", ckpt: unrestorable, branchEnv: unrestorable, branchState: unrestorable, eval: unrestorable},
+		// Four processes holding 20000 descriptors each (over
+		// criu.MaxDescriptors): CRIU would run into its timeout on every
+		// dump, a checkpoint_failed a trainer masks; the dump is refused
+		// as the agent's doing before CRIU runs.
+		{name: "80000 descriptors held", cmd: manyDescriptors, ckpt: env, branchEnv: env, branchState: env, eval: env},
 		{name: "an impostor at the old control socket path", cmd: "forger rebind </dev/null >/dev/null 2>&1 & while [ ! -e /tmp/forger-rebind ]; do sleep 0.01; done"},
 	}
 	for _, tt := range tests {
@@ -98,6 +103,13 @@ func TestAgentOutcomes(t *testing.T) {
 		})
 	}
 }
+
+// manyDescriptors starts four processes holding 20000 descriptors each
+// of /dev/null (from 200 up: 196-199 are the shell's channels) and
+// returns once they hold them.
+const manyDescriptors = `sh -c 'ulimit -n 20000; i=200; while [ $i -lt 20000 ]; do eval "exec $i</dev/null"; i=$((i+1)); done; ` +
+	`for j in 1 2 3 4; do sleep 100000 & done; touch /tmp/held; wait' >/dev/null 2>&1 & ` +
+	`until [ -e /tmp/held ]; do sleep 0.1; done; rm /tmp/held`
 
 // holdDeleted starts a process holding a deleted file of mib MiB open on
 // fd 3 (issue 33's command, made race-free: the file is removed once the

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/arbor-env/arbor/cr"
+	"github.com/arbor-env/arbor/internal/procfs"
 	"github.com/arbor-env/arbor/state"
 )
 
@@ -108,27 +110,43 @@ var undumpable = map[string]string{
 	"anon_inode:bpf-prog":      "BPF program",
 }
 
+// MaxDescriptors bounds the descriptors the processes of a tree may hold
+// for a dump: past it the dump is refused as the agent's doing
+// (cr.ErrAgentState), before CRIU runs. 50 processes holding 20000
+// descriptors each (a shell's loop and a fork, seconds of an agent's
+// turn) made every dump run into CRIU's timeout, two minutes of a core
+// each, and fail as the server's checkpoint_failed, an infra error a
+// trainer masks (TestAgentOutcomes).
+const MaxDescriptors = 1 << 16
+
 // heldUndumpable lists the descriptors the processes among tasks (a
 // tree's) hold that CRIU cannot dump, its own failure then
 // reading as the server's: POSIX message queues, whether or not they
 // still have a name ("POSIX message queue /q1 held by pid 5 (server) fd
-// 3"), and the kinds of undumpable.
+// 3"), and the kinds of undumpable. A tree holding more than
+// MaxDescriptors fails with cr.ErrAgentState.
 func heldUndumpable(tasks []hostTask) ([]string, error) {
 	var held []string
+	left := MaxDescriptors
 	for _, t := range tasks {
 		if t.tid != t.pid {
 			continue
 		}
 		dir := fmt.Sprintf("/proc/%d/fd", t.pid)
-		ents, err := os.ReadDir(dir)
+		names, err := procfs.ReadDirNamesMax(dir, left)
 		if gone(err) {
 			continue
+		}
+		if errors.Is(err, procfs.ErrTooLarge) {
+			return nil, fmt.Errorf("%w: the sandbox's processes hold more than %d descriptors (pid %d among them), too many to checkpoint: close them before the turn ends",
+				cr.ErrAgentState, MaxDescriptors, t.nsPID)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("list descriptors of pid %d: %w", t.pid, err)
 		}
-		for _, e := range ents {
-			fd := dir + "/" + e.Name()
+		left -= len(names)
+		for _, name := range names {
+			fd := dir + "/" + name
 			target, err := os.Readlink(fd)
 			if err != nil {
 				continue // closed meanwhile
@@ -136,13 +154,15 @@ func heldUndumpable(tasks []hostTask) ([]string, error) {
 			what := ""
 			if kind, ok := undumpable[target]; ok {
 				what = kind + " descriptor"
+			} else if strings.HasPrefix(target, "pipe:") || strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "anon_inode:") {
+				continue // not a file an mqueue could be
 			} else if st := (unix.Statfs_t{}); unix.Statfs(fd, &st) == nil && st.Type == mqueueMagic {
 				what = "POSIX message queue " + target
 			} else {
 				continue
 			}
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", t.pid))
-			held = append(held, fmt.Sprintf("%s held by pid %d (%s) fd %s", what, t.nsPID, strings.TrimSpace(string(comm)), e.Name()))
+			held = append(held, fmt.Sprintf("%s held by pid %d (%s) fd %s", what, t.nsPID, strings.TrimSpace(string(comm)), name))
 		}
 	}
 	return held, nil
