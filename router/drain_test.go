@@ -287,3 +287,81 @@ func TestComebackAfterFailover(t *testing.T) {
 		t.Errorf("the env from b: %q", got)
 	}
 }
+
+// TestReplicaOfTaskEnv: an env of a task, replicated from node a to node
+// b, is restored on b when a dies, and it is still an episode of its
+// task there: evaluate scores it with the task's verifier, as it would
+// have on a. The spot study (BenchmarkSpot) found evaluate answering
+// "task has no verifier: image " after a failover whose replica was the
+// reset's own state, made by the task pool's env, not this one: the
+// restore made a record for the env with no image and no labels.
+func TestReplicaOfTaskEnv(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		step bool // a step before the kill: the replica is a state of the env's own
+	}{
+		{name: "after a step", step: true},
+		{name: "at the reset's state"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			etcd := etcdtest.Start(t)
+			cli := etcdClient(t, etcd)
+			a := startNode(t, etcd, "a", "127.0.0.2", oeTask)
+			b := startNode(t, etcd, "b", "127.0.0.3", oeTask)
+			_, addr := startRouter(t, etcd)
+			ctx := context.Background()
+			c := dial(t, addr)
+			var env, last string
+			for env == "" {
+				r, err := c.Reset(ctx, arbor.ResetParams{Task: oeTask.Name})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if placement(t, cli, r.EnvID) == a.id {
+					env, last = r.EnvID, r.Info.StateID
+				}
+			}
+			rctx, stop := context.WithCancel(ctx)
+			defer stop()
+			go a.tr.Replicate(rctx, 200*time.Millisecond)
+			want := "0"
+			if tt.step {
+				last, want = sh(t, c, env, "echo 5 > /work/n").Info.StateID, "5"
+			}
+			rp := replicaOf(t, cli, env, last)
+			if rp.Node != b.id {
+				t.Fatalf("replica on %q, want node b", rp.Node)
+			}
+			stop()
+			a.kill()
+			for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("node a's key still there")
+				}
+			}
+			if got := out(sh(t, c, env, "cat /work/n")); got != want {
+				t.Fatalf("the env restored from its replica: /work/n %q, want %s", got, want)
+			}
+			if p := placement(t, cli, env); p != b.id {
+				t.Fatalf("placement after the failover: %q", p)
+			}
+			sh(t, c, env, "echo 7 > /work/n")
+			ev, err := c.Evaluate(ctx, env)
+			if err != nil {
+				t.Fatalf("evaluate after the failover: %v", err)
+			}
+			if ev.Reward != 1 {
+				t.Errorf("evaluate after the failover: reward %v, want 1 (details %v)", ev.Reward, ev.Details)
+			}
+			envs, err := c.Envs(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range envs {
+				if e.EnvID == env && (e.Task != oeTask.Name || e.Image != oeTask.Image) {
+					t.Errorf("the env after the failover: task %q image %q, want %q %q", e.Task, e.Image, oeTask.Name, oeTask.Image)
+				}
+			}
+		})
+	}
+}
