@@ -255,7 +255,7 @@ func TestComebackAfterFailover(t *testing.T) {
 		t.Fatalf("replica on %q, want node b", rp.Node)
 	}
 	// The failover's restore on b, then a's lease ends under it.
-	if err := cluster.NewShipClient("", time.Minute).Adopt(ctx, b.addr, env, rp.State); err != nil {
+	if err := cluster.NewShipClient("", time.Minute).Adopt(ctx, b.addr, env, rp); err != nil {
 		t.Fatal(err)
 	}
 	if p := placement(t, cli, env); p != b.id {
