@@ -41,6 +41,7 @@ import (
 //	SPOT_ARMS      arms to run, of spot and control ("spot,control")
 //	SPOT_SEED      the random seed (1)
 //	SPOT_REPORT    a markdown file the table is written to (none)
+//	SPOT_LOG       a file the nodes' warnings, errors and moves go to (none)
 //
 // Arm spot: nodes with --drain-timeout 10s and --replicas 2; each
 // preemption is SIGTERM (the node drains, then exits) or SIGKILL, half
@@ -98,6 +99,7 @@ type spotCluster struct {
 	pauses   []time.Duration // every "migrated env ... pause=" the nodes logged
 	startups []time.Duration // a fresh node's start, until it is registered
 	starting sync.WaitGroup  // fresh nodes starting
+	log      *os.File        // SPOT_LOG: the nodes' warnings, errors, drains and moves
 }
 
 var pauseRe = regexp.MustCompile(`msg="migrated env".* pause=(\S+)`)
@@ -119,6 +121,12 @@ func (sc *spotCluster) start(ip string) {
 		Args: append([]string{"--tasks", sc.tasks, "--warm", "1", "--env-idle-ttl", "-1s",
 			"--cluster-etcd", sc.etcd, "--node-id", id}, sc.args...),
 		OnLine: func(l string) {
+			if sc.log != nil && (strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
+				strings.Contains(l, `msg=drained`) || strings.Contains(l, `msg="migrated env"`) || strings.Contains(l, "drain")) {
+				sc.mu.Lock()
+				fmt.Fprintf(sc.log, "%s %s: %s\n", time.Now().UTC().Format("15:04:05.000"), id, l)
+				sc.mu.Unlock()
+			}
 			if m := pauseRe.FindStringSubmatch(l); m != nil {
 				if d, err := time.ParseDuration(m[1]); err == nil {
 					sc.mu.Lock()
@@ -184,6 +192,15 @@ func (sc *spotCluster) preempt(id string, drain bool) time.Duration {
 	return took
 }
 
+// logf writes a line of the driver's to SPOT_LOG.
+func (sc *spotCluster) logf(format string, args ...any) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.log != nil {
+		fmt.Fprintf(sc.log, "%s driver: %s\n", time.Now().UTC().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	}
+}
+
 // live is how many nodes are up.
 func (sc *spotCluster) live() int {
 	sc.mu.Lock()
@@ -194,6 +211,7 @@ func (sc *spotCluster) live() int {
 // spotEpisode is what one episode did.
 type spotEpisode struct {
 	task      int
+	env       string
 	wall      time.Duration
 	reward    float64
 	err       error // the episode could not finish: lost
@@ -247,6 +265,7 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 	if ep.err != nil {
 		return ep
 	}
+	ep.env = id
 	env <- id
 	defer c.CloseEnv(context.Background(), id)
 	step := func(cmd string) (string, error) {
@@ -366,13 +385,16 @@ func runPass(b *testing.B, sc *spotCluster, c *arbor.Client, arm string, n, par,
 				}
 				node := cands[prng.IntN(len(cands))]
 				drain := arm == "spot" && prng.IntN(2) == 0
+				var hit []string
 				mu.Lock()
 				for _, r := range live {
 					if r.env != "" && sc.placementOf(r.env) == node {
 						*r.got++
+						hit = append(hit, r.env)
 					}
 				}
 				mu.Unlock()
+				sc.logf("preempt node %s (drain %v), holding episodes %v", node, drain, hit)
 				if drain {
 					res.drains++
 				} else {
@@ -443,12 +465,21 @@ func BenchmarkSpot(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	var log *os.File
+	if p := os.Getenv("SPOT_LOG"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		log = f
+	}
 	var results []*spotArm
 	for range b.N {
 		results = nil
 		for _, arm := range arms {
 			etcd := etcdtest.Start(b)
-			sc := &spotCluster{b: b, etcd: etcd, cli: etcdClient(b, etcd), tasks: taskDir, nodes: map[string]*spotNode{},
+			sc := &spotCluster{b: b, etcd: etcd, cli: etcdClient(b, etcd), tasks: taskDir, nodes: map[string]*spotNode{}, log: log,
 				args: []string{"--cluster-ttl", ttl.String()}}
 			if arm == "spot" {
 				sc.args = append(sc.args, "--drain-timeout", "10s", "--replicas", "2")
@@ -582,8 +613,8 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration) st
 		for pass, eps := range [][]*spotEpisode{a.base, a.run} {
 			for i, e := range eps {
 				if !e.intact() {
-					fmt.Fprintf(&sb, "* %s #%d %s (%s, %d preemptions): err=%v torn=%q turns lost=%d reward=%v\n",
-						a.name, i, []string{"without preemption", "preempted"}[pass], spotTasks[e.task].name, e.preempted, e.err, e.torn, e.lost, e.reward)
+					fmt.Fprintf(&sb, "* %s #%d %s (%s, env %s, %d preemptions): err=%v torn=%q turns lost=%d reward=%v\n",
+						a.name, i, []string{"without preemption", "preempted"}[pass], spotTasks[e.task].name, e.env, e.preempted, e.err, e.torn, e.lost, e.reward)
 				}
 			}
 		}
