@@ -54,6 +54,14 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 			return
 		case <-tick.C:
 		}
+		// A replica whose node left the registry (died, or stopped) is
+		// no replica: the env is shipped to another node at once, not at
+		// its next turn, which may be long in coming (an agent thinking).
+		live := map[string]bool{}
+		peers, perr := n.Peers(ctx)
+		for _, p := range peers {
+			live[p.ID] = true
+		}
 		open := map[string]bool{}
 		for _, e := range co.Envs(tenant.Admin(ctx)) {
 			id := e.Env.ID
@@ -63,6 +71,11 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 				continue
 			}
 			r := reps[id]
+			if r != nil && perr == nil && !live[r.node] {
+				t.log.Warn("replica node gone; replicating elsewhere", slog.String("env", id), slog.String("node", r.node))
+				delete(reps, id)
+				r = nil
+			}
 			if r != nil && r.state == head {
 				continue
 			}

@@ -365,3 +365,51 @@ func TestReplicaOfTaskEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaLeavesDeadNode: the node holding an env's replica dies while
+// the env makes no new state (its agent thinking); the env's node ships
+// it to the third node at once, not at the env's next turn, so when the
+// env's own node dies next the env is restored there. Before, the
+// replica record kept naming the dead node until the next turn, and the
+// env was lost (BenchmarkSpot: node_unavailable, "no live replica").
+func TestReplicaLeavesDeadNode(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcdClient(t, etcd)
+	nodes := map[string]*node{}
+	a := startNode(t, etcd, "a", "127.0.0.2")
+	nodes["b"] = startNode(t, etcd, "b", "127.0.0.3")
+	nodes["c"] = startNode(t, etcd, "c", "127.0.0.4")
+	_, addr := startRouter(t, etcd)
+	ctx := context.Background()
+	c := dial(t, addr)
+	env := resetOn(t, c, cli, a)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go a.tr.Replicate(rctx, 200*time.Millisecond)
+	last := sh(t, c, env, "mkdir -p /work && echo data > /work/file").Info.StateID
+	first := replicaOf(t, cli, env, last)
+	other := map[string]string{"b": "c", "c": "b"}[first.Node]
+	if other == "" {
+		t.Fatalf("replica on %q, want b or c", first.Node)
+	}
+	nodes[first.Node].kill()
+	var rp cluster.Replica
+	for end := time.Now().Add(ttl + 15*time.Second); rp.Node != other; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the replica record still names %q %v after node %s died (want %s)", rp.Node, ttl+15*time.Second, first.Node, other)
+		}
+		rp = replicaOf(t, cli, env, last)
+	}
+	a.kill()
+	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("node a's key still there")
+		}
+	}
+	if got := out(sh(t, c, env, "cat /work/file")); got != "data" {
+		t.Errorf("the env restored from its second replica: %q", got)
+	}
+	if p := placement(t, cli, env); p != other {
+		t.Errorf("placement after the failover: %q, want %s", p, other)
+	}
+}
