@@ -611,6 +611,11 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 	}
 	ds.Took = time.Since(start)
 	t.log.Info("drained", slog.Int("moved", len(ds.Moved)), slog.Int("failed", len(ds.Failed)), slog.Duration("took", ds.Took))
+	for id, why := range ds.Failed {
+		// Each on its own line: a SIGTERM's drain has no caller to read
+		// DrainStats, and the env stays here to be closed.
+		t.log.Warn("not drained", slog.String("env", id), slog.String("why", why))
+	}
 	if len(ds.Failed) > 0 {
 		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
 	}
