@@ -30,10 +30,13 @@ STRESS_CLIENTS ?= 8
 # SKIPFUZZ_TURNS is set, how many turns it runs instead (5000: about 35 min).
 SKIPFUZZ_FOR ?= 10m
 SKIPFUZZ_TURNS ?=
+# make spot: where the nodes' warnings, errors and moves go (SPOT_EPISODES,
+# SPOT_ARMS and the other knobs: router/spot_test.go).
+SPOT_LOG ?= /tmp/arbor-spot.log
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench stress soak lint ui-screenshot
+.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench gobench spot stress soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -89,8 +92,13 @@ generate: ## regenerate committed generated code
 bench: build ## Arbor vs full-every-turn, files-only, replay and runc on agent traces, and Arbor on ZFS beside btrfs -> benchmarks/results
 	$(BIN)/arbor --log-level warn bench $(BENCH_FLAGS) --out benchmarks/results
 
-gobench: build ## the Go micro-benchmarks (go test -bench)
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...
+gobench: build ## the Go micro-benchmarks (go test -bench; the spot study is make spot)
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -skip '^BenchmarkSpot$$' -benchtime 20x ./...
+
+spot: build ## the spot-preemption study: SPOT_EPISODES (20) per arm on three nodes and a router on loopback -> benchmarks/results/spot.md (docs/cluster.md, "Spot preemption")
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
+	SPOT_REPORT=$(CURDIR)/benchmarks/results/spot.md SPOT_LOG=$(SPOT_LOG) \
+	$(GO) test -run '^$$' -bench '^BenchmarkSpot$$' -benchtime 1x -timeout 4h -v ./router/
 
 stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a report in stress/results
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \

@@ -9,8 +9,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -161,6 +163,20 @@ func (sc *spotCluster) placementOf(env string) string {
 		return ""
 	}
 	return p.Node
+}
+
+// replicaOf says where env's replica is, for the log.
+func (sc *spotCluster) replicaOf(env string) string {
+	g, err := sc.cli.Get(context.Background(), cluster.ReplicaKey(env))
+	if err != nil || len(g.Kvs) == 0 {
+		return "no replica"
+	}
+	var rp cluster.Replica
+	json.Unmarshal(g.Kvs[0].Value, &rp)
+	sc.mu.Lock()
+	_, live := sc.nodes[rp.Node]
+	sc.mu.Unlock()
+	return fmt.Sprintf("replica on %s (live %v) at %s, %v old", rp.Node, live, rp.State, time.Since(rp.At).Round(time.Millisecond))
 }
 
 // preempt stops node id (drain: SIGTERM, and waits for its exit; else
@@ -394,7 +410,11 @@ func runPass(b *testing.B, sc *spotCluster, c *arbor.Client, arm string, n, par,
 					}
 				}
 				mu.Unlock()
-				sc.logf("preempt node %s (drain %v), holding episodes %v", node, drain, hit)
+				var reps []string
+				for _, env := range hit {
+					reps = append(reps, env+": "+sc.replicaOf(env))
+				}
+				sc.logf("preempt node %s (drain %v), holding episodes %v", node, drain, reps)
 				if drain {
 					res.drains++
 				} else {
@@ -474,6 +494,7 @@ func BenchmarkSpot(b *testing.B) {
 		defer f.Close()
 		log = f
 	}
+	load0 := loadavg()
 	var results []*spotArm
 	for range b.N {
 		results = nil
@@ -505,13 +526,30 @@ func BenchmarkSpot(b *testing.B) {
 			b.Log(res.summary())
 		}
 	}
-	report := spotReport(results, n, par, steps, think, ttl)
+	report := spotReport(results, n, par, steps, think, ttl, load0)
 	b.Log("\n" + report)
 	if p := os.Getenv("SPOT_REPORT"); p != "" {
 		if err := os.WriteFile(p, []byte(report), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
+
+// loadavg is the machine's 1-minute load average.
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 // pct is the p-th percentile of d (sorted in place); 0 for none.
@@ -568,8 +606,17 @@ func (a *spotArm) summary() string {
 }
 
 // spotReport is the markdown table of the arms.
-func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration) string {
+func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, load0 string) string {
 	var sb strings.Builder
+	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	dirty := ""
+	if exec.Command("git", "diff", "--quiet", "HEAD").Run() != nil {
+		dirty = " (with uncommitted changes)"
+	}
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	fmt.Fprintf(&sb, "# Spot-preemption study (issue 39)\n\nWritten by `make spot` (router.BenchmarkSpot; docs/cluster.md, \"Spot preemption\") on %s at commit %s%s. Machine: %d CPUs, kernel %s, load average %s at the start and %s at the end (other engineers' tests share it). etcd, the router and three `arbor serve` nodes on 127.0.0.1-4.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(commit)), dirty, runtime.NumCPU(),
+		strings.TrimSpace(string(kernel)), load0, loadavg())
 	fmt.Fprintf(&sb, "Settings: %d episodes per arm, %d at once, %d counter steps each (plus the solution halfway and evaluate), think time %v between steps, --cluster-ttl %v; tasks %s.\n\n",
 		n, par, steps, think, ttl, strings.Join([]string{spotTasks[0].name, spotTasks[1].name}, ", "))
 	sb.WriteString("| arm | episodes | preemptions (drain / kill -9) | per episode (min-max) | intact | lost (error) | torn | rolled back | fake zeros | overhead (mean) | migration pause p50 / p95 (moves) | drain, SIGTERM to exit p50 / p95 | longest step of a preempted episode p50 / p95 | wall, no preemption p50 | wall, preempted p50 | fresh node start p50 | retries |\n")
@@ -607,6 +654,23 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration) st
 			pct(a.drainTook, 50).Round(time.Millisecond), pct(a.drainTook, 95).Round(time.Millisecond),
 			pct(stalls, 50).Round(time.Millisecond), pct(stalls, 95).Round(time.Millisecond),
 			pct(bw, 50).Round(time.Millisecond), pct(rw, 50).Round(time.Millisecond), pct(a.startups, 50).Round(time.Millisecond), retries)
+	}
+	sb.WriteString(`
+Columns: *intact*: the episode finished, every counter step found the file counter and the shell variable it left (equal, and one more than the step before), and evaluate gave the reward it gives without preemptions (1). *lost*: a request failed past the client's retries (retryable infra errors retried for the TTL + 20 s), so the episode could not finish: what a trainer scores as a fake zero or masks. *torn*: a step found the file and the shell of different turns, or a turn that ran twice. *rolled back*: the env came back at an older state than its last answered step (a replica behind the env's head): the counter went on from there, the turns counted as lost. *fake zeros*: the episodes lost or scored other than 1. *overhead*: the mean over the episodes finished in both passes of (wall with preemptions - wall of the same episode without) / wall with. *migration pause*: the pause every move logged by the nodes (` + "`migrated env ... pause=`" + `), drains' moves. *longest step*: the longest round trip of a step (retries included) in each preempted episode: for a kill, the wait for the lease to end and the restore.
+`)
+	for _, a := range arms {
+		var intact, zero int
+		for _, e := range a.run {
+			if e.intact() {
+				intact++
+			}
+			if e.err != nil || e.reward != 1 {
+				zero++
+			}
+		}
+		ov, _ := a.overhead()
+		fmt.Fprintf(&sb, "\nArm %s: episodes intact %d/%d (target 100%%: %s); overhead %.1f%% (target under 2%%: %s); fake zeros %d/%d.\n",
+			a.name, intact, len(a.run), met(intact == len(a.run)), 100*ov, met(ov < 0.02), zero, len(a.run))
 	}
 	sb.WriteString("\nEpisodes not intact:\n\n")
 	for _, a := range arms {
