@@ -40,14 +40,16 @@ import (
 //	SPOT_STEPS     counter steps per episode (8: hello allows 10 turns)
 //	SPOT_THINK     pause between steps, the agent's think time (1s)
 //	SPOT_TTL       the nodes' --cluster-ttl (2s)
-//	SPOT_ARMS      arms to run, of spot and control ("spot,control")
+//	SPOT_ARMS      arms to run, of spot, drain, kill and control ("spot,control")
 //	SPOT_SEED      the random seed (1)
 //	SPOT_REPORT    a markdown file the table is written to (none)
 //	SPOT_LOG       a file the nodes' warnings, errors and moves go to (none)
 //
 // Arm spot: nodes with --drain-timeout 10s and --replicas 2; each
 // preemption is SIGTERM (the node drains, then exits) or SIGKILL, half
-// and half. Arm control: nodes with neither, every preemption a SIGKILL.
+// and half; arms drain and kill are the same nodes with only SIGTERM, or
+// only SIGKILL. Arm control: nodes with neither, every preemption a
+// SIGKILL.
 // After each preemption a fresh node (a new id and an empty state dir,
 // as a spot VM that comes back) joins on the same address, so the
 // cluster is back at three.
@@ -400,7 +402,7 @@ func runPass(b *testing.B, sc *spotCluster, c *arbor.Client, arm string, n, par,
 					continue
 				}
 				node := cands[prng.IntN(len(cands))]
-				drain := arm == "spot" && prng.IntN(2) == 0
+				drain := arm == "drain" || arm == "spot" && prng.IntN(2) == 0
 				var hit []string
 				mu.Lock()
 				for _, r := range live {
@@ -502,7 +504,7 @@ func BenchmarkSpot(b *testing.B) {
 			etcd := etcdtest.Start(b)
 			sc := &spotCluster{b: b, etcd: etcd, cli: etcdClient(b, etcd), tasks: taskDir, nodes: map[string]*spotNode{}, log: log,
 				args: []string{"--cluster-ttl", ttl.String()}}
-			if arm == "spot" {
+			if arm != "control" {
 				sc.args = append(sc.args, "--drain-timeout", "10s", "--replicas", "2")
 			}
 			for _, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
