@@ -661,18 +661,32 @@ func (t *Transfer) drainPass(ctx context.Context, ids []string, placed map[strin
 			continue
 		}
 		if _, err := t.Precopy(ctx, id, to.Transfer); err != nil {
-			ds.Failed[id] = err.Error()
+			t.drainFailed(ds, id, err)
 			continue
 		}
 		st, err := t.Migrate(ctx, id, to.Transfer)
 		if err != nil {
-			ds.Failed[id] = err.Error()
+			t.drainFailed(ds, id, err)
 			continue
 		}
 		placed[to.ID]++
 		ds.Moved[id] = to.ID
 		ds.Pause = max(ds.Pause, st.Pause)
 	}
+}
+
+// drainFailed records that env id was not moved, unless it is no longer
+// open here: an env closed while the drain went over the others (its
+// episode ended) has nothing left to move. The spot study saw drains
+// report every such env as failed ("unknown env").
+func (t *Transfer) drainFailed(ds *DrainStats, id string, err error) {
+	if errors.Is(err, state.ErrUnknownEnv) {
+		if _, gone := t.o.Coordinator.Env(id); gone != nil {
+			t.log.Info("closed while draining", slog.String("env", id))
+			return
+		}
+	}
+	ds.Failed[id] = err.Error()
 }
 
 func (t *Transfer) serveDrain(w http.ResponseWriter, r *http.Request) {
