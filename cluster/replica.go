@@ -150,13 +150,14 @@ func (v *View) Replica(ctx context.Context, env string) (Replica, error) {
 
 // Adopt asks the node whose transfer endpoint is at addr to open env at
 // its replica's state, which it holds, with the image and labels the
-// replica records (a replica's restore).
+// replica records (a replica's restore): the env's first operation there
+// reports that state as recovered.
 func (c *ShipClient) Adopt(ctx context.Context, addr, env string, rp Replica) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	t := &Transfer{o: TransferOptions{Token: c.Token}, cli: c.cli}
 	var ok struct{}
-	req := AdoptRequest{Env: env, State: rp.State, Image: rp.Image, Labels: rp.Labels}
+	req := AdoptRequest{Env: env, State: rp.State, Image: rp.Image, Labels: rp.Labels, Recovered: true}
 	if err := t.post(ctx, addr, "adopt", "application/json", jsonBody(req), &ok); err != nil {
 		return fmt.Errorf("adopt %s at %s on %s: %w", env, rp.State, addr, err)
 	}

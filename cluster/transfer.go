@@ -74,6 +74,10 @@ type AdoptRequest struct {
 	State  string            `json:"state"`
 	Image  string            `json:"image"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Recovered: the env's node died and this is its replica's restore
+	// (a router's failover), not a migration: the env's first operation
+	// on the target reports the state it went back to.
+	Recovered bool `json:"recovered,omitempty"`
 	// StepKeys are the env's step keys on the source (StepKeys' encoding),
 	// so that a retry of a keyed step answers there what it answered here.
 	StepKeys []byte `json:"step_keys,omitempty"`
@@ -424,7 +428,11 @@ func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
+	adopt := t.o.Coordinator.Adopt
+	if req.Recovered {
+		adopt = t.o.Coordinator.AdoptRecovered
+	}
+	if err := adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
 		if keys != nil {
 			keys.ImportStepKeys(req.Env, nil)
 		}

@@ -291,7 +291,8 @@ func TestComebackAfterFailover(t *testing.T) {
 // TestReplicaOfTaskEnv: an env of a task, replicated from node a to node
 // b, is restored on b when a dies, and it is still an episode of its
 // task there: evaluate scores it with the task's verifier, as it would
-// have on a. The spot study (BenchmarkSpot) found evaluate answering
+// have on a. Its first step there reports the state it was recovered at
+// (what it did after is gone), as after a crash restart. The spot study (BenchmarkSpot) found evaluate answering
 // "task has no verifier: image " after a failover whose replica was the
 // reset's own state, made by the task pool's env, not this one: the
 // restore made a record for the env with no image and no labels.
@@ -339,8 +340,17 @@ func TestReplicaOfTaskEnv(t *testing.T) {
 					t.Fatal("node a's key still there")
 				}
 			}
-			if got := out(sh(t, c, env, "cat /work/n")); got != want {
+			first := sh(t, c, env, "cat /work/n")
+			if got := out(first); got != want {
 				t.Fatalf("the env restored from its replica: /work/n %q, want %s", got, want)
+			}
+			// The client is told where the env went back to, as after a
+			// crash restart.
+			if rec := first.Info.Recovered; rec == nil || rec.StateID != rp.State {
+				t.Errorf("the first step after the failover: recovered %+v, want state %s", rec, rp.State)
+			}
+			if again := sh(t, c, env, "true").Info.Recovered; again != nil {
+				t.Errorf("the second step after the failover: recovered %+v, want none", again)
 			}
 			if p := placement(t, cli, env); p != b.id {
 				t.Fatalf("placement after the failover: %q", p)
