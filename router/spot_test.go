@@ -235,6 +235,7 @@ type spotEpisode struct {
 	err       error // the episode could not finish: lost
 	torn      string
 	lost      int           // turns the env came back without (a failover to an older replica)
+	told      int           // answers that said the env was recovered at an older state (info.recovered)
 	retries   int           // requests answered retryable infra errors, sent again
 	preempted int           // preemptions of the node holding it
 	stall     time.Duration // the longest step round trip
@@ -293,6 +294,9 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 			r, err := c.Step(ctx, id, arbor.Bash(cmd, 30*time.Second))
 			if err == nil {
 				out = strings.TrimSpace(string(r.Obs.Stdout))
+				if r.Info.Recovered != nil {
+					ep.told++
+				}
 			}
 			return err
 		})
@@ -621,10 +625,10 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, lo
 		strings.TrimSpace(string(kernel)), load0, loadavg())
 	fmt.Fprintf(&sb, "Settings: %d episodes per arm, %d at once, %d counter steps each (plus the solution halfway and evaluate), think time %v between steps, --cluster-ttl %v; tasks %s.\n\n",
 		n, par, steps, think, ttl, strings.Join([]string{spotTasks[0].name, spotTasks[1].name}, ", "))
-	sb.WriteString("| arm | episodes | preemptions (drain / kill -9) | per episode (min-max) | intact | lost (error) | torn | rolled back | fake zeros | overhead (mean) | migration pause p50 / p95 (moves) | drain, SIGTERM to exit p50 / p95 | longest step of a preempted episode p50 / p95 | wall, no preemption p50 | wall, preempted p50 | fresh node start p50 | retries |\n")
+	sb.WriteString("| arm | episodes | preemptions (drain / kill -9) | per episode (min-max) | intact | lost (error) | torn | rolled back (told) | fake zeros | overhead (mean) | migration pause p50 / p95 (moves) | drain, SIGTERM to exit p50 / p95 | longest step of a preempted episode p50 / p95 | wall, no preemption p50 | wall, preempted p50 | fresh node start p50 | retries |\n")
 	sb.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, a := range arms {
-		var intact, lost, torn, behind, zero, retries int
+		var intact, lost, torn, behind, told, zero, retries int
 		lo, hi := 1<<30, 0
 		var bw, rw, stalls []time.Duration
 		for i, e := range a.run {
@@ -637,6 +641,9 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, lo
 				torn++
 			case e.lost > 0:
 				behind++
+				if e.told > 0 {
+					told++
+				}
 			}
 			if e.err != nil || e.reward != 1 {
 				zero++
@@ -650,8 +657,8 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, lo
 			}
 		}
 		ov, k := a.overhead()
-		fmt.Fprintf(&sb, "| %s | %d | %d / %d | %d-%d | %d | %d | %d | %d | %d | %.1f%% (%d) | %v / %v (%d) | %v / %v | %v / %v | %v | %v | %v | %d |\n",
-			a.name, len(a.run), a.drains, a.kills, lo, hi, intact, lost, torn, behind, zero, 100*ov, k,
+		fmt.Fprintf(&sb, "| %s | %d | %d / %d | %d-%d | %d | %d | %d | %d (%d) | %d | %.1f%% (%d) | %v / %v (%d) | %v / %v | %v / %v | %v | %v | %v | %d |\n",
+			a.name, len(a.run), a.drains, a.kills, lo, hi, intact, lost, torn, behind, told, zero, 100*ov, k,
 			pct(a.pauses, 50).Round(time.Millisecond), pct(a.pauses, 95).Round(time.Millisecond), len(a.pauses),
 			pct(a.drainTook, 50).Round(time.Millisecond), pct(a.drainTook, 95).Round(time.Millisecond),
 			pct(stalls, 50).Round(time.Millisecond), pct(stalls, 95).Round(time.Millisecond),
@@ -679,8 +686,8 @@ Columns: *intact*: the episode finished, every counter step found the file count
 		for pass, eps := range [][]*spotEpisode{a.base, a.run} {
 			for i, e := range eps {
 				if !e.intact() {
-					fmt.Fprintf(&sb, "* %s #%d %s (%s, env %s, %d preemptions): err=%v torn=%q turns lost=%d reward=%v\n",
-						a.name, i, []string{"without preemption", "preempted"}[pass], spotTasks[e.task].name, e.env, e.preempted, e.err, e.torn, e.lost, e.reward)
+					fmt.Fprintf(&sb, "* %s #%d %s (%s, env %s, %d preemptions): err=%v torn=%q turns lost=%d (told %d) reward=%v\n",
+						a.name, i, []string{"without preemption", "preempted"}[pass], spotTasks[e.task].name, e.env, e.preempted, e.err, e.torn, e.lost, e.told, e.reward)
 				}
 			}
 		}
