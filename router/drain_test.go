@@ -213,11 +213,7 @@ func TestReplicas(t *testing.T) {
 	stop()
 	orphan := resetOn(t, c, cli, a)
 	a.kill()
-	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("node a's key still there")
-		}
-	}
+	waitLeaseEnded(t, cli, a)
 	start := time.Now()
 	got := string(sh(t, c, env, "cat /work/file; "+counterRead).Obs.Stdout)
 	t.Logf("the env of the dead node answered from its replica after %v", time.Since(start))
@@ -335,11 +331,7 @@ func TestReplicaOfTaskEnv(t *testing.T) {
 			}
 			stop()
 			a.kill()
-			for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
-				if time.Now().After(end) {
-					t.Fatal("node a's key still there")
-				}
-			}
+			waitLeaseEnded(t, cli, a)
 			first := sh(t, c, env, "cat /work/n")
 			if got := out(first); got != want {
 				t.Fatalf("the env restored from its replica: /work/n %q, want %s", got, want)
@@ -411,15 +403,22 @@ func TestReplicaLeavesDeadNode(t *testing.T) {
 		rp = replicaOf(t, cli, env, last)
 	}
 	a.kill()
-	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(a.id), "") > 0; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("node a's key still there")
-		}
-	}
+	waitLeaseEnded(t, cli, a)
 	if got := out(sh(t, c, env, "cat /work/file")); got != "data" {
 		t.Errorf("the env restored from its second replica: %q", got)
 	}
 	if p := placement(t, cli, env); p != other {
 		t.Errorf("placement after the failover: %q, want %s", p, other)
+	}
+}
+
+// waitLeaseEnded waits until n's key is gone from etcd (its lease ended
+// after a kill), failing after the TTL and 5 s.
+func waitLeaseEnded(t *testing.T, cli *clientv3.Client, n *node) {
+	t.Helper()
+	for end := time.Now().Add(ttl + 5*time.Second); keysOf(t, cli, cluster.NodeKey(n.id), "") > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("node %s's key still there %v after it was killed", n.id, ttl+5*time.Second)
+		}
 	}
 }

@@ -588,29 +588,40 @@ func (a *spotArm) overhead() (float64, int) {
 	return sum / float64(k), k
 }
 
-func (a *spotArm) summary() string {
-	var intact, lost, torn, behind, zero, baseIntact int
-	for i, e := range a.run {
+// spotTally counts an arm's preempted episodes by outcome.
+type spotTally struct {
+	intact, lost, torn, behind, told, zero, retries int
+}
+
+func (a *spotArm) tally() spotTally {
+	var t spotTally
+	for _, e := range a.run {
 		switch {
 		case e.intact():
-			intact++
+			t.intact++
 		case e.err != nil:
-			lost++
+			t.lost++
 		case e.torn != "":
-			torn++
+			t.torn++
 		case e.lost > 0:
-			behind++
+			t.behind++
+			if e.told > 0 {
+				t.told++
+			}
 		}
 		if e.err != nil || e.reward != 1 {
-			zero++
+			t.zero++
 		}
-		if a.base[i].intact() {
-			baseIntact++
-		}
+		t.retries += e.retries
 	}
+	return t
+}
+
+func (a *spotArm) summary() string {
+	t := a.tally()
 	ov, k := a.overhead()
-	return fmt.Sprintf("arm %s: %d episodes; without preemption %d intact; with %d drains and %d kills: %d intact, %d lost (error), %d torn, %d rolled back, %d scored other than 1 (fake zeros); overhead %.1f%% over %d; migration pause p50 %v p95 %v (%d moves); took %v",
-		a.name, len(a.run), baseIntact, a.drains, a.kills, intact, lost, torn, behind, zero, 100*ov, k,
+	return fmt.Sprintf("arm %s: %d episodes; %d drains and %d kills: %d intact, %d lost (error), %d torn, %d rolled back, %d scored other than 1 (fake zeros); overhead %.1f%% over %d; migration pause p50 %v p95 %v (%d moves); took %v",
+		a.name, len(a.run), a.drains, a.kills, t.intact, t.lost, t.torn, t.behind, t.zero, 100*ov, k,
 		pct(a.pauses, 50), pct(a.pauses, 95), len(a.pauses), a.took.Round(time.Second))
 }
 
@@ -631,27 +642,10 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, lo
 	sb.WriteString("| arm | episodes | preemptions (drain / kill -9) | per episode (min-max) | intact | lost (error) | torn | rolled back (told) | fake zeros | overhead (mean) | migration pause p50 / p95 (moves) | drain, SIGTERM to exit p50 / p95 | longest step of a preempted episode p50 / p95 | wall, no preemption p50 | wall, preempted p50 | fresh node start p50 | retries |\n")
 	sb.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, a := range arms {
-		var intact, lost, torn, behind, told, zero, retries int
+		t := a.tally()
 		lo, hi := 1<<30, 0
 		var bw, rw, stalls []time.Duration
 		for i, e := range a.run {
-			switch {
-			case e.intact():
-				intact++
-			case e.err != nil:
-				lost++
-			case e.torn != "":
-				torn++
-			case e.lost > 0:
-				behind++
-				if e.told > 0 {
-					told++
-				}
-			}
-			if e.err != nil || e.reward != 1 {
-				zero++
-			}
-			retries += e.retries
 			lo, hi = min(lo, e.preempted), max(hi, e.preempted)
 			bw = append(bw, a.base[i].wall)
 			rw = append(rw, e.wall)
@@ -661,28 +655,20 @@ func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, lo
 		}
 		ov, k := a.overhead()
 		fmt.Fprintf(&sb, "| %s | %d | %d / %d | %d-%d | %d | %d | %d | %d (%d) | %d | %.1f%% (%d) | %v / %v (%d) | %v / %v | %v / %v | %v | %v | %v | %d |\n",
-			a.name, len(a.run), a.drains, a.kills, lo, hi, intact, lost, torn, behind, told, zero, 100*ov, k,
+			a.name, len(a.run), a.drains, a.kills, lo, hi, t.intact, t.lost, t.torn, t.behind, t.told, t.zero, 100*ov, k,
 			pct(a.pauses, 50).Round(time.Millisecond), pct(a.pauses, 95).Round(time.Millisecond), len(a.pauses),
 			pct(a.drainTook, 50).Round(time.Millisecond), pct(a.drainTook, 95).Round(time.Millisecond),
 			pct(stalls, 50).Round(time.Millisecond), pct(stalls, 95).Round(time.Millisecond),
-			pct(bw, 50).Round(time.Millisecond), pct(rw, 50).Round(time.Millisecond), pct(a.startups, 50).Round(time.Millisecond), retries)
+			pct(bw, 50).Round(time.Millisecond), pct(rw, 50).Round(time.Millisecond), pct(a.startups, 50).Round(time.Millisecond), t.retries)
 	}
 	sb.WriteString(`
-Columns: *intact*: the episode finished, every counter step found the file counter and the shell variable it left (equal, and one more than the step before), and evaluate gave the reward it gives without preemptions (1). *lost*: a request failed past the client's retries (retryable infra errors retried for the TTL + 20 s), so the episode could not finish: what a trainer scores as a fake zero or masks. *torn*: a step found the file and the shell of different turns, or a turn that ran twice. *rolled back*: the env came back at an older state than its last answered step (a replica behind the env's head): the counter went on from there, the turns counted as lost. *fake zeros*: the episodes lost or scored other than 1. *overhead*: the mean over the episodes finished in both passes of (wall with preemptions - wall of the same episode without) / wall with. *migration pause*: the pause every move logged by the nodes (` + "`migrated env ... pause=`" + `), drains' moves. *longest step*: the longest round trip of a step (retries included) in each preempted episode: for a kill, the wait for the lease to end and the restore.
+Columns: *intact*: the episode finished, every counter step found the file counter and the shell variable it left (equal, and one more than the step before), and evaluate gave the reward it gives without preemptions (1). *lost*: a request failed past the client's retries (retryable infra errors retried for the TTL + 20 s), so the episode could not finish: what a trainer scores as a fake zero or masks. *torn*: a step found the file and the shell of different turns, or a turn that ran twice. *rolled back*: the env came back at an older state than its last answered step (a replica behind the env's head): the counter went on from there (the client replays what was lost), the turns counted as lost; *told*: of those, the ones an answer said so to (info.recovered). *fake zeros*: the episodes lost or scored other than 1. *overhead*: the mean over the episodes finished in both passes of (wall with preemptions - wall of the same episode without) / wall with. *migration pause*: the pause every move logged by the nodes (` + "`migrated env ... pause=`" + `), drains' moves. *longest step*: the longest round trip of a step (retries included) in each preempted episode: for a kill, the wait for the lease to end and the restore.
 `)
 	for _, a := range arms {
-		var intact, zero int
-		for _, e := range a.run {
-			if e.intact() {
-				intact++
-			}
-			if e.err != nil || e.reward != 1 {
-				zero++
-			}
-		}
+		t := a.tally()
 		ov, _ := a.overhead()
 		fmt.Fprintf(&sb, "\nArm %s: episodes intact %d/%d (target 100%%: %s); overhead %.1f%% (target under 2%%: %s); fake zeros %d/%d.\n",
-			a.name, intact, len(a.run), met(intact == len(a.run)), 100*ov, met(ov < 0.02), zero, len(a.run))
+			a.name, t.intact, len(a.run), met(t.intact == len(a.run)), 100*ov, met(ov < 0.02), t.zero, len(a.run))
 	}
 	sb.WriteString("\nEpisodes not intact:\n\n")
 	for _, a := range arms {
