@@ -287,6 +287,7 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 	ep.env = id
 	env <- id
 	defer c.CloseEnv(context.Background(), id)
+	solved := false
 	step := func(cmd string) (string, error) {
 		var out string
 		t0 := time.Now()
@@ -295,7 +296,10 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 			if err == nil {
 				out = strings.TrimSpace(string(r.Obs.Stdout))
 				if r.Info.Recovered != nil {
+					// The env went back: whatever the client did after
+					// that state, the solution too, is to do again.
 					ep.told++
+					solved = false
 				}
 			}
 			return err
@@ -309,6 +313,7 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 			if _, ep.err = step(spotTasks[task].solution); ep.err != nil {
 				return ep
 			}
+			solved = true
 		}
 		got, err := step(spotStep)
 		if err != nil {
@@ -330,6 +335,11 @@ func runEpisode(ctx context.Context, c *arbor.Client, task, steps int, think, gi
 		// counted, not replayed.
 		ep.lost += i - fi
 		i = fi + 1
+	}
+	if !solved {
+		if _, ep.err = step(spotTasks[task].solution); ep.err != nil {
+			return ep
+		}
 	}
 	ep.err = retry(ctx, ep, giveUp, func(ctx context.Context) error {
 		ev, err := c.Evaluate(ctx, id)
