@@ -513,7 +513,7 @@ func BenchmarkSpot(b *testing.B) {
 		defer f.Close()
 		log = f
 	}
-	load0 := loadavg()
+	load0, commit := loadavg(), gitCommit()
 	var results []*spotArm
 	for range b.N {
 		results = nil
@@ -545,13 +545,24 @@ func BenchmarkSpot(b *testing.B) {
 			b.Log(res.summary())
 		}
 	}
-	report := spotReport(results, n, par, steps, think, ttl, load0)
+	report := spotReport(results, n, par, steps, think, ttl, load0, commit)
 	b.Log("\n" + report)
 	if p := os.Getenv("SPOT_REPORT"); p != "" {
 		if err := os.WriteFile(p, []byte(report), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// gitCommit is the tree's commit when the study starts (ARBOR_BIN is
+// built from it by make spot), marked when the tree has changes.
+func gitCommit() string {
+	out, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	c := strings.TrimSpace(string(out))
+	if exec.Command("git", "diff", "--quiet", "HEAD").Run() != nil {
+		c += " (with uncommitted changes)"
+	}
+	return c
 }
 
 func met(ok bool) string {
@@ -636,16 +647,11 @@ func (a *spotArm) summary() string {
 }
 
 // spotReport is the markdown table of the arms.
-func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, load0 string) string {
+func spotReport(arms []*spotArm, n, par, steps int, think, ttl time.Duration, load0, commit string) string {
 	var sb strings.Builder
-	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	dirty := ""
-	if exec.Command("git", "diff", "--quiet", "HEAD").Run() != nil {
-		dirty = " (with uncommitted changes)"
-	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	fmt.Fprintf(&sb, "# Spot-preemption study (issue 39)\n\nWritten by `make spot` (router.BenchmarkSpot; docs/cluster.md, \"Spot preemption\") on %s at commit %s%s. Machine: %d CPUs, kernel %s, load average %s at the start and %s at the end (other engineers' tests share it). etcd, the router and three `arbor serve` nodes on 127.0.0.1-4.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(commit)), dirty, runtime.NumCPU(),
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), commit, "", runtime.NumCPU(),
 		strings.TrimSpace(string(kernel)), load0, loadavg())
 	fmt.Fprintf(&sb, "Settings: %d episodes per arm, %d at once, %d counter steps each (plus the solution halfway and evaluate), think time %v between steps, --cluster-ttl %v; tasks %s.\n\n",
 		n, par, steps, think, ttl, strings.Join([]string{spotTasks[0].name, spotTasks[1].name}, ", "))
