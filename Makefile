@@ -34,10 +34,13 @@ SKIPFUZZ_TURNS ?=
 # make load: the levels (concurrent agent loops) and each level's time.
 LOAD_ENVS ?= 64 128 256
 LOAD_DURATION ?= 60s
+# make spot: where the nodes' warnings, errors and moves go (SPOT_EPISODES,
+# SPOT_ARMS and the other knobs: router/spot_test.go).
+SPOT_LOG ?= /tmp/arbor-spot.log
 # make soak: turns per worker of the disk soak test (make test runs 100).
 SOAK_TURNS ?= 2000
 
-.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench bench-realprog gobench stress load soak lint ui-screenshot
+.PHONY: help deps build cluster-demo run test test-images fuzz fuzz-skips generate bench bench-realprog gobench spot stress load soak lint ui-screenshot
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -98,8 +101,13 @@ bench-realprog: build ## the real-programs suite as a table (BenchmarkRealProgra
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor ARBOR_REALPROG_REPORT=$(CURDIR)/benchmarks/results/realprog.md \
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench '^BenchmarkRealPrograms$$' -benchtime $(REALPROG_BENCHTIME) ./server/
 
-gobench: build ## the Go micro-benchmarks (go test -bench)
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -benchtime 20x ./...
+gobench: build ## the Go micro-benchmarks (go test -bench; the spot study is make spot, the real programs make bench-realprog)
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -skip '^BenchmarkSpot$$' -benchtime 20x ./...
+
+spot: build ## the spot-preemption study: SPOT_EPISODES (20) per arm on three nodes and a router on loopback -> benchmarks/results/spot.md (docs/cluster.md, "Spot preemption")
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
+	SPOT_REPORT=$(CURDIR)/benchmarks/results/spot.md SPOT_LOG=$(SPOT_LOG) \
+	$(GO) test -run '^$$' -bench '^BenchmarkSpot$$' -benchtime 1x -timeout 4h -v ./router/
 
 stress: build ## the stress test of make test for STRESS_DURATION (15m) -> a report in stress/results
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \

@@ -14,11 +14,17 @@ import (
 
 // Replica is the record of where an env's last committed state has a
 // copy: a node other than the env's, and the state (key ReplicaKey, no
-// lease: it outlives the env's node, which is what it is for).
+// lease: it outlives the env's node, which is what it is for). Image and
+// Labels are the env's, which the replica's node needs to open it as an
+// episode of its task: the state may have been made by another env (a
+// task pool's, whose post-setup state is a fresh env's head until its
+// first turn), whose record carries that env's labels, not these.
 type Replica struct {
-	Node  string    `json:"node"`
-	State string    `json:"state"`
-	At    time.Time `json:"at"`
+	Node   string            `json:"node"`
+	State  string            `json:"state"`
+	At     time.Time         `json:"at"`
+	Image  string            `json:"image,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ReplicaKey is the key of an env's Replica.
@@ -48,6 +54,14 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 			return
 		case <-tick.C:
 		}
+		// A replica whose node left the registry (died, or stopped) is
+		// no replica: the env is shipped to another node at once, not at
+		// its next turn, which may be long in coming (an agent thinking).
+		live := map[string]bool{}
+		peers, perr := n.Peers(ctx)
+		for _, p := range peers {
+			live[p.ID] = true
+		}
 		open := map[string]bool{}
 		for _, e := range co.Envs(tenant.Admin(ctx)) {
 			id := e.Env.ID
@@ -57,6 +71,11 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 				continue
 			}
 			r := reps[id]
+			if r != nil && perr == nil && !live[r.node] {
+				t.log.Warn("replica node gone; replicating elsewhere", slog.String("env", id), slog.String("node", r.node))
+				delete(reps, id)
+				r = nil
+			}
 			if r != nil && r.state == head {
 				continue
 			}
@@ -83,7 +102,7 @@ func (t *Transfer) Replicate(ctx context.Context, interval time.Duration) {
 			if r.state != "" {
 				t.keep(ctx, r.addr, r.state, false)
 			}
-			b, _ := json.Marshal(Replica{Node: r.node, State: head, At: time.Now()})
+			b, _ := json.Marshal(Replica{Node: r.node, State: head, At: time.Now(), Image: e.Env.Image, Labels: e.Env.Labels()})
 			if err := n.put(ReplicaKey(id), string(b)); err != nil {
 				t.log.Warn("record replica", slog.String("env", id), slog.Any("err", err))
 				continue
@@ -130,14 +149,17 @@ func (v *View) Replica(ctx context.Context, env string) (Replica, error) {
 }
 
 // Adopt asks the node whose transfer endpoint is at addr to open env at
-// state, which it holds (a replica's restore).
-func (c *ShipClient) Adopt(ctx context.Context, addr, env, state string) error {
+// its replica's state, which it holds, with the image and labels the
+// replica records (a replica's restore): the env's first operation there
+// reports that state as recovered.
+func (c *ShipClient) Adopt(ctx context.Context, addr, env string, rp Replica) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	t := &Transfer{o: TransferOptions{Token: c.Token}, cli: c.cli}
 	var ok struct{}
-	if err := t.post(ctx, addr, "adopt", "application/json", jsonBody(AdoptRequest{Env: env, State: state}), &ok); err != nil {
-		return fmt.Errorf("adopt %s at %s on %s: %w", env, state, addr, err)
+	req := AdoptRequest{Env: env, State: rp.State, Image: rp.Image, Labels: rp.Labels, Recovered: true}
+	if err := t.post(ctx, addr, "adopt", "application/json", jsonBody(req), &ok); err != nil {
+		return fmt.Errorf("adopt %s at %s on %s: %w", env, rp.State, addr, err)
 	}
 	return nil
 }

@@ -74,6 +74,10 @@ type AdoptRequest struct {
 	State  string            `json:"state"`
 	Image  string            `json:"image"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Recovered: the env's node died and this is its replica's restore
+	// (a router's failover), not a migration: the env's first operation
+	// on the target reports the state it went back to.
+	Recovered bool `json:"recovered,omitempty"`
 	// StepKeys are the env's step keys on the source (StepKeys' encoding),
 	// so that a retry of a keyed step answers there what it answered here.
 	StepKeys []byte `json:"step_keys,omitempty"`
@@ -424,7 +428,11 @@ func (t *Transfer) serveAdopt(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := t.o.Coordinator.Adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
+	adopt := t.o.Coordinator.Adopt
+	if req.Recovered {
+		adopt = t.o.Coordinator.AdoptRecovered
+	}
+	if err := adopt(ctx, req.Env, req.State, req.Image, req.Labels); err != nil {
 		if keys != nil {
 			keys.ImportStepKeys(req.Env, nil)
 		}
@@ -611,6 +619,11 @@ func (t *Transfer) Drain(ctx context.Context) (DrainStats, error) {
 	}
 	ds.Took = time.Since(start)
 	t.log.Info("drained", slog.Int("moved", len(ds.Moved)), slog.Int("failed", len(ds.Failed)), slog.Duration("took", ds.Took))
+	for id, why := range ds.Failed {
+		// Each on its own line: a SIGTERM's drain has no caller to read
+		// DrainStats, and the env stays here to be closed.
+		t.log.Warn("not drained", slog.String("env", id), slog.String("why", why))
+	}
 	if len(ds.Failed) > 0 {
 		return ds, fmt.Errorf("drain: %d of %d envs not moved", len(ds.Failed), len(ds.Failed)+len(ds.Moved))
 	}
@@ -656,18 +669,32 @@ func (t *Transfer) drainPass(ctx context.Context, ids []string, placed map[strin
 			continue
 		}
 		if _, err := t.Precopy(ctx, id, to.Transfer); err != nil {
-			ds.Failed[id] = err.Error()
+			t.drainFailed(ds, id, err)
 			continue
 		}
 		st, err := t.Migrate(ctx, id, to.Transfer)
 		if err != nil {
-			ds.Failed[id] = err.Error()
+			t.drainFailed(ds, id, err)
 			continue
 		}
 		placed[to.ID]++
 		ds.Moved[id] = to.ID
 		ds.Pause = max(ds.Pause, st.Pause)
 	}
+}
+
+// drainFailed records that env id was not moved, unless it is no longer
+// open here: an env closed while the drain went over the others (its
+// episode ended) has nothing left to move. The spot study saw drains
+// report every such env as failed ("unknown env").
+func (t *Transfer) drainFailed(ds *DrainStats, id string, err error) {
+	if errors.Is(err, state.ErrUnknownEnv) {
+		if _, gone := t.o.Coordinator.Env(id); gone != nil {
+			t.log.Info("closed while draining", slog.String("env", id))
+			return
+		}
+	}
+	ds.Failed[id] = err.Error()
 }
 
 func (t *Transfer) serveDrain(w http.ResponseWriter, r *http.Request) {

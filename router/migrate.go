@@ -245,7 +245,7 @@ func (r *Router) failover(ctx context.Context, env, dead string) (string, error)
 		return "", gone
 	}
 	start := time.Now()
-	if err := r.ship.Adopt(ctx, to.Transfer, env, rp.State); err != nil && !strings.Contains(err.Error(), "open here already") {
+	if err := r.ship.Adopt(ctx, to.Transfer, env, rp); err != nil && !strings.Contains(err.Error(), "open here already") {
 		return "", unavailable(dead, fmt.Sprintf("it is gone, and restoring the env's replica on node %s failed: %v", rp.Node, err))
 	}
 	r.ship.Keep(ctx, to.Transfer, rp.State, false)
