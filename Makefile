@@ -102,7 +102,7 @@ bench-realprog: build ## the real-programs suite as a table (BenchmarkRealProgra
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench '^BenchmarkRealPrograms$$' -benchtime $(REALPROG_BENCHTIME) ./server/
 
 gobench: build ## the Go micro-benchmarks (go test -bench; the spot study is make spot, the real programs make bench-realprog)
-	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -skip '^BenchmarkSpot$$' -benchtime 20x ./...
+	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor $(GO) test -run '^$$' -bench . -skip '^(BenchmarkSpot|BenchmarkRealPrograms)$$' -benchtime 20x ./...
 
 spot: build ## the spot-preemption study: SPOT_EPISODES (20) per arm on three nodes and a router on loopback -> benchmarks/results/spot.md (docs/cluster.md, "Spot preemption")
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
