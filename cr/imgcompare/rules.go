@@ -1,0 +1,154 @@
+package imgcompare
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// A rule normalises a field that differs between two dumps of equal
+// trees. It applies to the fields of images of magic (any when "") whose
+// path within the entry (".tc.flags", ".reg.mnt_id") matches field, and
+// of entries for which when (if set) holds; do returns the value to
+// compare, or false to leave the field out.
+type rule struct {
+	magic string
+	field *regexp.Regexp
+	when  func(entry map[string]string) bool
+	do    func(rn *renumbers, path, val string) (string, bool)
+}
+
+func dropIt(*renumbers, string, string) (string, bool) { return "", false }
+
+// renumber compares numbers that name a kernel object (an inode, a mount)
+// by their order of first appearance in the set, within class: which
+// entries share one (a pipe's two ends, a socket and its peer) still
+// compares, the numbers themselves do not.
+func renumber(class string) func(*renumbers, string, string) (string, bool) {
+	return func(rn *renumbers, _, val string) (string, bool) { return rn.of(class, val), true }
+}
+
+// clearBits compares a number without bits.
+func clearBits(bits uint64) func(*renumbers, string, string) (string, bool) {
+	return func(_ *renumbers, _, val string) (string, bool) {
+		n, err := strconv.ParseUint(val, 10, 64)
+		if err != nil {
+			return val, true
+		}
+		return strconv.FormatUint(n&^bits, 10), true
+	}
+}
+
+// armed compares a timer's current value by whether it runs: the time
+// left is a time.
+func armed(_ *renumbers, _, val string) (string, bool) {
+	if val == "0" {
+		return "0", true
+	}
+	return "armed", true
+}
+
+const (
+	pfForkNoExec = 0x40  // PF_FORKNOEXEC
+	pfSuperPriv  = 0x100 // PF_SUPERPRIV
+	oLargeFile   = 0o100000
+)
+
+var subvolID = regexp.MustCompile(`subvolid=[0-9]+`)
+
+// rules are the normalisations: as few as two dumps of equal trees (a
+// live env and its exact branch, TestCRIUOracle) need, each with why
+// the field differs by design.
+var rules = []rule{
+	// Registers: where each thread was stopped. Init's Go runtime
+	// threads poll and spin, and a skip restores the process image of an
+	// earlier turn by design; what a skip must keep is not the CPU's
+	// context (the probe reads the state it makes observable).
+	{magic: "CORE", field: regexp.MustCompile(`^\.thread_info\.(gpregs|fpregs)\.`), do: dropIt},
+	// Accounting flags the kernel sets as a task runs: CRIU forks every
+	// task it restores and execs none (PF_FORKNOEXEC), and whether a
+	// task has used a privilege (PF_SUPERPRIV) depends on its history.
+	{magic: "CORE", field: regexp.MustCompile(`^\.tc\.flags$`), do: clearBits(pfForkNoExec | pfSuperPriv)},
+	// A timer's time left is a time; whether it runs, its interval and
+	// its signal are state.
+	{magic: "CORE", field: regexp.MustCompile(`^\.tc\.timers\.(real|virt|prof)\.v(sec|usec)$`), do: armed},
+	{magic: "CORE", field: regexp.MustCompile(`^\.tc\.timers\.posix.*\.v(sec|nsec)$`), do: armed},
+	// Inode numbers of pipes and sockets: a restore makes new ones.
+	{field: regexp.MustCompile(`^\.(pipe\.pipe_id|pipe_id|usk\.ino|usk\.peer|ino|peer|epfd\.tfd.*\.inode|fifo\.pipe_id)$`), do: renumber("inode")},
+	// Mount ids and device numbers: the restored tree has new mounts
+	// (its root a new clone of the file system, a new devpts).
+	{field: regexp.MustCompile(`^\.(reg\.mnt_id|mnt_id|parent_mnt_id|ext\.mnt_id)$`), do: renumber("mnt")},
+	{field: regexp.MustCompile(`^\.(root_dev|dev|epfd\.tfd.*\.dev)$`), do: renumber("dev")},
+	// The clone is a new btrfs subvolume.
+	{magic: "MNTS", field: regexp.MustCompile(`^\.options$`), do: func(_ *renumbers, _, val string) (string, bool) {
+		return subvolID.ReplaceAllString(val, "subvolid=<n>"), true
+	}},
+	// CRIU numbers the namespaces it meets in order, and a restored
+	// tree has one more: CRIU restores it into a new time namespace
+	// (below).
+	{magic: "IDS", field: regexp.MustCompile(`_ns_id$`), do: renumber("ns")},
+	// The inventory's root ids are the namespaces of the CRIU that
+	// dumped (they tell which of the tree's are the host's), and a live
+	// sandbox shares the host's time namespace where a restored one has
+	// its own.
+	{magic: "INVENTORY", field: regexp.MustCompile(`^\.root_ids\.`), do: dropIt},
+	// That namespace's offsets keep the restored clocks going: the
+	// image holds the clocks' values at the dump.
+	{magic: "TIMENS", field: regexp.MustCompile(``), do: dropIt},
+	// CRIU opens the terminal it restores with O_LARGEFILE, which no
+	// program observes on x86_64 (the probe leaves it out too).
+	{magic: "FILES", field: regexp.MustCompile(`^\.(tty|reg)\.flags$`),
+		when: func(e map[string]string) bool {
+			return e[".type"] == "TTY" || strings.HasPrefix(e[".reg.name"], "/dev/pts/")
+		},
+		do: clearBits(oLargeFile)},
+	// CRIU 4 copies a termios' 19 one-byte control characters into the
+	// first 19 bytes of an array of 19 32-bit numbers (tty.c,
+	// termios_copy): words 0-3 and three bytes of word 4 hold them, the
+	// rest is uninitialised memory.
+	{magic: "TTY_INFO", field: regexp.MustCompile(`\.c_cc\[([5-9]|1[0-8])\]$`), do: dropIt},
+	{magic: "TTY_INFO", field: regexp.MustCompile(`\.c_cc\[4\]$`), do: clearBits(0xff000000)},
+}
+
+func apply(rn *renumbers, magic, path, val string, entry map[string]string) (string, bool) {
+	for _, r := range rules {
+		if (r.magic == "" || r.magic == magic) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
+			return r.do(rn, path, val)
+		}
+	}
+	return val, true
+}
+
+// renumbers maps numbers to their order of first appearance in one set,
+// per class.
+type renumbers struct{ seen map[string]map[string]int }
+
+func newRenumber() *renumbers { return &renumbers{seen: map[string]map[string]int{}} }
+
+func (r *renumbers) of(class, val string) string {
+	m := r.seen[class]
+	if m == nil {
+		m = map[string]int{}
+		r.seen[class] = m
+	}
+	n, ok := m[val]
+	if !ok {
+		n = len(m) + 1
+		m[val] = n
+	}
+	return fmt.Sprintf("#%d", n)
+}
+
+// nsFile matches the images named by a namespace's id.
+var nsFile = regexp.MustCompile(`^(mountpoints|timens|utsns|ipcns-var|ipcns-shm|ipcns-msg|ipcns-sem|netns|userns)-([0-9]+)\.img$`)
+
+// fileName is the name an image is compared under: one named by a
+// namespace id (mountpoints-13.img) by the id's number in the set.
+func (r *renumbers) fileName(name string) string {
+	m := nsFile.FindStringSubmatch(name)
+	if m == nil {
+		return name
+	}
+	return m[1] + "-" + r.of("ns-file", m[2]) + ".img"
+}
