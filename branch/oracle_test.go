@@ -2,6 +2,7 @@ package branch_test
 
 import (
 	"context"
+	"os/exec"
 	"errors"
 	"os"
 	"path/filepath"
@@ -34,6 +35,9 @@ func criuOracle(ctx context.Context, tb testing.TB, e *branch.Engine, a, b *bran
 		}
 		s, err := imgcompare.Load(d)
 		if err != nil {
+			if k := os.Getenv("ARBOR_ORACLE_KEEP"); k != "" {
+				exec.Command("cp", "-a", d, k).Run()
+			}
 			tb.Fatalf("load the images of %s: %v", env.ID, err)
 		}
 		sets[i] = s

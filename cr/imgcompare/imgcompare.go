@@ -8,7 +8,9 @@
 package imgcompare
 
 import (
+	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +19,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/cli"
+	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -88,11 +92,34 @@ func loadImage(path string) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	ci, err := crit.New(f, nil, "", false, false).Decode(typ)
+	magic, err := crit.ReadMagic(f)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	ghost := magic == "GHOST_FILE"
+	// crit reads a ghost file's content (when not in chunks) 8 bytes too
+	// long, leaving out the image's two magic numbers, and fails on an
+	// empty one: its content is read here instead.
+	ci, err := crit.New(f, nil, "", false, ghost).Decode(typ)
 	if err != nil {
 		return nil, err
 	}
 	img := &Image{Magic: ci.Magic}
+	if ghost && len(ci.Entries) == 1 {
+		g := ci.Entries[0].Message.(*ghost_file.GhostFileEntry)
+		if !g.GetChunks() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return nil, err
+			}
+			if head := 8 + 4 + proto.Size(g); head <= len(b) {
+				ci.Entries[0].Extra = fmt.Sprintf("content sha256 %x", sha256.Sum256(b[head:]))
+			}
+		}
+	}
 	for _, e := range ci.Entries {
 		if e.Message == nil {
 			continue
@@ -161,16 +188,50 @@ func Compare(a, b Set, o Options) []Diff {
 func (s Set) leaves(rename string) map[string]map[string]string {
 	out := map[string]map[string]string{}
 	rn := newRenumber()
+	// CRIU numbers files, and the images that hold a task's
+	// descriptors, in the order it walks the tree, which differs between
+	// two equal trees (a restored init lists its children in the order
+	// CRIU forked them): files go by a label of what they are, the
+	// descriptor images by the pid of their first task.
+	rn.files = fileLabels(s)
+	rn.fdinfo = fdinfoOwners(s)
+	initThreads := initThreads(s)
 	files := make([]string, 0, len(s))
 	for f := range s {
 		files = append(files, f)
 	}
-	slices.Sort(files) // renumbering follows a fixed order
+	// Renumbering follows a fixed order: files.img first, its entries
+	// by label.
+	slices.SortFunc(files, func(a, b string) int {
+		if (a == "files.img") != (b == "files.img") {
+			if a == "files.img" {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
 	for _, f := range files {
 		img := s[f]
+		if initThreads[f] {
+			continue
+		}
 		m := map[string]string{}
-		for i, e := range img.Entries {
+		order := make([]int, len(img.Entries))
+		for i := range order {
+			order[i] = i
+		}
+		if img.Magic == "FILES" {
+			slices.SortStableFunc(order, func(i, j int) int {
+				return strings.Compare(rn.fileLabel(img.Entries[i]), rn.fileLabel(img.Entries[j]))
+			})
+		}
+		for _, i := range order {
+			e := img.Entries[i]
 			key := entryKey(img.Magic, e, i)
+			if img.Magic == "FILES" {
+				key = "[" + rn.fileLabel(e) + "]"
+			}
 			// The entry's own leaves first: a rule may look at its
 			// other fields (the name of the file whose flags it is).
 			var paths []string
@@ -184,7 +245,7 @@ func (s Set) leaves(rename string) map[string]map[string]string {
 			})
 			slices.Sort(paths) // renumbering follows a fixed order
 			for _, p := range paths {
-				if v, ok := apply(rn, img.Magic, p, entry[p], entry); ok {
+				if v, ok := apply(rn, f, img.Magic, p, entry[p], entry); ok {
 					m[key+p] = v
 				}
 			}
@@ -197,17 +258,191 @@ func (s Set) leaves(rename string) map[string]map[string]string {
 	return out
 }
 
-// entryKey names an entry by what identifies it, when it has that field
-// (an fd by its number, a file by its id, a mount by its mount point):
-// an entry one set lacks then shows as that entry, not as a shift of
-// every entry after it. Else by its index.
+// fileLabels names each entry of files.img by its id: its type and name
+// (a path, for what has one) and the first descriptor that holds it
+// ("@13:3", fd 3 of pid 13); files no descriptor holds (a cwd, an
+// executable), of equal label, in the order of what they are (their
+// flattened fields but ids and kernel numbers).
+func fileLabels(s Set) map[string]string {
+	img := s["files.img"]
+	if img == nil {
+		return nil
+	}
+	holders := fileHolders(s)
+	type file struct{ id, label, what string }
+	var fs []file
+	for _, e := range img.Entries {
+		m := e.ProtoReflect()
+		idf := m.Descriptor().Fields().ByName("id")
+		if idf == nil || !m.Has(idf) {
+			continue
+		}
+		var what []string
+		label := ""
+		flatten(m, "", func(path, val string) {
+			switch {
+			case path == ".type":
+				label = val + label
+			case strings.HasSuffix(path, ".name") && strings.Count(path, ".") == 2:
+				name, _ := apply(nil, "files.img", "FILES", path, val, nil)
+				label += ":" + name
+			}
+			if lastField(path) == "id" || strings.HasSuffix(path, "_id") || ruleFor("FILES", path) {
+				return
+			}
+			what = append(what, path+"="+val)
+		})
+		slices.Sort(what)
+		id := fmt.Sprint(m.Get(idf).Interface())
+		if h, ok := holders[id]; ok {
+			label += "@" + h
+		}
+		fs = append(fs, file{id: id, label: label, what: strings.Join(what, " ")})
+	}
+	slices.SortStableFunc(fs, func(a, b file) int {
+		if c := strings.Compare(a.label, b.label); c != 0 {
+			return c
+		}
+		return strings.Compare(a.what, b.what)
+	})
+	out := map[string]string{}
+	seen := map[string]int{}
+	for _, f := range fs {
+		seen[f.label]++
+		if strings.Contains(f.label, "@") {
+			out[f.id] = f.label
+		} else {
+			out[f.id] = fmt.Sprintf("%s#%d", f.label, seen[f.label])
+		}
+	}
+	return out
+}
+
+// initThreads are the core images of init's threads but its first:
+// init is Arbor's Go program, whose runtime starts threads as it needs
+// them (a live init may have one more than its restored image).
+func initThreads(s Set) map[string]bool {
+	out := map[string]bool{}
+	img := s["pstree.img"]
+	if img == nil {
+		return out
+	}
+	for _, e := range img.Entries {
+		p, ok := e.(*pstree.PstreeEntry)
+		if !ok || p.GetPid() != 1 {
+			continue
+		}
+		for _, t := range p.GetThreads() {
+			if t != 1 {
+				out[fmt.Sprintf("core-%d.img", t)] = true
+			}
+		}
+	}
+	return out
+}
+
+// fileHolders maps a file id to the first descriptor that holds it,
+// "pid:fd", by pid and then fd.
+func fileHolders(s Set) map[string]string {
+	owners := fdinfoOwners(s)
+	type holder struct{ pid, fd int }
+	best := map[string]holder{}
+	for name, img := range s {
+		var tid int
+		if _, err := fmt.Sscanf(name, "fdinfo-%d.img", &tid); err != nil {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(owners[fmt.Sprint(tid)], "%d", &pid); err != nil {
+			continue
+		}
+		for _, e := range img.Entries {
+			m := e.ProtoReflect()
+			idf, fdf := m.Descriptor().Fields().ByName("id"), m.Descriptor().Fields().ByName("fd")
+			if idf == nil || fdf == nil || !m.Has(idf) || !m.Has(fdf) {
+				continue
+			}
+			id := fmt.Sprint(m.Get(idf).Interface())
+			h := holder{pid, int(m.Get(fdf).Uint())}
+			if b, ok := best[id]; !ok || h.pid < b.pid || h.pid == b.pid && h.fd < b.fd {
+				best[id] = h
+			}
+		}
+	}
+	out := map[string]string{}
+	for id, h := range best {
+		out[id] = fmt.Sprintf("%d:%d", h.pid, h.fd)
+	}
+	// Files no descriptor holds: a task's cwd and root, by the first
+	// task's pid.
+	for _, ref := range []struct{ image, field, what string }{{"fs-%d.img", "cwd_id", "cwd"}, {"fs-%d.img", "root_id", "root"}} {
+		first := map[string]int{}
+		for name, img := range s {
+			var pid int
+			if _, err := fmt.Sscanf(name, ref.image, &pid); err != nil || len(img.Entries) == 0 {
+				continue
+			}
+			m := img.Entries[0].ProtoReflect()
+			fd := m.Descriptor().Fields().ByName(protoreflect.Name(ref.field))
+			if fd == nil || !m.Has(fd) {
+				continue
+			}
+			id := fmt.Sprint(m.Get(fd).Interface())
+			if p, ok := first[id]; !ok || pid < p {
+				first[id] = pid
+			}
+		}
+		for id, pid := range first {
+			if _, ok := out[id]; !ok {
+				out[id] = fmt.Sprintf("%s:%d", ref.what, pid)
+			}
+		}
+	}
+	return out
+}
+
+// fdinfoOwners maps a files id (fdinfo-<id>.img) to the smallest pid of
+// the tasks that share that descriptor table (ids-<pid>.img).
+func fdinfoOwners(s Set) map[string]string {
+	out := map[string]string{}
+	for name, img := range s {
+		var pid int
+		if _, err := fmt.Sscanf(name, "ids-%d.img", &pid); err != nil || img.Magic != "IDS" || len(img.Entries) == 0 {
+			continue
+		}
+		m := img.Entries[0].ProtoReflect()
+		fd := m.Descriptor().Fields().ByName("files_id")
+		if fd == nil || !m.Has(fd) {
+			continue
+		}
+		id := fmt.Sprint(m.Get(fd).Interface())
+		if old, ok := out[id]; ok {
+			var o int
+			fmt.Sscanf(old, "%d", &o)
+			if o < pid {
+				continue
+			}
+		}
+		out[id] = fmt.Sprint(pid)
+	}
+	return out
+}
+
+// keyField is the field that identifies an entry of an image (an fd by
+// its number, a file by its id, a mount by its mount point): an entry one
+// set lacks then shows as that entry, not as a shift of every entry after
+// it. Other entries go by their index.
+var keyField = map[string]protoreflect.Name{
+	"FDINFO":   "fd",
+	"PSTREE":   "pid",
+	"TTY_INFO": "id",
+	"MNTS":     "mountpoint",
+	"epoll":    "tfd", // an epoll's targets, in the order the kernel lists them
+}
+
 func entryKey(magic string, e proto.Message, i int) string {
 	m := e.ProtoReflect()
-	names := []protoreflect.Name{"fd", "tfd", "id"}
-	if magic == "MNTS" {
-		names = []protoreflect.Name{"mountpoint"}
-	}
-	for _, name := range names {
+	if name, ok := keyField[magic]; ok {
 		if fd := m.Descriptor().Fields().ByName(name); fd != nil && m.Has(fd) && fd.Cardinality() != protoreflect.Repeated {
 			return fmt.Sprintf("[%s=%v]", name, m.Get(fd).Interface())
 		}
@@ -226,10 +461,8 @@ func flatten(m protoreflect.Message, prefix string, leaf func(path, val string))
 			leaf(p+".len", fmt.Sprint(l.Len()))
 			for i := 0; i < l.Len(); i++ {
 				k := fmt.Sprintf("%s[%d]", p, i)
-				if fd.Kind() == protoreflect.MessageKind {
-					// Elements with a key (an epoll's targets by fd)
-					// in whatever order the kernel listed them.
-					k = p + entryKey("", l.Get(i).Message().Interface(), i)
+				if fd.Kind() == protoreflect.MessageKind && fd.Name() == "tfd" {
+					k = p + entryKey("epoll", l.Get(i).Message().Interface(), i)
 				}
 				value(fd, l.Get(i), k, leaf)
 			}

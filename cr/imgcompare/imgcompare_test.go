@@ -45,7 +45,12 @@ func fabricated() Set {
 	one := func(magic string, ms ...proto.Message) *Image {
 		return &Image{Magic: magic, Entries: ms, Extra: make([]string, len(ms))}
 	}
+	fd := func(n, id uint32) proto.Message {
+		return &fdinfo.FdinfoEntry{Id: u32(id), Flags: u32(0), Type: fdinfo.FdTypes_REG.Enum(), Fd: u32(n)}
+	}
 	return Set{
+		"ids-13.img":   one("IDS", &criu_core.TaskKobjIdsEntry{VmId: u32(2), FilesId: u32(2), FsId: u32(2), SighandId: u32(2)}),
+		"fdinfo-2.img": one("FDINFO", fd(3, 1), fd(4, 2), fd(5, 3), fd(6, 4)),
 		"pstree.img": one("PSTREE", &pstree.PstreeEntry{Pid: u32(1), Ppid: u32(0), Pgid: u32(1), Sid: u32(1)},
 			&pstree.PstreeEntry{Pid: u32(13), Ppid: u32(1), Pgid: u32(13), Sid: u32(13)}),
 		"core-13.img": one("CORE", core),
@@ -75,14 +80,23 @@ func TestCompare(t *testing.T) {
 		want   []string // "file field" of every difference reported
 	}{
 		{"equal", func(Set) {}, nil},
-		{"an fd's position", func(b Set) { file(b, 0).Reg.Pos = u64(3) }, []string{"files.img [id=1].reg.pos"}},
+		{"an fd's position", func(b Set) { file(b, 0).Reg.Pos = u64(3) }, []string{"files.img [REG:/work/f@13:3].reg.pos"}},
 		{"a signal mask", func(b Set) { core(b).Tc.BlkSigset = u64(0x10002) }, []string{"core-13.img [0].tc.blk_sigset"}},
 		{"a timer's interval", func(b Set) { core(b).Tc.Timers.Real = itimer(5, 0) }, []string{"core-13.img [0].tc.timers.real.isec"}},
 		{"a timer armed", func(b Set) { core(b).Tc.Timers.Real = itimer(0, 7) }, []string{"core-13.img [0].tc.timers.real.vsec"}},
 		{"a process of the sandbox another pid", func(b Set) {
 			b["pstree.img"].Entries[1].(*pstree.PstreeEntry).Pid = u32(14)
-		}, []string{"pstree.img [1].pid"}},
-		{"a pipe's two ends in two pipes", func(b Set) { file(b, 2).Pipe.PipeId = u32(33813264) }, []string{"files.img [id=3].pipe.pipe_id"}},
+		}, []string{"pstree.img [pid=13].pgid", "pstree.img [pid=13].pid", "pstree.img [pid=13].ppid", "pstree.img [pid=13].sid",
+			"pstree.img [pid=14].pgid", "pstree.img [pid=14].pid", "pstree.img [pid=14].ppid", "pstree.img [pid=14].sid"}},
+		{"files numbered in another order", func(b Set) {
+			f := b["files.img"]
+			f.Entries[0], f.Entries[3] = f.Entries[3], f.Entries[0]
+			file(b, 0).Id, file(b, 0).Pipe.Id = u32(1), u32(1)
+			file(b, 3).Id, file(b, 3).Reg.Id = u32(4), u32(4)
+			fds := b["fdinfo-2.img"].Entries
+			fds[0].(*fdinfo.FdinfoEntry).Id, fds[3].(*fdinfo.FdinfoEntry).Id = u32(4), u32(1)
+		}, nil},
+		{"a pipe's two ends in two pipes", func(b Set) { file(b, 2).Pipe.PipeId = u32(33813264) }, []string{"files.img [PIPE@13:5].pipe.pipe_id"}},
 		// Differences by design, normalised.
 		{"registers", func(b Set) { core(b).ThreadInfo.Gpregs.Ip = u64(0x401234) }, nil},
 		{"pipe inode numbers", func(b Set) {
@@ -92,7 +106,7 @@ func TestCompare(t *testing.T) {
 		{"a task CRIU forked", func(b Set) { core(b).Tc.Flags = u32(0x400040) }, nil},
 		{"another cgroup", func(b Set) {
 			b["cgroup.img"].Entries[0].(*cgroup.CgroupEntry).Sets[0].Ctls[0].Path = str("/arbor/env2-0/sub")
-		}, []string{"cgroup.img [0].sets[id=1].ctls[0].path"}},
+		}, []string{"cgroup.img [0].sets[0].ctls[0].path"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,8 @@ package imgcompare
 
 import (
 	"fmt"
+
+	"google.golang.org/protobuf/proto"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 // compare, or false to leave the field out.
 type rule struct {
 	magic string
+	file  string // only in this image file, when set
 	field *regexp.Regexp
 	when  func(entry map[string]string) bool
 	do    func(rn *renumbers, path, val string) (string, bool)
@@ -61,6 +64,26 @@ var subvolID = regexp.MustCompile(`subvolid=[0-9]+`)
 // live env and its exact branch, TestCRIUOracle) need, each with why
 // the field differs by design.
 var rules = []rule{
+	// Init's memory map: init is Arbor's Go program, whose runtime maps
+	// memory as it serves commands (the turn's, the probe's), and a skip
+	// restores its image of an earlier turn by design. Its descriptors,
+	// signals, limits and creds are compared as every process's.
+	{magic: "MM", file: "mm-1.img", field: regexp.MustCompile(``), do: dropIt},
+	// File ids: CRIU numbers files in the order it walks the tree
+	// (fileLabels); a file is compared by what it is, wherever it is
+	// named.
+	{field: regexp.MustCompile(`^(\.id|\.[a-z]+\.id|\.cwd_id|\.root_id|\.exe_file_id|\.orig_id|\.regf_id|\.vmas.*\.shmid)$`), do: fileRef},
+	// A task's other objects (its descriptor table, fs, memory, signal
+	// handlers) and seccomp filters, numbered in the same walk: which
+	// tasks share one still compares.
+	{magic: "IDS", field: regexp.MustCompile(`^\.(files|fs|vm|sighand)_id$`), do: renumber("task-objects")},
+	{magic: "CORE", field: regexp.MustCompile(`^\.thread_core\.seccomp_filter$`), do: renumber("seccomp")},
+	// CRIU restores a descriptor of a removed file through a link it
+	// names NAME.cr_link (docs/inspector.md, "What a restore brings
+	// back"; the probe reads it as NAME too).
+	{magic: "FILES", field: regexp.MustCompile(`^\.reg\.name$`), do: func(_ *renumbers, _, val string) (string, bool) {
+		return strings.TrimSuffix(val, ".cr_link"), true
+	}},
 	// Registers: where each thread was stopped. Init's Go runtime
 	// threads poll and spin, and a skip restores the process image of an
 	// earlier turn by design; what a skip must keep is not the CPU's
@@ -79,7 +102,24 @@ var rules = []rule{
 	// Mount ids and device numbers: the restored tree has new mounts
 	// (its root a new clone of the file system, a new devpts).
 	{field: regexp.MustCompile(`^\.(reg\.mnt_id|mnt_id|parent_mnt_id|ext\.mnt_id)$`), do: renumber("mnt")},
-	{field: regexp.MustCompile(`^\.(root_dev|dev|epfd\.tfd.*\.dev)$`), do: renumber("dev")},
+	// (Device numbers by image type: which of them come first differs
+	// with the mounts a tree holds files on.)
+	{magic: "MNTS", field: regexp.MustCompile(`^\.root_dev$`), do: renumber("mnt-dev")},
+	{magic: "TTY_INFO", field: regexp.MustCompile(`^\.dev$`), do: renumber("tty-dev")},
+	{magic: "GHOST_FILE", field: regexp.MustCompile(`^\.dev$`), do: renumber("ghost-dev")},
+	{magic: "FILES", field: regexp.MustCompile(`^\.epfd\.tfd.*\.dev$`), do: renumber("epoll-dev")},
+	// (With the core images of its threads, initThreads.)
+	{magic: "PSTREE", field: regexp.MustCompile(`^\.threads`), when: func(e map[string]string) bool { return e[".pid"] == "1" }, do: dropIt},
+	// A removed directory's mtime: CRIU makes it anew at a restore
+	// (docs/inspector.md, "What a restore brings back": directory
+	// mtimes are a documented gap, which the probe leaves out too).
+	{magic: "GHOST_FILE", field: regexp.MustCompile(`^\.mtim\.`), when: func(e map[string]string) bool {
+		mode, err := strconv.ParseUint(e[".mode"], 10, 32)
+		return err == nil && mode&0o170000 == 0o040000
+	}, do: dropIt},
+	// A removed file's access time: CRIU reads the file to copy it into
+	// the image (the probe reads no atime either).
+	{magic: "GHOST_FILE", field: regexp.MustCompile(`^\.atim\.`), do: dropIt},
 	// The clone is a new btrfs subvolume.
 	{magic: "MNTS", field: regexp.MustCompile(`^\.options$`), do: func(_ *renumbers, _, val string) (string, bool) {
 		return subvolID.ReplaceAllString(val, "subvolid=<n>"), true
@@ -111,9 +151,20 @@ var rules = []rule{
 	{magic: "TTY_INFO", field: regexp.MustCompile(`\.c_cc\[4\]$`), do: clearBits(0xff000000)},
 }
 
-func apply(rn *renumbers, magic, path, val string, entry map[string]string) (string, bool) {
+// ruleFor reports whether a rule changes path in images of magic (for
+// what a file is, which leaves out what the rules change).
+func ruleFor(magic, path string) bool {
 	for _, r := range rules {
-		if (r.magic == "" || r.magic == magic) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
+		if (r.magic == "" || r.magic == magic) && r.file == "" && r.when == nil && r.field.MatchString(path) {
+			return true
+		}
+	}
+	return false
+}
+
+func apply(rn *renumbers, file, magic, path, val string, entry map[string]string) (string, bool) {
+	for _, r := range rules {
+		if (r.magic == "" || r.magic == magic) && (r.file == "" || r.file == file) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
 			return r.do(rn, path, val)
 		}
 	}
@@ -121,8 +172,31 @@ func apply(rn *renumbers, magic, path, val string, entry map[string]string) (str
 }
 
 // renumbers maps numbers to their order of first appearance in one set,
-// per class.
-type renumbers struct{ seen map[string]map[string]int }
+// per class, and file ids to their labels (fileLabels).
+type renumbers struct {
+	seen   map[string]map[string]int
+	files  map[string]string // file id -> label
+	fdinfo map[string]string // files id -> pid
+}
+
+// fileLabel is the label of a files.img entry.
+func (r *renumbers) fileLabel(e proto.Message) string {
+	m := e.ProtoReflect()
+	if fd := m.Descriptor().Fields().ByName("id"); fd != nil && m.Has(fd) {
+		if l, ok := r.files[fmt.Sprint(m.Get(fd).Interface())]; ok {
+			return l
+		}
+	}
+	return "?"
+}
+
+// fileRef compares a file id by the file's label.
+func fileRef(rn *renumbers, _, val string) (string, bool) {
+	if l, ok := rn.files[val]; ok {
+		return l, true
+	}
+	return val, true
+}
 
 func newRenumber() *renumbers { return &renumbers{seen: map[string]map[string]int{}} }
 
@@ -146,9 +220,22 @@ var nsFile = regexp.MustCompile(`^(mountpoints|timens|utsns|ipcns-var|ipcns-shm|
 // fileName is the name an image is compared under: one named by a
 // namespace id (mountpoints-13.img) by the id's number in the set.
 func (r *renumbers) fileName(name string) string {
+	var id int
+	if _, err := fmt.Sscanf(name, "fdinfo-%d.img", &id); err == nil {
+		if pid, ok := r.fdinfo[fmt.Sprint(id)]; ok {
+			return "fdinfo-of-pid-" + pid + ".img"
+		}
+	}
 	m := nsFile.FindStringSubmatch(name)
 	if m == nil {
 		return name
 	}
 	return m[1] + "-" + r.of("ns-file", m[2]) + ".img"
+}
+
+func lastField(path string) string {
+	if i := strings.LastIndexByte(path, '.'); i >= 0 {
+		return path[i+1:]
+	}
+	return path
 }
