@@ -2,9 +2,9 @@ package branch_test
 
 import (
 	"context"
-	"os/exec"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
