@@ -40,6 +40,12 @@ import (
 // reads (process memory beyond what the turns make observable) the
 // fuzzer cannot judge.
 //
+// A second oracle shares none of the probe's choices of what to read:
+// the live env's and the branch's process trees dumped by CRIU and
+// compared image field by image field (oracle_test.go, cr/imgcompare;
+// docs/inspector.md, "The CRIU oracle"), on every
+// ARBOR_SKIPFUZZ_CRIU_EVERY-th checked turn (3; make fuzz-skips: 1).
+//
 // make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns)
 // on busybox (ARBOR_SKIPFUZZ_IMAGE=debian adds bash's arrays, attributes,
 // directory stack and shopt);
