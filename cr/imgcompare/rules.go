@@ -2,15 +2,17 @@ package imgcompare
 
 import (
 	"fmt"
-
-	"google.golang.org/protobuf/proto"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // A rule normalises a field that differs between two dumps of equal
-// trees. It applies to the fields of images of magic (any when "") whose
+// trees. It applies to the fields of images of magic (any when "", or
+// one of several separated by spaces) whose
 // path within the entry (".tc.flags", ".reg.mnt_id") matches field, and
 // of entries for which when (if set) holds; do returns the value to
 // compare, or false to leave the field out.
@@ -20,6 +22,10 @@ type rule struct {
 	field *regexp.Regexp
 	when  func(entry map[string]string) bool
 	do    func(rn *renumbers, path, val string) (string, bool)
+}
+
+func (r rule) matches(magic string) bool {
+	return r.magic == "" || slices.Contains(strings.Fields(r.magic), magic)
 }
 
 func dropIt(*renumbers, string, string) (string, bool) { return "", false }
@@ -72,7 +78,7 @@ var rules = []rule{
 	// File ids: CRIU numbers files in the order it walks the tree
 	// (fileLabels); a file is compared by what it is, wherever it is
 	// named.
-	{field: regexp.MustCompile(`^(\.id|\.[a-z]+\.id|\.cwd_id|\.root_id|\.exe_file_id|\.orig_id|\.regf_id|\.vmas.*\.shmid)$`), do: fileRef},
+	{magic: "FILES FDINFO FS MM REMAP_FPATH", field: regexp.MustCompile(`^(\.id|\.[a-z]+\.id|\.cwd_id|\.root_id|\.exe_file_id|\.orig_id|\.regf_id|\.vmas.*\.shmid)$`), do: fileRef},
 	// A task's other objects (its descriptor table, fs, memory, signal
 	// handlers) and seccomp filters, numbered in the same walk: which
 	// tasks share one still compares.
@@ -155,7 +161,7 @@ var rules = []rule{
 // what a file is, which leaves out what the rules change).
 func ruleFor(magic, path string) bool {
 	for _, r := range rules {
-		if (r.magic == "" || r.magic == magic) && r.file == "" && r.when == nil && r.field.MatchString(path) {
+		if r.matches(magic) && r.file == "" && r.when == nil && r.field.MatchString(path) {
 			return true
 		}
 	}
@@ -164,7 +170,7 @@ func ruleFor(magic, path string) bool {
 
 func apply(rn *renumbers, file, magic, path, val string, entry map[string]string) (string, bool) {
 	for _, r := range rules {
-		if (r.magic == "" || r.magic == magic) && (r.file == "" || r.file == file) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
+		if r.matches(magic) && (r.file == "" || r.file == file) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
 			return r.do(rn, path, val)
 		}
 	}
