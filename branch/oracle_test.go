@@ -33,11 +33,15 @@ func criuOracle(ctx context.Context, tb testing.TB, e *branch.Engine, a, b *bran
 		if err := e.DumpForCompare(ctx, env, d); err != nil {
 			tb.Fatalf("dump %s for the CRIU oracle: %v", env.ID, err)
 		}
+		// ARBOR_ORACLE_KEEP names a directory that keeps the images
+		// of every comparison, to read a miss with crit.
+		if k := os.Getenv("ARBOR_ORACLE_KEEP"); k != "" {
+			if err := exec.Command("cp", "-a", d, filepath.Join(k, env.ID)).Run(); err != nil {
+				tb.Logf("keep the images of %s: %v", env.ID, err)
+			}
+		}
 		s, err := imgcompare.Load(d)
 		if err != nil {
-			if k := os.Getenv("ARBOR_ORACLE_KEEP"); k != "" {
-				exec.Command("cp", "-a", d, k).Run()
-			}
 			tb.Fatalf("load the images of %s: %v", env.ID, err)
 		}
 		sets[i] = s

@@ -50,7 +50,8 @@ import (
 // on busybox (ARBOR_SKIPFUZZ_IMAGE=debian adds bash's arrays, attributes,
 // directory stack and shopt);
 // make fuzz-skips runs a long one by time (ARBOR_SKIPFUZZ_FOR) and writes
-// a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run.
+// a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run,
+// ARBOR_SKIPFUZZ_REPLAY one sequence of turns (one a line).
 
 // fuzzPaths are few, so that turns often meet the same files.
 var (
@@ -430,7 +431,14 @@ func TestSkipsAreSound(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	f := &fuzzRun{t: t, r: r, img: img, kinds: map[state.Kind]int{}, criuEvery: criuEvery}
 	start := time.Now()
-	if img == "busybox" {
+	if v := os.Getenv("ARBOR_SKIPFUZZ_REPLAY"); v != "" {
+		// One sequence, its turns one a line: a miss's, or a guess.
+		budget = 0
+		if m := f.sequence(strings.Split(strings.TrimSpace(v), "\n"), true); m != nil {
+			f.misses = append(f.misses, *m)
+			t.Errorf("replay: turn %q classified %s, but a branch of its state differs from the live env (%s):\n%s%s", m.Turns[len(m.Turns)-1], m.Kind, m.oracles(), m.Diff, m.criuText())
+		}
+	} else if img == "busybox" {
 		for _, seq := range skipRegressions {
 			if m := f.sequence(seq, true); m != nil {
 				f.misses = append(f.misses, *m)

@@ -20,7 +20,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/cli"
 	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -228,6 +230,9 @@ func (s Set) leaves(rename string) map[string]map[string]string {
 		}
 		for _, i := range order {
 			e := img.Entries[i]
+			if mme, ok := e.(*mm.MmEntry); ok {
+				e = mergeVMAs(mme)
+			}
 			key := entryKey(img.Magic, e, i)
 			if img.Magic == "FILES" {
 				key = "[" + rn.fileLabel(e) + "]"
@@ -316,6 +321,31 @@ func fileLabels(s Set) map[string]string {
 		}
 	}
 	return out
+}
+
+// mergeVMAs returns m with adjacent mappings of the same kind (the same
+// file at contiguous offsets, protection, flags and status) as one: where
+// the kernel splits a mapping is its bookkeeping. A live process keeps
+// the split an mprotect made (a library's RELRO, written before it was
+// made read-only, beside the read-only part), where its restore maps
+// both parts as one.
+func mergeVMAs(m *mm.MmEntry) *mm.MmEntry {
+	m = proto.Clone(m).(*mm.MmEntry)
+	var out []*vma.VmaEntry
+	for _, v := range m.GetVmas() {
+		if n := len(out); n > 0 {
+			p := out[n-1]
+			if p.GetEnd() == v.GetStart() && p.GetShmid() == v.GetShmid() && p.GetProt() == v.GetProt() &&
+				p.GetFlags() == v.GetFlags() && p.GetStatus() == v.GetStatus() && p.GetMadv() == v.GetMadv() &&
+				p.GetFdflags() == v.GetFdflags() && p.GetPgoff()+(p.GetEnd()-p.GetStart()) == v.GetPgoff() {
+				p.End = proto.Uint64(v.GetEnd())
+				continue
+			}
+		}
+		out = append(out, v)
+	}
+	m.Vmas = out
+	return m
 }
 
 // initThreads are the core images of init's threads but its first:

@@ -8,10 +8,12 @@ import (
 	core_x86 "github.com/checkpoint-restore/go-criu/v7/crit/images/core-x86"
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pipe"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/timer"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -145,5 +147,35 @@ func TestFileNames(t *testing.T) {
 	}
 	if got := rn.fileName("core-13.img"); got != "core-13.img" {
 		t.Errorf("core-13.img (a pid of the sandbox) compares as %s", got)
+	}
+}
+
+// TestSplitMappings: a mapping the kernel keeps split (a live library's
+// RELRO) compares equal to the same range mapped as one; a gap in the
+// file's offsets or another protection does not.
+func TestSplitMappings(t *testing.T) {
+	v := func(start, end, pgoff uint64, prot uint32) *vma.VmaEntry {
+		return &vma.VmaEntry{Start: u64(start), End: u64(end), Pgoff: u64(pgoff), Shmid: u64(7), Prot: u32(prot), Flags: u32(2), Status: u32(65), Fd: proto.Int64(-1)}
+	}
+	set := func(vs ...*vma.VmaEntry) Set {
+		return Set{"mm-13.img": &Image{Magic: "MM", Entries: []proto.Message{&mm.MmEntry{Vmas: vs}}, Extra: []string{""}}}
+	}
+	one := set(v(0x1000, 0x5000, 0, 1))
+	tests := []struct {
+		name string
+		b    Set
+		same bool
+	}{
+		{"split", set(v(0x1000, 0x3000, 0, 1), v(0x3000, 0x5000, 0x2000, 1)), true},
+		{"another offset", set(v(0x1000, 0x3000, 0, 1), v(0x3000, 0x5000, 0x4000, 1)), false},
+		{"another protection", set(v(0x1000, 0x3000, 0, 1), v(0x3000, 0x5000, 0x2000, 3)), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Compare(one, tt.b, Options{})
+			if (len(d) == 0) != tt.same {
+				t.Errorf("same %v, reported %v", tt.same, d)
+			}
+		})
 	}
 }
