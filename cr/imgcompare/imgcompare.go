@@ -328,7 +328,8 @@ func fileLabels(s Set) map[string]string {
 // the kernel splits a mapping is its bookkeeping. A live process keeps
 // the split an mprotect made (a library's RELRO, written before it was
 // made read-only, beside the read-only part), where its restore maps
-// both parts as one.
+// both parts as one; a restored heap may come in two parts. CRIU records
+// anonymous memory at offset 0.
 func mergeVMAs(m *mm.MmEntry) *mm.MmEntry {
 	m = proto.Clone(m).(*mm.MmEntry)
 	var out []*vma.VmaEntry
@@ -337,7 +338,8 @@ func mergeVMAs(m *mm.MmEntry) *mm.MmEntry {
 			p := out[n-1]
 			if p.GetEnd() == v.GetStart() && p.GetShmid() == v.GetShmid() && p.GetProt() == v.GetProt() &&
 				p.GetFlags() == v.GetFlags() && p.GetStatus() == v.GetStatus() && p.GetMadv() == v.GetMadv() &&
-				p.GetFdflags() == v.GetFdflags() && p.GetPgoff()+(p.GetEnd()-p.GetStart()) == v.GetPgoff() {
+				p.GetFdflags() == v.GetFdflags() && (p.GetPgoff()+(p.GetEnd()-p.GetStart()) == v.GetPgoff() ||
+				p.GetShmid() == 0 && p.GetPgoff() == 0 && v.GetPgoff() == 0) {
 				p.End = proto.Uint64(v.GetEnd())
 				continue
 			}

@@ -178,4 +178,13 @@ func TestSplitMappings(t *testing.T) {
 			}
 		})
 	}
+	// A heap (anonymous: CRIU records offset 0) in two parts.
+	anon := func(start, end uint64) *vma.VmaEntry {
+		e := v(start, end, 0, 3)
+		e.Shmid = u64(0)
+		return e
+	}
+	if d := Compare(set(anon(0x1000, 0x5000)), set(anon(0x1000, 0x3000), anon(0x3000, 0x5000)), Options{}); len(d) != 0 {
+		t.Errorf("a heap in two parts differs from it in one: %v", d)
+	}
 }
