@@ -188,3 +188,19 @@ func TestSplitMappings(t *testing.T) {
 		t.Errorf("a heap in two parts differs from it in one: %v", d)
 	}
 }
+
+// TestHeapExtent: a heap that grew is not a difference; another mapping
+// that grew is.
+func TestHeapExtent(t *testing.T) {
+	set := func(brk, end uint64, status uint32) Set {
+		v := &vma.VmaEntry{Start: u64(0x1000), End: u64(end), Pgoff: u64(0), Shmid: u64(0), Prot: u32(3), Flags: u32(34), Status: u32(status), Fd: proto.Int64(-1)}
+		return Set{"mm-13.img": &Image{Magic: "MM", Entries: []proto.Message{&mm.MmEntry{MmBrk: u64(brk), Vmas: []*vma.VmaEntry{v}}}, Extra: []string{""}}}
+	}
+	const heap, anon = 0x221, 0x201
+	if d := Compare(set(0x5000, 0x5000, heap), set(0x9000, 0x9000, heap), Options{}); len(d) != 0 {
+		t.Errorf("a heap that grew differs: %v", d)
+	}
+	if d := Compare(set(0x5000, 0x5000, anon), set(0x5000, 0x9000, anon), Options{}); len(d) != 1 {
+		t.Errorf("a mapping that grew: reported %v, want its end", d)
+	}
+}

@@ -21,7 +21,9 @@ type rule struct {
 	file  string // only in this image file, when set
 	field *regexp.Regexp
 	when  func(entry map[string]string) bool
-	do    func(rn *renumbers, path, val string) (string, bool)
+	// heap: only the field of a heap mapping (CRIU's VMA_AREA_HEAP).
+	heap bool
+	do   func(rn *renumbers, path, val string) (string, bool)
 }
 
 func (r rule) matches(magic string) bool {
@@ -75,6 +77,13 @@ var rules = []rule{
 	// restores its image of an earlier turn by design. Its descriptors,
 	// signals, limits and creds are compared as every process's.
 	{magic: "MM", file: "mm-1.img", field: regexp.MustCompile(``), do: dropIt},
+	// A task's heap extent: its allocator's, grown as the shell runs
+	// commands (the turn's, the probe's), and a skip or a shell delta
+	// restores an earlier image of the task by design; what the heap
+	// holds is memory, which is not compared either. Where the heap
+	// starts, and every other mapping, is compared.
+	{magic: "MM", field: regexp.MustCompile(`^\.mm_brk$`), do: dropIt},
+	{magic: "MM", field: regexp.MustCompile(`^\.vmas\[[0-9]+\]\.end$`), do: dropIt, heap: true},
 	// File ids: CRIU numbers files in the order it walks the tree
 	// (fileLabels); a file is compared by what it is, wherever it is
 	// named.
@@ -161,7 +170,7 @@ var rules = []rule{
 // what a file is, which leaves out what the rules change).
 func ruleFor(magic, path string) bool {
 	for _, r := range rules {
-		if r.matches(magic) && r.file == "" && r.when == nil && r.field.MatchString(path) {
+		if r.matches(magic) && r.file == "" && r.when == nil && !r.heap && r.field.MatchString(path) {
 			return true
 		}
 	}
@@ -170,6 +179,9 @@ func ruleFor(magic, path string) bool {
 
 func apply(rn *renumbers, file, magic, path, val string, entry map[string]string) (string, bool) {
 	for _, r := range rules {
+		if r.heap && !isHeap(path, entry) {
+			continue
+		}
 		if r.matches(magic) && (r.file == "" || r.file == file) && r.field.MatchString(path) && (r.when == nil || r.when(entry)) {
 			return r.do(rn, path, val)
 		}
@@ -244,4 +256,16 @@ func lastField(path string) string {
 		return path[i+1:]
 	}
 	return path
+}
+
+const vmaAreaHeap = 1 << 5 // CRIU's VMA_AREA_HEAP
+
+// isHeap reports whether path is a field of a heap mapping of entry.
+func isHeap(path string, entry map[string]string) bool {
+	i := strings.LastIndexByte(path, '.')
+	if i < 0 {
+		return false
+	}
+	st, err := strconv.ParseUint(entry[path[:i]+".status"], 10, 32)
+	return err == nil && st&vmaAreaHeap != 0
 }
