@@ -71,7 +71,10 @@ func TestCRIUOracle(t *testing.T) {
 			t.Fatalf("%q: %v", cmd, err)
 		}
 	}
-	setup := "mkdir -p /work && cd /work && echo abc > /work/f && exec 3</work/f && head -c 1 <&3 >/dev/null; sleep 1000 </dev/null >/dev/null 2>&1 &"
+	// The sleeper has exec'd before the checkpoint: one caught between
+	// fork and exec would exec again in each tree, each with its own
+	// address space layout.
+	setup := "mkdir -p /work && cd /work && echo abc > /work/f && exec 3</work/f && head -c 1 <&3 >/dev/null; sleep 1000 </dev/null >/dev/null 2>&1 & until grep -qx sleep /proc/$!/comm; do :; done"
 	env, _, err := e.NewEnv(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)
