@@ -148,8 +148,8 @@ func loadImage(path string) (*Image, error) {
 // Options name what the two sets are expected to differ in by design.
 type Options struct {
 	// RenameA and RenameB are replaced by "<env>" in every string of A
-	// and B: each tree's env id, in the cgroup and mount paths that name
-	// it.
+	// and B: each tree's sandbox id, which names its cgroup and its
+	// root's subvolume (in cgroup.img and the mount options).
 	RenameA, RenameB string
 }
 
