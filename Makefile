@@ -31,6 +31,9 @@ STRESS_CLIENTS ?= 8
 # SKIPFUZZ_TURNS is set, how many turns it runs instead (5000: about 35 min).
 SKIPFUZZ_FOR ?= 10m
 SKIPFUZZ_TURNS ?=
+# make fuzz-skips: the CRIU oracle (docs/inspector.md) on every k-th checked
+# turn (make test: every 3rd; 0: off).
+SKIPFUZZ_CRIU_EVERY ?= 1
 # make load: the levels (concurrent agent loops) and each level's time.
 LOAD_ENVS ?= 64 128 256
 LOAD_DURATION ?= 60s
@@ -87,7 +90,7 @@ fuzz: ## every fuzz target for FUZZTIME each (default 2m)
 fuzz-skips: build ## the differential skip fuzzer (make test runs 60 turns) for SKIPFUZZ_FOR (10m) or SKIPFUZZ_TURNS turns -> a report in benchmarks/results
 	mkdir -p benchmarks/results
 	ARBOR_INIT=$(CURDIR)/$(BIN)/arbor-init ARBOR_BIN=$(CURDIR)/$(BIN)/arbor \
-	$(if $(SKIPFUZZ_TURNS),ARBOR_SKIPFUZZ_TURNS=$(SKIPFUZZ_TURNS),ARBOR_SKIPFUZZ_FOR=$(SKIPFUZZ_FOR)) ARBOR_SKIPFUZZ_REPORT=$(CURDIR)/benchmarks/results/skipfuzz-$$(date -u +%Y%m%dT%H%M%SZ).txt \
+	$(if $(SKIPFUZZ_TURNS),ARBOR_SKIPFUZZ_TURNS=$(SKIPFUZZ_TURNS),ARBOR_SKIPFUZZ_FOR=$(SKIPFUZZ_FOR)) ARBOR_SKIPFUZZ_CRIU_EVERY=$(SKIPFUZZ_CRIU_EVERY) ARBOR_SKIPFUZZ_REPORT=$(CURDIR)/benchmarks/results/skipfuzz-$$(date -u +%Y%m%dT%H%M%SZ).txt \
 	$(GO) test -count=1 -timeout 150m -run '^TestSkipsAreSound$$' -v ./branch/
 
 generate: ## regenerate committed generated code

@@ -314,7 +314,7 @@ func (c *ckpt) dumpProcs(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("wait for the lazy restore's pages: %w", err)
 	}
-	c.dump, err = c.e.o.CRIU.Dump(ctx, criu.DumpRequest{PID: sb.InitPID(), Dir: c.dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()})
+	c.dump, err = c.e.o.CRIU.Dump(ctx, dumpRequest(sb, c.dir))
 	if err != nil {
 		return err
 	}
@@ -578,4 +578,36 @@ func (c *ckpt) exposed(waits []span) time.Duration {
 		}
 	}
 	return min(d, c.end.Sub(c.start))
+}
+
+// dumpRequest is how the engine asks CRIU to dump sb's tree into dir.
+func dumpRequest(sb *sandbox.Sandbox, dir string) criu.DumpRequest {
+	return criu.DumpRequest{PID: sb.InitPID(), Dir: dir, FreezeCgroup: sb.FreezerCgroup(), UserNS: sb.UserNS().Enabled, Root: sb.Root()}
+}
+
+// DumpForCompare dumps env's process tree into dir (existing, empty) as
+// its checkpoints do, leaves it running and records nothing: the skip
+// fuzzer compares the images of a live env with a branch's
+// (cr/imgcompare). A checkpoint still running is waited for first (its
+// failure stays for TakeCheckpointError).
+func (e *Engine) DumpForCompare(ctx context.Context, env *Env, dir string) error {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	if err := env.usable(); err != nil {
+		return err
+	}
+	if _, err := env.gate(ctx); err != nil {
+		return err
+	}
+	// As a checkpoint's dump: no connection of the server's into the
+	// sandbox (CRIU cannot dump its socket), the tree frozen without a
+	// pending SIGTRAP.
+	sb := env.sb
+	return sb.Exclusive(func() error {
+		if err := sb.Freeze(); err != nil {
+			return fmt.Errorf("freeze: %w", err)
+		}
+		defer sb.Thaw()
+		return e.o.CRIU.DumpForCompare(ctx, dumpRequest(sb, dir))
+	})
 }

@@ -40,11 +40,18 @@ import (
 // reads (process memory beyond what the turns make observable) the
 // fuzzer cannot judge.
 //
+// A second oracle shares none of the probe's choices of what to read:
+// the live env's and the branch's process trees dumped by CRIU and
+// compared image field by image field (oracle_test.go, cr/imgcompare;
+// docs/inspector.md, "The CRIU oracle"), on every
+// ARBOR_SKIPFUZZ_CRIU_EVERY-th checked turn (3; make fuzz-skips: 1).
+//
 // make test runs a seeded budget (ARBOR_SKIPFUZZ_TURNS, default 60 turns)
 // on busybox (ARBOR_SKIPFUZZ_IMAGE=debian adds bash's arrays, attributes,
 // directory stack and shopt);
 // make fuzz-skips runs a long one by time (ARBOR_SKIPFUZZ_FOR) and writes
-// a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run.
+// a report (ARBOR_SKIPFUZZ_REPORT). ARBOR_SKIPFUZZ_SEED replays a run,
+// ARBOR_SKIPFUZZ_REPLAY one sequence of turns (one a line).
 
 // fuzzPaths are few, so that turns often meet the same files.
 var (
@@ -351,7 +358,21 @@ for k in msg sem shm; do awk -v k=$k 'NR > 1 { print "ipc", k, $1, $2, $3, $4, (
 type skipMiss struct {
 	Turns []string // from a fresh env, the last is the one classified wrongly
 	Kind  state.Kind
-	Diff  string
+	Diff  string // the probe's, "" when only the CRIU oracle saw a difference
+	// CRIUDiff is the CRIU oracle's: the fields of the two trees' images
+	// that differ (cr/imgcompare); "" when it saw none or did not run.
+	CRIUDiff string
+}
+
+// oracles says which oracles saw the miss.
+func (m *skipMiss) oracles() string {
+	switch {
+	case m.Diff != "" && m.CRIUDiff != "":
+		return "probe and CRIU"
+	case m.CRIUDiff != "":
+		return "CRIU only"
+	}
+	return "probe only"
 }
 
 // fuzzRun is one run of the fuzzer: sequences of turns, each on a fresh
@@ -365,6 +386,9 @@ type fuzzRun struct {
 	deltas int // proc and full checkpoints recorded as a shell delta
 	kinds  map[state.Kind]int
 	misses []skipMiss
+	// criuEvery runs the CRIU oracle on every criuEvery-th checked turn
+	// (0: never); criuChecks counts them.
+	criuEvery, criuChecks int
 	// unchanged counts the turns after which the probe read the live env
 	// as before the turn; falsePos those of them that took a checkpoint.
 	// The probe does not read process memory or atimes, so falsePos is an
@@ -398,14 +422,27 @@ func TestSkipsAreSound(t *testing.T) {
 		img = "busybox"
 	}
 	t.Logf("seed %d (ARBOR_SKIPFUZZ_SEED replays it), image %s", seed, img)
+	// The CRIU oracle costs about a second per checked turn (two dumps,
+	// memory included): make test runs it on every third.
+	criuEvery := 3
+	if v := os.Getenv("ARBOR_SKIPFUZZ_CRIU_EVERY"); v != "" {
+		criuEvery, _ = strconv.Atoi(v)
+	}
 	rng := rand.New(rand.NewSource(seed))
-	f := &fuzzRun{t: t, r: r, img: img, kinds: map[state.Kind]int{}}
+	f := &fuzzRun{t: t, r: r, img: img, kinds: map[state.Kind]int{}, criuEvery: criuEvery}
 	start := time.Now()
-	if img == "busybox" {
+	if v := os.Getenv("ARBOR_SKIPFUZZ_REPLAY"); v != "" {
+		// One sequence, its turns one a line: a miss's, or a guess.
+		budget = 0
+		if m := f.sequence(strings.Split(strings.TrimSpace(v), "\n"), true); m != nil {
+			f.misses = append(f.misses, *m)
+			t.Errorf("replay: turn %q classified %s, but a branch of its state differs from the live env (%s):\n%s%s", m.Turns[len(m.Turns)-1], m.Kind, m.oracles(), m.Diff, m.criuText())
+		}
+	} else if img == "busybox" {
 		for _, seq := range skipRegressions {
 			if m := f.sequence(seq, true); m != nil {
 				f.misses = append(f.misses, *m)
-				t.Errorf("regression: turn %q classified %s, but a branch of its state differs from the live env:\n%s", m.Turns[len(m.Turns)-1], m.Kind, m.Diff)
+				t.Errorf("regression: turn %q classified %s, but a branch of its state differs from the live env (%s):\n%s%s", m.Turns[len(m.Turns)-1], m.Kind, m.oracles(), m.Diff, m.criuText())
 			}
 		}
 	}
@@ -418,17 +455,22 @@ func TestSkipsAreSound(t *testing.T) {
 		if m := f.sequence(seq, true); m != nil {
 			m = f.shrink(*m)
 			f.misses = append(f.misses, *m)
-			t.Errorf("miss: turn %q classified %s, but a branch of its state differs from the live env:\n%s\nreproduce with these turns from a fresh %s env:\n  %s",
-				m.Turns[len(m.Turns)-1], m.Kind, m.Diff, img, strings.Join(m.Turns, "\n  "))
+			t.Errorf("miss: turn %q classified %s, but a branch of its state differs from the live env (%s):\n%s%s\nreproduce with these turns from a fresh %s env:\n  %s",
+				m.Turns[len(m.Turns)-1], m.Kind, m.oracles(), m.Diff, m.criuText(), img, strings.Join(m.Turns, "\n  "))
 		}
 	}
 	skipped := f.kinds[state.None] + f.kinds[state.FS] + f.kinds[state.Proc]
-	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch, %d misses; checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part; %d shell deltas instead of a dump); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
-		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, len(f.misses),
+	byOracle := map[string]int{}
+	for _, m := range f.misses {
+		byOracle[m.oracles()]++
+	}
+	report := fmt.Sprintf("skip fuzzer: image %s, seed %d, %d turns in %v, %d checked against a branch (%d also by the CRIU oracle, every %d), %d misses (probe only %d, CRIU only %d, both %d); checkpoints: none %d, fs %d, proc %d, full %d (%.0f%% skipped a part; %d shell deltas instead of a dump); false positives: %d of the %d turns the probe saw change nothing took a checkpoint (%.0f%%, an upper bound: the probe reads no process memory)\n",
+		img, seed, f.turns, time.Since(start).Round(time.Second), f.checks, f.criuChecks, f.criuEvery, len(f.misses),
+		byOracle["probe only"], byOracle["CRIU only"], byOracle["probe and CRIU"],
 		f.kinds[state.None], f.kinds[state.FS], f.kinds[state.Proc], f.kinds[state.Full], 100*float64(skipped)/float64(max(f.turns, 1)), f.deltas,
 		f.falsePos, f.unchanged, 100*float64(f.falsePos)/float64(max(f.unchanged, 1)))
 	for i, m := range f.misses {
-		report += fmt.Sprintf("\nmiss %d (%s):\n  turns:\n    %s\n  diff:\n%s\n", i+1, m.Kind, strings.Join(m.Turns, "\n    "), m.Diff)
+		report += fmt.Sprintf("\nmiss %d (%s, seen by %s):\n  turns:\n    %s\n  probe diff:\n%s\n  CRIU oracle diff:\n%s\n", i+1, m.Kind, m.oracles(), strings.Join(m.Turns, "\n    "), m.Diff, m.CRIUDiff)
 	}
 	t.Log(report)
 	if p := os.Getenv("ARBOR_SKIPFUZZ_REPORT"); p != "" {
@@ -519,8 +561,14 @@ func (f *fuzzRun) sequence(turns []string, count bool) *skipMiss {
 		if count {
 			f.checks++
 		}
-		if diff := f.compare(ctx, env, sid, live); diff != "" {
-			return &skipMiss{Turns: append([]string(nil), turns[:i+1]...), Kind: kind, Diff: diff}
+		// The CRIU oracle on every criuEvery-th checked turn, and on
+		// every replay while shrinking (the miss may be its alone).
+		withCRIU := f.criuEvery > 0 && (!count || f.checks%f.criuEvery == 0)
+		if withCRIU && count {
+			f.criuChecks++
+		}
+		if diff, cdiff := f.compare(ctx, env, sid, live, withCRIU); diff != "" || cdiff != "" {
+			return &skipMiss{Turns: append([]string(nil), turns[:i+1]...), Kind: kind, Diff: diff, CRIUDiff: cdiff}
 		}
 	}
 	return nil
@@ -548,8 +596,9 @@ func (f *fuzzRun) probe(ctx context.Context, en *branch.Env) []string {
 }
 
 // compare probes a branch of sid and returns how it differs from live,
-// the probe of env (probed here when nil).
-func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live []string) string {
+// the probe of env (probed here when nil), and, withCRIU, how the two
+// trees' CRIU images differ.
+func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live []string, withCRIU bool) (diff, criuDiff string) {
 	t, e := f.t, f.r.Engine
 	res, err := e.Branch(ctx, branch.Source{State: sid}, 1)
 	if err == nil {
@@ -558,7 +607,7 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live
 	if errors.Is(err, state.ErrRestore) {
 		// The state does not restore: a skip paired artifacts that
 		// cannot go together (CRIU: "File ... has bad size").
-		return "    the branch does not restore: " + strings.ReplaceAll(err.Error(), "\n", "\n    ")
+		return "    the branch does not restore: " + strings.ReplaceAll(err.Error(), "\n", "\n    "), ""
 	}
 	if err != nil {
 		// Not a miss: the engine lost a state its open env made. Say
@@ -585,20 +634,40 @@ func (f *fuzzRun) compare(ctx context.Context, env *branch.Env, sid string, live
 	for _, l := range restored {
 		count[l]--
 	}
-	var diff []string
+	var lines []string
 	for _, l := range live {
 		if count[l] > 0 {
-			diff = append(diff, "    live only:     "+l)
+			lines = append(lines, "    live only:     "+l)
 			count[l]--
 		}
 	}
 	for _, l := range restored {
 		if count[l] < 0 {
-			diff = append(diff, "    restored only: "+l)
+			lines = append(lines, "    restored only: "+l)
 			count[l]++
 		}
 	}
-	return strings.Join(diff, "\n")
+	// The second oracle, after the probe (which ran in both trees, the
+	// same script): the images CRIU dumps of each, compared field by
+	// field.
+	if withCRIU {
+		criuDiff = diffText(criuOracle(ctx, t, e, env, child))
+	}
+	return strings.Join(lines, "\n"), criuDiff
+}
+
+// criuText is the CRIU oracle's diff for a log, cut to its first lines.
+func (m *skipMiss) criuText() string {
+	if m.CRIUDiff == "" {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(m.CRIUDiff, "\n"), "\n")
+	const most = 40
+	head := "  the CRIU oracle (live != restored):\n"
+	if len(lines) > most {
+		return head + strings.Join(lines[:most], "\n") + fmt.Sprintf("\n    ... %d more\n", len(lines)-most)
+	}
+	return head + strings.Join(lines, "\n") + "\n"
 }
 
 // shrink drops the turns before the missed one that the miss does not need

@@ -242,6 +242,17 @@ func (c *Checkpointer) Dump(ctx context.Context, r DumpRequest) (DumpStats, erro
 	return st, nil
 }
 
+// DumpForCompare dumps the tree into r.Dir as Dump does and leaves it
+// running, for a comparison of its images with another tree's
+// (cr/imgcompare): the same options (namespaces, external network,
+// cgroups ignored, link remaps, the freeze cgroup), so that two dumps
+// differ only where the trees do. CRIU has no dump without memory; the
+// comparison leaves the pages out.
+func (c *Checkpointer) DumpForCompare(ctx context.Context, r DumpRequest) error {
+	_, err := c.Dump(ctx, r)
+	return err
+}
+
 // RestoreRequest says what to restore where.
 type RestoreRequest struct {
 	// Dir holds the images of a Dump.
